@@ -1,0 +1,85 @@
+// The compute kernels of the token path, behind one interface with run-time selected backends.
+//
+// Exactness rule for every backend: the result for a given row (a token position) is a function of
+// that row's inputs alone, computed with a reduction order fixed by the model's shapes. It does not
+// depend on how many rows are in the call, on the thread count, or on where KV blocks sit in memory.
+// This is what makes a one-token decode step, a (k+1)-token verify pass and a prefill chunk produce
+// bitwise the same logits for the same position.
+//
+// Arguments are non-owning views; shapes are given in comments as [dim0, dim1, ...], row-major.
+// All backends are thread-safe (they hold no mutable state).
+#ifndef VC_KERNELS_KERNELS_H_
+#define VC_KERNELS_KERNELS_H_
+
+#include <cstdint>
+
+#include "absl/strings/string_view.h"
+#include "common/dtype.h"
+
+namespace vc::kernels {
+
+// A weight matrix [rows, cols] of any DType.
+struct WeightView {
+  const void* data = nullptr;
+  DType dtype = DType::kF32;
+  int64_t rows = 0;
+  int64_t cols = 0;
+};
+
+// One layer of a paged KV cache. Block b holds K at k + b * block_stride and V at
+// v + b * block_stride, each [block_size, num_kv_heads, head_dim] float32.
+struct PagedKvLayer {
+  const float* k = nullptr;
+  const float* v = nullptr;
+  int64_t block_stride = 0;
+  int block_size = 0;
+  int num_kv_heads = 0;
+  int head_dim = 0;
+};
+
+// What one query row attends to: positions [0, kv_len) of the sequence whose physical block for
+// logical block i is block_table[i].
+struct AttentionRow {
+  const int32_t* block_table = nullptr;
+  int32_t kv_len = 0;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  // A short name: "reference", "avx2", "cuda".
+  virtual absl::string_view name() const = 0;
+
+  // y [n, w.rows] = x [n, w.cols] * w^T.
+  virtual void MatMul(const float* x, int64_t n, const WeightView& w, float* y) const = 0;
+
+  // y [n, dim] = x [n, dim] * rsqrt(mean(x^2) + eps) * weight [dim]. y may alias x.
+  virtual void RmsNorm(const float* x, int64_t n, int64_t dim, const float* weight, float eps,
+                       float* y) const = 0;
+
+  // Rotates x [n, heads, head_dim] in place (rotate-half convention): for i < head_dim/2,
+  // (a, b) = (x[i], x[i + head_dim/2]) -> (a*cos - b*sin, b*cos + a*sin); cos, sin [n, head_dim/2].
+  virtual void Rope(float* x, int64_t n, int heads, int head_dim, const float* cos,
+                    const float* sin) const = 0;
+
+  // out [count] = silu(gate) * up. out may alias gate or up.
+  virtual void SwiGlu(const float* gate, const float* up, int64_t count, float* out) const = 0;
+
+  // Causal attention of q [n, num_heads, head_dim] over a paged cache with grouped KV heads
+  // (query head h reads KV head h / (num_heads / kv.num_kv_heads)). Row r attends to
+  // rows[r].kv_len positions. out [n, num_heads, head_dim]. Rows with kv_len 0 give zeros.
+  virtual void PagedAttention(const float* q, int64_t n, int num_heads, const AttentionRow* rows,
+                              const PagedKvLayer& kv, float scale, float* out) const = 0;
+};
+
+// The plain, obviously-correct implementation every other backend is tested against.
+const Backend& ReferenceBackend();
+
+// The backend used by default: the VC_KERNELS environment variable names one ("reference", ...);
+// otherwise the fastest this machine supports.
+const Backend& DefaultBackend();
+
+}  // namespace vc::kernels
+
+#endif  // VC_KERNELS_KERNELS_H_

@@ -1,0 +1,64 @@
+#include "services/cli/args.h"
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+
+namespace vc::cli {
+
+absl::StatusOr<Args> Args::Parse(const std::vector<std::string>& argv,
+                                 const std::set<std::string>& valued,
+                                 const std::set<std::string>& switches) {
+  Args a;
+  for (size_t i = 0; i < argv.size(); ++i) {
+    const std::string& s = argv[i];
+    if (s.rfind("--", 0) != 0) return absl::InvalidArgumentError(absl::StrCat("unexpected argument '", s, "'"));
+    std::string name = s.substr(2), value;
+    const size_t eq = name.find('=');
+    const bool inline_value = eq != std::string::npos;
+    if (inline_value) {
+      value = name.substr(eq + 1);
+      name = name.substr(0, eq);
+    }
+    if (switches.count(name)) {
+      if (inline_value) return absl::InvalidArgumentError(absl::StrCat("--", name, " takes no value"));
+      a.values_[name] = "1";
+    } else if (valued.count(name)) {
+      if (!inline_value) {
+        if (i + 1 >= argv.size()) return absl::InvalidArgumentError(absl::StrCat("--", name, " needs a value"));
+        value = argv[++i];
+      }
+      a.values_[name] = value;
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat("unknown option --", name));
+    }
+  }
+  return a;
+}
+
+std::string Args::Str(const std::string& name, const std::string& fallback) const {
+  auto it = values_.find(name);
+  return it == values_.end() ? fallback : it->second;
+}
+
+absl::StatusOr<int64_t> Args::Int(const std::string& name, int64_t fallback, int64_t lo, int64_t hi) const {
+  auto it = values_.find(name);
+  if (it == values_.end()) return fallback;
+  int64_t v;
+  if (!absl::SimpleAtoi(it->second, &v) || v < lo || v > hi) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", name, " must be an integer in [", lo, ", ", hi, "], got '", it->second, "'"));
+  }
+  return v;
+}
+
+absl::StatusOr<double> Args::Double(const std::string& name, double fallback) const {
+  auto it = values_.find(name);
+  if (it == values_.end()) return fallback;
+  double v;
+  if (!absl::SimpleAtod(it->second, &v)) {
+    return absl::InvalidArgumentError(absl::StrCat("--", name, " must be a number, got '", it->second, "'"));
+  }
+  return v;
+}
+
+}  // namespace vc::cli

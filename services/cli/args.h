@@ -1,0 +1,36 @@
+// A small `--name value` / `--flag` parser for the vericache subcommands.
+#ifndef VC_SERVICES_CLI_ARGS_H_
+#define VC_SERVICES_CLI_ARGS_H_
+
+#include <cstdint>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace vc::cli {
+
+// Parsed options of one subcommand. Not thread-safe.
+class Args {
+ public:
+  // `valued` names options that take a value, `switches` those that do not. Returns
+  // kInvalidArgument for an unknown option, a missing value, or a stray positional argument.
+  static absl::StatusOr<Args> Parse(const std::vector<std::string>& argv,
+                                    const std::set<std::string>& valued,
+                                    const std::set<std::string>& switches);
+
+  bool Has(const std::string& name) const { return values_.count(name) > 0; }
+  std::string Str(const std::string& name, const std::string& fallback = "") const;
+  // kInvalidArgument naming the option when the value is not a number in [lo, hi].
+  absl::StatusOr<int64_t> Int(const std::string& name, int64_t fallback, int64_t lo, int64_t hi) const;
+  absl::StatusOr<double> Double(const std::string& name, double fallback) const;
+
+ private:
+  std::map<std::string, std::string> values_;
+};
+
+}  // namespace vc::cli
+
+#endif  // VC_SERVICES_CLI_ARGS_H_

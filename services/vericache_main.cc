@@ -1,0 +1,27 @@
+// The `vericache` command line: one executable, one subcommand per job.
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "services/cli/generate_command.h"
+
+namespace {
+
+constexpr char kUsage[] =
+    "usage: vericache <command> [options]\n"
+    "commands:\n"
+    "  generate   generate text from a checkpoint (vericache generate --help)\n";
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "help") {
+    std::cout << kUsage;
+    return argc < 2 ? 2 : 0;
+  }
+  const std::string cmd = argv[1];
+  std::vector<std::string> args(argv + 2, argv + argc);
+  if (cmd == "generate") return vc::cli::RunGenerateCommand(args, std::cout, std::cerr);
+  std::cerr << "vericache: unknown command '" << cmd << "'\n" << kUsage;
+  return 2;
+}

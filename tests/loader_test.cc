@@ -1,0 +1,225 @@
+// Loading checkpoints: the good path, and every kind of bad file giving a clear error.
+#include <filesystem>
+#include <fstream>
+
+#include "gtest/gtest.h"
+#include "tests/testing/tiny_model.h"
+#include "worker/model.h"
+#include "worker/safetensors.h"
+
+namespace vc {
+namespace {
+
+using testing::RawTensor;
+
+std::map<std::string, RawTensor> TwoTensors() {
+  return {{"a", RawTensor{DType::kF32, {2, 2}, {1, 2, 3, 4}}},
+          {"b", RawTensor{DType::kBF16, {3}, {1, -1, 0.5f}}}};
+}
+
+std::string WriteRaw(const std::string& name, const std::string& bytes) {
+  const std::string dir = testing::TempDir(name);
+  testing::WriteFile(dir + "/x.safetensors", bytes);
+  return dir + "/x.safetensors";
+}
+
+// Overwrites the header (keeping the data) with `header`, padded; returns the file bytes.
+std::string WithHeader(const std::string& header, const std::string& data) {
+  std::string h = header;
+  while (h.size() % 8) h.push_back(' ');
+  std::string out(8, '\0');
+  uint64_t n = h.size();
+  std::memcpy(out.data(), &n, 8);
+  return out + h + data;
+}
+
+TEST(Safetensors, ReadsTensors) {
+  auto f = SafetensorsFile::Open(WriteRaw("st_ok", testing::SafetensorsBytes(TwoTensors())));
+  ASSERT_TRUE(f.ok()) << f.status();
+  auto a = (*f)->Get("a");
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(a->shape, (std::vector<int64_t>{2, 2}));
+  EXPECT_EQ(reinterpret_cast<const float*>(a->data)[3], 4.0f);
+  auto b = (*f)->Get("b");
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ(BF16ToF32(reinterpret_cast<const uint16_t*>(b->data)[1]), -1.0f);
+  EXPECT_EQ((*f)->Get("c").status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST(Safetensors, MissingFile) {
+  auto f = SafetensorsFile::Open("/nonexistent/x.safetensors");
+  EXPECT_EQ(f.status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST(Safetensors, TruncatedFiles) {
+  const std::string good = testing::SafetensorsBytes(TwoTensors());
+  // Cut inside the length prefix, inside the header, and inside the data.
+  for (size_t cut : {size_t{3}, size_t{20}, good.size() - 2}) {
+    auto f = SafetensorsFile::Open(WriteRaw("st_trunc", good.substr(0, cut)));
+    ASSERT_FALSE(f.ok()) << "cut at " << cut;
+    EXPECT_TRUE(f.status().code() == absl::StatusCode::kDataLoss ||
+                f.status().code() == absl::StatusCode::kInvalidArgument)
+        << f.status();
+    EXPECT_NE(f.status().message().find("x.safetensors"), absl::string_view::npos);
+  }
+}
+
+TEST(Safetensors, HeaderThatLies) {
+  const std::string data(16, '\0');
+  struct Case {
+    std::string header;
+    std::string expect;
+  };
+  const Case cases[] = {
+      {R"({"a":{"dtype":"F32","shape":[2,2],"data_offsets":[0,32]}})", "outside"},
+      {R"({"a":{"dtype":"F32","shape":[3,2],"data_offsets":[0,16]}})", "needs 24 bytes"},
+      {R"({"a":{"dtype":"F32","shape":[2,2],"data_offsets":[8,4]}})", "outside"},
+      {R"({"a":{"dtype":"F32","shape":[-2,2],"data_offsets":[0,16]}})", "negative"},
+      {R"({"a":{"dtype":"F32","shape":[2,2]}})", "data_offsets"},
+      {R"({"a":{"dtype":"F32","shape":[4000000000000,4000000],"data_offsets":[0,16]}})", "too large"},
+      {R"({"a":{"dtype":"F32","shape":[2,2],"data_offsets":[0,16]})", "JSON"},
+      {R"([1,2,3])", "object"},
+  };
+  for (const Case& c : cases) {
+    auto f = SafetensorsFile::Open(WriteRaw("st_lie", WithHeader(c.header, data)));
+    ASSERT_FALSE(f.ok()) << c.header;
+    EXPECT_NE(f.status().message().find(c.expect), absl::string_view::npos) << f.status();
+  }
+  // A header length larger than the file.
+  std::string bytes = WithHeader(R"({})", data);
+  uint64_t huge = 1 << 20;
+  std::memcpy(bytes.data(), &huge, 8);
+  EXPECT_EQ(SafetensorsFile::Open(WriteRaw("st_len", bytes)).status().code(), absl::StatusCode::kDataLoss);
+}
+
+TEST(Safetensors, UnknownDtypeIsAClearErrorOnUse) {
+  const std::string data(16, '\0');
+  auto f = SafetensorsFile::Open(
+      WriteRaw("st_dtype", WithHeader(R"({"a":{"dtype":"I64","shape":[2],"data_offsets":[0,16]}})", data)));
+  ASSERT_TRUE(f.ok());
+  auto a = (*f)->Get("a");
+  EXPECT_EQ(a.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(a.status().message().find("I64"), absl::string_view::npos);
+}
+
+TEST(TensorStore, ShardedIndex) {
+  const std::string dir = testing::TempDir("sharded");
+  testing::WriteFile(dir + "/s1.safetensors",
+                     testing::SafetensorsBytes({{"a", RawTensor{DType::kF32, {1}, {7}}}}));
+  testing::WriteFile(dir + "/s2.safetensors",
+                     testing::SafetensorsBytes({{"b", RawTensor{DType::kF32, {1}, {8}}}}));
+  testing::WriteFile(dir + "/model.safetensors.index.json",
+                     R"({"weight_map":{"a":"s1.safetensors","b":"s2.safetensors"}})");
+  auto s = TensorStore::Open(dir);
+  ASSERT_TRUE(s.ok()) << s.status();
+  auto b = (*s)->Get("b", {1});
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ(reinterpret_cast<const float*>(b->data)[0], 8.0f);
+  EXPECT_EQ((*s)->Get("b", {2}).status().code(), absl::StatusCode::kInvalidArgument);
+
+  testing::WriteFile(dir + "/model.safetensors.index.json",
+                     R"({"weight_map":{"a":"s1.safetensors","b":"missing.safetensors"}})");
+  EXPECT_EQ(TensorStore::Open(dir).status().code(), absl::StatusCode::kNotFound);
+  testing::WriteFile(dir + "/model.safetensors.index.json", R"({"weight_map":{"a":"../etc/passwd"}})");
+  EXPECT_EQ(TensorStore::Open(dir).status().code(), absl::StatusCode::kInvalidArgument);
+  testing::WriteFile(dir + "/model.safetensors.index.json", R"({"weight_map":{"b":"s1.safetensors"}})");
+  EXPECT_EQ(TensorStore::Open(dir).status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST(ModelConfig, ParsesLlamaQwenAndScaling) {
+  testing::TinyModelSpec spec;
+  auto c = ParseModelConfig(testing::TinyConfig(spec).dump());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->num_kv_heads, 2);
+  EXPECT_EQ(c->head_dim, 8);
+  EXPECT_FALSE(c->qkv_bias);
+  spec.architecture = "Qwen2ForCausalLM";
+  c = ParseModelConfig(testing::TinyConfig(spec).dump());
+  ASSERT_TRUE(c.ok());
+  EXPECT_TRUE(c->qkv_bias);
+  EXPECT_FALSE(c->o_bias);
+  auto j = testing::TinyConfig(testing::TinyModelSpec{});
+  j["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0},
+                       {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 8192}};
+  c = ParseModelConfig(j.dump());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->rope_scaling.enabled);
+  EXPECT_EQ(c->rope_scaling.factor, 8.0);
+}
+
+TEST(ModelConfig, BadConfigs) {
+  auto with = [](const char* key, nlohmann::json value) {
+    auto j = testing::TinyConfig(testing::TinyModelSpec{});
+    if (value.is_null()) {
+      j.erase(key);
+    } else {
+      j[key] = value;
+    }
+    return ParseModelConfig(j.dump()).status();
+  };
+  EXPECT_NE(with("architectures", {"GPT2LMHeadModel"}).message().find("unsupported architecture"),
+            absl::string_view::npos);
+  EXPECT_NE(with("hidden_size", nullptr).message().find("missing 'hidden_size'"), absl::string_view::npos);
+  EXPECT_NE(with("num_key_value_heads", 3).message().find("multiple"), absl::string_view::npos);
+  EXPECT_NE(with("vocab_size", "many").message().find("not an integer"), absl::string_view::npos);
+  EXPECT_NE(with("rope_scaling", {{"type", "yarn"}}).message().find("yarn"), absl::string_view::npos);
+  EXPECT_NE(with("sliding_window", 4096).message().find("sliding"), absl::string_view::npos);
+  EXPECT_NE(with("num_hidden_layers", -1).message().find("outside"), absl::string_view::npos);
+  EXPECT_FALSE(ParseModelConfig("{not json").ok());
+  EXPECT_FALSE(ParseModelConfig("[]").ok());
+}
+
+TEST(Tokenizer, ByteLevelRoundTripAndDeclaredTokenizer) {
+  ByteTokenizer t;
+  const std::string s = "def f(x):\n    return x\xc3\xa9";
+  auto ids = t.Encode(s);
+  EXPECT_EQ(ids.front(), 256);
+  EXPECT_EQ(ids.size(), s.size() + 1);
+  ids.push_back(257);
+  EXPECT_EQ(t.Decode(ids), s);
+
+  ModelConfig c;
+  c.vocab_size = 258;
+  c.tokenizer = "vericache-byte";
+  EXPECT_TRUE(MakeTokenizer(c).ok());
+  c.tokenizer = "LlamaTokenizerFast";
+  EXPECT_NE(MakeTokenizer(c).status().message().find("not supported"), absl::string_view::npos);
+  c.tokenizer = "";
+  EXPECT_NE(MakeTokenizer(c).status().message().find("no tokenizer_class"), absl::string_view::npos);
+}
+
+TEST(ModelLoad, GoodAndBadCheckpoints) {
+  const std::string dir = testing::TempDir("load");
+  testing::TinyModelSpec spec;
+  testing::WriteTinyModel(dir, spec);
+  ASSERT_TRUE(Model::Load(dir).ok());
+
+  // A missing tensor.
+  auto w = testing::TinyWeights(spec);
+  w.erase("model.layers.1.mlp.up_proj.weight");
+  testing::WriteFile(dir + "/model.safetensors", testing::SafetensorsBytes(w));
+  auto m = Model::Load(dir);
+  EXPECT_EQ(m.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(m.status().message().find("model.layers.1.mlp.up_proj.weight"), absl::string_view::npos);
+
+  // A tensor of the wrong shape.
+  w = testing::TinyWeights(spec);
+  w["model.norm.weight"].shape = {16, 2};
+  testing::WriteFile(dir + "/model.safetensors", testing::SafetensorsBytes(w));
+  m = Model::Load(dir);
+  EXPECT_NE(m.status().message().find("model.norm.weight"), absl::string_view::npos) << m.status();
+
+  // A truncated weights file.
+  const std::string good = testing::SafetensorsBytes(testing::TinyWeights(spec));
+  testing::WriteFile(dir + "/model.safetensors", good.substr(0, good.size() / 2));
+  EXPECT_EQ(Model::Load(dir).status().code(), absl::StatusCode::kDataLoss);
+
+  // No weights at all; no config at all.
+  std::filesystem::remove(dir + "/model.safetensors");
+  EXPECT_EQ(Model::Load(dir).status().code(), absl::StatusCode::kNotFound);
+  std::filesystem::remove(dir + "/config.json");
+  EXPECT_EQ(Model::Load(dir).status().code(), absl::StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace vc

@@ -1,0 +1,66 @@
+#include "worker/full_decoder.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/status_macros.h"
+
+namespace vc {
+
+absl::Status ValidateGenerate(const Model& model, absl::Span<const int32_t> prompt,
+                              const GenerateOptions& o) {
+  if (prompt.empty()) return absl::InvalidArgumentError("the prompt is empty");
+  if (o.max_tokens < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("max_tokens ", o.max_tokens, " must be at least 1"));
+  }
+  if (o.prefill_chunk < 1 || o.block_size < 1) {
+    return absl::InvalidArgumentError("prefill_chunk and block_size must be at least 1");
+  }
+  VC_RETURN_IF_ERROR(ValidateSamplingParams(o.sampling));
+  const int64_t ctx = model.config().max_position_embeddings;
+  if (static_cast<int64_t>(prompt.size()) + o.max_tokens > ctx) {
+    return absl::InvalidArgumentError(absl::StrCat("prompt of ", prompt.size(), " tokens plus max_tokens ",
+                                                   o.max_tokens, " exceeds the model's context of ", ctx));
+  }
+  for (int32_t t : prompt) {
+    if (t < 0 || t >= model.config().vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat("prompt token ", t, " outside the vocabulary"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<GenerateResult> GenerateFull(const Model& model, absl::Span<const int32_t> prompt,
+                                            const GenerateOptions& o) {
+  VC_RETURN_IF_ERROR(ValidateGenerate(model, prompt, o));
+  const int64_t total = static_cast<int64_t>(prompt.size()) + o.max_tokens;
+  PagedKvCache cache(model.kv_layout(o.block_size), (total + o.block_size - 1) / o.block_size);
+  const SeqId seq = cache.NewSequence();
+  GenerateResult result;
+  std::vector<float> logits;
+
+  absl::Time t0 = absl::Now();
+  for (size_t start = 0; start < prompt.size(); start += static_cast<size_t>(o.prefill_chunk)) {
+    const size_t len = std::min(prompt.size() - start, static_cast<size_t>(o.prefill_chunk));
+    SequenceChunk chunk{seq, prompt.subspan(start, len)};
+    VC_RETURN_IF_ERROR(model.Forward({&chunk, 1}, cache, LogitsFor::kLastRows, &logits));
+  }
+  absl::Time t1 = absl::Now();
+  result.prefill_seconds = absl::ToDoubleSeconds(t1 - t0);
+
+  const int32_t eos = model.tokenizer().eos();
+  for (int i = 0; i < o.max_tokens; ++i) {
+    const int64_t position = cache.Length(seq);
+    const int32_t next = SampleToken(logits, o.sampling, position);
+    result.tokens.push_back(next);
+    if (o.stop_at_eos && next == eos) break;
+    if (i + 1 == o.max_tokens) break;
+    SequenceChunk chunk{seq, {&result.tokens.back(), 1}};
+    VC_RETURN_IF_ERROR(model.Forward({&chunk, 1}, cache, LogitsFor::kLastRows, &logits));
+  }
+  result.decode_seconds = absl::ToDoubleSeconds(absl::Now() - t1);
+  return result;
+}
+
+}  // namespace vc

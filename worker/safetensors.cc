@@ -1,0 +1,215 @@
+#include "worker/safetensors.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/status_macros.h"
+#include "nlohmann/json.hpp"
+
+namespace vc {
+namespace {
+
+using json = nlohmann::json;
+
+constexpr uint64_t kMaxHeaderBytes = 100u << 20;
+
+absl::Status Bad(const std::string& path, absl::string_view what) {
+  return absl::InvalidArgumentError(absl::StrCat(path, ": ", what));
+}
+
+std::string ShapeString(const std::vector<int64_t>& s) {
+  return absl::StrCat("[", absl::StrJoin(s, ", "), "]");
+}
+
+}  // namespace
+
+int64_t TensorView::num_elements() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+SafetensorsFile::~SafetensorsFile() {
+  if (map_ != nullptr) munmap(map_, map_size_);
+}
+
+absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == ENOENT) return absl::NotFoundError(absl::StrCat(path, ": no such file"));
+    return absl::UnavailableError(absl::StrCat(path, ": cannot open: ", std::strerror(errno)));
+  }
+  struct stat st;
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return Bad(path, "not a regular file");
+  }
+  const uint64_t file_size = static_cast<uint64_t>(st.st_size);
+  if (file_size < 8) {
+    ::close(fd);
+    return absl::DataLossError(absl::StrCat(path, ": truncated (", file_size,
+                                            " bytes; a safetensors file starts with 8)"));
+  }
+  void* map = mmap(nullptr, file_size, PROT_READ, MAP_PRIVATE, fd, 0);
+  ::close(fd);
+  if (map == MAP_FAILED) {
+    return absl::UnavailableError(absl::StrCat(path, ": mmap failed: ", std::strerror(errno)));
+  }
+  std::unique_ptr<SafetensorsFile> f(new SafetensorsFile());
+  f->path_ = path;
+  f->map_ = map;
+  f->map_size_ = file_size;
+  const uint8_t* bytes = static_cast<const uint8_t*>(map);
+
+  uint64_t header_len = 0;
+  for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | bytes[i];
+  if (header_len > kMaxHeaderBytes) {
+    return Bad(path, absl::StrCat("header length ", header_len, " is implausible"));
+  }
+  if (header_len > file_size - 8) {
+    return absl::DataLossError(absl::StrCat(path, ": truncated: header of ", header_len,
+                                            " bytes but the file has ", file_size - 8, " after it"));
+  }
+  const uint64_t data_size = file_size - 8 - header_len;
+  f->data_ = bytes + 8 + header_len;
+
+  json header = json::parse(bytes + 8, bytes + 8 + header_len, nullptr, /*allow_exceptions=*/false);
+  if (header.is_discarded()) return Bad(path, "header is not valid JSON");
+  if (!header.is_object()) return Bad(path, "header is not a JSON object");
+
+  for (auto it = header.begin(); it != header.end(); ++it) {
+    if (it.key() == "__metadata__") continue;
+    const std::string& name = it.key();
+    const json& t = it.value();
+    auto bad = [&](absl::string_view what) { return Bad(path, absl::StrCat("tensor '", name, "': ", what)); };
+    if (!t.is_object()) return bad("entry is not an object");
+    auto dt = t.find("dtype");
+    auto sh = t.find("shape");
+    auto off = t.find("data_offsets");
+    if (dt == t.end() || !dt->is_string()) return bad("missing dtype");
+    if (sh == t.end() || !sh->is_array()) return bad("missing shape");
+    if (off == t.end() || !off->is_array() || off->size() != 2) return bad("missing data_offsets");
+    Entry e;
+    e.dtype_name = dt->get<std::string>();
+    uint64_t elements = 1;
+    for (const json& d : *sh) {
+      if (!d.is_number_unsigned()) return bad("shape has a non-integer or negative dimension");
+      const uint64_t v = d.get<uint64_t>();
+      if (v > (1ull << 40) || (v != 0 && elements > (1ull << 48) / v)) return bad("shape is too large");
+      elements *= v;
+      e.shape.push_back(static_cast<int64_t>(v));
+    }
+    if (!(*off)[0].is_number_unsigned() || !(*off)[1].is_number_unsigned()) {
+      return bad("data_offsets are not non-negative integers");
+    }
+    e.begin = (*off)[0].get<uint64_t>();
+    e.end = (*off)[1].get<uint64_t>();
+    if (e.begin > e.end || e.end > data_size) {
+      return absl::DataLossError(absl::StrCat(path, ": tensor '", name, "': data_offsets [", e.begin,
+                                              ", ", e.end, ") outside the ", data_size,
+                                              "-byte data section (truncated file?)"));
+    }
+    auto parsed = ParseDType(e.dtype_name);
+    if (parsed.ok() && e.end - e.begin != elements * DTypeSize(*parsed)) {
+      return bad(absl::StrCat("shape ", ShapeString(e.shape), " of ", e.dtype_name, " needs ",
+                              elements * DTypeSize(*parsed), " bytes but data_offsets span ",
+                              e.end - e.begin));
+    }
+    f->entries_.emplace(name, std::move(e));
+  }
+  return f;
+}
+
+absl::StatusOr<TensorView> SafetensorsFile::Get(absl::string_view name) const {
+  auto it = entries_.find(std::string(name));
+  if (it == entries_.end()) {
+    return absl::NotFoundError(absl::StrCat(path_, ": no tensor '", name, "'"));
+  }
+  const Entry& e = it->second;
+  auto dtype = ParseDType(e.dtype_name);
+  if (!dtype.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path_, ": tensor '", name, "': ", dtype.status().message()));
+  }
+  TensorView v;
+  v.dtype = *dtype;
+  v.shape = e.shape;
+  v.data = data_ + e.begin;
+  v.size_bytes = e.end - e.begin;
+  return v;
+}
+
+std::vector<std::string> SafetensorsFile::names() const {
+  std::vector<std::string> out;
+  for (const auto& [k, v] : entries_) out.push_back(k);
+  return out;
+}
+
+absl::StatusOr<std::unique_ptr<TensorStore>> TensorStore::Open(const std::string& dir) {
+  auto store = std::make_unique<TensorStore>();
+  const std::string single = dir + "/model.safetensors";
+  const std::string index_path = dir + "/model.safetensors.index.json";
+  struct stat st;
+  if (stat(single.c_str(), &st) == 0) {
+    VC_ASSIGN_OR_RETURN(auto f, SafetensorsFile::Open(single));
+    for (const std::string& n : f->names()) store->index_[n] = f.get();
+    store->files_.push_back(std::move(f));
+    return store;
+  }
+  std::ifstream in(index_path);
+  if (!in) {
+    return absl::NotFoundError(
+        absl::StrCat(dir, ": no model.safetensors or model.safetensors.index.json"));
+  }
+  std::stringstream ss;
+  ss << in.rdbuf();
+  json index = json::parse(ss.str(), nullptr, false);
+  if (index.is_discarded() || !index.is_object()) return Bad(index_path, "not valid JSON");
+  auto wm = index.find("weight_map");
+  if (wm == index.end() || !wm->is_object()) return Bad(index_path, "no weight_map object");
+  std::map<std::string, const SafetensorsFile*> by_shard;
+  for (auto it = wm->begin(); it != wm->end(); ++it) {
+    if (!it.value().is_string()) return Bad(index_path, absl::StrCat("shard of '", it.key(), "' is not a string"));
+    const std::string shard = it.value().get<std::string>();
+    if (shard.empty() || shard.find('/') != std::string::npos || shard == "..") {
+      return Bad(index_path, absl::StrCat("shard name '", shard, "' is not a file in the directory"));
+    }
+    auto found = by_shard.find(shard);
+    if (found == by_shard.end()) {
+      VC_ASSIGN_OR_RETURN(auto f, SafetensorsFile::Open(dir + "/" + shard));
+      found = by_shard.emplace(shard, f.get()).first;
+      store->files_.push_back(std::move(f));
+    }
+    if (!found->second->Contains(it.key())) {
+      return absl::NotFoundError(absl::StrCat(index_path, ": tensor '", it.key(), "' is not in shard ", shard));
+    }
+    store->index_[it.key()] = found->second;
+  }
+  return store;
+}
+
+bool TensorStore::Contains(absl::string_view name) const { return index_.find(name) != index_.end(); }
+
+absl::StatusOr<TensorView> TensorStore::Get(absl::string_view name,
+                                            const std::vector<int64_t>& shape) const {
+  auto it = index_.find(name);
+  if (it == index_.end()) {
+    return absl::NotFoundError(absl::StrCat("checkpoint has no tensor '", name, "'"));
+  }
+  VC_ASSIGN_OR_RETURN(TensorView v, it->second->Get(name));
+  if (v.shape != shape) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor '", name, "' has shape ", ShapeString(v.shape),
+                                                   ", the config implies ", ShapeString(shape)));
+  }
+  return v;
+}
+
+}  // namespace vc

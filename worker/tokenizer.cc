@@ -1,0 +1,39 @@
+#include "worker/tokenizer.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace vc {
+
+std::vector<int32_t> ByteTokenizer::Encode(absl::string_view text) const {
+  std::vector<int32_t> ids;
+  ids.reserve(text.size() + 1);
+  ids.push_back(kBos);
+  for (char c : text) ids.push_back(static_cast<uint8_t>(c));
+  return ids;
+}
+
+std::string ByteTokenizer::Decode(absl::Span<const int32_t> ids) const {
+  std::string out;
+  for (int32_t id : ids) {
+    if (id >= 0 && id < 256) out.push_back(static_cast<char>(id));
+  }
+  return out;
+}
+
+absl::StatusOr<std::unique_ptr<Tokenizer>> MakeTokenizer(const ModelConfig& config) {
+  if (config.tokenizer == "vericache-byte") {
+    if (config.vocab_size < 258) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tokenizer vericache-byte needs vocab_size >= 258, the config has ", config.vocab_size));
+    }
+    return std::make_unique<ByteTokenizer>();
+  }
+  if (config.tokenizer.empty()) {
+    return absl::InvalidArgumentError(
+        "config.json declares no tokenizer_class (supported: vericache-byte)");
+  }
+  return absl::InvalidArgumentError(absl::StrCat("tokenizer '", config.tokenizer,
+                                                 "' is not supported (supported: vericache-byte)"));
+}
+
+}  // namespace vc
