@@ -1,15 +1,51 @@
 #include <cstdlib>
-#include <cstring>
+#include <iostream>
 
-#include "kernels/kernels.h"
+#include "kernels/backends.h"
 
 namespace vc::kernels {
 
+const Backend* Avx2Backend();
+const Backend* Avx2VariableSplitBackend();
+
+namespace {
+bool CpuHasAvx2() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+}
+}  // namespace
+
+const Backend* Avx2BackendIfSupported() { return CpuHasAvx2() ? Avx2Backend() : nullptr; }
+const Backend* Avx2VariableSplitBackendIfSupported() {
+  return CpuHasAvx2() ? Avx2VariableSplitBackend() : nullptr;
+}
+
+std::vector<const Backend*> AvailableBackends() {
+  std::vector<const Backend*> out;
+  for (const Backend* b : {CudaBackendIfAvailable(), Avx2BackendIfSupported()}) {
+    if (b != nullptr) out.push_back(b);
+  }
+  out.push_back(&ReferenceBackend());
+  return out;
+}
+
+const Backend* BackendByName(absl::string_view name) {
+  for (const Backend* b : {CudaBackendIfAvailable(), Avx2BackendIfSupported(),
+                           Avx2VariableSplitBackendIfSupported(), &ReferenceBackend()}) {
+    if (b != nullptr && b->name() == name) return b;
+  }
+  return nullptr;
+}
+
 const Backend& DefaultBackend() {
   static const Backend* chosen = [] {
-    const char* want = std::getenv("VC_KERNELS");
-    (void)want;  // Only the reference backend exists so far.
-    return &ReferenceBackend();
+    if (const char* want = std::getenv("VC_KERNELS"); want != nullptr && *want != '\0') {
+      if (const Backend* b = BackendByName(want)) return b;
+      std::cerr << "VC_KERNELS=" << want << " is not available here; using the default backend\n";
+    }
+    // The model runs on the host: the fastest CPU backend. (CUDA is chosen explicitly.)
+    const Backend* b = Avx2BackendIfSupported();
+    return b != nullptr ? b : &ReferenceBackend();
   }();
   return *chosen;
 }

@@ -3,6 +3,7 @@
 #include <random>
 
 #include "gtest/gtest.h"
+#include "kernels/backends.h"
 #include "tests/testing/tiny_model.h"
 #include "worker/full_decoder.h"
 #include "worker/model.h"
@@ -10,12 +11,19 @@
 namespace vc {
 namespace {
 
-class ModelTest : public ::testing::TestWithParam<testing::TinyModelSpec> {
+struct ModelCase {
+  testing::TinyModelSpec spec;
+  std::string backend;
+};
+
+class ModelTest : public ::testing::TestWithParam<ModelCase> {
  protected:
   void SetUp() override {
-    const std::string dir = testing::TempDir("model_" + GetParam().architecture);
-    testing::WriteTinyModel(dir, GetParam());
-    auto m = Model::Load(dir);
+    const kernels::Backend* backend = kernels::BackendByName(GetParam().backend);
+    if (backend == nullptr) GTEST_SKIP() << "backend " << GetParam().backend << " not available here";
+    const std::string dir = testing::TempDir("model_" + GetParam().spec.architecture);
+    testing::WriteTinyModel(dir, GetParam().spec);
+    auto m = Model::Load(dir, backend);
     ASSERT_TRUE(m.ok()) << m.status();
     model_ = std::move(*m);
   }
@@ -82,6 +90,38 @@ TEST_P(ModelTest, BatchedSequencesMatchSingleSequences) {
   }
 }
 
+TEST_P(ModelTest, BatchedDecodeStepsMatchSoloDecoding) {
+  // b sequences of different lengths decode together, one token each per pass, for b = 1..8.
+  std::vector<std::vector<int32_t>> seqs;
+  for (int b = 0; b < 8; ++b) seqs.push_back(Tokens(12 + 5 * b, 40 + b));
+  std::vector<std::vector<float>> solo;
+  for (const auto& s : seqs) solo.push_back(Logits(s, {1}, 16, 0));
+  const int v = model_->config().vocab_size;
+  for (int b = 1; b <= 8; ++b) {
+    PagedKvCache cache(model_->kv_layout(16), 64, 1000 + b);
+    std::vector<SeqId> ids;
+    for (int i = 0; i < b; ++i) ids.push_back(cache.NewSequence());
+    std::vector<std::vector<float>> got(b);
+    std::vector<float> logits;
+    for (size_t step = 0;; ++step) {
+      std::vector<SequenceChunk> chunks;
+      std::vector<int> who;
+      for (int i = 0; i < b; ++i) {
+        if (step < seqs[i].size()) {
+          chunks.push_back({ids[i], absl::MakeConstSpan(seqs[i]).subspan(step, 1)});
+          who.push_back(i);
+        }
+      }
+      if (chunks.empty()) break;
+      ASSERT_TRUE(model_->Forward(chunks, cache, LogitsFor::kAllRows, &logits).ok());
+      for (size_t c = 0; c < who.size(); ++c) {
+        got[who[c]].insert(got[who[c]].end(), logits.begin() + c * v, logits.begin() + (c + 1) * v);
+      }
+    }
+    for (int i = 0; i < b; ++i) EXPECT_TRUE(BitwiseEqual(solo[i], got[i])) << "batch " << b << " seq " << i;
+  }
+}
+
 TEST_P(ModelTest, RejectsBadInputAndFullCacheLeavesNoTrace) {
   PagedKvCache cache(model_->kv_layout(16), 2);
   const SeqId a = cache.NewSequence(), b = cache.NewSequence();
@@ -135,6 +175,15 @@ TEST_P(ModelTest, GenerationIsReproducibleAndValidated) {
   EXPECT_NE(too_long.status().message().find("exceeds the model's context"), absl::string_view::npos);
 }
 
+testing::TinyModelSpec HeadDim32() {
+  testing::TinyModelSpec s;
+  s.hidden = 128;
+  s.intermediate = 344;
+  s.heads = 4;
+  s.kv_heads = 1;
+  s.seed = 4;
+  return s;
+}
 testing::TinyModelSpec Qwen() {
   testing::TinyModelSpec s;
   s.architecture = "Qwen2ForCausalLM";
@@ -154,9 +203,18 @@ testing::TinyModelSpec TiedF32() {
   return s;
 }
 
-INSTANTIATE_TEST_SUITE_P(Architectures, ModelTest,
-                         ::testing::Values(testing::TinyModelSpec{}, Qwen(), TiedF32()),
-                         [](const auto& info) { return info.param.architecture; });
+std::vector<ModelCase> Cases() {
+  std::vector<ModelCase> out;
+  for (const char* backend : {"reference", "avx2"}) {
+    for (const auto& spec : {testing::TinyModelSpec{}, HeadDim32(), Qwen(), TiedF32()}) out.push_back({spec, backend});
+  }
+  return out;
+}
+
+INSTANTIATE_TEST_SUITE_P(Architectures, ModelTest, ::testing::ValuesIn(Cases()), [](const auto& info) {
+  return info.param.backend + "_" + info.param.spec.architecture + "_d" +
+         std::to_string(info.param.spec.hidden / info.param.spec.heads) + "_" + std::to_string(info.index);
+});
 
 }  // namespace
 }  // namespace vc

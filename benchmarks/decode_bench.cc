@@ -1,0 +1,125 @@
+// Decode throughput of a model at long contexts, next to the memory-bandwidth floor.
+//
+// For each (context, batch): `batch` sequences hold `context` positions of KV (filled with
+// synthetic values: decode speed does not depend on them, and prefilling 16 x 32K positions would
+// dominate the run), then every step decodes one token for each sequence in one batched pass and
+// rolls the cache back, so each step sees the same context. The floor is the time to read the
+// weights once plus every sequence's KV once at the memcpy bandwidth measured in this run.
+//
+//   decode_bench --model models/vc-code-4m [--contexts 1024,8192,32768] [--batches 1,16]
+//                [--backends avx2,avx2-variable-split] [--steps 8] [--json FILE]
+#include <chrono>
+#include <fstream>
+#include <iostream>
+#include <random>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "benchmarks/bandwidth.h"
+#include "kernels/backends.h"
+#include "kernels/thread_pool.h"
+#include "nlohmann/json.hpp"
+#include "worker/model.h"
+
+namespace {
+
+std::vector<int64_t> Ints(const std::string& s) {
+  std::vector<int64_t> out;
+  for (absl::string_view p : absl::StrSplit(s, ',')) {
+    int64_t v;
+    if (absl::SimpleAtoi(p, &v)) out.push_back(v);
+  }
+  return out;
+}
+
+int64_t WeightBytes(const vc::ModelConfig& c) {
+  const int64_t d = c.hidden_size, f = c.intermediate_size, hd = c.head_dim;
+  const int64_t per_layer = d * (c.num_heads * hd) * 2 + d * (c.num_kv_heads * hd) * 2 + 3 * d * f;
+  return (per_layer * c.num_layers + int64_t{c.vocab_size} * d) * 2;  // bf16 weights
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::map<std::string, std::string> flags = {{"model", "models/vc-code-4m"},
+                                              {"contexts", "1024,8192,32768"},
+                                              {"batches", "1,16"},
+                                              {"backends", "avx2,avx2-variable-split"},
+                                              {"steps", "8"},
+                                              {"json", ""}};
+  for (int i = 1; i + 1 < argc; i += 2) {
+    std::string k = argv[i];
+    if (k.rfind("--", 0) != 0 || !flags.count(k.substr(2))) {
+      std::cerr << "unknown option " << k << "\n";
+      return 2;
+    }
+    flags[k.substr(2)] = argv[i + 1];
+  }
+  const int steps = static_cast<int>(Ints(flags["steps"]).at(0));
+  const double bw = vc::bench::MeasureMemcpyBandwidth();
+  std::cout << absl::StrFormat("memcpy bandwidth: %.2f GB/s, kernel threads: %d\n", bw / 1e9,
+                               vc::kernels::KernelThreadPool().num_threads());
+  nlohmann::json results = nlohmann::json::array();
+  std::cout << "| backend | context | batch | tokens/s | ms/step | floor ms/step | fraction of floor |\n"
+               "|---|---:|---:|---:|---:|---:|---:|\n";
+  for (absl::string_view name : absl::StrSplit(flags["backends"], ',')) {
+    const vc::kernels::Backend* backend = vc::kernels::BackendByName(name);
+    if (backend == nullptr) {
+      std::cout << "backend " << name << " not available here\n";
+      continue;
+    }
+    auto model = vc::Model::Load(flags["model"], backend);
+    if (!model.ok()) {
+      std::cerr << model.status() << "\n";
+      return 1;
+    }
+    const vc::ModelConfig& c = (*model)->config();
+    for (int64_t ctx : Ints(flags["contexts"])) {
+      for (int64_t batch : Ints(flags["batches"])) {
+        const vc::KvLayout layout = (*model)->kv_layout(16);
+        vc::PagedKvCache cache(layout, batch * ((ctx + 1) / 16 + 2));
+        std::mt19937 rng(1);
+        std::normal_distribution<float> nd(0.0f, 1.0f);
+        std::vector<vc::SeqId> seqs;
+        for (int64_t b = 0; b < batch; ++b) {
+          const vc::SeqId s = cache.NewSequence();
+          if (!cache.Reserve(s, ctx + 1).ok()) return 1;
+          for (int l = 0; l < c.num_layers; ++l) {
+            for (int64_t p = 0; p < ctx; ++p) {
+              float* k = cache.K(l, s, p);
+              float* v = cache.V(l, s, p);
+              for (int i = 0; i < c.num_kv_heads * c.head_dim; ++i) k[i] = nd(rng), v[i] = nd(rng);
+            }
+          }
+          cache.SetLength(s, ctx);
+          seqs.push_back(s);
+        }
+        std::vector<int32_t> tokens(batch, 'x');
+        std::vector<vc::SequenceChunk> chunks;
+        for (int64_t b = 0; b < batch; ++b) chunks.push_back({seqs[b], {&tokens[b], 1}});
+        std::vector<float> logits;
+        double best = 1e30;
+        for (int s = 0; s < steps + 1; ++s) {  // the first step warms up
+          const auto t0 = std::chrono::steady_clock::now();
+          if (!(*model)->Forward(chunks, cache, vc::LogitsFor::kLastRows, &logits).ok()) return 1;
+          const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+          if (s > 0) best = std::min(best, dt);
+          for (vc::SeqId q : seqs) (void)cache.Truncate(q, ctx);
+        }
+        const double bytes = static_cast<double>(WeightBytes(c)) +
+                             static_cast<double>(batch) * (ctx + 1) * layout.bytes_per_token();
+        const double floor_s = bytes / bw;
+        std::cout << absl::StrFormat("| %s | %d | %d | %.1f | %.3f | %.3f | %.2f |\n", std::string(name), ctx,
+                                     batch, batch / best, best * 1e3, floor_s * 1e3, floor_s / best);
+        std::cout.flush();
+        results.push_back({{"backend", std::string(name)}, {"context", ctx}, {"batch", batch},
+                           {"tokens_per_s", batch / best}, {"step_ms", best * 1e3},
+                           {"floor_step_ms", floor_s * 1e3}, {"fraction_of_floor", floor_s / best},
+                           {"bytes_per_step", bytes}, {"memcpy_gbps", bw / 1e9}});
+      }
+    }
+  }
+  if (!flags["json"].empty()) std::ofstream(flags["json"]) << results.dump(1) << "\n";
+  return 0;
+}

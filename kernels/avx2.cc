@@ -1,0 +1,353 @@
+// AVX2/FMA kernels. Compiled with -mavx2 -mfma -mf16c for this file only and chosen at run time
+// when the CPU has those features.
+//
+// Invariance: every output is reduced in an order fixed by the model's shapes:
+//  - MatMul: four 8-lane FMA accumulators over the columns (c mod 32 picks the accumulator), then
+//    ((a0 + a1) + (a2 + a3)) and a fixed horizontal sum. Rows are tiled for weight reuse, but every
+//    row gets the same instruction sequence, so the tile a row lands in does not matter. Threads
+//    split the output columns, never a reduction.
+//  - PagedAttention: the KV positions of a row are cut into fixed chunks of kKvSplit positions
+//    (a property of the row's position alone); each chunk yields (max, sum, weighted V) and chunks
+//    are merged in order. Threads take whole chunks.
+// Shapes the vector code does not handle (columns or head_dim not a multiple of 8) go to the
+// reference kernels; that choice depends on the shape only.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "kernels/kernels.h"
+#include "kernels/thread_pool.h"
+
+namespace vc::kernels {
+namespace {
+
+constexpr int kKvSplit = 256;  // positions per attention chunk
+constexpr int kRowTile = 4;    // rows sharing one pass over a weight row
+constexpr int64_t kOutGrain = 16;
+
+inline float HSum(__m256 v) {
+  const __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
+  __m128 s = _mm_add_ps(lo, hi);
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+inline __m256 LoadBF16(const uint16_t* p) {
+  const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+}
+inline __m256 LoadF16(const uint16_t* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+template <DType T>
+inline __m256 LoadW(const void* base, int64_t i) {
+  if constexpr (T == DType::kF32) return _mm256_loadu_ps(static_cast<const float*>(base) + i);
+  if constexpr (T == DType::kBF16) return LoadBF16(static_cast<const uint16_t*>(base) + i);
+  return LoadF16(static_cast<const uint16_t*>(base) + i);
+}
+
+// exp(x) for 8 lanes (Cephes-style range reduction and polynomial); deterministic.
+inline __m256 Exp256(__m256 x) {
+  const __m256 hi = _mm256_set1_ps(88.3762626647949f), lo = _mm256_set1_ps(-88.3762626647949f);
+  x = _mm256_max_ps(_mm256_min_ps(x, hi), lo);
+  __m256 fx = _mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f));
+  fx = _mm256_floor_ps(fx);
+  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
+  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
+  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
+  const __m256 x2 = _mm256_mul_ps(x, x);
+  y = _mm256_fmadd_ps(y, x2, _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(fx), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+}
+
+// One row tile of `R` rows against outputs [o0, o1) of w.
+template <DType T, int R>
+void MatMulTile(const float* x, const WeightView& w, int64_t o0, int64_t o1, float* y) {
+  const int64_t cols = w.cols;
+  const int64_t c32 = cols / 32 * 32;
+  for (int64_t o = o0; o < o1; ++o) {
+    const int64_t wrow = o * cols;
+    __m256 acc[R][4];
+    for (int r = 0; r < R; ++r) {
+      for (int a = 0; a < 4; ++a) acc[r][a] = _mm256_setzero_ps();
+    }
+    int64_t c = 0;
+    for (; c < c32; c += 32) {
+      const __m256 w0 = LoadW<T>(w.data, wrow + c), w1 = LoadW<T>(w.data, wrow + c + 8);
+      const __m256 w2 = LoadW<T>(w.data, wrow + c + 16), w3 = LoadW<T>(w.data, wrow + c + 24);
+      for (int r = 0; r < R; ++r) {
+        const float* xr = x + r * cols + c;
+        acc[r][0] = _mm256_fmadd_ps(_mm256_loadu_ps(xr), w0, acc[r][0]);
+        acc[r][1] = _mm256_fmadd_ps(_mm256_loadu_ps(xr + 8), w1, acc[r][1]);
+        acc[r][2] = _mm256_fmadd_ps(_mm256_loadu_ps(xr + 16), w2, acc[r][2]);
+        acc[r][3] = _mm256_fmadd_ps(_mm256_loadu_ps(xr + 24), w3, acc[r][3]);
+      }
+    }
+    for (int a = 0; c < cols; c += 8, ++a) {  // remaining multiples of 8: accumulators 0, 1, 2
+      const __m256 wv = LoadW<T>(w.data, wrow + c);
+      for (int r = 0; r < R; ++r) acc[r][a] = _mm256_fmadd_ps(_mm256_loadu_ps(x + r * cols + c), wv, acc[r][a]);
+    }
+    for (int r = 0; r < R; ++r) {
+      y[r * w.rows + o] = HSum(_mm256_add_ps(_mm256_add_ps(acc[r][0], acc[r][1]), _mm256_add_ps(acc[r][2], acc[r][3])));
+    }
+  }
+}
+
+template <DType T>
+void MatMulRange(const float* x, int64_t n, const WeightView& w, int64_t o0, int64_t o1, float* y) {
+  int64_t r = 0;
+  for (; r + kRowTile <= n; r += kRowTile) MatMulTile<T, kRowTile>(x + r * w.cols, w, o0, o1, y + r * w.rows);
+  for (; r < n; ++r) MatMulTile<T, 1>(x + r * w.cols, w, o0, o1, y + r * w.rows);
+}
+
+// Partial attention of the query heads of one KV head over one chunk of positions.
+struct Partial {
+  float m, l;
+};
+
+class Avx2 final : public Backend {
+ public:
+  explicit Avx2(bool fixed_split) : fixed_split_(fixed_split) {}
+  absl::string_view name() const override { return fixed_split_ ? "avx2" : "avx2-variable-split"; }
+
+  void MatMul(const float* x, int64_t n, const WeightView& w, float* y) const override {
+    if (w.cols % 8 != 0 || n == 0) return ReferenceBackend().MatMul(x, n, w, y);
+    auto run = [&](int64_t o0, int64_t o1) {
+      switch (w.dtype) {
+        case DType::kF32: return MatMulRange<DType::kF32>(x, n, w, o0, o1, y);
+        case DType::kBF16: return MatMulRange<DType::kBF16>(x, n, w, o0, o1, y);
+        case DType::kF16: return MatMulRange<DType::kF16>(x, n, w, o0, o1, y);
+      }
+    };
+    // Small jobs are not worth waking the other threads.
+    if (n * w.rows * w.cols < 32768) return run(0, w.rows);
+    KernelThreadPool().ParallelFor(w.rows, kOutGrain, run);
+  }
+
+  void RmsNorm(const float* x, int64_t n, int64_t dim, const float* weight, float eps,
+               float* y) const override {
+    if (dim % 8 != 0) return ReferenceBackend().RmsNorm(x, n, dim, weight, eps, y);
+    for (int64_t r = 0; r < n; ++r) {
+      const float* xr = x + r * dim;
+      __m256 acc = _mm256_setzero_ps();
+      for (int64_t i = 0; i < dim; i += 8) {
+        const __m256 v = _mm256_loadu_ps(xr + i);
+        acc = _mm256_fmadd_ps(v, v, acc);
+      }
+      const float inv = 1.0f / std::sqrt(HSum(acc) / static_cast<float>(dim) + eps);
+      const __m256 s = _mm256_set1_ps(inv);
+      for (int64_t i = 0; i < dim; i += 8) {
+        _mm256_storeu_ps(y + r * dim + i,
+                         _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(xr + i), s), _mm256_loadu_ps(weight + i)));
+      }
+    }
+  }
+
+  void Rope(float* x, int64_t n, int heads, int head_dim, const float* cos,
+            const float* sin) const override {
+    const int half = head_dim / 2;
+    if (half % 8 != 0) return ReferenceBackend().Rope(x, n, heads, head_dim, cos, sin);
+    for (int64_t r = 0; r < n; ++r) {
+      for (int h = 0; h < heads; ++h) {
+        float* v = x + (r * heads + h) * head_dim;
+        for (int i = 0; i < half; i += 8) {
+          const __m256 c = _mm256_loadu_ps(cos + r * half + i), s = _mm256_loadu_ps(sin + r * half + i);
+          const __m256 a = _mm256_loadu_ps(v + i), b = _mm256_loadu_ps(v + i + half);
+          _mm256_storeu_ps(v + i, _mm256_sub_ps(_mm256_mul_ps(a, c), _mm256_mul_ps(b, s)));
+          _mm256_storeu_ps(v + i + half, _mm256_add_ps(_mm256_mul_ps(b, c), _mm256_mul_ps(a, s)));
+        }
+      }
+    }
+  }
+
+  void SwiGlu(const float* gate, const float* up, int64_t count, float* out) const override {
+    int64_t i = 0;
+    const __m256 one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps();
+    for (; i + 8 <= count; i += 8) {
+      const __m256 g = _mm256_loadu_ps(gate + i);
+      const __m256 sig = _mm256_div_ps(g, _mm256_add_ps(one, Exp256(_mm256_sub_ps(zero, g))));
+      _mm256_storeu_ps(out + i, _mm256_mul_ps(sig, _mm256_loadu_ps(up + i)));
+    }
+    // Each lane computes the same function, so the tail runs the vector code on a padded copy.
+    if (i < count) {
+      alignas(32) float g[8] = {0}, u[8] = {0}, o[8];
+      for (int64_t j = i; j < count; ++j) g[j - i] = gate[j], u[j - i] = up[j];
+      const __m256 gv = _mm256_load_ps(g);
+      const __m256 sig = _mm256_div_ps(gv, _mm256_add_ps(one, Exp256(_mm256_sub_ps(zero, gv))));
+      _mm256_store_ps(o, _mm256_mul_ps(sig, _mm256_load_ps(u)));
+      for (int64_t j = i; j < count; ++j) out[j] = o[j - i];
+    }
+  }
+
+  void PagedAttention(const float* q, int64_t n, int num_heads, const AttentionRow* rows,
+                      const PagedKvLayer& kv, float scale, float* out) const override {
+    const int d = kv.head_dim;
+    const int group = num_heads / kv.num_kv_heads;
+    if (d % 8 != 0 || d > 256 || group > 16) {
+      return ReferenceBackend().PagedAttention(q, n, num_heads, rows, kv, scale, out);
+    }
+    // Tasks: (row, kv head, chunk). Partials are stored per task, merged per row and head in order.
+    const int threads = KernelThreadPool().num_threads();
+    std::vector<int64_t> first_task(n + 1, 0);
+    std::vector<int> split(n);
+    for (int64_t r = 0; r < n; ++r) {
+      const int32_t len = rows[r].kv_len;
+      int s = kKvSplit;
+      if (!fixed_split_) {  // the usual shape-dependent choice: one chunk per thread
+        s = std::max<int>(16, static_cast<int>((len + threads - 1) / threads));
+      }
+      split[r] = s;
+      const int64_t chunks = std::max<int64_t>(1, (len + s - 1) / s);
+      first_task[r + 1] = first_task[r] + chunks * kv.num_kv_heads;
+    }
+    const int64_t tasks = first_task[n];
+    std::vector<Partial> part(static_cast<size_t>(tasks * group));
+    std::vector<float> acc(static_cast<size_t>(tasks * group * d));
+
+    auto run = [&](int64_t t0, int64_t t1) {
+      std::vector<float> scores(static_cast<size_t>(group) * std::max(kKvSplit, 1));
+      int64_t r = std::upper_bound(first_task.begin(), first_task.end(), t0) - first_task.begin() - 1;
+      for (int64_t t = t0; t < t1; ++t) {
+        while (t >= first_task[r + 1]) ++r;
+        const int64_t local = t - first_task[r];
+        const int g = static_cast<int>(local % kv.num_kv_heads);
+        const int64_t chunk = local / kv.num_kv_heads;
+        const int32_t len = rows[r].kv_len;
+        const int64_t j0 = chunk * split[r], j1 = std::min<int64_t>(len, j0 + split[r]);
+        ChunkAttention(q + (r * num_heads + g * group) * d, group, rows[r].block_table, kv, g, j0, j1,
+                       scale, &scores, &part[t * group], &acc[t * group * d]);
+      }
+    };
+    int64_t positions = 0;
+    for (int64_t r = 0; r < n; ++r) positions += rows[r].kv_len;
+    if (tasks >= 2 && positions * kv.num_kv_heads >= 4096) {
+      KernelThreadPool().ParallelFor(tasks, 1, run);
+    } else {
+      run(0, tasks);
+    }
+
+    // Merge the chunks of each (row, head) in chunk order.
+    for (int64_t r = 0; r < n; ++r) {
+      const int64_t chunks = (first_task[r + 1] - first_task[r]) / kv.num_kv_heads;
+      for (int h = 0; h < num_heads; ++h) {
+        const int g = h / group, gi = h % group;
+        float* o = out + (r * num_heads + h) * d;
+        float m = -INFINITY;
+        for (int64_t c = 0; c < chunks; ++c) m = std::max(m, part[(first_task[r] + c * kv.num_kv_heads + g) * group + gi].m);
+        if (rows[r].kv_len == 0) {
+          std::fill(o, o + d, 0.0f);
+          continue;
+        }
+        float l = 0.0f;
+        __m256 sum[32];
+        for (int i = 0; i < d / 8; ++i) sum[i] = _mm256_setzero_ps();
+        for (int64_t c = 0; c < chunks; ++c) {
+          const int64_t t = first_task[r] + c * kv.num_kv_heads + g;
+          const Partial& p = part[t * group + gi];
+          const float w = std::exp(p.m - m);
+          l += p.l * w;
+          const __m256 wv = _mm256_set1_ps(w);
+          const float* a = &acc[(t * group + gi) * d];
+          for (int i = 0; i < d / 8; ++i) sum[i] = _mm256_fmadd_ps(_mm256_loadu_ps(a + 8 * i), wv, sum[i]);
+        }
+        const __m256 inv = _mm256_set1_ps(1.0f / l);
+        for (int i = 0; i < d / 8; ++i) _mm256_storeu_ps(o + 8 * i, _mm256_mul_ps(sum[i], inv));
+      }
+    }
+  }
+
+ private:
+  // Attention of `group` query heads (q [group, d]) sharing KV head g over positions [j0, j1).
+  static void ChunkAttention(const float* q, int group, const int32_t* table, const PagedKvLayer& kv, int g,
+                             int64_t j0, int64_t j1, float scale, std::vector<float>* scores_buf,
+                             Partial* part, float* acc) {
+    const int d = kv.head_dim, dv = d / 8;
+    const int64_t len = j1 - j0;
+    if (len <= 0) {
+      for (int h = 0; h < group; ++h) {
+        part[h] = {-INFINITY, 0.0f};
+        std::fill(acc + h * d, acc + (h + 1) * d, 0.0f);
+      }
+      return;
+    }
+    if (static_cast<int64_t>(scores_buf->size()) < group * len) scores_buf->resize(static_cast<size_t>(group * len));
+    float* s = scores_buf->data();
+    auto at = [&](const float* base, int64_t j) {
+      return base + table[j / kv.block_size] * kv.block_stride +
+             (static_cast<int64_t>(j % kv.block_size) * kv.num_kv_heads + g) * d;
+    };
+    __m256 qv[16][32];
+    for (int h = 0; h < group; ++h) {
+      for (int i = 0; i < dv; ++i) qv[h][i] = _mm256_loadu_ps(q + h * d + 8 * i);
+    }
+    for (int64_t j = 0; j < len; ++j) {
+      const float* k = at(kv.k, j0 + j);
+      for (int h = 0; h < group; ++h) {
+        __m256 a = _mm256_mul_ps(qv[h][0], _mm256_loadu_ps(k));
+        for (int i = 1; i < dv; ++i) a = _mm256_fmadd_ps(qv[h][i], _mm256_loadu_ps(k + 8 * i), a);
+        s[h * len + j] = HSum(a) * scale;
+      }
+    }
+    for (int h = 0; h < group; ++h) {
+      float* sh = s + h * len;
+      float m = -INFINITY;
+      for (int64_t j = 0; j < len; ++j) m = std::max(m, sh[j]);
+      const __m256 mv = _mm256_set1_ps(m);
+      __m256 lsum = _mm256_setzero_ps();
+      int64_t j = 0;
+      for (; j + 8 <= len; j += 8) {
+        const __m256 p = Exp256(_mm256_sub_ps(_mm256_loadu_ps(sh + j), mv));
+        _mm256_storeu_ps(sh + j, p);
+        lsum = _mm256_add_ps(lsum, p);
+      }
+      float l = HSum(lsum);
+      for (; j < len; ++j) {
+        alignas(32) float one[8] = {sh[j] - m, 0, 0, 0, 0, 0, 0, 0};
+        _mm256_store_ps(one, Exp256(_mm256_load_ps(one)));
+        sh[j] = one[0];
+        l += sh[j];
+      }
+      part[h] = {m, l};
+    }
+    __m256 o[16][32];
+    for (int h = 0; h < group; ++h) {
+      for (int i = 0; i < dv; ++i) o[h][i] = _mm256_setzero_ps();
+    }
+    for (int64_t j = 0; j < len; ++j) {
+      const float* v = at(kv.v, j0 + j);
+      for (int h = 0; h < group; ++h) {
+        const __m256 p = _mm256_set1_ps(s[h * len + j]);
+        for (int i = 0; i < dv; ++i) o[h][i] = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 8 * i), o[h][i]);
+      }
+    }
+    for (int h = 0; h < group; ++h) {
+      for (int i = 0; i < dv; ++i) _mm256_storeu_ps(acc + h * d + 8 * i, o[h][i]);
+    }
+  }
+
+  const bool fixed_split_;
+};
+
+}  // namespace
+
+const Backend* Avx2Backend() {
+  static const Avx2* backend = new Avx2(/*fixed_split=*/true);
+  return backend;
+}
+
+const Backend* Avx2VariableSplitBackend() {
+  static const Avx2* backend = new Avx2(/*fixed_split=*/false);
+  return backend;
+}
+
+}  // namespace vc::kernels

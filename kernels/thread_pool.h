@@ -1,0 +1,58 @@
+// A fixed set of threads that run index ranges of one job at a time. Work is split into contiguous
+// ranges of task indices; what a task computes never depends on which thread runs it, so kernels
+// that parallelize over outputs stay bitwise reproducible whatever the thread count.
+#ifndef VC_KERNELS_THREAD_POOL_H_
+#define VC_KERNELS_THREAD_POOL_H_
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace vc::kernels {
+
+// ParallelFor may be called from one thread at a time (calls are serialized by a mutex).
+class ThreadPool {
+ public:
+  // `num_threads` counts the caller: 1 runs everything on the calling thread.
+  explicit ThreadPool(int num_threads);
+  ~ThreadPool();
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  int num_threads() const { return static_cast<int>(workers_.size()) + 1; }
+
+  // Calls fn(begin, end) on disjoint ranges covering [0, n), in parallel; returns when all are
+  // done. Ranges are at least `grain` long (except the last); which thread runs which range is
+  // decided at run time, so fn's result for a range must not depend on the thread.
+  void ParallelFor(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
+
+ private:
+  void WorkerLoop();
+  void RunShare();
+
+  std::mutex call_mu_;  // serializes ParallelFor calls
+  std::vector<std::thread> workers_;
+  // The current job, published by bumping generation_.
+  const std::function<void(int64_t, int64_t)>* fn_ = nullptr;
+  int64_t n_ = 0, chunk_ = 0;
+  std::atomic<int64_t> next_{0};
+  std::atomic<uint64_t> job_state_{0};  // generation, closed bit, active workers
+  std::atomic<bool> stop_{false};
+  std::mutex wake_mu_;
+  std::condition_variable wake_cv_;
+};
+
+// The process-wide pool the kernels use; its size is VC_THREADS or the number of cores.
+ThreadPool& KernelThreadPool();
+
+// Replaces the process-wide pool with one of `num_threads` threads. Must not race with running
+// kernels (call it at startup, or between passes).
+void SetKernelThreadCount(int num_threads);
+
+}  // namespace vc::kernels
+
+#endif  // VC_KERNELS_THREAD_POOL_H_

@@ -1,0 +1,162 @@
+// Fast CPU kernels against the reference (within stated tolerances) and against themselves under
+// different row counts, batch compositions and thread counts (bitwise).
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/backends.h"
+#include "kernels/thread_pool.h"
+
+namespace vc::kernels {
+namespace {
+
+// Tolerances of the fast kernels against the reference, relative to the scale of each output
+// (sum of |x_i * w_i| for products; max |v| for attention). Float32 with a different summation
+// order differs by a few ulps of that scale.
+constexpr double kMatMulTol = 1e-5;
+constexpr double kElementwiseTol = 2e-6;
+constexpr double kAttentionTol = 1e-5;
+
+std::vector<float> Random(size_t n, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(rng);
+  return v;
+}
+
+struct Weights {
+  std::vector<float> f32;
+  std::vector<uint16_t> half;
+  WeightView view;
+};
+
+Weights MakeWeights(DType t, int64_t rows, int64_t cols, uint32_t seed) {
+  Weights w;
+  w.f32 = Random(static_cast<size_t>(rows * cols), seed, 0.1f);
+  if (t == DType::kF32) {
+    w.view = {w.f32.data(), t, rows, cols};
+  } else {
+    for (float& x : w.f32) {
+      const uint16_t h = t == DType::kBF16 ? F32ToBF16(x) : F32ToF16(x);
+      w.half.push_back(h);
+      x = t == DType::kBF16 ? BF16ToF32(h) : F16ToF32(h);
+    }
+    w.view = {w.half.data(), t, rows, cols};
+  }
+  return w;
+}
+
+class FastBackendTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    fast_ = Avx2BackendIfSupported();
+    if (fast_ == nullptr) GTEST_SKIP() << "this CPU has no AVX2/FMA/F16C";
+  }
+  void TearDown() override { SetKernelThreadCount(2); }
+  const Backend* fast_ = nullptr;
+};
+
+TEST_F(FastBackendTest, MatMulMatchesReferenceAndIsRowCountInvariant) {
+  for (DType t : {DType::kF32, DType::kBF16, DType::kF16}) {
+    for (int64_t cols : {8, 40, 256, 688}) {
+      const int64_t rows = 300, n = 17;
+      Weights w = MakeWeights(t, rows, cols, 7);
+      const auto x = Random(static_cast<size_t>(n * cols), 9);
+      std::vector<float> ref(n * rows), fast(n * rows);
+      ReferenceBackend().MatMul(x.data(), n, w.view, ref.data());
+      fast_->MatMul(x.data(), n, w.view, fast.data());
+      for (int64_t r = 0; r < n; ++r) {
+        for (int64_t o = 0; o < rows; ++o) {
+          double scale = 0;
+          for (int64_t c = 0; c < cols; ++c) scale += std::fabs(x[r * cols + c] * w.f32[o * cols + c]);
+          EXPECT_LE(std::fabs(ref[r * rows + o] - fast[r * rows + o]), kMatMulTol * scale + 1e-30);
+        }
+      }
+      // Row r computed alone, or with any number of other rows, is bitwise the same.
+      for (int64_t k = 1; k <= n; ++k) {
+        std::vector<float> part(k * rows);
+        fast_->MatMul(x.data(), k, w.view, part.data());
+        ASSERT_EQ(0, std::memcmp(part.data(), fast.data(), part.size() * 4)) << "rows " << k;
+      }
+    }
+  }
+}
+
+TEST_F(FastBackendTest, ElementwiseOpsMatchReference) {
+  const int64_t n = 5, dim = 256;
+  const auto x = Random(n * dim, 1), w = Random(dim, 2);
+  std::vector<float> a(n * dim), b(n * dim);
+  ReferenceBackend().RmsNorm(x.data(), n, dim, w.data(), 1e-5f, a.data());
+  fast_->RmsNorm(x.data(), n, dim, w.data(), 1e-5f, b.data());
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], kElementwiseTol * 4 * (1 + std::fabs(a[i])));
+
+  const auto g = Random(1001, 3, 4.0f), u = Random(1001, 4);
+  std::vector<float> s1(1001), s2(1001);
+  ReferenceBackend().SwiGlu(g.data(), u.data(), 1001, s1.data());
+  fast_->SwiGlu(g.data(), u.data(), 1001, s2.data());
+  for (size_t i = 0; i < s1.size(); ++i) EXPECT_NEAR(s1[i], s2[i], kElementwiseTol * (1 + std::fabs(s1[i])));
+
+  auto q1 = Random(n * 8 * 32, 5), q2 = q1;
+  const auto c = Random(n * 16, 6), s = Random(n * 16, 7);
+  ReferenceBackend().Rope(q1.data(), n, 8, 32, c.data(), s.data());
+  fast_->Rope(q2.data(), n, 8, 32, c.data(), s.data());
+  for (size_t i = 0; i < q1.size(); ++i) EXPECT_NEAR(q1[i], q2[i], kElementwiseTol * (1 + std::fabs(q1[i])));
+}
+
+// A paged pool with blocks handed out in a shuffled order.
+struct Pool {
+  std::vector<float> k, v;
+  std::vector<std::vector<int32_t>> tables;
+  PagedKvLayer layer;
+};
+
+Pool MakePool(int block, int kv_heads, int d, const std::vector<int32_t>& lens, uint32_t seed) {
+  Pool p;
+  int64_t blocks = 0;
+  for (int32_t l : lens) blocks += (l + block - 1) / block;
+  std::vector<int32_t> order(blocks);
+  for (int64_t i = 0; i < blocks; ++i) order[i] = static_cast<int32_t>(i);
+  std::shuffle(order.begin(), order.end(), std::mt19937(seed));
+  const int64_t stride = int64_t{block} * kv_heads * d;
+  p.k = Random(static_cast<size_t>(blocks * stride), seed + 1);
+  p.v = Random(static_cast<size_t>(blocks * stride), seed + 2);
+  size_t next = 0;
+  for (int32_t l : lens) {
+    std::vector<int32_t> t;
+    for (int32_t i = 0; i < (l + block - 1) / block; ++i) t.push_back(order[next++]);
+    p.tables.push_back(t);
+  }
+  p.layer = {p.k.data(), p.v.data(), stride, block, kv_heads, d};
+  return p;
+}
+
+TEST_F(FastBackendTest, AttentionMatchesReferenceAndIsBatchAndThreadInvariant) {
+  const int heads = 8, kv_heads = 2, d = 32;
+  const std::vector<int32_t> lens = {1, 7, 255, 256, 257, 1000, 3000};
+  Pool p = MakePool(16, kv_heads, d, lens, 11);
+  const int64_t n = static_cast<int64_t>(lens.size());
+  const auto q = Random(n * heads * d, 12);
+  std::vector<AttentionRow> rows;
+  for (int64_t r = 0; r < n; ++r) rows.push_back({p.tables[r].data(), lens[r]});
+  std::vector<float> ref(n * heads * d), all(n * heads * d);
+  ReferenceBackend().PagedAttention(q.data(), n, heads, rows.data(), p.layer, 0.17f, ref.data());
+  fast_->PagedAttention(q.data(), n, heads, rows.data(), p.layer, 0.17f, all.data());
+  for (size_t i = 0; i < ref.size(); ++i) EXPECT_NEAR(ref[i], all[i], kAttentionTol * 4) << i;
+
+  for (int threads : {1, 2, 3}) {
+    SetKernelThreadCount(threads);
+    for (int64_t r = 0; r < n; ++r) {
+      std::vector<float> one(heads * d);
+      fast_->PagedAttention(q.data() + r * heads * d, 1, heads, &rows[r], p.layer, 0.17f, one.data());
+      ASSERT_EQ(0, std::memcmp(one.data(), all.data() + r * heads * d, one.size() * 4))
+          << "row " << r << " threads " << threads;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace vc::kernels
