@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "kernels/kernels.h"
@@ -192,86 +193,158 @@ class Avx2 final : public Backend {
   void PagedAttention(const float* q, int64_t n, int num_heads, const AttentionRow* rows,
                       const PagedKvLayer& kv, float scale, float* out) const override {
     const int d = kv.head_dim;
-    const int group = num_heads / kv.num_kv_heads;
-    if (d % 8 != 0 || d > 256 || group > 16) {
+    if (d % 8 != 0 || d > 256 || num_heads / kv.num_kv_heads > 16) {
       return ReferenceBackend().PagedAttention(q, n, num_heads, rows, kv, scale, out);
     }
-    // Tasks: (row, kv head, chunk). Partials are stored per task, merged per row and head in order.
-    const int threads = KernelThreadPool().num_threads();
-    std::vector<int64_t> first_task(n + 1, 0);
-    std::vector<int> split(n);
-    for (int64_t r = 0; r < n; ++r) {
-      const int32_t len = rows[r].kv_len;
-      int s = kKvSplit;
-      if (!fixed_split_) {  // the usual shape-dependent choice: one chunk per thread
-        s = std::max<int>(16, static_cast<int>((len + threads - 1) / threads));
-      }
-      split[r] = s;
-      const int64_t chunks = std::max<int64_t>(1, (len + s - 1) / s);
-      first_task[r + 1] = first_task[r] + chunks * kv.num_kv_heads;
+    RunAttention(q, n, num_heads, kv.num_kv_heads, d, scale, out,
+                 [&](int64_t r, int) { return static_cast<int64_t>(rows[r].kv_len); },
+                 [&](int64_t r, int g) { return PagedSource{rows[r].block_table, &kv, g}; });
+  }
+
+  void CompressedAttention(const float* q, int64_t n, int num_heads, int num_kv_heads, int d,
+                           const CompressedKvHead* kv, float scale, float* out) const override {
+    bool vector_ok = d % 8 == 0 && d <= 256 && num_heads / num_kv_heads <= 16;
+    for (int64_t i = 0; i < n * num_kv_heads && vector_ok; ++i) {
+      const QuantizedKvHead& qk = kv[i].quant;
+      vector_ok = qk.tokens == 0 || qk.bits == 2 || qk.bits == 4 || qk.bits == 8;
     }
-    const int64_t tasks = first_task[n];
+    if (!vector_ok) return ReferenceBackend().CompressedAttention(q, n, num_heads, num_kv_heads, d, kv, scale, out);
+    RunAttention(q, n, num_heads, num_kv_heads, d, scale, out,
+                 [&](int64_t r, int g) {
+                   const CompressedKvHead& c = kv[r * num_kv_heads + g];
+                   return static_cast<int64_t>(c.quant.tokens) + c.dense.count;
+                 },
+                 [&](int64_t r, int g) { return CompressedSource{&kv[r * num_kv_heads + g], d}; });
+  }
+
+ private:
+  struct PagedSource {
+    const int32_t* table;
+    const PagedKvLayer* kv;
+    int g;
+    const float* At(const float* base, int64_t j) const {
+      return base + table[j / kv->block_size] * kv->block_stride +
+             (static_cast<int64_t>(j % kv->block_size) * kv->num_kv_heads + g) * kv->head_dim;
+    }
+    const float* K(int64_t j, float*) const { return At(kv->k, j); }
+    const float* V(int64_t j, float*) const { return At(kv->v, j); }
+  };
+
+  struct CompressedSource {
+    const CompressedKvHead* c;
+    int d;
+    // Codes of 8 channels starting at channel c0 of a packed row, as floats.
+    static __m256 Codes8(const uint8_t* row, int bits, int c0) {
+      if (bits == 8) {
+        return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + c0))));
+      }
+      uint32_t word = 0;
+      std::memcpy(&word, row + c0 * bits / 8, static_cast<size_t>(bits));  // 8 codes = `bits` bytes
+      const __m256i shifts = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(bits));
+      const __m256i v = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(word)), shifts),
+                                         _mm256_set1_epi32((1 << bits) - 1));
+      return _mm256_cvtepi32_ps(v);
+    }
+    const float* K(int64_t j, float* buf) const {
+      const QuantizedKvHead& qk = c->quant;
+      if (j >= qk.tokens) return c->dense.k + c->dense.rows[j - qk.tokens] * c->dense.stride;
+      const uint8_t* row = qk.k_codes + j * d * qk.bits / 8;
+      const int64_t g = (j / qk.key_group) * d;
+      for (int c0 = 0; c0 < d; c0 += 8) {
+        _mm256_storeu_ps(buf + c0, _mm256_fmadd_ps(Codes8(row, qk.bits, c0), _mm256_loadu_ps(qk.k_scale + g + c0),
+                                                   _mm256_loadu_ps(qk.k_min + g + c0)));
+      }
+      return buf;
+    }
+    const float* V(int64_t j, float* buf) const {
+      const QuantizedKvHead& qk = c->quant;
+      if (j >= qk.tokens) return c->dense.v + c->dense.rows[j - qk.tokens] * c->dense.stride;
+      const uint8_t* row = qk.v_codes + j * d * qk.bits / 8;
+      const int64_t g = j * (d / qk.value_group);
+      for (int c0 = 0; c0 < d; c0 += 8) {
+        const int vg = c0 / qk.value_group;
+        _mm256_storeu_ps(buf + c0, _mm256_fmadd_ps(Codes8(row, qk.bits, c0), _mm256_set1_ps(qk.v_scale[g + vg]),
+                                                   _mm256_set1_ps(qk.v_min[g + vg])));
+      }
+      return buf;
+    }
+  };
+
+  // Tasks are (row, KV head, chunk); partials are stored per task and merged per row and head in
+  // chunk order. len(r, g) is the number of positions row r's KV head g attends to; source(r, g)
+  // gives their K/V rows.
+  template <typename LenFn, typename SourceFn>
+  void RunAttention(const float* q, int64_t n, int num_heads, int num_kv_heads, int d, float scale, float* out,
+                    LenFn len_of, SourceFn source_of) const {
+    const int group = num_heads / num_kv_heads;
+    const int threads = KernelThreadPool().num_threads();
+    const int64_t pairs = n * num_kv_heads;
+    std::vector<int64_t> first_task(pairs + 1, 0), length(pairs);
+    std::vector<int> split(pairs);
+    int64_t positions = 0;
+    for (int64_t i = 0; i < pairs; ++i) {
+      length[i] = len_of(i / num_kv_heads, static_cast<int>(i % num_kv_heads));
+      int s = kKvSplit;
+      if (!fixed_split_) s = std::max<int>(16, static_cast<int>((length[i] + threads - 1) / threads));
+      split[i] = s;
+      first_task[i + 1] = first_task[i] + std::max<int64_t>(1, (length[i] + s - 1) / s);
+      positions += length[i];
+    }
+    const int64_t tasks = first_task[pairs];
     std::vector<Partial> part(static_cast<size_t>(tasks * group));
     std::vector<float> acc(static_cast<size_t>(tasks * group * d));
 
     auto run = [&](int64_t t0, int64_t t1) {
-      std::vector<float> scores(static_cast<size_t>(group) * std::max(kKvSplit, 1));
-      int64_t r = std::upper_bound(first_task.begin(), first_task.end(), t0) - first_task.begin() - 1;
+      std::vector<float> scores(static_cast<size_t>(group) * kKvSplit);
+      int64_t i = std::upper_bound(first_task.begin(), first_task.end(), t0) - first_task.begin() - 1;
       for (int64_t t = t0; t < t1; ++t) {
-        while (t >= first_task[r + 1]) ++r;
-        const int64_t local = t - first_task[r];
-        const int g = static_cast<int>(local % kv.num_kv_heads);
-        const int64_t chunk = local / kv.num_kv_heads;
-        const int32_t len = rows[r].kv_len;
-        const int64_t j0 = chunk * split[r], j1 = std::min<int64_t>(len, j0 + split[r]);
-        ChunkAttention(q + (r * num_heads + g * group) * d, group, rows[r].block_table, kv, g, j0, j1,
-                       scale, &scores, &part[t * group], &acc[t * group * d]);
+        while (t >= first_task[i + 1]) ++i;
+        const int64_t r = i / num_kv_heads;
+        const int g = static_cast<int>(i % num_kv_heads);
+        const int64_t j0 = (t - first_task[i]) * split[i], j1 = std::min<int64_t>(length[i], j0 + split[i]);
+        ChunkAttention(q + (r * num_heads + g * group) * d, group, d, source_of(r, g), j0, j1, scale, &scores,
+                       &part[t * group], &acc[t * group * d]);
       }
     };
-    int64_t positions = 0;
-    for (int64_t r = 0; r < n; ++r) positions += rows[r].kv_len;
-    if (tasks >= 2 && positions * kv.num_kv_heads >= 4096) {
+    if (tasks >= 2 && positions >= 4096) {
       KernelThreadPool().ParallelFor(tasks, 1, run);
     } else {
       run(0, tasks);
     }
 
-    // Merge the chunks of each (row, head) in chunk order.
-    for (int64_t r = 0; r < n; ++r) {
-      const int64_t chunks = (first_task[r + 1] - first_task[r]) / kv.num_kv_heads;
-      for (int h = 0; h < num_heads; ++h) {
-        const int g = h / group, gi = h % group;
-        float* o = out + (r * num_heads + h) * d;
-        float m = -INFINITY;
-        for (int64_t c = 0; c < chunks; ++c) m = std::max(m, part[(first_task[r] + c * kv.num_kv_heads + g) * group + gi].m);
-        if (rows[r].kv_len == 0) {
+    for (int64_t i = 0; i < pairs; ++i) {
+      const int64_t r = i / num_kv_heads;
+      const int g = static_cast<int>(i % num_kv_heads);
+      for (int gi = 0; gi < group; ++gi) {
+        float* o = out + (r * num_heads + g * group + gi) * d;
+        if (length[i] == 0) {
           std::fill(o, o + d, 0.0f);
           continue;
         }
+        float m = -INFINITY;
+        for (int64_t t = first_task[i]; t < first_task[i + 1]; ++t) m = std::max(m, part[t * group + gi].m);
         float l = 0.0f;
         __m256 sum[32];
-        for (int i = 0; i < d / 8; ++i) sum[i] = _mm256_setzero_ps();
-        for (int64_t c = 0; c < chunks; ++c) {
-          const int64_t t = first_task[r] + c * kv.num_kv_heads + g;
+        for (int k = 0; k < d / 8; ++k) sum[k] = _mm256_setzero_ps();
+        for (int64_t t = first_task[i]; t < first_task[i + 1]; ++t) {
           const Partial& p = part[t * group + gi];
           const float w = std::exp(p.m - m);
           l += p.l * w;
           const __m256 wv = _mm256_set1_ps(w);
           const float* a = &acc[(t * group + gi) * d];
-          for (int i = 0; i < d / 8; ++i) sum[i] = _mm256_fmadd_ps(_mm256_loadu_ps(a + 8 * i), wv, sum[i]);
+          for (int k = 0; k < d / 8; ++k) sum[k] = _mm256_fmadd_ps(_mm256_loadu_ps(a + 8 * k), wv, sum[k]);
         }
         const __m256 inv = _mm256_set1_ps(1.0f / l);
-        for (int i = 0; i < d / 8; ++i) _mm256_storeu_ps(o + 8 * i, _mm256_mul_ps(sum[i], inv));
+        for (int k = 0; k < d / 8; ++k) _mm256_storeu_ps(o + 8 * k, _mm256_mul_ps(sum[k], inv));
       }
     }
   }
 
- private:
-  // Attention of `group` query heads (q [group, d]) sharing KV head g over positions [j0, j1).
-  static void ChunkAttention(const float* q, int group, const int32_t* table, const PagedKvLayer& kv, int g,
-                             int64_t j0, int64_t j1, float scale, std::vector<float>* scores_buf,
-                             Partial* part, float* acc) {
-    const int d = kv.head_dim, dv = d / 8;
+  // Attention of `group` query heads (q [group, d]) over the source's positions [j0, j1).
+  template <typename Source>
+  static void ChunkAttention(const float* q, int group, int d, const Source& src, int64_t j0, int64_t j1,
+                             float scale, std::vector<float>* scores_buf, Partial* part, float* acc) {
+    const int dv = d / 8;
     const int64_t len = j1 - j0;
     if (len <= 0) {
       for (int h = 0; h < group; ++h) {
@@ -282,16 +355,13 @@ class Avx2 final : public Backend {
     }
     if (static_cast<int64_t>(scores_buf->size()) < group * len) scores_buf->resize(static_cast<size_t>(group * len));
     float* s = scores_buf->data();
-    auto at = [&](const float* base, int64_t j) {
-      return base + table[j / kv.block_size] * kv.block_stride +
-             (static_cast<int64_t>(j % kv.block_size) * kv.num_kv_heads + g) * d;
-    };
+    alignas(32) float buf[256];
     __m256 qv[16][32];
     for (int h = 0; h < group; ++h) {
       for (int i = 0; i < dv; ++i) qv[h][i] = _mm256_loadu_ps(q + h * d + 8 * i);
     }
     for (int64_t j = 0; j < len; ++j) {
-      const float* k = at(kv.k, j0 + j);
+      const float* k = src.K(j0 + j, buf);
       for (int h = 0; h < group; ++h) {
         __m256 a = _mm256_mul_ps(qv[h][0], _mm256_loadu_ps(k));
         for (int i = 1; i < dv; ++i) a = _mm256_fmadd_ps(qv[h][i], _mm256_loadu_ps(k + 8 * i), a);
@@ -324,7 +394,7 @@ class Avx2 final : public Backend {
       for (int i = 0; i < dv; ++i) o[h][i] = _mm256_setzero_ps();
     }
     for (int64_t j = 0; j < len; ++j) {
-      const float* v = at(kv.v, j0 + j);
+      const float* v = src.V(j0 + j, buf);
       for (int h = 0; h < group; ++h) {
         const __m256 p = _mm256_set1_ps(s[h * len + j]);
         for (int i = 0; i < dv; ++i) o[h][i] = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 8 * i), o[h][i]);

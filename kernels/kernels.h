@@ -44,6 +44,34 @@ struct AttentionRow {
   int32_t kv_len = 0;
 };
 
+// KV of one KV head of one sequence held by a compressed cache: `quant.tokens` KIVI-quantized
+// tokens followed by `dense.count` float32 tokens; attention reads them in that order.
+struct QuantizedKvHead {
+  int bits = 0;          // 2, 4 or 8 (unused when tokens == 0)
+  int key_group = 32;    // tokens sharing one per-channel key scale/min
+  int value_group = 32;  // channels sharing one per-token value scale/min
+  int32_t tokens = 0;    // a multiple of key_group
+  const uint8_t* k_codes = nullptr;  // [tokens, head_dim * bits / 8], channel c at bit c * bits
+  const float* k_scale = nullptr;    // [tokens / key_group, head_dim]
+  const float* k_min = nullptr;      // [tokens / key_group, head_dim]
+  const uint8_t* v_codes = nullptr;  // [tokens, head_dim * bits / 8]
+  const float* v_scale = nullptr;    // [tokens, head_dim / value_group]
+  const float* v_min = nullptr;      // [tokens, head_dim / value_group]
+};
+
+struct DenseKvHead {
+  const float* k = nullptr;  // token i of the list is at k + rows[i] * stride (head_dim floats)
+  const float* v = nullptr;
+  int64_t stride = 0;
+  const int32_t* rows = nullptr;  // [count]
+  int32_t count = 0;
+};
+
+struct CompressedKvHead {
+  QuantizedKvHead quant;
+  DenseKvHead dense;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -71,7 +99,19 @@ class Backend {
   // rows[r].kv_len positions. out [n, num_heads, head_dim]. Rows with kv_len 0 give zeros.
   virtual void PagedAttention(const float* q, int64_t n, int num_heads, const AttentionRow* rows,
                               const PagedKvLayer& kv, float scale, float* out) const = 0;
+
+  // Attention of q [n, num_heads, head_dim] over compressed caches: kv [n, num_kv_heads] gives
+  // what row r's KV head g holds. Same reduction scheme as PagedAttention: a dense-only list
+  // holding positions 0..p in order gives bitwise the PagedAttention result. out like q.
+  virtual void CompressedAttention(const float* q, int64_t n, int num_heads, int num_kv_heads, int head_dim,
+                                   const CompressedKvHead* kv, float scale, float* out) const = 0;
 };
+
+// Unpacks code i of a row packed at `bits` bits per code (little-endian within bytes).
+inline int UnpackCode(const uint8_t* row, int bits, int i) {
+  const int bit = i * bits;
+  return (row[bit >> 3] >> (bit & 7)) & ((1 << bits) - 1);
+}
 
 // The plain, obviously-correct implementation every other backend is tested against.
 const Backend& ReferenceBackend();

@@ -1,4 +1,5 @@
 // Reference kernels: one float accumulator per output, summed in index order. Slow and plain.
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <vector>
@@ -107,6 +108,59 @@ class Reference final : public Backend {
         }
       }
     }
+  }
+
+  void CompressedAttention(const float* q, int64_t n, int num_heads, int num_kv_heads, int d,
+                           const CompressedKvHead* kv, float scale, float* out) const override {
+    const int group = num_heads / num_kv_heads;
+    std::vector<float> p, kbuf(d), vbuf(d);
+    for (int64_t r = 0; r < n; ++r) {
+      for (int h = 0; h < num_heads; ++h) {
+        const CompressedKvHead& c = kv[r * num_kv_heads + h / group];
+        const int32_t qt = c.quant.tokens, len = qt + c.dense.count;
+        const float* qh = q + (r * num_heads + h) * d;
+        float* oh = out + (r * num_heads + h) * d;
+        p.resize(static_cast<size_t>(len));
+        float m = -INFINITY;
+        for (int32_t j = 0; j < len; ++j) {
+          const float* kj = j < qt ? DequantKey(c.quant, d, j, kbuf.data()) : c.dense.k + c.dense.rows[j - qt] * c.dense.stride;
+          float s = 0.0f;
+          for (int i = 0; i < d; ++i) s += qh[i] * kj[i];
+          p[j] = s * scale;
+          m = std::max(m, p[j]);
+        }
+        float l = 0.0f;
+        for (int32_t j = 0; j < len; ++j) {
+          p[j] = std::exp(p[j] - m);
+          l += p[j];
+        }
+        for (int i = 0; i < d; ++i) oh[i] = 0.0f;
+        for (int32_t j = 0; j < len; ++j) {
+          const float* vj = j < qt ? DequantValue(c.quant, d, j, vbuf.data()) : c.dense.v + c.dense.rows[j - qt] * c.dense.stride;
+          for (int i = 0; i < d; ++i) oh[i] += p[j] * vj[i];
+        }
+        if (len > 0) {
+          const float inv = 1.0f / l;
+          for (int i = 0; i < d; ++i) oh[i] *= inv;
+        }
+      }
+    }
+  }
+
+ private:
+  static const float* DequantKey(const QuantizedKvHead& qk, int d, int32_t j, float* buf) {
+    const uint8_t* row = qk.k_codes + static_cast<int64_t>(j) * d * qk.bits / 8;
+    const int64_t g = (j / qk.key_group) * d;
+    for (int c = 0; c < d; ++c) buf[c] = qk.k_min[g + c] + UnpackCode(row, qk.bits, c) * qk.k_scale[g + c];
+    return buf;
+  }
+  static const float* DequantValue(const QuantizedKvHead& qk, int d, int32_t j, float* buf) {
+    const uint8_t* row = qk.v_codes + static_cast<int64_t>(j) * d * qk.bits / 8;
+    const int64_t g = static_cast<int64_t>(j) * (d / qk.value_group);
+    for (int c = 0; c < d; ++c) {
+      buf[c] = qk.v_min[g + c / qk.value_group] + UnpackCode(row, qk.bits, c) * qk.v_scale[g + c / qk.value_group];
+    }
+    return buf;
   }
 };
 

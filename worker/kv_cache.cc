@@ -61,8 +61,6 @@ absl::Status PagedKvCache::Reserve(SeqId seq, int64_t length) {
   return absl::OkStatus();
 }
 
-void PagedKvCache::SetLength(SeqId seq, int64_t length) { seqs_[seq].length = length; }
-
 absl::Status PagedKvCache::Truncate(SeqId seq, int64_t length) {
   Sequence& s = seqs_[seq];
   if (length < 0 || length > s.length) {
@@ -84,7 +82,31 @@ float* PagedKvCache::Slot(std::vector<float>& pool, SeqId seq, int64_t pos) {
          (pos % layout_.block_size) * layout_.num_kv_heads * layout_.head_dim;
 }
 
+const float* PagedKvCache::Slot(const std::vector<float>& pool, SeqId seq, int64_t pos) const {
+  const int32_t block = seqs_[seq].blocks[pos / layout_.block_size];
+  return pool.data() + block * layout_.block_floats() +
+         (pos % layout_.block_size) * layout_.num_kv_heads * layout_.head_dim;
+}
+
 float* PagedKvCache::K(int layer, SeqId seq, int64_t pos) { return Slot(k_[layer], seq, pos); }
+const float* PagedKvCache::K(int layer, SeqId seq, int64_t pos) const { return Slot(k_[layer], seq, pos); }
+const float* PagedKvCache::V(int layer, SeqId seq, int64_t pos) const { return Slot(v_[layer], seq, pos); }
+
+void PagedKvCache::Write(int layer, SeqId seq, int64_t pos, const float* k, const float* v) {
+  const int64_t n = int64_t{layout_.num_kv_heads} * layout_.head_dim;
+  std::copy_n(k, n, K(layer, seq, pos));
+  std::copy_n(v, n, V(layer, seq, pos));
+}
+
+void PagedKvCache::Attend(int layer, absl::Span<const QueryRow> rows, const float* q, int num_heads, float scale,
+                          const kernels::Backend& backend, float* out) {
+  rows_scratch_.resize(rows.size());
+  for (size_t r = 0; r < rows.size(); ++r) {
+    rows_scratch_[r] = {seqs_[rows[r].seq].blocks.data(), static_cast<int32_t>(rows[r].pos + 1)};
+  }
+  backend.PagedAttention(q, static_cast<int64_t>(rows.size()), num_heads, rows_scratch_.data(), LayerView(layer),
+                         scale, out);
+}
 float* PagedKvCache::V(int layer, SeqId seq, int64_t pos) { return Slot(v_[layer], seq, pos); }
 
 kernels::PagedKvLayer PagedKvCache::LayerView(int layer) const {

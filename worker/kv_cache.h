@@ -8,6 +8,7 @@
 
 #include "absl/status/status.h"
 #include "kernels/kernels.h"
+#include "worker/attention_cache.h"
 
 namespace vc {
 
@@ -23,10 +24,8 @@ struct KvLayout {
   int64_t bytes_per_token() const { return int64_t{2} * num_layers * num_kv_heads * head_dim * 4; }
 };
 
-using SeqId = int32_t;
-
 // Not thread-safe: one owner (an engine thread) drives it.
-class PagedKvCache {
+class PagedKvCache final : public AttentionCache {
  public:
   // A pool of `num_blocks` blocks. A nonzero `placement_seed` hands out physical blocks in a
   // seeded random order instead of in sequence (tests use it to show placement does not matter).
@@ -39,21 +38,28 @@ class PagedKvCache {
   void FreeSequence(SeqId seq);
 
   // Positions [0, Length) hold valid K/V.
-  int64_t Length(SeqId seq) const { return seqs_[seq].length; }
+  int64_t Length(SeqId seq) const override { return seqs_[seq].length; }
   // Ensures blocks exist for positions [0, length); kResourceExhausted when the pool is empty
   // (nothing is allocated then).
-  absl::Status Reserve(SeqId seq, int64_t length);
+  absl::Status Reserve(SeqId seq, int64_t length) override;
+  void Write(int layer, SeqId seq, int64_t pos, const float* k, const float* v) override;
+  // Paged attention through backend.PagedAttention.
+  void Attend(int layer, absl::Span<const QueryRow> rows, const float* q, int num_heads, float scale,
+              const kernels::Backend& backend, float* out) override;
   // Marks positions [0, length) valid; blocks must have been reserved. length may shrink or grow.
-  void SetLength(SeqId seq, int64_t length);
+  void Commit(SeqId seq, int64_t length) override { seqs_[seq].length = length; }
+  void SetLength(SeqId seq, int64_t length) { Commit(seq, length); }
   // Drops positions >= length and releases the blocks no longer needed. kInvalidArgument if
   // length > Length(seq).
-  absl::Status Truncate(SeqId seq, int64_t length);
+  absl::Status Truncate(SeqId seq, int64_t length) override;
 
   // K or V of (layer, seq, position): [num_kv_heads, head_dim]. The position must be reserved.
   float* K(int layer, SeqId seq, int64_t pos);
   float* V(int layer, SeqId seq, int64_t pos);
 
   const std::vector<int32_t>& BlockTable(SeqId seq) const { return seqs_[seq].blocks; }
+  const float* K(int layer, SeqId seq, int64_t pos) const;
+  const float* V(int layer, SeqId seq, int64_t pos) const;
   kernels::PagedKvLayer LayerView(int layer) const;
 
   int64_t num_blocks() const { return num_blocks_; }
@@ -68,6 +74,8 @@ class PagedKvCache {
     std::vector<int32_t> blocks;
   };
   float* Slot(std::vector<float>& pool, SeqId seq, int64_t pos);
+  const float* Slot(const std::vector<float>& pool, SeqId seq, int64_t pos) const;
+  std::vector<kernels::AttentionRow> rows_scratch_;
 
   const KvLayout layout_;
   const int64_t num_blocks_;

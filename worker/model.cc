@@ -132,7 +132,7 @@ void Model::RopeTables(absl::Span<const int64_t> positions, std::vector<float>* 
   }
 }
 
-absl::Status Model::Forward(absl::Span<const SequenceChunk> chunks, PagedKvCache& cache,
+absl::Status Model::Forward(absl::Span<const SequenceChunk> chunks, AttentionCache& cache,
                             LogitsFor which, std::vector<float>* logits) const {
   const ModelConfig& c = config_;
   const kernels::Backend& k = *backend_;
@@ -185,10 +185,8 @@ absl::Status Model::Forward(absl::Span<const SequenceChunk> chunks, PagedKvCache
   }
   std::vector<float> cos, sin;
   RopeTables(pos, &cos, &sin);
-  std::vector<kernels::AttentionRow> rows(n);
-  for (int64_t r = 0; r < n; ++r) {
-    rows[r] = {cache.BlockTable(seq_of[r]).data(), static_cast<int32_t>(pos[r] + 1)};
-  }
+  std::vector<QueryRow> rows(n);
+  for (int64_t r = 0; r < n; ++r) rows[r] = {seq_of[r], pos[r]};
 
   std::vector<float> x(n * d), h(n * d), q(n * qd), kk(n * kvd), vv(n * kvd), att(n * qd), o(n * d);
   std::vector<float> g(n * f), u(n * f);
@@ -207,11 +205,8 @@ absl::Status Model::Forward(absl::Span<const SequenceChunk> chunks, PagedKvCache
     AddBias(l.v_bias, n, vv.data());
     k.Rope(q.data(), n, c.num_heads, c.head_dim, cos.data(), sin.data());
     k.Rope(kk.data(), n, c.num_kv_heads, c.head_dim, cos.data(), sin.data());
-    for (int64_t r = 0; r < n; ++r) {
-      std::copy_n(kk.data() + r * kvd, kvd, cache.K(li, seq_of[r], pos[r]));
-      std::copy_n(vv.data() + r * kvd, kvd, cache.V(li, seq_of[r], pos[r]));
-    }
-    k.PagedAttention(q.data(), n, c.num_heads, rows.data(), cache.LayerView(li), scale, att.data());
+    for (int64_t r = 0; r < n; ++r) cache.Write(li, seq_of[r], pos[r], kk.data() + r * kvd, vv.data() + r * kvd);
+    cache.Attend(li, rows, q.data(), c.num_heads, scale, k, att.data());
     k.MatMul(att.data(), n, l.o, o.data());
     AddBias(l.o_bias, n, o.data());
     for (int64_t i = 0; i < n * d; ++i) x[i] += o[i];
@@ -223,7 +218,7 @@ absl::Status Model::Forward(absl::Span<const SequenceChunk> chunks, PagedKvCache
     for (int64_t i = 0; i < n * d; ++i) x[i] += o[i];
   }
   for (size_t i = 0; i < chunks.size(); ++i) {
-    cache.SetLength(chunks[i].seq, old_len[i] + static_cast<int64_t>(chunks[i].tokens.size()));
+    cache.Commit(chunks[i].seq, old_len[i] + static_cast<int64_t>(chunks[i].tokens.size()));
   }
 
   // Final norm and LM head only for the rows whose logits are wanted.

@@ -11,6 +11,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "kernels/kernels.h"
+#include "worker/attention_cache.h"
 #include "worker/kv_cache.h"
 #include "worker/model_config.h"
 #include "worker/safetensors.h"
@@ -46,10 +47,11 @@ class Model {
   KvLayout kv_layout(int block_size) const;
 
   // Runs `chunks` (distinct sequences, each non-empty) in one pass: appends their K/V to `cache`
-  // and writes logits [rows, vocab] to `logits`, rows as `which` says, in chunk order.
-  // kInvalidArgument for an empty chunk, a token outside the vocabulary or a position beyond
-  // max_position_embeddings; kResourceExhausted if the cache has no room (the cache is unchanged).
-  absl::Status Forward(absl::Span<const SequenceChunk> chunks, PagedKvCache& cache, LogitsFor which,
+  // (the full paged cache or a compressed one) and writes logits [rows, vocab] to `logits`, rows as
+  // `which` says, in chunk order. kInvalidArgument for an empty chunk, a token outside the
+  // vocabulary or a position beyond max_position_embeddings; kResourceExhausted if the cache has
+  // no room (the cache is unchanged).
+  absl::Status Forward(absl::Span<const SequenceChunk> chunks, AttentionCache& cache, LogitsFor which,
                        std::vector<float>* logits) const;
 
  private:

@@ -1,0 +1,84 @@
+// Compressed KV caches: what a worker drafts from. One interface, one class per method; every
+// method is built from a spec string such as "kivi:bits=4,group=32,residual=32" or a composition
+// "snapkv:capacity=1024+kivi:bits=4".
+#ifndef VC_WORKER_COMPRESSED_CACHE_H_
+#define VC_WORKER_COMPRESSED_CACHE_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "worker/attention_cache.h"
+#include "worker/kv_cache.h"
+
+namespace vc {
+
+// What a method looks at to decide what to keep.
+enum class CompressorNeeds {
+  kKeysValues,     // only the keys and values (KIVI, StreamingLLM)
+  kPastAttention,  // attention weights of past queries (H2O)
+  kCurrentQuery,   // the query of the position being decoded (Quest)
+  kPromptQueries,  // queries of the last prompt positions at build time (SnapKV)
+};
+
+// Queries of the last `count` positions before `end` of a prefill, per layer:
+// per_layer[l] is [count, num_heads, head_dim]. Only methods that need kPromptQueries read them.
+struct PromptQueries {
+  int64_t end = 0;
+  int64_t count = 0;
+  std::vector<std::vector<float>> per_layer;
+};
+
+// One method of a spec: "name:key=value,key=value".
+struct MethodSpec {
+  std::string name;
+  std::map<std::string, std::string> params;
+};
+
+// Splits a spec on '+' and ':' and ','. kInvalidArgument for empty parts, a missing '=', or a
+// repeated key. Does not check names or values (the factory does).
+absl::StatusOr<std::vector<MethodSpec>> ParseCompressorSpec(absl::string_view spec);
+
+// Not thread-safe, like every AttentionCache.
+class CompressedKvCache : public AttentionCache {
+ public:
+  virtual SeqId NewSequence() = 0;
+  virtual void FreeSequence(SeqId seq) = 0;
+
+  // Replaces `seq`'s content with the compressed form of positions [0, length) of `full_seq` in
+  // `full`. `queries` must be non-null for methods that need kPromptQueries.
+  virtual absl::Status BuildFrom(SeqId seq, const PagedKvCache& full, SeqId full_seq, int64_t length,
+                                 const PromptQueries* queries) = 0;
+
+  // Bytes held for `seq` (codes, scales, kept rows, metadata), as stored.
+  virtual int64_t Bytes(SeqId seq) const = 0;
+  // How many trailing positions Truncate can always drop and have the cache behave as if they had
+  // never been appended. Draft windows must not exceed it.
+  virtual int64_t MaxRollback() const = 0;
+  virtual CompressorNeeds needs() const = 0;
+  // The canonical spec, every parameter spelled out.
+  virtual std::string spec() const = 0;
+};
+
+// Builds a cache for `spec` and a model of `layout` with `num_heads` query heads. kInvalidArgument
+// naming the problem for an unknown method or parameter, a bad value, or an unsupported
+// composition.
+absl::StatusOr<std::unique_ptr<CompressedKvCache>> MakeCompressedKvCache(absl::string_view spec,
+                                                                         const KvLayout& layout, int num_heads);
+
+// Parameter helpers for method constructors: each returns kInvalidArgument naming the method and
+// the key when the value is malformed or outside [lo, hi]; absent keys give the default.
+absl::StatusOr<int64_t> SpecInt(const MethodSpec& m, const std::string& key, int64_t fallback, int64_t lo,
+                                int64_t hi);
+absl::StatusOr<double> SpecDouble(const MethodSpec& m, const std::string& key, double fallback, double lo,
+                                  double hi);
+// kInvalidArgument when `m` has a key outside `known`.
+absl::Status SpecKnownKeys(const MethodSpec& m, const std::vector<std::string>& known);
+
+}  // namespace vc
+
+#endif  // VC_WORKER_COMPRESSED_CACHE_H_

@@ -1,0 +1,254 @@
+#include "worker/token_list_cache.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "worker/kivi.h"
+
+namespace vc {
+void QuantizeAsymmetric(const float* x, int64_t stride, int n, int bits, uint8_t* codes, float* scale,
+                        float* min) {
+  float lo = x[0], hi = x[0];
+  for (int i = 1; i < n; ++i) {
+    lo = std::min(lo, x[i * stride]);
+    hi = std::max(hi, x[i * stride]);
+  }
+  const int levels = (1 << bits) - 1;
+  const float s = (hi - lo) / static_cast<float>(levels);
+  *scale = s;
+  *min = lo;
+  for (int i = 0; i < n; ++i) {
+    int code = 0;
+    if (s > 0.0f) code = static_cast<int>(std::nearbyint((x[i * stride] - lo) / s));
+    code = std::clamp(code, 0, levels);
+    const int bit = i * bits;
+    codes[bit >> 3] = static_cast<uint8_t>(codes[bit >> 3] | (code << (bit & 7)));
+  }
+}
+
+TokenListCache::TokenListCache(const KvLayout& layout, int num_heads, KiviParams kivi,
+                               std::unique_ptr<PromptSelector> selector)
+    : layout_(layout),
+      num_heads_(num_heads),
+      kivi_(kivi),
+      value_group_(std::min(kivi.group, layout.head_dim)),
+      selector_(std::move(selector)) {}
+
+SeqId TokenListCache::NewSequence() {
+  SeqId id;
+  if (!free_ids_.empty()) {
+    id = free_ids_.back();
+    free_ids_.pop_back();
+  } else {
+    id = static_cast<SeqId>(seqs_.size());
+    seqs_.emplace_back();
+  }
+  seqs_[id] = Sequence{};
+  seqs_[id].live = true;
+  seqs_[id].heads.resize(static_cast<size_t>(layout_.num_layers) * layout_.num_kv_heads);
+  return id;
+}
+
+void TokenListCache::FreeSequence(SeqId seq) {
+  if (seq < 0 || seq >= static_cast<SeqId>(seqs_.size()) || !seqs_[seq].live) return;
+  seqs_[seq] = Sequence{};
+  free_ids_.push_back(seq);
+}
+
+int32_t TokenListCache::Tokens(const HeadList& h) const {
+  return h.q_tokens + static_cast<int32_t>(h.res_k.size() / layout_.head_dim);
+}
+
+int32_t TokenListCache::VisibleCount(const Sequence& s, const HeadList& h, int64_t pos) const {
+  if (!s.selective) return static_cast<int32_t>(std::min<int64_t>(Tokens(h), pos + 1));
+  return static_cast<int32_t>(std::upper_bound(h.positions.begin(), h.positions.end(), pos) - h.positions.begin());
+}
+
+void TokenListCache::Append(HeadList& h, bool selective, int64_t pos, const float* k, const float* v) {
+  if (selective) h.positions.push_back(static_cast<int32_t>(pos));
+  h.res_k.insert(h.res_k.end(), k, k + layout_.head_dim);
+  h.res_v.insert(h.res_v.end(), v, v + layout_.head_dim);
+}
+
+void TokenListCache::QuantizeOldest(HeadList& h) {
+  const int d = layout_.head_dim, g = kivi_.group, bits = kivi_.bits;
+  const size_t row_bytes = static_cast<size_t>(d * bits / 8);
+  const size_t old_codes = h.k_codes.size();
+  h.k_codes.resize(old_codes + g * row_bytes, 0);
+  h.v_codes.resize(old_codes + g * row_bytes, 0);
+  // Keys: per channel over the group's tokens. Codes stay token-major: token t, channel c.
+  std::vector<uint8_t> channel(static_cast<size_t>((g * bits + 7) / 8));
+  for (int c = 0; c < d; ++c) {
+    std::fill(channel.begin(), channel.end(), 0);
+    float scale, mn;
+    QuantizeAsymmetric(h.res_k.data() + c, d, g, bits, channel.data(), &scale, &mn);
+    h.k_scale.push_back(scale);
+    h.k_min.push_back(mn);
+    for (int t = 0; t < g; ++t) {
+      const int code = kernels::UnpackCode(channel.data(), bits, t);
+      uint8_t* row = h.k_codes.data() + old_codes + t * row_bytes;
+      const int bit = c * bits;
+      row[bit >> 3] = static_cast<uint8_t>(row[bit >> 3] | (code << (bit & 7)));
+    }
+  }
+  // Values: per token over groups of channels.
+  for (int t = 0; t < g; ++t) {
+    uint8_t* row = h.v_codes.data() + old_codes + t * row_bytes;
+    for (int c0 = 0; c0 < d; c0 += value_group_) {
+      std::vector<uint8_t> part(static_cast<size_t>((value_group_ * bits + 7) / 8), 0);
+      float scale, mn;
+      QuantizeAsymmetric(h.res_v.data() + t * d + c0, 1, value_group_, bits, part.data(), &scale, &mn);
+      h.v_scale.push_back(scale);
+      h.v_min.push_back(mn);
+      for (int c = 0; c < value_group_; ++c) {
+        const int code = kernels::UnpackCode(part.data(), bits, c);
+        const int bit = (c0 + c) * bits;
+        row[bit >> 3] = static_cast<uint8_t>(row[bit >> 3] | (code << (bit & 7)));
+      }
+    }
+  }
+  h.res_k.erase(h.res_k.begin(), h.res_k.begin() + g * d);
+  h.res_v.erase(h.res_v.begin(), h.res_v.begin() + g * d);
+  h.q_tokens += g;
+}
+
+absl::Status TokenListCache::BuildFrom(SeqId seq, const PagedKvCache& full, SeqId full_seq, int64_t length,
+                                       const PromptQueries* queries) {
+  if (length > full.Length(full_seq)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("build from ", length, " positions but the full cache holds ", full.Length(full_seq)));
+  }
+  std::vector<std::vector<std::vector<int32_t>>> kept;
+  if (selector_ != nullptr) {
+    VC_ASSIGN_OR_RETURN(kept, selector_->Select(full, full_seq, length, queries, num_heads_));
+  }
+  Sequence& s = seqs_[seq];
+  s.selective = selector_ != nullptr;
+  s.length = length;
+  for (auto& h : s.heads) h = HeadList{};
+  const int d = layout_.head_dim;
+  for (int l = 0; l < layout_.num_layers; ++l) {
+    for (int g = 0; g < layout_.num_kv_heads; ++g) {
+      HeadList& h = s.heads[l * layout_.num_kv_heads + g];
+      auto add = [&](int64_t p) { Append(h, s.selective, p, full.K(l, full_seq, p) + g * d, full.V(l, full_seq, p) + g * d); };
+      if (s.selective) {
+        for (int32_t p : kept[l][g]) add(p);
+      } else {
+        for (int64_t p = 0; p < length; ++p) add(p);
+      }
+    }
+  }
+  Commit(seq, length);
+  return absl::OkStatus();
+}
+
+absl::Status TokenListCache::Reserve(SeqId, int64_t) { return absl::OkStatus(); }
+
+void TokenListCache::Write(int layer, SeqId seq, int64_t pos, const float* k, const float* v) {
+  Sequence& s = seqs_[seq];
+  const int d = layout_.head_dim;
+  for (int g = 0; g < layout_.num_kv_heads; ++g) {
+    Append(s.heads[layer * layout_.num_kv_heads + g], s.selective, pos, k + g * d, v + g * d);
+  }
+}
+
+void TokenListCache::Attend(int layer, absl::Span<const QueryRow> rows, const float* q, int num_heads, float scale,
+                            const kernels::Backend& backend, float* out) {
+  const int kvh = layout_.num_kv_heads, d = layout_.head_dim;
+  views_.resize(rows.size() * kvh);
+  size_t max_dense = 0;
+  for (size_t r = 0; r < rows.size(); ++r) {
+    const Sequence& s = seqs_[rows[r].seq];
+    for (int g = 0; g < kvh; ++g) {
+      const HeadList& h = s.heads[layer * kvh + g];
+      const int32_t visible = VisibleCount(s, h, rows[r].pos);
+      kernels::CompressedKvHead& v = views_[r * kvh + g];
+      v = kernels::CompressedKvHead{};
+      kernels::QuantizedKvHead& qk = v.quant;
+      qk.bits = kivi_.bits;
+      qk.key_group = kivi_.group;
+      qk.value_group = value_group_;
+      qk.tokens = std::min(visible, h.q_tokens);
+      qk.k_codes = h.k_codes.data();
+      qk.k_scale = h.k_scale.data();
+      qk.k_min = h.k_min.data();
+      qk.v_codes = h.v_codes.data();
+      qk.v_scale = h.v_scale.data();
+      qk.v_min = h.v_min.data();
+      v.dense.k = h.res_k.data();
+      v.dense.v = h.res_v.data();
+      v.dense.stride = d;
+      v.dense.count = visible - qk.tokens;
+      max_dense = std::max(max_dense, static_cast<size_t>(v.dense.count));
+    }
+  }
+  if (iota_.size() < max_dense) {
+    iota_.resize(max_dense);
+    std::iota(iota_.begin(), iota_.end(), 0);
+  }
+  for (auto& v : views_) v.dense.rows = iota_.data();
+  backend.CompressedAttention(q, static_cast<int64_t>(rows.size()), num_heads, kvh, d, views_.data(), scale, out);
+}
+
+void TokenListCache::Commit(SeqId seq, int64_t length) {
+  Sequence& s = seqs_[seq];
+  s.length = length;
+  if (kivi_.bits == 0) return;
+  for (HeadList& h : s.heads) {
+    while (Tokens(h) - h.q_tokens >= kivi_.residual + kivi_.group) QuantizeOldest(h);
+  }
+}
+
+absl::Status TokenListCache::Truncate(SeqId seq, int64_t length) {
+  Sequence& s = seqs_[seq];
+  if (length < 0 || length > s.length) {
+    return absl::InvalidArgumentError(absl::StrCat("truncate to ", length, " but the sequence has ", s.length));
+  }
+  std::vector<int32_t> keep(s.heads.size());
+  for (size_t i = 0; i < s.heads.size(); ++i) {
+    keep[i] = VisibleCount(s, s.heads[i], length - 1);
+    if (keep[i] < s.heads[i].q_tokens) {
+      return absl::FailedPreconditionError(absl::StrCat("cannot roll back to ", length, ": positions before ",
+                                                        s.length - MaxRollback(), " are already quantized"));
+    }
+  }
+  const int d = layout_.head_dim;
+  for (size_t i = 0; i < s.heads.size(); ++i) {
+    HeadList& h = s.heads[i];
+    if (s.selective) h.positions.resize(keep[i]);
+    h.res_k.resize(static_cast<size_t>(keep[i] - h.q_tokens) * d);
+    h.res_v.resize(static_cast<size_t>(keep[i] - h.q_tokens) * d);
+  }
+  s.length = length;
+  return absl::OkStatus();
+}
+
+int64_t TokenListCache::Bytes(SeqId seq) const {
+  int64_t b = 0;
+  for (const HeadList& h : seqs_[seq].heads) {
+    b += static_cast<int64_t>(h.positions.size()) * 4 + static_cast<int64_t>(h.k_codes.size() + h.v_codes.size()) +
+         4 * static_cast<int64_t>(h.k_scale.size() + h.k_min.size() + h.v_scale.size() + h.v_min.size() +
+                                  h.res_k.size() + h.res_v.size());
+  }
+  return b;
+}
+
+int64_t TokenListCache::MaxRollback() const { return kivi_.bits == 0 ? (int64_t{1} << 30) : kivi_.residual; }
+
+CompressorNeeds TokenListCache::needs() const {
+  return selector_ != nullptr ? selector_->needs() : CompressorNeeds::kKeysValues;
+}
+
+std::string TokenListCache::spec() const {
+  std::string s = selector_ != nullptr ? selector_->spec() : "";
+  if (kivi_.bits != 0) {
+    if (!s.empty()) s += "+";
+    s += absl::StrCat("kivi:bits=", kivi_.bits, ",group=", kivi_.group, ",residual=", kivi_.residual);
+  }
+  return s.empty() ? "none" : s;
+}
+
+}  // namespace vc

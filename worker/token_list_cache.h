@@ -1,0 +1,89 @@
+// A compressed cache that keeps, per (layer, KV head), an ordered list of tokens: optionally
+// chosen at build time by a PromptSelector (SnapKV), optionally KIVI-quantized (keys per channel
+// over groups of `group` tokens, values per token over groups of channels; the most recent
+// `residual`..`residual + group - 1` tokens stay in float32). Tokens appended after the build are
+// all kept. With neither selection nor quantization it holds the full KV in float32.
+#ifndef VC_WORKER_TOKEN_LIST_CACHE_H_
+#define VC_WORKER_TOKEN_LIST_CACHE_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "worker/compressed_cache.h"
+
+namespace vc {
+
+// Chooses which prompt positions each (layer, KV head) keeps when a cache is built.
+class PromptSelector {
+ public:
+  virtual ~PromptSelector() = default;
+  // kept[l][g]: increasing positions in [0, length) that layer l, KV head g keeps.
+  virtual absl::StatusOr<std::vector<std::vector<std::vector<int32_t>>>> Select(
+      const PagedKvCache& full, SeqId seq, int64_t length, const PromptQueries* queries, int num_heads) const = 0;
+  virtual CompressorNeeds needs() const = 0;
+  virtual std::string spec() const = 0;
+};
+
+struct KiviParams {
+  int bits = 0;  // 0 (float32, no quantization), 2, 4 or 8
+  int group = 32;
+  int residual = 32;
+};
+
+class TokenListCache final : public CompressedKvCache {
+ public:
+  TokenListCache(const KvLayout& layout, int num_heads, KiviParams kivi, std::unique_ptr<PromptSelector> selector);
+
+  SeqId NewSequence() override;
+  void FreeSequence(SeqId seq) override;
+  absl::Status BuildFrom(SeqId seq, const PagedKvCache& full, SeqId full_seq, int64_t length,
+                         const PromptQueries* queries) override;
+  int64_t Bytes(SeqId seq) const override;
+  // The residual (quantized) or unlimited (float32: 1 << 30).
+  int64_t MaxRollback() const override;
+  CompressorNeeds needs() const override;
+  std::string spec() const override;
+
+  int64_t Length(SeqId seq) const override { return seqs_[seq].length; }
+  absl::Status Reserve(SeqId seq, int64_t length) override;
+  void Write(int layer, SeqId seq, int64_t pos, const float* k, const float* v) override;
+  void Attend(int layer, absl::Span<const QueryRow> rows, const float* q, int num_heads, float scale,
+              const kernels::Backend& backend, float* out) override;
+  void Commit(SeqId seq, int64_t length) override;
+  absl::Status Truncate(SeqId seq, int64_t length) override;
+
+ private:
+  struct HeadList {
+    std::vector<int32_t> positions;  // of every token; empty when every position is kept
+    int32_t q_tokens = 0;            // quantized tokens (the oldest)
+    std::vector<uint8_t> k_codes, v_codes;
+    std::vector<float> k_scale, k_min, v_scale, v_min;
+    std::vector<float> res_k, res_v;  // float32 tokens after the quantized ones: [n, head_dim]
+  };
+  struct Sequence {
+    bool live = false;
+    bool selective = false;  // positions are stored explicitly
+    int64_t length = 0;
+    std::vector<HeadList> heads;  // [layer * num_kv_heads + g]
+  };
+  int32_t Tokens(const HeadList& h) const;
+  // Number of tokens of h at positions <= pos.
+  int32_t VisibleCount(const Sequence& s, const HeadList& h, int64_t pos) const;
+  void Append(HeadList& h, bool selective, int64_t pos, const float* k, const float* v);
+  void QuantizeOldest(HeadList& h);
+
+  const KvLayout layout_;
+  const int num_heads_;
+  const KiviParams kivi_;
+  const int value_group_;
+  const std::unique_ptr<PromptSelector> selector_;
+  std::vector<Sequence> seqs_;
+  std::vector<SeqId> free_ids_;
+  std::vector<int32_t> iota_;                       // row indices 0..n for dense views
+  std::vector<kernels::CompressedKvHead> views_;    // scratch for Attend
+};
+
+}  // namespace vc
+
+#endif  // VC_WORKER_TOKEN_LIST_CACHE_H_
