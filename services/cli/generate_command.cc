@@ -7,7 +7,11 @@
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
 #include "services/cli/args.h"
+#include "absl/time/clock.h"
+#include "worker/engine.h"
 #include "worker/full_decoder.h"
+#include "worker/full_kv_tier.h"
+#include "worker/lossy_decoder.h"
 #include "worker/model.h"
 
 namespace vc::cli {
@@ -15,7 +19,12 @@ namespace {
 
 constexpr char kUsage[] =
     "usage: vericache generate --model DIR (--prompt TEXT | --prompt-file F) [--max-tokens N]\n"
-    "                          [--temperature T --top-k K --top-p P --seed S] [--json]\n";
+    "                          [--temperature T --top-k K --top-p P --seed S] [--json]\n"
+    "                          [--mode full|lossy|vericache] [--compressor SPEC] [--draft-window K|auto]\n"
+    "  full       sequential decoding with the full KV cache (the reference)\n"
+    "  lossy      decoding from the compressed cache alone (may diverge from full)\n"
+    "  vericache  draft from the compressed cache, verify with the full KV: identical to full\n"
+    "  SPEC e.g. kivi:bits=4,group=32,residual=32 | streaming:sinks=4,window=2000 | none\n";
 
 int ExitCodeFor(const absl::Status& s) {
   switch (s.code()) {
@@ -44,7 +53,8 @@ absl::StatusOr<std::string> ReadPrompt(const Args& a) {
 absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
   VC_ASSIGN_OR_RETURN(Args a, Args::Parse(argv,
                                           {"model", "prompt", "prompt-file", "max-tokens", "temperature",
-                                           "top-k", "top-p", "seed", "block-size"},
+                                           "top-k", "top-p", "seed", "block-size", "mode", "compressor",
+                                           "draft-window"},
                                           {"json"}));
   if (!a.Has("model")) return absl::InvalidArgumentError("--model DIR is required");
   VC_ASSIGN_OR_RETURN(std::string prompt, ReadPrompt(a));
@@ -64,17 +74,66 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
   o.sampling.seed = static_cast<uint64_t>(seed);
   VC_RETURN_IF_ERROR(ValidateSamplingParams(o.sampling));
 
+  const std::string mode = a.Str("mode", "full");
+  if (mode != "full" && mode != "lossy" && mode != "vericache") {
+    return absl::InvalidArgumentError(absl::StrCat("--mode must be full, lossy or vericache, got '", mode, "'"));
+  }
+  const std::string compressor = a.Str("compressor", "kivi:bits=4,group=32,residual=32");
+  int draft_window = 0;
+  if (a.Has("draft-window") && a.Str("draft-window") != "auto") {
+    VC_ASSIGN_OR_RETURN(int64_t k, a.Int("draft-window", 0, 1, 64));
+    draft_window = static_cast<int>(k);
+  }
+
   VC_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, Model::Load(a.Str("model")));
   const std::vector<int32_t> ids = model->tokenizer().Encode(prompt);
-  VC_ASSIGN_OR_RETURN(GenerateResult r, GenerateFull(*model, ids, o));
+  GenerateResult r;
+  nlohmann::json stats;
+  if (mode == "full") {
+    VC_ASSIGN_OR_RETURN(r, GenerateFull(*model, ids, o));
+  } else if (mode == "lossy") {
+    VC_ASSIGN_OR_RETURN(LossyResult lr, GenerateLossy(*model, ids, o, compressor));
+    r = std::move(lr.generation);
+    stats["compressor"] = lr.compressor;
+    stats["compressed_bytes"] = lr.compressed_bytes;
+  } else {
+    VC_RETURN_IF_ERROR(ValidateGenerate(*model, ids, o));
+    HostKvTier tier(model->kv_layout(o.block_size), 0);
+    EngineOptions eo;
+    eo.compressor = compressor;
+    eo.draft_window = draft_window;
+    eo.block_size = o.block_size;
+    VC_ASSIGN_OR_RETURN(auto engine, VeriCacheEngine::Create(*model, &tier, eo));
+    std::vector<EngineRequest> reqs = {{ids, o}};
+    const absl::Time t0 = absl::Now();
+    VC_ASSIGN_OR_RETURN(std::vector<EngineResult> er, engine->Generate(reqs));
+    const double total = absl::ToDoubleSeconds(absl::Now() - t0);
+    const EngineStats& st = er[0].stats;
+    r.tokens = std::move(er[0].tokens);
+    r.prefill_seconds = st.prefill_seconds;
+    r.decode_seconds = total - st.prefill_seconds;
+    stats = {{"compressor", engine->compressor_spec()},
+             {"draft_window", draft_window == 0 ? nlohmann::json("auto") : nlohmann::json(draft_window)},
+             {"acceptance_rate", st.acceptance_rate()},
+             {"tokens_per_verify", st.tokens_per_verify()},
+             {"verifies", st.verifies},
+             {"drafted", st.drafted},
+             {"accepted_drafts", st.accepted_drafts},
+             {"bytes_fetched", st.bytes_fetched},
+             {"compressed_bytes", st.compressed_bytes},
+             {"draft_ms", st.draft_seconds * 1e3},
+             {"verify_ms", st.verify_seconds * 1e3},
+             {"fetch_wait_ms", st.fetch_wait_seconds * 1e3}};
+  }
   const std::string text = model->tokenizer().Decode(r.tokens);
   if (a.Has("json")) {
     nlohmann::json j;
+    if (!stats.is_null()) j["stats"] = stats;
     j["prompt"] = prompt;
     j["prompt_ids"] = ids;
     j["token_ids"] = r.tokens;
     j["text"] = text;
-    j["mode"] = "full";
+    j["mode"] = mode;
     j["kernels"] = std::string(model->backend().name());
     j["prefill_ms"] = r.prefill_seconds * 1e3;
     j["decode_ms"] = r.decode_seconds * 1e3;
@@ -89,6 +148,12 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
 }  // namespace
 
 int RunGenerateCommand(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
+  for (const std::string& a : args) {
+    if (a == "--help" || a == "-h") {
+      out << kUsage;
+      return 0;
+    }
+  }
   absl::Status s = Run(args, out);
   if (s.ok()) return 0;
   err << "vericache generate: " << s.message() << "\n";

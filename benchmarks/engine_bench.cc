@@ -1,0 +1,399 @@
+// End-to-end decoding throughput of the long-context scene, four ways, in one run:
+//   (a) full:      full KV resident in worker memory, one token per step (the usual decoder)
+//   (b) offload:   full KV in the tier, fetched for every step, one token per step
+//   (c) lossy:     compressed KV only (an upper bound on speed; its output is wrong)
+//   (d) vericache: draft from compressed KV, fetch full KV while drafting, verify in one pass
+// The tier is host memory; its fetches can be paced to stand for a link: --link-ratios gives
+// local-memory : link bandwidth ratios (e.g. 60 for HBM:PCIe, 250 for HBM:100 Gb/s), 0 = unpaced.
+// Prompts are real Python code the model never saw in training. Every (d) output is checked
+// token for token against (a); (c)'s agreement with (a) is reported.
+//
+//   engine_bench [--model DIR] [--corpus DIR] [--contexts 1024,4096,16384] [--batches 1,4]
+//                [--tokens 64] [--compressor SPEC] [--draft-window 0] [--link-ratios 0,60]
+//                [--budget-mib 0] [--json FILE]
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "benchmarks/bandwidth.h"
+#include "nlohmann/json.hpp"
+#include "worker/compressed_cache.h"
+#include "worker/engine.h"
+#include "worker/full_kv_tier.h"
+#include "worker/model.h"
+
+namespace vc {
+namespace {
+
+std::vector<int64_t> Ints(const std::string& s) {
+  std::vector<int64_t> out;
+  for (absl::string_view p : absl::StrSplit(s, ',', absl::SkipEmpty())) {
+    int64_t v;
+    if (absl::SimpleAtoi(p, &v)) out.push_back(v);
+  }
+  return out;
+}
+
+// Deterministic held-out code: the corpus's .py files in sorted order, concatenated.
+std::string LoadCorpus(const std::string& dir, size_t want) {
+  std::vector<std::string> files;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(
+           dir, std::filesystem::directory_options::skip_permission_denied)) {
+    if (e.is_regular_file() && e.path().extension() == ".py") files.push_back(e.path().string());
+  }
+  std::sort(files.begin(), files.end());
+  std::string out;
+  for (const auto& f : files) {
+    std::ifstream in(f, std::ios::binary);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    if (ss.str().size() < 2000) continue;
+    out += ss.str();
+    if (out.size() >= want) break;
+  }
+  return out;
+}
+
+struct ModeResult {
+  std::string mode;
+  std::vector<std::vector<int32_t>> outputs;
+  double decode_seconds = 0;
+  double bytes_read = 0;  // KV + weights bytes the decode read (modelled from the passes run)
+  int64_t tokens = 0;
+  nlohmann::json extra;
+};
+
+int64_t WeightBytes(const ModelConfig& c) {
+  const int64_t d = c.hidden_size, f = c.intermediate_size, hd = c.head_dim;
+  return ((d * (c.num_heads * hd) * 2 + d * (c.num_kv_heads * hd) * 2 + 3 * d * f) * c.num_layers +
+          int64_t{c.vocab_size} * d) * 2;
+}
+
+// (a): batched one-token steps over the full KV, resident.
+ModeResult RunFull(const Model& m, const PagedKvCache& master, const std::vector<SeqId>& src,
+                   const std::vector<std::vector<int32_t>>& prompts, int tokens) {
+  ModeResult r{"full"};
+  const KvLayout layout = master.layout();
+  int64_t blocks = 0;
+  for (const auto& p : prompts) blocks += (static_cast<int64_t>(p.size()) + tokens) / layout.block_size + 2;
+  PagedKvCache cache(layout, blocks);
+  std::vector<SeqId> seqs;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const SeqId s = cache.NewSequence();
+    const int64_t n = static_cast<int64_t>(prompts[i].size()) - 1;
+    (void)cache.Reserve(s, n);
+    for (int l = 0; l < layout.num_layers; ++l) {
+      for (int64_t p = 0; p < n; ++p) cache.Write(l, s, p, master.K(l, src[i], p), master.V(l, src[i], p));
+    }
+    cache.Commit(s, n);
+    seqs.push_back(s);
+  }
+  std::vector<int32_t> feed(prompts.size());
+  for (size_t i = 0; i < prompts.size(); ++i) feed[i] = prompts[i].back();
+  r.outputs.resize(prompts.size());
+  std::vector<float> logits;
+  const absl::Time t0 = absl::Now();
+  for (int step = 0; step < tokens; ++step) {
+    std::vector<SequenceChunk> chunks;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      chunks.push_back({seqs[i], {&feed[i], 1}});
+      r.bytes_read += static_cast<double>(cache.Length(seqs[i]) + 1) * layout.bytes_per_token();
+    }
+    r.bytes_read += static_cast<double>(WeightBytes(m.config()));
+    if (!m.Forward(chunks, cache, LogitsFor::kLastRows, &logits).ok()) std::abort();
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      feed[i] = SampleToken(absl::MakeConstSpan(logits).subspan(i * m.config().vocab_size, m.config().vocab_size),
+                            SamplingParams{}, cache.Length(seqs[i]));
+      r.outputs[i].push_back(feed[i]);
+    }
+  }
+  r.decode_seconds = absl::ToDoubleSeconds(absl::Now() - t0);
+  r.tokens = static_cast<int64_t>(prompts.size()) * tokens;
+  return r;
+}
+
+// (b): every step fetches each sequence's full KV from the tier into staging, then decodes.
+ModeResult RunOffload(const Model& m, const PagedKvCache& master, const std::vector<SeqId>& src,
+                      const std::vector<std::vector<int32_t>>& prompts, int tokens, double link_bps) {
+  ModeResult r{"offload"};
+  const KvLayout layout = master.layout();
+  HostKvTier tier(layout, link_bps);
+  int64_t blocks = 0;
+  for (const auto& p : prompts) blocks += (static_cast<int64_t>(p.size()) + tokens) / layout.block_size + 2;
+  PagedKvCache staging(layout, blocks);
+  std::vector<int32_t> feed(prompts.size());
+  std::vector<int64_t> len(prompts.size());
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    len[i] = static_cast<int64_t>(prompts[i].size()) - 1;
+    if (!tier.Append(i + 1, master, src[i], 0, len[i]).ok()) std::abort();
+    feed[i] = prompts[i].back();
+  }
+  r.outputs.resize(prompts.size());
+  std::vector<float> logits;
+  double wait = 0;
+  const absl::Time t0 = absl::Now();
+  for (int step = 0; step < tokens; ++step) {
+    std::vector<SeqId> seqs;
+    std::vector<std::shared_ptr<FetchHandle>> fetches;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      const SeqId s = staging.NewSequence();
+      (void)staging.Reserve(s, len[i] + 1);
+      fetches.push_back(tier.Fetch(i + 1, len[i], &staging, s));
+      seqs.push_back(s);
+    }
+    const absl::Time w0 = absl::Now();
+    for (auto& f : fetches) {
+      if (!f->Wait().ok()) std::abort();
+      r.bytes_read += static_cast<double>(f->bytes());
+    }
+    wait += absl::ToDoubleSeconds(absl::Now() - w0);
+    std::vector<SequenceChunk> chunks;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      staging.Commit(seqs[i], len[i]);
+      chunks.push_back({seqs[i], {&feed[i], 1}});
+      r.bytes_read += static_cast<double>(len[i] + 1) * layout.bytes_per_token();
+    }
+    r.bytes_read += static_cast<double>(WeightBytes(m.config()));
+    if (!m.Forward(chunks, staging, LogitsFor::kLastRows, &logits).ok()) std::abort();
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      if (!tier.Append(i + 1, staging, seqs[i], len[i], len[i] + 1).ok()) std::abort();
+      ++len[i];
+      feed[i] = SampleToken(absl::MakeConstSpan(logits).subspan(i * m.config().vocab_size, m.config().vocab_size),
+                            SamplingParams{}, len[i]);
+      r.outputs[i].push_back(feed[i]);
+      staging.FreeSequence(seqs[i]);
+    }
+  }
+  r.decode_seconds = absl::ToDoubleSeconds(absl::Now() - t0);
+  r.tokens = static_cast<int64_t>(prompts.size()) * tokens;
+  r.extra["fetch_wait_s"] = wait;
+  return r;
+}
+
+// (c): batched one-token steps over the compressed cache alone.
+ModeResult RunLossy(const Model& m, const PagedKvCache& master, const std::vector<SeqId>& src,
+                    const std::vector<std::vector<int32_t>>& prompts, int tokens, const std::string& spec) {
+  ModeResult r{"lossy"};
+  auto cache = MakeCompressedKvCache(spec, master.layout(), m.config().num_heads);
+  if (!cache.ok()) std::abort();
+  std::vector<SeqId> seqs;
+  std::vector<int32_t> feed(prompts.size());
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    seqs.push_back((*cache)->NewSequence());
+    if (!(*cache)->BuildFrom(seqs[i], master, src[i], static_cast<int64_t>(prompts[i].size()) - 1, nullptr).ok()) {
+      std::abort();
+    }
+    feed[i] = prompts[i].back();
+  }
+  r.outputs.resize(prompts.size());
+  std::vector<float> logits;
+  const absl::Time t0 = absl::Now();
+  for (int step = 0; step < tokens; ++step) {
+    std::vector<SequenceChunk> chunks;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      chunks.push_back({seqs[i], {&feed[i], 1}});
+      r.bytes_read += static_cast<double>((*cache)->Bytes(seqs[i]));
+    }
+    r.bytes_read += static_cast<double>(WeightBytes(m.config()));
+    if (!m.Forward(chunks, **cache, LogitsFor::kLastRows, &logits).ok()) std::abort();
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      feed[i] = SampleToken(absl::MakeConstSpan(logits).subspan(i * m.config().vocab_size, m.config().vocab_size),
+                            SamplingParams{}, (*cache)->Length(seqs[i]));
+      r.outputs[i].push_back(feed[i]);
+    }
+  }
+  r.decode_seconds = absl::ToDoubleSeconds(absl::Now() - t0);
+  r.tokens = static_cast<int64_t>(prompts.size()) * tokens;
+  int64_t bytes = 0;
+  for (SeqId s : seqs) bytes += (*cache)->Bytes(s);
+  r.extra["compressed_bytes_per_seq"] = bytes / static_cast<int64_t>(prompts.size());
+  return r;
+}
+
+// (d): the engine.
+ModeResult RunVeriCache(const Model& m, const PagedKvCache& master, const std::vector<SeqId>& src,
+                        const std::vector<std::vector<int32_t>>& prompts, int tokens, const std::string& spec,
+                        int draft_window, double link_bps) {
+  ModeResult r{"vericache"};
+  HostKvTier tier(master.layout(), link_bps);
+  EngineOptions eo;
+  eo.compressor = spec;
+  eo.draft_window = draft_window;
+  eo.block_size = master.layout().block_size;
+  eo.max_batch = static_cast<int>(prompts.size());
+  auto engine = VeriCacheEngine::Create(m, &tier, eo);
+  if (!engine.ok()) {
+    std::cerr << engine.status() << "\n";
+    std::abort();
+  }
+  std::vector<EngineRequest> reqs;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    GenerateOptions o;
+    o.max_tokens = tokens;
+    o.stop_at_eos = false;
+    reqs.push_back({prompts[i], o, PrefilledKv{&master, src[i]}});
+  }
+  const absl::Time t0 = absl::Now();
+  auto res = (*engine)->Generate(reqs);
+  const double total = absl::ToDoubleSeconds(absl::Now() - t0);
+  if (!res.ok()) {
+    std::cerr << res.status() << "\n";
+    std::abort();
+  }
+  double prefill = 0, draft = 0, verify = 0, wait = 0;
+  int64_t drafted = 0, accepted = 0, verifies = 0, fetched = 0, cbytes = 0;
+  for (const EngineResult& e : *res) {
+    r.outputs.push_back(e.tokens);
+    prefill += e.stats.prefill_seconds;
+    draft += e.stats.draft_seconds;
+    verify += e.stats.verify_seconds;
+    wait += e.stats.fetch_wait_seconds;
+    drafted += e.stats.drafted;
+    accepted += e.stats.accepted_drafts;
+    verifies += e.stats.verifies;
+    fetched += e.stats.bytes_fetched;
+    cbytes += e.stats.compressed_bytes;
+  }
+  r.decode_seconds = total - prefill;
+  r.tokens = static_cast<int64_t>(prompts.size()) * tokens;
+  // Reads: each draft step reads the compressed cache, each verify reads the fetched full KV once.
+  const double per_seq_c = static_cast<double>(cbytes) / prompts.size();
+  r.bytes_read = drafted * per_seq_c + static_cast<double>(fetched) + (drafted + verifies) * 0.0 +
+                 static_cast<double>(WeightBytes(m.config())) * (drafted + verifies) / prompts.size();
+  r.extra = {{"acceptance_rate", drafted ? double(accepted) / drafted : 0.0},
+             {"tokens_per_verify", verifies ? double(r.tokens) / verifies : 0.0},
+             {"draft_s", draft / prompts.size()},
+             {"verify_s", verify / prompts.size()},
+             {"fetch_wait_s", wait},
+             {"bytes_fetched", fetched}};
+  return r;
+}
+
+}  // namespace
+}  // namespace vc
+
+int main(int argc, char** argv) {
+  using namespace vc;
+  std::map<std::string, std::string> flags = {
+      {"model", "models/vc-code-4m"}, {"corpus", "/usr/lib/python3/dist-packages"},
+      {"contexts", "1024,4096,16384"}, {"batches", "1,4"}, {"tokens", "64"},
+      {"compressor", "kivi:bits=4,group=32,residual=32"}, {"draft-window", "0"},
+      {"link-ratios", "0,60,250"}, {"modes", "full,offload,lossy,vericache"}, {"json", ""}};
+  for (int i = 1; i + 1 < argc; i += 2) {
+    std::string k = argv[i];
+    if (k.rfind("--", 0) != 0 || !flags.count(k.substr(2))) {
+      std::cerr << "unknown option " << k << "\n";
+      return 2;
+    }
+    flags[k.substr(2)] = argv[i + 1];
+  }
+  auto model = Model::Load(flags["model"]);
+  if (!model.ok()) {
+    std::cerr << model.status() << "\n";
+    return 1;
+  }
+  const Model& m = **model;
+  const int tokens = static_cast<int>(Ints(flags["tokens"]).at(0));
+  const int draft_window = static_cast<int>(Ints(flags["draft-window"]).at(0));
+  const double bw = bench::MeasureMemcpyBandwidth();
+  std::cout << absl::StrFormat("memcpy bandwidth %.2f GB/s; compressor %s; draft window %s; %d tokens per sequence\n",
+                               bw / 1e9, flags["compressor"], draft_window ? std::to_string(draft_window) : "auto",
+                               tokens);
+  const std::vector<int64_t> contexts = Ints(flags["contexts"]);
+  const std::vector<int64_t> batches = Ints(flags["batches"]);
+  const int64_t max_batch = *std::max_element(batches.begin(), batches.end());
+  const std::string corpus = LoadCorpus(flags["corpus"], static_cast<size_t>(
+      *std::max_element(contexts.begin(), contexts.end()) * (max_batch + 1)));
+  std::set<std::string> modes;
+  for (absl::string_view s : absl::StrSplit(flags["modes"], ',')) modes.insert(std::string(s));
+
+  nlohmann::json all = nlohmann::json::array();
+  std::cout << "| context | batch | link | mode | tokens/s | ms/token/seq | bytes read/token | speedup vs full | "
+               "speedup vs offload | identical to full | notes |\n|---:|---:|---|---|---:|---:|---:|---:|---:|---|---|\n";
+  for (int64_t ctx : contexts) {
+    // Distinct prompts (one per sequence of the largest batch), each prefilled once.
+    std::vector<std::vector<int32_t>> prompts;
+    for (int64_t b = 0; b < max_batch; ++b) {
+      const size_t start = static_cast<size_t>(b * ctx) % std::max<size_t>(1, corpus.size() - ctx);
+      prompts.push_back(m.tokenizer().Encode(corpus.substr(start, static_cast<size_t>(ctx - 1))));
+    }
+    const KvLayout layout = m.kv_layout(16);
+    PagedKvCache master(layout, max_batch * (ctx / 16 + 2));
+    std::vector<SeqId> src;
+    const absl::Time p0 = absl::Now();
+    for (const auto& p : prompts) {
+      const SeqId s = master.NewSequence();
+      std::vector<float> logits;
+      for (int64_t b = 0; b + 1 < static_cast<int64_t>(p.size()); b += 512) {
+        const int64_t len = std::min<int64_t>(512, static_cast<int64_t>(p.size()) - 1 - b);
+        SequenceChunk ch{s, absl::MakeConstSpan(p).subspan(b, len)};
+        if (!m.Forward({&ch, 1}, master, LogitsFor::kLastRows, &logits).ok()) return 1;
+      }
+      src.push_back(s);
+    }
+    std::cerr << absl::StrFormat("context %d: prefilled %d prompts in %.1f s\n", ctx, prompts.size(),
+                                 absl::ToDoubleSeconds(absl::Now() - p0));
+    for (int64_t batch : batches) {
+      std::vector<std::vector<int32_t>> bp(prompts.begin(), prompts.begin() + batch);
+      std::vector<SeqId> bs(src.begin(), src.begin() + batch);
+      std::vector<ModeResult> local;
+      if (modes.count("full")) local.push_back(RunFull(m, master, bs, bp, tokens));
+      if (modes.count("lossy")) local.push_back(RunLossy(m, master, bs, bp, tokens, flags["compressor"]));
+      for (int64_t ratio : Ints(flags["link-ratios"])) {
+        const double link = ratio > 0 ? bw / ratio : 0.0;
+        std::vector<ModeResult> linked;
+        if (modes.count("offload")) linked.push_back(RunOffload(m, master, bs, bp, tokens, link));
+        if (modes.count("vericache")) {
+          linked.push_back(RunVeriCache(m, master, bs, bp, tokens, flags["compressor"], draft_window, link));
+        }
+        const std::string link_name = ratio > 0 ? absl::StrFormat("1/%d", ratio) : "unpaced";
+        std::vector<ModeResult*> rows;
+        for (auto& r : local) rows.push_back(&r);
+        for (auto& r : linked) rows.push_back(&r);
+        const ModeResult* full = nullptr;
+        const ModeResult* offload = nullptr;
+        for (auto* r : rows) {
+          if (r->mode == "full") full = r;
+          if (r->mode == "offload") offload = r;
+        }
+        for (auto* r : rows) {
+          const bool linked_mode = r->mode == "offload" || r->mode == "vericache";
+          if (!linked_mode && ratio != Ints(flags["link-ratios"]).front()) continue;  // print once
+          const double tps = r->tokens / r->decode_seconds;
+          std::string identical = "-";
+          if (full != nullptr && r != full) {
+            int same = 0;
+            for (size_t i = 0; i < r->outputs.size(); ++i) same += r->outputs[i] == full->outputs[i];
+            identical = absl::StrFormat("%d/%d", same, r->outputs.size());
+            if (r->mode == "vericache" && same != static_cast<int>(r->outputs.size())) {
+              std::cerr << "EXACTNESS FAILURE: vericache output differs from full-KV decoding\n";
+              return 3;
+            }
+          }
+          const double vs_full = full ? tps / (full->tokens / full->decode_seconds) : 0;
+          const double vs_off = offload ? tps / (offload->tokens / offload->decode_seconds) : 0;
+          std::cout << absl::StrFormat("| %d | %d | %s | %s | %.1f | %.2f | %.0f | %.2f | %s | %s | %s |\n", ctx, batch,
+                                       linked_mode ? link_name : "-", r->mode, tps, 1e3 * r->decode_seconds / tokens,
+                                       r->bytes_read / r->tokens, vs_full,
+                                       linked_mode && offload ? absl::StrFormat("%.2f", vs_off) : "-", identical,
+                                       r->extra.is_null() ? "" : r->extra.dump());
+          std::cout.flush();
+          nlohmann::json j = {{"context", ctx}, {"batch", batch}, {"link_ratio", linked_mode ? ratio : 0},
+                              {"mode", r->mode}, {"tokens_per_s", tps}, {"bytes_per_token", r->bytes_read / r->tokens},
+                              {"identical", identical}, {"extra", r->extra}, {"memcpy_gbps", bw / 1e9}};
+          all.push_back(j);
+        }
+      }
+    }
+  }
+  if (!flags["json"].empty()) std::ofstream(flags["json"]) << all.dump(1) << "\n";
+  return 0;
+}

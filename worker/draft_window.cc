@@ -1,0 +1,63 @@
+#include "worker/draft_window.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace vc {
+
+void DraftCostModel::ObserveDraftStep(double s) { draft_step_ = 0.8 * draft_step_ + 0.2 * s; }
+
+void DraftCostModel::ObserveVerify(int rows, double s) {
+  constexpr double kDecay = 0.95;  // forget old observations slowly
+  n_ = kDecay * n_ + 1;
+  sx_ = kDecay * sx_ + rows;
+  sy_ = kDecay * sy_ + s;
+  sxx_ = kDecay * sxx_ + double(rows) * rows;
+  sxy_ = kDecay * sxy_ + rows * s;
+}
+
+double DraftCostModel::verify(int rows) const {
+  if (n_ == 0) return 4 * draft_step_;
+  // Prior: a verify row costs a tenth of a draft step beyond the fixed cost.
+  const double prior_w = 1.0, prior_slope = 0.1 * draft_step_;
+  const double mx = sx_ / n_, my = sy_ / n_;
+  const double var = sxx_ / n_ - mx * mx;
+  const double cov = sxy_ / n_ - mx * my;
+  const double slope = std::max(0.0, (cov * n_ + prior_slope * prior_w) / (var * n_ + prior_w));
+  return std::max(0.0, my + slope * (rows - mx));
+}
+
+void DraftCostModel::ObserveFetch(double bytes, double s) {
+  if (s <= 0 || bytes <= 0) return;
+  const double rate = bytes / s;
+  bytes_per_second_ = bytes_per_second_ == 0 ? rate : 0.8 * bytes_per_second_ + 0.2 * rate;
+}
+
+void DraftWindow::Observe(int drafted, int accepted) {
+  if (drafted <= 0) return;
+  // Drafts are accepted until the first miss: accepted successes, then one failure if any.
+  const double trials = accepted + (accepted < drafted ? 1 : 0);
+  const double estimate = trials > 0 ? accepted / trials : acceptance_;
+  const double w = std::min(1.0, 0.15 * trials);
+  acceptance_ = std::clamp((1 - w) * acceptance_ + w * estimate, 0.02, 0.995);
+}
+
+int DraftWindow::Choose(const DraftCostModel& costs, double fetch_bytes, int remaining) const {
+  const int cap = std::min(max_k_, remaining - 1);
+  if (cap <= 0) return 0;
+  if (fixed_k_ > 0) return std::min(fixed_k_, cap);
+  const double a = acceptance_, f = costs.fetch(fetch_bytes), cd = costs.draft_step();
+  int best = 1;
+  double best_rate = -1;
+  for (int k = 1; k <= cap; ++k) {
+    const double tokens = (1 - std::pow(a, k + 1)) / (1 - a);
+    const double time = std::max(k * cd, f) + costs.verify(k + 1);
+    if (tokens / time > best_rate) {
+      best_rate = tokens / time;
+      best = k;
+    }
+  }
+  return best;
+}
+
+}  // namespace vc

@@ -1,0 +1,48 @@
+// Chooses the draft window k of a sequence: an online estimate of its per-token acceptance rate
+// a and a cost model measured at run time (draft step c_d, verify pass c_v(k) = v0 + v1 * (k+1),
+// fetch time f, which overlaps the drafting), maximizing expected verified tokens per second:
+//   E[tokens](k) = (1 - a^(k+1)) / (1 - a),   T(k) = max(k * c_d, f) + c_v(k).
+#ifndef VC_WORKER_DRAFT_WINDOW_H_
+#define VC_WORKER_DRAFT_WINDOW_H_
+
+namespace vc {
+
+// Costs shared by the sequences of one engine. Not thread-safe.
+class DraftCostModel {
+ public:
+  void ObserveDraftStep(double seconds);
+  void ObserveVerify(int rows, double seconds);
+  void ObserveFetch(double bytes, double seconds);
+
+  double draft_step() const { return draft_step_; }
+  double verify(int rows) const;
+  double fetch(double bytes) const { return bytes_per_second_ > 0 ? bytes / bytes_per_second_ : 0.0; }
+
+ private:
+  double draft_step_ = 1e-3;
+  double bytes_per_second_ = 0;  // 0 until the first fetch
+  // Least squares of verify time on rows, with a weak prior so one k alone still gives a slope.
+  double n_ = 0, sx_ = 0, sy_ = 0, sxx_ = 0, sxy_ = 0;
+};
+
+// Per-sequence acceptance estimate and window choice. Not thread-safe.
+class DraftWindow {
+ public:
+  // fixed_k > 0 always returns fixed_k (capped); 0 adapts.
+  DraftWindow(int fixed_k, int max_k) : fixed_k_(fixed_k), max_k_(max_k) {}
+
+  // After a verification: `accepted` of `drafted` drafts matched.
+  void Observe(int drafted, int accepted);
+  // The window for the next draft, in [1, max_k] (never more than `remaining` - 1, and 0 when only
+  // one token remains).
+  int Choose(const DraftCostModel& costs, double fetch_bytes, int remaining) const;
+  double acceptance() const { return acceptance_; }
+
+ private:
+  int fixed_k_, max_k_;
+  double acceptance_ = 0.7;  // prior
+};
+
+}  // namespace vc
+
+#endif  // VC_WORKER_DRAFT_WINDOW_H_

@@ -1,0 +1,133 @@
+#include "worker/full_kv_tier.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace vc {
+
+absl::Status FetchHandle::Wait() {
+  absl::MutexLock l(&mu_);
+  mu_.Await(absl::Condition(&done_));
+  return status_;
+}
+
+bool FetchHandle::Done() const {
+  absl::MutexLock l(&mu_);
+  return done_;
+}
+
+void FetchHandle::Finish(absl::Status s) {
+  absl::MutexLock l(&mu_);
+  status_ = std::move(s);
+  done_ = true;
+}
+
+HostKvTier::HostKvTier(const KvLayout& layout, double bytes_per_second)
+    : layout_(layout), bytes_per_second_(bytes_per_second), io_([this] { IoLoop(); }) {}
+
+HostKvTier::~HostKvTier() {
+  {
+    absl::MutexLock l(&mu_);
+    stop_ = true;
+  }
+  io_.join();
+}
+
+absl::Status HostKvTier::Append(TierKey key, const PagedKvCache& src, SeqId seq, int64_t begin, int64_t end) {
+  std::shared_ptr<Entry> e;
+  {
+    absl::MutexLock l(&mu_);
+    auto& slot = entries_[key];
+    if (slot == nullptr) {
+      slot = std::make_shared<Entry>();
+      slot->k.resize(layout_.num_layers);
+      slot->v.resize(layout_.num_layers);
+    }
+    e = slot;
+  }
+  // One writer per key (the engine thread that owns the sequence); fetches of the same key are
+  // never in flight while it appends.
+  if (begin != e->length) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("tier append at ", begin, " but the tier holds ", e->length, " positions"));
+  }
+  const int64_t row = int64_t{layout_.num_kv_heads} * layout_.head_dim;
+  for (int l = 0; l < layout_.num_layers; ++l) {
+    if (static_cast<int64_t>(e->k[l].size()) < end * row) {
+      const size_t cap = static_cast<size_t>(std::max<int64_t>(end, 2 * static_cast<int64_t>(e->k[l].size()) / row) * row);
+      e->k[l].resize(cap);
+      e->v[l].resize(cap);
+    }
+    for (int64_t p = begin; p < end; ++p) {
+      std::memcpy(e->k[l].data() + p * row, src.K(l, seq, p), row * 4);
+      std::memcpy(e->v[l].data() + p * row, src.V(l, seq, p), row * 4);
+    }
+  }
+  e->length = end;
+  return absl::OkStatus();
+}
+
+std::shared_ptr<FetchHandle> HostKvTier::Fetch(TierKey key, int64_t length, PagedKvCache* dest, SeqId dest_seq) {
+  auto handle = std::shared_ptr<FetchHandle>(new FetchHandle(length * layout_.bytes_per_token()));
+  absl::MutexLock l(&mu_);
+  auto it = entries_.find(key);
+  if (it == entries_.end() || it->second->length < length) {
+    handle->Finish(absl::NotFoundError(absl::StrCat("tier holds ", it == entries_.end() ? 0 : it->second->length,
+                                                    " positions of the sequence, ", length, " requested")));
+    return handle;
+  }
+  Job job{it->second, length, dest->BlockTable(dest_seq), {}, handle};
+  for (int layer = 0; layer < layout_.num_layers; ++layer) job.layers.push_back(dest->LayerView(layer));
+  jobs_.push_back(std::move(job));
+  return handle;
+}
+
+int64_t HostKvTier::Length(TierKey key) const {
+  absl::MutexLock l(&mu_);
+  auto it = entries_.find(key);
+  return it == entries_.end() ? 0 : it->second->length;
+}
+
+void HostKvTier::Erase(TierKey key) {
+  absl::MutexLock l(&mu_);
+  entries_.erase(key);
+}
+
+void HostKvTier::IoLoop() {
+  const int64_t row = int64_t{layout_.num_kv_heads} * layout_.head_dim;
+  const int64_t bs = layout_.block_size;
+  while (true) {
+    Job job;
+    {
+      absl::MutexLock l(&mu_);
+      mu_.Await(absl::Condition(
+          +[](HostKvTier* t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(t->mu_) { return t->stop_ || !t->jobs_.empty(); }, this));
+      if (stop_ && jobs_.empty()) return;
+      job = std::move(jobs_.front());
+      jobs_.pop_front();
+    }
+    // Layer by layer, block by block: each block's rows are contiguous in both places.
+    const auto start = std::chrono::steady_clock::now();
+    int64_t moved = 0;
+    for (int l = 0; l < layout_.num_layers; ++l) {
+      for (int64_t p0 = 0; p0 < job.length; p0 += bs) {
+        const int64_t n = std::min(bs, job.length - p0);
+        const kernels::PagedKvLayer& d = job.layers[l];
+        const int64_t off = job.blocks[p0 / bs] * d.block_stride;
+        std::memcpy(const_cast<float*>(d.k) + off, job.entry->k[l].data() + p0 * row, n * row * 4);
+        std::memcpy(const_cast<float*>(d.v) + off, job.entry->v[l].data() + p0 * row, n * row * 4);
+        moved += 2 * n * row * 4;
+        if (bytes_per_second_ > 0) {  // pace to the link: never ahead of bytes / rate
+          const auto due = start + std::chrono::duration<double>(moved / bytes_per_second_);
+          std::this_thread::sleep_until(due);
+        }
+      }
+    }
+    job.handle->Finish(absl::OkStatus());
+  }
+}
+
+}  // namespace vc

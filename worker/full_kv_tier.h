@@ -1,0 +1,103 @@
+// Where the full KV of a sequence lives while the worker drafts from a compressed copy: host
+// memory here, the cache store over UCX later. The engine is written against this interface.
+//
+// Fetches are asynchronous: the copy into the worker's staging cache runs on the tier's own
+// thread while the engine drafts, which is the overlap VeriCache depends on.
+#ifndef VC_WORKER_FULL_KV_TIER_H_
+#define VC_WORKER_FULL_KV_TIER_H_
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "worker/kv_cache.h"
+
+namespace vc {
+
+// A fetch in flight. Thread-safe.
+class FetchHandle {
+ public:
+  // Blocks until the fetch is done; returns its status.
+  absl::Status Wait();
+  bool Done() const;
+  int64_t bytes() const { return bytes_; }
+
+ private:
+  friend class HostKvTier;
+  explicit FetchHandle(int64_t bytes) : bytes_(bytes) {}
+  void Finish(absl::Status s);
+
+  const int64_t bytes_;
+  mutable absl::Mutex mu_;
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status status_ ABSL_GUARDED_BY(mu_);
+};
+
+using TierKey = uint64_t;
+
+class FullKvTier {
+ public:
+  virtual ~FullKvTier() = default;
+  // Appends K/V of positions [begin, end) of `seq` in `src` for `key`; begin must equal the
+  // number of positions the tier holds for key (kFailedPrecondition otherwise).
+  virtual absl::Status Append(TierKey key, const PagedKvCache& src, SeqId seq, int64_t begin, int64_t end) = 0;
+  // Starts copying positions [0, length) of `key` into `dest_seq` of `dest`, whose blocks for
+  // those positions must be reserved and must not be touched until the handle is done.
+  virtual std::shared_ptr<FetchHandle> Fetch(TierKey key, int64_t length, PagedKvCache* dest, SeqId dest_seq) = 0;
+  // Positions held for key (0 if none).
+  virtual int64_t Length(TierKey key) const = 0;
+  virtual void Erase(TierKey key) = 0;
+};
+
+// Full KV in host memory, one contiguous array per (key, layer) for K and for V. Fetches run on
+// one background thread in FIFO order; `bytes_per_second` > 0 paces them to stand for a PCIe or
+// network link (0: as fast as memcpy). Thread-safe.
+class HostKvTier final : public FullKvTier {
+ public:
+  HostKvTier(const KvLayout& layout, double bytes_per_second);
+  ~HostKvTier() override;
+
+  absl::Status Append(TierKey key, const PagedKvCache& src, SeqId seq, int64_t begin, int64_t end) override;
+  std::shared_ptr<FetchHandle> Fetch(TierKey key, int64_t length, PagedKvCache* dest, SeqId dest_seq) override;
+  int64_t Length(TierKey key) const override;
+  void Erase(TierKey key) override;
+
+  double bytes_per_second() const { return bytes_per_second_; }
+
+ private:
+  struct Entry {
+    int64_t length = 0;
+    std::vector<std::vector<float>> k, v;  // per layer: [capacity, num_kv_heads * head_dim]
+  };
+  // Destinations are resolved when the fetch is issued (the cache is not thread-safe; its pool
+  // arrays never move, so the block addresses stay valid).
+  struct Job {
+    std::shared_ptr<Entry> entry;
+    int64_t length;
+    std::vector<int32_t> blocks;
+    std::vector<kernels::PagedKvLayer> layers;
+    std::shared_ptr<FetchHandle> handle;
+  };
+  void IoLoop();
+
+  const KvLayout layout_;
+  const double bytes_per_second_;
+  mutable absl::Mutex mu_;
+  std::unordered_map<TierKey, std::shared_ptr<Entry>> entries_ ABSL_GUARDED_BY(mu_);
+  std::deque<Job> jobs_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread io_;
+};
+
+}  // namespace vc
+
+#endif  // VC_WORKER_FULL_KV_TIER_H_

@@ -1,0 +1,59 @@
+#include "worker/lossy_decoder.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/status_macros.h"
+#include "worker/compressed_cache.h"
+
+namespace vc {
+
+absl::Status PrefillAndCompress(const Model& model, absl::Span<const int32_t> tokens, int64_t n, int prefill_chunk,
+                                PagedKvCache& full, SeqId seq, CompressedKvCache& compressed, SeqId cseq) {
+  if (compressed.needs() == CompressorNeeds::kPromptQueries) {
+    return absl::UnimplementedError(absl::StrCat(compressed.spec(), ": prompt-query methods are not wired in yet"));
+  }
+  std::vector<float> logits;
+  for (int64_t b = 0; b < n; b += prefill_chunk) {
+    SequenceChunk ch{seq, tokens.subspan(b, std::min<int64_t>(prefill_chunk, n - b))};
+    VC_RETURN_IF_ERROR(model.Forward({&ch, 1}, full, LogitsFor::kLastRows, &logits));
+  }
+  return compressed.BuildFrom(cseq, full, seq, n, nullptr);
+}
+
+absl::StatusOr<LossyResult> GenerateLossy(const Model& model, absl::Span<const int32_t> prompt,
+                                          const GenerateOptions& o, absl::string_view compressor) {
+  VC_RETURN_IF_ERROR(ValidateGenerate(model, prompt, o));
+  const KvLayout layout = model.kv_layout(o.block_size);
+  VC_ASSIGN_OR_RETURN(auto compressed, MakeCompressedKvCache(compressor, layout, model.config().num_heads));
+  LossyResult out;
+  out.compressor = compressed->spec();
+  const int64_t n = static_cast<int64_t>(prompt.size()) - 1;
+  const absl::Time t0 = absl::Now();
+  {
+    PagedKvCache full(layout, n / o.block_size + 1);
+    const SeqId seq = full.NewSequence();
+    const SeqId cseq = compressed->NewSequence();
+    VC_RETURN_IF_ERROR(PrefillAndCompress(model, prompt, n, o.prefill_chunk, full, seq, *compressed, cseq));
+  }
+  const absl::Time t1 = absl::Now();
+  std::vector<float> logits;
+  GenerateResult& r = out.generation;
+  int32_t feed = prompt.back();
+  for (int i = 0; i < o.max_tokens; ++i) {
+    const int64_t pos = compressed->Length(0);
+    SequenceChunk ch{0, {&feed, 1}};
+    VC_RETURN_IF_ERROR(model.Forward({&ch, 1}, *compressed, LogitsFor::kLastRows, &logits));
+    feed = SampleToken(logits, o.sampling, pos + 1);
+    r.tokens.push_back(feed);
+    if (o.stop_at_eos && feed == model.tokenizer().eos()) break;
+  }
+  const absl::Time t2 = absl::Now();
+  r.prefill_seconds = absl::ToDoubleSeconds(t1 - t0);
+  r.decode_seconds = absl::ToDoubleSeconds(t2 - t1);
+  out.compressed_bytes = compressed->Bytes(0);
+  return out;
+}
+
+}  // namespace vc
