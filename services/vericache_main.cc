@@ -3,6 +3,7 @@
 #include <string>
 #include <vector>
 
+#include "services/cli/demo_command.h"
 #include "services/cli/generate_command.h"
 
 namespace {
@@ -10,7 +11,9 @@ namespace {
 constexpr char kUsage[] =
     "usage: vericache <command> [options]\n"
     "commands:\n"
-    "  generate   generate text from a checkpoint (vericache generate --help)\n";
+    "  generate   generate text from a checkpoint (vericache generate --help)\n"
+    "  demo       requests with a shared code prefix through the VeriCache engine, checked against\n"
+    "             full-KV decoding (vericache demo [--model DIR] [--max-tokens N] [--compressor SPEC])\n";
 
 }  // namespace
 
@@ -22,6 +25,7 @@ int main(int argc, char** argv) {
   const std::string cmd = argv[1];
   std::vector<std::string> args(argv + 2, argv + argc);
   if (cmd == "generate") return vc::cli::RunGenerateCommand(args, std::cout, std::cerr);
+  if (cmd == "demo") return vc::cli::RunDemoCommand(args, std::cout, std::cerr);
   std::cerr << "vericache: unknown command '" << cmd << "'\n" << kUsage;
   return 2;
 }

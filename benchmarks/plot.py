@@ -1,0 +1,69 @@
+#!/usr/bin/env python3
+"""Plots the JSON files written by the benchmarks (decode_bench, engine_bench) as PNG.
+
+  /usr/bin/python3 benchmarks/plot.py decode  results/decode.json  results/decode.png
+  /usr/bin/python3 benchmarks/plot.py engine  results/engine.json  results/engine.png
+
+Needs Debian's python3-matplotlib (plots only; nothing in the build or tests uses it).
+"""
+import json
+import sys
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def plot_decode(rows, out):
+    fig, ax = plt.subplots(1, 2, figsize=(11, 4))
+    for backend in sorted({r["backend"] for r in rows}):
+        for batch in sorted({r["batch"] for r in rows}):
+            pts = sorted((r["context"], r) for r in rows if r["backend"] == backend and r["batch"] == batch)
+            if not pts:
+                continue
+            xs = [p[0] for p in pts]
+            ax[0].plot(xs, [p[1]["tokens_per_s"] for p in pts], marker="o", label=f"{backend} b={batch}")
+            ax[1].plot(xs, [p[1]["fraction_of_floor"] for p in pts], marker="o", label=f"{backend} b={batch}")
+    for a, t in zip(ax, ["decode tokens/s", "fraction of memory-bandwidth floor"]):
+        a.set_xscale("log", base=2)
+        a.set_xlabel("context (tokens)")
+        a.set_title(t)
+        a.grid(alpha=0.3)
+        a.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+
+
+def plot_engine(rows, out):
+    links = sorted({r["link_ratio"] for r in rows if r["mode"] in ("offload", "vericache")})
+    fig, axes = plt.subplots(1, max(1, len(links)), figsize=(5 * max(1, len(links)), 4), squeeze=False)
+    for ax, link in zip(axes[0], links):
+        for mode in ("full", "lossy", "offload", "vericache"):
+            for batch in sorted({r["batch"] for r in rows}):
+                pts = sorted((r["context"], r["tokens_per_s"]) for r in rows
+                             if r["mode"] == mode and r["batch"] == batch
+                             and (r["link_ratio"] == link or mode in ("full", "lossy")))
+                if pts:
+                    ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"{mode} b={batch}",
+                            linestyle="--" if mode == "lossy" else "-")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("context (tokens)")
+        ax.set_ylabel("verified tokens/s (lossy: unverified)")
+        ax.set_title("link unpaced" if link == 0 else f"link = memory bandwidth / {link}")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+
+
+def main():
+    kind, src, out = sys.argv[1:4]
+    with open(src) as f:
+        rows = json.load(f)
+    {"decode": plot_decode, "engine": plot_engine}[kind](rows, out)
+
+
+if __name__ == "__main__":
+    main()
