@@ -75,7 +75,9 @@ int main(int argc, char** argv) {
       return 1;
     }
     const vc::ModelConfig& c = (*model)->config();
-    for (int64_t ctx : Ints(flags["contexts"])) {
+    for (int64_t want_ctx : Ints(flags["contexts"])) {
+      // The decoded token needs a position of its own inside the model's context.
+      const int64_t ctx = std::min(want_ctx, c.max_position_embeddings - 1);
       for (int64_t batch : Ints(flags["batches"])) {
         const vc::KvLayout layout = (*model)->kv_layout(16);
         vc::PagedKvCache cache(layout, batch * ((ctx + 1) / 16 + 2));
@@ -102,7 +104,10 @@ int main(int argc, char** argv) {
         double best = 1e30;
         for (int s = 0; s < steps + 1; ++s) {  // the first step warms up
           const auto t0 = std::chrono::steady_clock::now();
-          if (!(*model)->Forward(chunks, cache, vc::LogitsFor::kLastRows, &logits).ok()) return 1;
+          if (absl::Status st = (*model)->Forward(chunks, cache, vc::LogitsFor::kLastRows, &logits); !st.ok()) {
+            std::cerr << st << "\n";
+            return 1;
+          }
           const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
           if (s > 0) best = std::min(best, dt);
           for (vc::SeqId q : seqs) (void)cache.Truncate(q, ctx);
