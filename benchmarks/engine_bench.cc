@@ -221,7 +221,7 @@ ModeResult RunLossy(const Model& m, const PagedKvCache& master, const std::vecto
 // (d): the engine.
 ModeResult RunVeriCache(const Model& m, const PagedKvCache& master, const std::vector<SeqId>& src,
                         const std::vector<std::vector<int32_t>>& prompts, int tokens, const std::string& spec,
-                        int draft_window, double link_bps) {
+                        int draft_window, double link_bps, int64_t staging_blocks = 0) {
   ModeResult r{"vericache"};
   HostKvTier tier(master.layout(), link_bps);
   EngineOptions eo;
@@ -229,6 +229,7 @@ ModeResult RunVeriCache(const Model& m, const PagedKvCache& master, const std::v
   eo.draft_window = draft_window;
   eo.block_size = master.layout().block_size;
   eo.max_batch = static_cast<int>(prompts.size());
+  eo.staging_blocks = staging_blocks;
   auto engine = VeriCacheEngine::Create(m, &tier, eo);
   if (!engine.ok()) {
     std::cerr << engine.status() << "\n";
@@ -286,7 +287,8 @@ int main(int argc, char** argv) {
       {"model", "models/vc-code-4m"}, {"corpus", "/usr/lib/python3/dist-packages"},
       {"contexts", "1024,4096,16384"}, {"batches", "1,4"}, {"tokens", "64"},
       {"compressor", "kivi:bits=4,group=32,residual=32"}, {"draft-window", "0"},
-      {"link-ratios", "0,60,250"}, {"modes", "full,offload,lossy,vericache"}, {"json", ""}};
+      {"link-ratios", "0,60,250"}, {"modes", "full,offload,lossy,vericache"}, {"json", ""},
+      {"budget-mib", "0"}, {"budget-context", "16384"}};
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string k = argv[i];
     if (k.rfind("--", 0) != 0 || !flags.count(k.substr(2))) {
@@ -391,6 +393,74 @@ int main(int argc, char** argv) {
                               {"identical", identical}, {"extra", r->extra}, {"memcpy_gbps", bw / 1e9}};
           all.push_back(j);
         }
+      }
+    }
+  }
+  // A fixed worker memory budget for KV: the full-KV decoder fits as many sequences as their full
+  // KV allows; VeriCache fits compressed copies plus staging for one sequence's full KV (the one
+  // being verified), so its batch is larger. Both run at the same context with their own batch.
+  const int64_t budget = Ints(flags["budget-mib"]).at(0) << 20;
+  if (budget > 0) {
+    const int64_t ctx = Ints(flags["budget-context"]).at(0);
+    const KvLayout layout = m.kv_layout(16);
+    const int64_t full_seq = (ctx + tokens + 16) * layout.bytes_per_token();
+    auto probe = MakeCompressedKvCache(flags["compressor"], layout, m.config().num_heads);
+    if (!probe.ok()) return 1;
+    // Compressed bytes per sequence, measured on one sequence built from real KV.
+    std::vector<int32_t> prompt = m.tokenizer().Encode(corpus.substr(0, static_cast<size_t>(ctx - 1)));
+    PagedKvCache one(layout, ctx / 16 + 2);
+    const SeqId s0 = one.NewSequence();
+    std::vector<float> logits;
+    for (int64_t b = 0; b + 1 < static_cast<int64_t>(prompt.size()); b += 512) {
+      SequenceChunk ch{s0, absl::MakeConstSpan(prompt).subspan(b, std::min<int64_t>(512, prompt.size() - 1 - b))};
+      if (!m.Forward({&ch, 1}, one, LogitsFor::kLastRows, &logits).ok()) return 1;
+    }
+    const SeqId c0 = (*probe)->NewSequence();
+    if (!(*probe)->BuildFrom(c0, one, s0, static_cast<int64_t>(prompt.size()) - 1, nullptr).ok()) return 1;
+    const int64_t comp_seq = (*probe)->Bytes(c0) * (ctx + tokens) / ctx + 1;
+    const int64_t batch_full = budget / full_seq;
+    const int64_t batch_vc = std::max<int64_t>(0, (budget - full_seq) / comp_seq);
+    std::cout << absl::StrFormat("\nmemory budget %d MiB at context %d: full KV %.1f MiB/sequence -> batch %d; "
+                                 "compressed %.2f MiB/sequence + one staging sequence -> batch %d\n",
+                                 budget >> 20, ctx, full_seq / 1048576.0, batch_full, comp_seq / 1048576.0, batch_vc);
+    if (batch_full >= 1 && batch_vc >= 1) {
+      std::vector<std::vector<int32_t>> prompts;
+      PagedKvCache master(layout, batch_vc * (ctx / 16 + 2));
+      std::vector<SeqId> src;
+      for (int64_t b = 0; b < batch_vc; ++b) {
+        // One real prefill, copied: each sequence holds its own KV, identical content.
+        const SeqId sq = master.NewSequence();
+        if (!master.Reserve(sq, static_cast<int64_t>(prompt.size()) - 1).ok()) return 1;
+        for (int l = 0; l < layout.num_layers; ++l) {
+          for (int64_t p = 0; p + 1 < static_cast<int64_t>(prompt.size()); ++p) {
+            master.Write(l, sq, p, one.K(l, s0, p), one.V(l, s0, p));
+          }
+        }
+        master.Commit(sq, static_cast<int64_t>(prompt.size()) - 1);
+        src.push_back(sq);
+        prompts.push_back(prompt);
+      }
+      std::vector<std::vector<int32_t>> pf(prompts.begin(), prompts.begin() + batch_full);
+      std::vector<SeqId> sf(src.begin(), src.begin() + batch_full);
+      ModeResult full = RunFull(m, master, sf, pf, tokens);
+      const int64_t staging = full_seq / (layout.bytes_per_token() * 16) + 1;
+      for (int64_t ratio : Ints(flags["link-ratios"])) {
+        const double link = ratio > 0 ? bw / ratio : 0.0;
+        ModeResult vcr = RunVeriCache(m, master, src, prompts, tokens, flags["compressor"], draft_window, link, staging);
+        for (size_t i = 0; i < vcr.outputs.size(); ++i) {
+          if (vcr.outputs[i] != full.outputs[0]) {
+            std::cerr << "EXACTNESS FAILURE under the memory budget\n";
+            return 3;
+          }
+        }
+        const double tf = full.tokens / full.decode_seconds, tv = vcr.tokens / vcr.decode_seconds;
+        std::cout << absl::StrFormat("budget run, link %s: full batch %d %.1f tokens/s; vericache batch %d %.1f "
+                                     "tokens/s (%.2fx), outputs identical\n",
+                                     ratio > 0 ? absl::StrFormat("1/%d", ratio) : "unpaced", batch_full, tf, batch_vc,
+                                     tv, tv / tf);
+        all.push_back({{"budget_mib", budget >> 20}, {"context", ctx}, {"link_ratio", ratio},
+                       {"full_batch", batch_full}, {"full_tokens_per_s", tf}, {"vericache_batch", batch_vc},
+                       {"vericache_tokens_per_s", tv}});
       }
     }
   }

@@ -36,6 +36,7 @@ def plot_decode(rows, out):
 
 
 def plot_engine(rows, out):
+    rows = [r for r in rows if "mode" in r]
     links = sorted({r["link_ratio"] for r in rows if r["mode"] in ("offload", "vericache")})
     fig, axes = plt.subplots(1, max(1, len(links)), figsize=(5 * max(1, len(links)), 4), squeeze=False)
     for ax, link in zip(axes[0], links):
