@@ -80,7 +80,8 @@ int64_t WeightBytes(const ModelConfig& c) {
 // (a): batched one-token steps over the full KV, resident.
 ModeResult RunFull(const Model& m, const PagedKvCache& master, const std::vector<SeqId>& src,
                    const std::vector<std::vector<int32_t>>& prompts, int tokens) {
-  ModeResult r{"full"};
+  ModeResult r;
+  r.mode = "full";
   const KvLayout layout = master.layout();
   int64_t blocks = 0;
   for (const auto& p : prompts) blocks += (static_cast<int64_t>(p.size()) + tokens) / layout.block_size + 2;
@@ -123,7 +124,8 @@ ModeResult RunFull(const Model& m, const PagedKvCache& master, const std::vector
 // (b): every step fetches each sequence's full KV from the tier into staging, then decodes.
 ModeResult RunOffload(const Model& m, const PagedKvCache& master, const std::vector<SeqId>& src,
                       const std::vector<std::vector<int32_t>>& prompts, int tokens, double link_bps) {
-  ModeResult r{"offload"};
+  ModeResult r;
+  r.mode = "offload";
   const KvLayout layout = master.layout();
   HostKvTier tier(layout, link_bps);
   int64_t blocks = 0;
@@ -181,7 +183,8 @@ ModeResult RunOffload(const Model& m, const PagedKvCache& master, const std::vec
 // (c): batched one-token steps over the compressed cache alone.
 ModeResult RunLossy(const Model& m, const PagedKvCache& master, const std::vector<SeqId>& src,
                     const std::vector<std::vector<int32_t>>& prompts, int tokens, const std::string& spec) {
-  ModeResult r{"lossy"};
+  ModeResult r;
+  r.mode = "lossy";
   auto cache = MakeCompressedKvCache(spec, master.layout(), m.config().num_heads);
   if (!cache.ok()) std::abort();
   std::vector<SeqId> seqs;
@@ -222,7 +225,8 @@ ModeResult RunLossy(const Model& m, const PagedKvCache& master, const std::vecto
 ModeResult RunVeriCache(const Model& m, const PagedKvCache& master, const std::vector<SeqId>& src,
                         const std::vector<std::vector<int32_t>>& prompts, int tokens, const std::string& spec,
                         int draft_window, double link_bps, int64_t staging_blocks = 0) {
-  ModeResult r{"vericache"};
+  ModeResult r;
+  r.mode = "vericache";
   HostKvTier tier(master.layout(), link_bps);
   EngineOptions eo;
   eo.compressor = spec;

@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/kernels.h"
@@ -245,28 +246,75 @@ class Avx2 final : public Backend {
                                          _mm256_set1_epi32((1 << bits) - 1));
       return _mm256_cvtepi32_ps(v);
     }
-    const float* K(int64_t j, float* buf) const {
-      const QuantizedKvHead& qk = c->quant;
-      if (j >= qk.tokens) return c->dense.k + c->dense.rows[j - qk.tokens] * c->dense.stride;
-      const uint8_t* row = qk.k_codes + j * d * qk.bits / 8;
-      const int64_t g = (j / qk.key_group) * d;
-      for (int c0 = 0; c0 < d; c0 += 8) {
-        _mm256_storeu_ps(buf + c0, _mm256_fmadd_ps(Codes8(row, qk.bits, c0), _mm256_loadu_ps(qk.k_scale + g + c0),
-                                                   _mm256_loadu_ps(qk.k_min + g + c0)));
-      }
-      return buf;
+    // Dense (float32) tokens; quantized ones go through QuantScores / QuantAccumulate.
+    const float* K(int64_t j, float*) const {
+      return c->dense.k + c->dense.rows[j - c->quant.tokens] * c->dense.stride;
     }
-    const float* V(int64_t j, float* buf) const {
+    const float* V(int64_t j, float*) const {
+      return c->dense.v + c->dense.rows[j - c->quant.tokens] * c->dense.stride;
+    }
+
+    // Scores of quantized positions [t0, t1) (multiples of 8) for `group` query heads q [group, d]
+    // into s[h * len + (t - t0)]. Keys are min + code * scale per channel of each group, so
+    // q . k = sum(q * min) + sum((q * scale) * code): 8 tokens per FMA, no dequantized rows.
+    void QuantScores(int64_t t0, int64_t t1, const float* q, int group, float scale, float* s, int64_t len) const {
       const QuantizedKvHead& qk = c->quant;
-      if (j >= qk.tokens) return c->dense.v + c->dense.rows[j - qk.tokens] * c->dense.stride;
-      const uint8_t* row = qk.v_codes + j * d * qk.bits / 8;
-      const int64_t g = j * (d / qk.value_group);
-      for (int c0 = 0; c0 < d; c0 += 8) {
-        const int vg = c0 / qk.value_group;
-        _mm256_storeu_ps(buf + c0, _mm256_fmadd_ps(Codes8(row, qk.bits, c0), _mm256_set1_ps(qk.v_scale[g + vg]),
-                                                   _mm256_set1_ps(qk.v_min[g + vg])));
+      const int64_t run = int64_t{qk.key_group} * qk.bits / 8;
+      alignas(32) float qs[16 * 256];
+      float bias[16];
+      __m256 cv[256];
+      int64_t current = -1;
+      for (int64_t t = t0; t < t1; t += 8) {
+        const int64_t gi = t / qk.key_group;
+        if (gi != current) {
+          current = gi;
+          const float* ks = qk.k_scale + gi * d;
+          const float* km = qk.k_min + gi * d;
+          for (int h = 0; h < group; ++h) {
+            float b = 0.0f;
+            for (int ch = 0; ch < d; ++ch) {
+              qs[h * d + ch] = q[h * d + ch] * ks[ch];
+              b += q[h * d + ch] * km[ch];
+            }
+            bias[h] = b;
+          }
+        }
+        const uint8_t* base = qk.k_codes + gi * d * run;
+        const int off = static_cast<int>(t - gi * qk.key_group);
+        for (int ch = 0; ch < d; ++ch) cv[ch] = Codes8(base + ch * run, qk.bits, off);
+        for (int h = 0; h < group; ++h) {
+          __m256 acc = _mm256_set1_ps(bias[h]);
+          for (int ch = 0; ch < d; ++ch) acc = _mm256_fmadd_ps(_mm256_set1_ps(qs[h * d + ch]), cv[ch], acc);
+          _mm256_storeu_ps(s + h * len + (t - t0), _mm256_mul_ps(acc, _mm256_set1_ps(scale)));
+        }
       }
-      return buf;
+    }
+
+    // o[h] += p[h][t] * v_t for quantized positions [t0, t1), with v_t = min + code * scale per
+    // value group: p * scale scales the codes; the p * min terms are summed per group and added once.
+    void QuantAccumulate(int64_t t0, int64_t t1, const float* s, int64_t len, int group, __m256 (*o)[32]) const {
+      const QuantizedKvHead& qk = c->quant;
+      const int dv = d / 8, groups = d / qk.value_group, per_group = qk.value_group / 8;
+      const int64_t row_bytes = int64_t{d} * qk.bits / 8;
+      float bias[16][32] = {};
+      __m256 cv[32];
+      for (int64_t t = t0; t < t1; ++t) {
+        const uint8_t* row = qk.v_codes + t * row_bytes;
+        for (int i = 0; i < dv; ++i) cv[i] = Codes8(row, qk.bits, 8 * i);
+        const float* vs = qk.v_scale + t * groups;
+        const float* vm = qk.v_min + t * groups;
+        for (int h = 0; h < group; ++h) {
+          const float p = s[h * len + (t - t0)];
+          for (int g = 0; g < groups; ++g) {
+            const __m256 w = _mm256_set1_ps(p * vs[g]);
+            for (int i = g * per_group; i < (g + 1) * per_group; ++i) o[h][i] = _mm256_fmadd_ps(w, cv[i], o[h][i]);
+            bias[h][g] += p * vm[g];
+          }
+        }
+      }
+      for (int h = 0; h < group; ++h) {
+        for (int i = 0; i < dv; ++i) o[h][i] = _mm256_add_ps(o[h][i], _mm256_set1_ps(bias[h][i / per_group]));
+      }
     }
   };
 
@@ -285,7 +333,7 @@ class Avx2 final : public Backend {
     for (int64_t i = 0; i < pairs; ++i) {
       length[i] = len_of(i / num_kv_heads, static_cast<int>(i % num_kv_heads));
       int s = kKvSplit;
-      if (!fixed_split_) s = std::max<int>(16, static_cast<int>((length[i] + threads - 1) / threads));
+      if (!fixed_split_) s = std::max<int>(16, static_cast<int>(((length[i] + threads - 1) / threads + 7) / 8 * 8));
       split[i] = s;
       first_task[i + 1] = first_task[i] + std::max<int64_t>(1, (length[i] + s - 1) / s);
       positions += length[i];
@@ -360,7 +408,12 @@ class Avx2 final : public Backend {
     for (int h = 0; h < group; ++h) {
       for (int i = 0; i < dv; ++i) qv[h][i] = _mm256_loadu_ps(q + h * d + 8 * i);
     }
-    for (int64_t j = 0; j < len; ++j) {
+    int64_t first_dense = 0;  // chunk-relative; positions before it are quantized
+    if constexpr (std::is_same_v<Source, CompressedSource>) {
+      first_dense = std::clamp<int64_t>(src.c->quant.tokens - j0, 0, len);
+      if (first_dense > 0) src.QuantScores(j0, j0 + first_dense, q, group, scale, s, len);
+    }
+    for (int64_t j = first_dense; j < len; ++j) {
       const float* k = src.K(j0 + j, buf);
       for (int h = 0; h < group; ++h) {
         __m256 a = _mm256_mul_ps(qv[h][0], _mm256_loadu_ps(k));
@@ -393,7 +446,10 @@ class Avx2 final : public Backend {
     for (int h = 0; h < group; ++h) {
       for (int i = 0; i < dv; ++i) o[h][i] = _mm256_setzero_ps();
     }
-    for (int64_t j = 0; j < len; ++j) {
+    if constexpr (std::is_same_v<Source, CompressedSource>) {
+      if (first_dense > 0) src.QuantAccumulate(j0, j0 + first_dense, s, len, group, o);
+    }
+    for (int64_t j = first_dense; j < len; ++j) {
       const float* v = src.V(j0 + j, buf);
       for (int h = 0; h < group; ++h) {
         const __m256 p = _mm256_set1_ps(s[h * len + j]);

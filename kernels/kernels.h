@@ -51,7 +51,8 @@ struct QuantizedKvHead {
   int key_group = 32;    // tokens sharing one per-channel key scale/min
   int value_group = 32;  // channels sharing one per-token value scale/min
   int32_t tokens = 0;    // a multiple of key_group
-  const uint8_t* k_codes = nullptr;  // [tokens, head_dim * bits / 8], channel c at bit c * bits
+  // Keys are stored channel-major within each group, so a kernel scores 8 tokens per vector op:
+  const uint8_t* k_codes = nullptr;  // [tokens / key_group, head_dim, key_group * bits / 8]
   const float* k_scale = nullptr;    // [tokens / key_group, head_dim]
   const float* k_min = nullptr;      // [tokens / key_group, head_dim]
   const uint8_t* v_codes = nullptr;  // [tokens, head_dim * bits / 8]

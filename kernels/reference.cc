@@ -149,9 +149,12 @@ class Reference final : public Backend {
 
  private:
   static const float* DequantKey(const QuantizedKvHead& qk, int d, int32_t j, float* buf) {
-    const uint8_t* row = qk.k_codes + static_cast<int64_t>(j) * d * qk.bits / 8;
     const int64_t g = (j / qk.key_group) * d;
-    for (int c = 0; c < d; ++c) buf[c] = qk.k_min[g + c] + UnpackCode(row, qk.bits, c) * qk.k_scale[g + c];
+    const int64_t run = int64_t{qk.key_group} * qk.bits / 8;  // bytes of one channel of one group
+    for (int c = 0; c < d; ++c) {
+      const int code = UnpackCode(qk.k_codes + (g + c) * run, qk.bits, j % qk.key_group);
+      buf[c] = qk.k_min[g + c] + code * qk.k_scale[g + c];
+    }
     return buf;
   }
   static const float* DequantValue(const QuantizedKvHead& qk, int d, int32_t j, float* buf) {

@@ -19,6 +19,10 @@ namespace {
 constexpr double kMatMulTol = 1e-5;
 constexpr double kElementwiseTol = 2e-6;
 constexpr double kAttentionTol = 1e-5;
+// Quantized keys: the fast kernel folds the scales into the query (q.k = q.min + (q*scale).code)
+// instead of dequantizing first, so score errors scale with sum |q_c * k_c| over channels (about
+// 1e3 here with random 8-bit codes): relative output error up to ~2e-4.
+constexpr double kCompressedTol = 5e-4;
 
 std::vector<float> Random(size_t n, uint32_t seed, float scale = 1.0f) {
   std::mt19937 rng(seed);
@@ -154,6 +158,42 @@ TEST_F(FastBackendTest, AttentionMatchesReferenceAndIsBatchAndThreadInvariant) {
       fast_->PagedAttention(q.data() + r * heads * d, 1, heads, &rows[r], p.layer, 0.17f, one.data());
       ASSERT_EQ(0, std::memcmp(one.data(), all.data() + r * heads * d, one.size() * 4))
           << "row " << r << " threads " << threads;
+    }
+  }
+}
+
+TEST_F(FastBackendTest, CompressedAttentionMatchesReference) {
+  // Random KIVI codes and scales plus float32 rows, per (row, KV head), against the reference.
+  const int heads = 8, kv_heads = 2;
+  std::mt19937 rng(5);
+  for (int d : {32, 64}) {
+    for (int bits : {2, 4, 8}) {
+      for (int qtokens : {0, 32, 288}) {
+        const int dense = 45, group = 32, vgroup = std::min(32, d), n = 3;
+        const int64_t row_bytes = int64_t{d} * bits / 8;
+        std::vector<uint8_t> kc(qtokens * row_bytes), vc(qtokens * row_bytes);
+        for (auto& b : kc) b = static_cast<uint8_t>(rng());
+        for (auto& b : vc) b = static_cast<uint8_t>(rng());
+        const auto ks = Random(qtokens / group * d, 1, 0.05f), km = Random(qtokens / group * d, 2);
+        const auto vs = Random(qtokens * (d / vgroup), 3, 0.05f), vm = Random(qtokens * (d / vgroup), 4);
+        const auto dk = Random(dense * d, 6), dv = Random(dense * d, 7);
+        std::vector<int32_t> rows(dense);
+        for (int i = 0; i < dense; ++i) rows[i] = (i * 7) % dense;
+        std::vector<CompressedKvHead> kv(n * kv_heads);
+        for (int i = 0; i < n * kv_heads; ++i) {
+          QuantizedKvHead& q = kv[i].quant;
+          q = {bits, group, vgroup, qtokens, kc.data(), ks.data(), km.data(), vc.data(), vs.data(), vm.data()};
+          kv[i].dense = {dk.data(), dv.data(), d, rows.data(), dense - 10 * (i % 3)};  // rows differ in length
+        }
+        const auto q = Random(n * heads * d, 8);
+        std::vector<float> ref(n * heads * d), fast(n * heads * d);
+        ReferenceBackend().CompressedAttention(q.data(), n, heads, kv_heads, d, kv.data(), 0.15f, ref.data());
+        fast_->CompressedAttention(q.data(), n, heads, kv_heads, d, kv.data(), 0.15f, fast.data());
+        for (size_t i = 0; i < ref.size(); ++i) {
+          ASSERT_NEAR(ref[i], fast[i], kCompressedTol * (1 + std::fabs(ref[i])))
+              << "d " << d << " bits " << bits << " quantized " << qtokens << " at " << i;
+        }
+      }
     }
   }
 }

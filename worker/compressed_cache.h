@@ -60,6 +60,8 @@ class CompressedKvCache : public AttentionCache {
   // never been appended. Draft windows must not exceed it.
   virtual int64_t MaxRollback() const = 0;
   virtual CompressorNeeds needs() const = 0;
+  // How many of the last prompt positions' queries BuildFrom can use (0: none).
+  virtual int64_t prompt_query_window() const { return 0; }
   // The canonical spec, every parameter spelled out.
   virtual std::string spec() const = 0;
 };

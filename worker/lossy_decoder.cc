@@ -1,25 +1,30 @@
 #include "worker/lossy_decoder.h"
 
 #include <algorithm>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/status_macros.h"
 #include "worker/compressed_cache.h"
+#include "worker/query_recorder.h"
 
 namespace vc {
 
 absl::Status PrefillAndCompress(const Model& model, absl::Span<const int32_t> tokens, int64_t n, int prefill_chunk,
                                 PagedKvCache& full, SeqId seq, CompressedKvCache& compressed, SeqId cseq) {
-  if (compressed.needs() == CompressorNeeds::kPromptQueries) {
-    return absl::UnimplementedError(absl::StrCat(compressed.spec(), ": prompt-query methods are not wired in yet"));
-  }
+  const int64_t window = std::min(n, compressed.prompt_query_window());
+  std::optional<QueryRecorder> recorder;
+  AttentionCache* target = &full;
+  if (window > 0) target = &recorder.emplace(full, seq, n, window, model.config().num_layers);
   std::vector<float> logits;
   for (int64_t b = 0; b < n; b += prefill_chunk) {
     SequenceChunk ch{seq, tokens.subspan(b, std::min<int64_t>(prefill_chunk, n - b))};
-    VC_RETURN_IF_ERROR(model.Forward({&ch, 1}, full, LogitsFor::kLastRows, &logits));
+    VC_RETURN_IF_ERROR(model.Forward({&ch, 1}, *target, LogitsFor::kLastRows, &logits));
   }
-  return compressed.BuildFrom(cseq, full, seq, n, nullptr);
+  if (!recorder.has_value()) return compressed.BuildFrom(cseq, full, seq, n, nullptr);
+  VC_ASSIGN_OR_RETURN(PromptQueries queries, recorder->Take());
+  return compressed.BuildFrom(cseq, full, seq, n, &queries);
 }
 
 absl::StatusOr<LossyResult> GenerateLossy(const Model& model, absl::Span<const int32_t> prompt,

@@ -21,8 +21,8 @@ struct LossyResult {
 absl::StatusOr<LossyResult> GenerateLossy(const Model& model, absl::Span<const int32_t> prompt,
                                           const GenerateOptions& options, absl::string_view compressor);
 
-// Prefills positions [0, n) of `tokens` into `seq` of `full`, recording the prompt queries the
-// compressor needs (if any) into `queries`; then builds `cseq` of `compressed` from them.
+// Prefills positions [0, n) of `tokens` into `seq` of `full`, recording the queries of the last
+// prompt positions when the compressor uses them, then builds `cseq` of `compressed`.
 absl::Status PrefillAndCompress(const Model& model, absl::Span<const int32_t> tokens, int64_t n, int prefill_chunk,
                                 PagedKvCache& full, SeqId seq, CompressedKvCache& compressed, SeqId cseq);
 

@@ -61,7 +61,14 @@ absl::Status StreamingCache::BuildFrom(SeqId seq, const PagedKvCache& full, SeqI
     }
   }
   s.length = length;
+  s.longest = length;
   return absl::OkStatus();
+}
+
+void StreamingCache::Commit(SeqId seq, int64_t length) {
+  Sequence& s = seqs_[seq];
+  s.length = length;
+  s.longest = std::max(s.longest, length);
 }
 
 void StreamingCache::Attend(int layer, absl::Span<const QueryRow> rows, const float* q, int num_heads, float scale,
@@ -94,9 +101,10 @@ absl::Status StreamingCache::Truncate(SeqId seq, int64_t length) {
   if (length < 0 || length > s.length) {
     return absl::InvalidArgumentError(absl::StrCat("truncate to ", length, " but the sequence has ", s.length));
   }
-  if (s.length - length > rollback_) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("cannot roll back ", s.length - length, " positions (at most ", rollback_, ")"));
+  if (s.longest - length > rollback_) {
+    return absl::FailedPreconditionError(absl::StrCat("cannot roll back to ", length, ": ", s.longest - length,
+                                                      " positions behind the longest length ", s.longest,
+                                                      " (at most ", rollback_, ")"));
   }
   s.length = length;
   return absl::OkStatus();

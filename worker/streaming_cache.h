@@ -29,13 +29,16 @@ class StreamingCache final : public CompressedKvCache {
   void Write(int layer, SeqId seq, int64_t pos, const float* k, const float* v) override;
   void Attend(int layer, absl::Span<const QueryRow> rows, const float* q, int num_heads, float scale,
               const kernels::Backend& backend, float* out) override;
-  void Commit(SeqId seq, int64_t length) override { seqs_[seq].length = length; }
+  void Commit(SeqId seq, int64_t length) override;
   absl::Status Truncate(SeqId seq, int64_t length) override;
 
  private:
   struct Sequence {
     bool live = false;
     int64_t length = 0;
+    // The longest length since the build: a ring slot may hold a position up to it, so rollbacks
+    // are counted from it (two short truncations in a row must not reach overwritten slots).
+    int64_t longest = 0;
     std::vector<std::vector<float>> k, v;  // per layer: [sinks + ring, num_kv_heads * head_dim]
   };
   int64_t Slot(int64_t pos) const { return pos < sinks_ ? pos : sinks_ + (pos - sinks_) % ring_; }

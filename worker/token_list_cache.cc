@@ -59,10 +59,16 @@ void TokenListCache::FreeSequence(SeqId seq) {
 }
 
 int32_t TokenListCache::Tokens(const HeadList& h) const {
-  return h.q_tokens + static_cast<int32_t>(h.res_k.size() / layout_.head_dim);
+  return h.f_start + static_cast<int32_t>(h.res_k.size() / layout_.head_dim);
+}
+
+int32_t TokenListCache::QuantizedCount(int64_t n) const {
+  if (kivi_.bits == 0 || n <= kivi_.residual) return 0;
+  return static_cast<int32_t>((n - kivi_.residual) / kivi_.group * kivi_.group);
 }
 
 int32_t TokenListCache::VisibleCount(const Sequence& s, const HeadList& h, int64_t pos) const {
+  if (pos < 0) return 0;
   if (!s.selective) return static_cast<int32_t>(std::min<int64_t>(Tokens(h), pos + 1));
   return static_cast<int32_t>(std::upper_bound(h.positions.begin(), h.positions.end(), pos) - h.positions.begin());
 }
@@ -73,26 +79,22 @@ void TokenListCache::Append(HeadList& h, bool selective, int64_t pos, const floa
   h.res_v.insert(h.res_v.end(), v, v + layout_.head_dim);
 }
 
-void TokenListCache::QuantizeOldest(HeadList& h) {
+void TokenListCache::QuantizeNextGroup(HeadList& h) {
   const int d = layout_.head_dim, g = kivi_.group, bits = kivi_.bits;
+  const float* src_k = h.res_k.data() + static_cast<size_t>(h.q_tokens - h.f_start) * d;
+  const float* src_v = h.res_v.data() + static_cast<size_t>(h.q_tokens - h.f_start) * d;
   const size_t row_bytes = static_cast<size_t>(d * bits / 8);
   const size_t old_codes = h.k_codes.size();
   h.k_codes.resize(old_codes + g * row_bytes, 0);
   h.v_codes.resize(old_codes + g * row_bytes, 0);
-  // Keys: per channel over the group's tokens. Codes stay token-major: token t, channel c.
-  std::vector<uint8_t> channel(static_cast<size_t>((g * bits + 7) / 8));
+  // Keys: per channel over the group's tokens, stored channel-major ([channel][token codes]) so the
+  // attention kernel scores 8 tokens per vector instruction.
+  const size_t run = static_cast<size_t>(g * bits / 8);
   for (int c = 0; c < d; ++c) {
-    std::fill(channel.begin(), channel.end(), 0);
     float scale, mn;
-    QuantizeAsymmetric(h.res_k.data() + c, d, g, bits, channel.data(), &scale, &mn);
+    QuantizeAsymmetric(src_k + c, d, g, bits, h.k_codes.data() + old_codes + c * run, &scale, &mn);
     h.k_scale.push_back(scale);
     h.k_min.push_back(mn);
-    for (int t = 0; t < g; ++t) {
-      const int code = kernels::UnpackCode(channel.data(), bits, t);
-      uint8_t* row = h.k_codes.data() + old_codes + t * row_bytes;
-      const int bit = c * bits;
-      row[bit >> 3] = static_cast<uint8_t>(row[bit >> 3] | (code << (bit & 7)));
-    }
   }
   // Values: per token over groups of channels.
   for (int t = 0; t < g; ++t) {
@@ -100,7 +102,7 @@ void TokenListCache::QuantizeOldest(HeadList& h) {
     for (int c0 = 0; c0 < d; c0 += value_group_) {
       std::vector<uint8_t> part(static_cast<size_t>((value_group_ * bits + 7) / 8), 0);
       float scale, mn;
-      QuantizeAsymmetric(h.res_v.data() + t * d + c0, 1, value_group_, bits, part.data(), &scale, &mn);
+      QuantizeAsymmetric(src_v + t * d + c0, 1, value_group_, bits, part.data(), &scale, &mn);
       h.v_scale.push_back(scale);
       h.v_min.push_back(mn);
       for (int c = 0; c < value_group_; ++c) {
@@ -110,8 +112,6 @@ void TokenListCache::QuantizeOldest(HeadList& h) {
       }
     }
   }
-  h.res_k.erase(h.res_k.begin(), h.res_k.begin() + g * d);
-  h.res_v.erase(h.res_v.begin(), h.res_v.begin() + g * d);
   h.q_tokens += g;
 }
 
@@ -158,6 +158,17 @@ void TokenListCache::Write(int layer, SeqId seq, int64_t pos, const float* k, co
 void TokenListCache::Attend(int layer, absl::Span<const QueryRow> rows, const float* q, int num_heads, float scale,
                             const kernels::Backend& backend, float* out) {
   const int kvh = layout_.num_kv_heads, d = layout_.head_dim;
+  // A row reads as quantized what a commit at its own position would have quantized; later rows of
+  // a multi-row pass may need groups the last commit did not quantize yet. Done before any view is
+  // taken, since quantizing grows the code arrays.
+  for (const QueryRow& row : rows) {
+    Sequence& s = seqs_[row.seq];
+    for (int g = 0; g < kvh; ++g) {
+      HeadList& h = s.heads[layer * kvh + g];
+      const int32_t want = QuantizedCount(VisibleCount(s, h, row.pos - 1));
+      while (h.q_tokens < want) QuantizeNextGroup(h);
+    }
+  }
   views_.resize(rows.size() * kvh);
   size_t max_dense = 0;
   for (size_t r = 0; r < rows.size(); ++r) {
@@ -165,21 +176,24 @@ void TokenListCache::Attend(int layer, absl::Span<const QueryRow> rows, const fl
     for (int g = 0; g < kvh; ++g) {
       const HeadList& h = s.heads[layer * kvh + g];
       const int32_t visible = VisibleCount(s, h, rows[r].pos);
+      // Clamped for a row behind the rollback horizon, whose float32 copies may be gone.
+      const int32_t quantized =
+          std::min(visible, std::max(QuantizedCount(VisibleCount(s, h, rows[r].pos - 1)), h.f_start));
       kernels::CompressedKvHead& v = views_[r * kvh + g];
       v = kernels::CompressedKvHead{};
       kernels::QuantizedKvHead& qk = v.quant;
       qk.bits = kivi_.bits;
       qk.key_group = kivi_.group;
       qk.value_group = value_group_;
-      qk.tokens = std::min(visible, h.q_tokens);
+      qk.tokens = quantized;
       qk.k_codes = h.k_codes.data();
       qk.k_scale = h.k_scale.data();
       qk.k_min = h.k_min.data();
       qk.v_codes = h.v_codes.data();
       qk.v_scale = h.v_scale.data();
       qk.v_min = h.v_min.data();
-      v.dense.k = h.res_k.data();
-      v.dense.v = h.res_v.data();
+      v.dense.k = h.res_k.data() + static_cast<size_t>(quantized - h.f_start) * d;
+      v.dense.v = h.res_v.data() + static_cast<size_t>(quantized - h.f_start) * d;
       v.dense.stride = d;
       v.dense.count = visible - qk.tokens;
       max_dense = std::max(max_dense, static_cast<size_t>(v.dense.count));
@@ -197,8 +211,18 @@ void TokenListCache::Commit(SeqId seq, int64_t length) {
   Sequence& s = seqs_[seq];
   s.length = length;
   if (kivi_.bits == 0) return;
+  const int64_t d = layout_.head_dim;
   for (HeadList& h : s.heads) {
-    while (Tokens(h) - h.q_tokens >= kivi_.residual + kivi_.group) QuantizeOldest(h);
+    const int32_t want = QuantizedCount(Tokens(h));
+    while (h.q_tokens < want) QuantizeNextGroup(h);
+    // Float32 copies are still needed by the view of any length a truncation may return to.
+    const int32_t keep_from = QuantizedCount(VisibleCount(s, h, length - MaxRollback() - 1));
+    if (keep_from > h.f_start) {
+      const size_t drop = static_cast<size_t>(keep_from - h.f_start) * d;
+      h.res_k.erase(h.res_k.begin(), h.res_k.begin() + drop);
+      h.res_v.erase(h.res_v.begin(), h.res_v.begin() + drop);
+      h.f_start = keep_from;
+    }
   }
 }
 
@@ -210,17 +234,28 @@ absl::Status TokenListCache::Truncate(SeqId seq, int64_t length) {
   std::vector<int32_t> keep(s.heads.size());
   for (size_t i = 0; i < s.heads.size(); ++i) {
     keep[i] = VisibleCount(s, s.heads[i], length - 1);
-    if (keep[i] < s.heads[i].q_tokens) {
-      return absl::FailedPreconditionError(absl::StrCat("cannot roll back to ", length, ": positions before ",
-                                                        s.length - MaxRollback(), " are already quantized"));
+    if (QuantizedCount(keep[i]) < s.heads[i].f_start) {
+      return absl::FailedPreconditionError(absl::StrCat("cannot roll back to ", length, ": the float32 copies of ",
+                                                        "its tokens are gone (at most ", MaxRollback(),
+                                                        " positions back from the longest length)"));
     }
   }
   const int d = layout_.head_dim;
+  const int row_bytes = d * kivi_.bits / 8;
   for (size_t i = 0; i < s.heads.size(); ++i) {
     HeadList& h = s.heads[i];
     if (s.selective) h.positions.resize(keep[i]);
-    h.res_k.resize(static_cast<size_t>(keep[i] - h.q_tokens) * d);
-    h.res_v.resize(static_cast<size_t>(keep[i] - h.q_tokens) * d);
+    // Codes of groups the view at `length` reads in float32 go; they are rebuilt when needed.
+    h.q_tokens = std::min(h.q_tokens, QuantizedCount(keep[i]));
+    h.k_codes.resize(static_cast<size_t>(h.q_tokens) * row_bytes);
+    h.v_codes.resize(static_cast<size_t>(h.q_tokens) * row_bytes);
+    const size_t groups = kivi_.bits == 0 ? 0 : static_cast<size_t>(h.q_tokens / kivi_.group);
+    h.k_scale.resize(groups * d);
+    h.k_min.resize(groups * d);
+    h.v_scale.resize(static_cast<size_t>(h.q_tokens) * (d / value_group_));
+    h.v_min.resize(static_cast<size_t>(h.q_tokens) * (d / value_group_));
+    h.res_k.resize(static_cast<size_t>(keep[i] - h.f_start) * d);
+    h.res_v.resize(static_cast<size_t>(keep[i] - h.f_start) * d);
   }
   s.length = length;
   return absl::OkStatus();

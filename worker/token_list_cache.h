@@ -3,6 +3,11 @@
 // over groups of `group` tokens, values per token over groups of channels; the most recent
 // `residual`..`residual + group - 1` tokens stay in float32). Tokens appended after the build are
 // all kept. With neither selection nor quantization it holds the full KV in float32.
+//
+// What a query row sees is a function of the tokens before it alone: row p reads as quantized the
+// tokens that a commit at length p would have quantized, whatever pass it arrives in. To let a
+// truncation of up to `residual` positions restore exactly that view, the float32 copies of the
+// tokens quantized within the last `residual` positions are kept next to their codes.
 #ifndef VC_WORKER_TOKEN_LIST_CACHE_H_
 #define VC_WORKER_TOKEN_LIST_CACHE_H_
 
@@ -22,6 +27,8 @@ class PromptSelector {
   virtual absl::StatusOr<std::vector<std::vector<std::vector<int32_t>>>> Select(
       const PagedKvCache& full, SeqId seq, int64_t length, const PromptQueries* queries, int num_heads) const = 0;
   virtual CompressorNeeds needs() const = 0;
+  // The number of last prompt positions whose queries Select reads.
+  virtual int64_t window() const { return 0; }
   virtual std::string spec() const = 0;
 };
 
@@ -43,6 +50,7 @@ class TokenListCache final : public CompressedKvCache {
   // The residual (quantized) or unlimited (float32: 1 << 30).
   int64_t MaxRollback() const override;
   CompressorNeeds needs() const override;
+  int64_t prompt_query_window() const override { return selector_ != nullptr ? selector_->window() : 0; }
   std::string spec() const override;
 
   int64_t Length(SeqId seq) const override { return seqs_[seq].length; }
@@ -57,9 +65,10 @@ class TokenListCache final : public CompressedKvCache {
   struct HeadList {
     std::vector<int32_t> positions;  // of every token; empty when every position is kept
     int32_t q_tokens = 0;            // quantized tokens (the oldest)
+    int32_t f_start = 0;             // first token held in float32; <= q_tokens
     std::vector<uint8_t> k_codes, v_codes;
     std::vector<float> k_scale, k_min, v_scale, v_min;
-    std::vector<float> res_k, res_v;  // float32 tokens after the quantized ones: [n, head_dim]
+    std::vector<float> res_k, res_v;  // float32 tokens [f_start, Tokens): [n, head_dim]
   };
   struct Sequence {
     bool live = false;
@@ -70,8 +79,11 @@ class TokenListCache final : public CompressedKvCache {
   int32_t Tokens(const HeadList& h) const;
   // Number of tokens of h at positions <= pos.
   int32_t VisibleCount(const Sequence& s, const HeadList& h, int64_t pos) const;
+  // Quantized tokens of a head holding n tokens (a commit quantizes that many).
+  int32_t QuantizedCount(int64_t n) const;
   void Append(HeadList& h, bool selective, int64_t pos, const float* k, const float* v);
-  void QuantizeOldest(HeadList& h);
+  // Quantizes the group of tokens that follows the quantized ones; their float32 copies stay.
+  void QuantizeNextGroup(HeadList& h);
 
   const KvLayout layout_;
   const int num_heads_;

@@ -402,12 +402,13 @@ class CudaBackend final : public Backend {
         float* k = k_rows + (starts[i] + j) * d;
         float* v = v_rows + (starts[i] + j) * d;
         const int64_t row_bytes = static_cast<int64_t>(d) * qk.bits / 8;
-        const uint8_t* kc = qk.k_codes + j * row_bytes;
+        const int64_t run = static_cast<int64_t>(qk.key_group) * qk.bits / 8;
         const uint8_t* vc = qk.v_codes + j * row_bytes;
         const int64_t kg = static_cast<int64_t>(j / qk.key_group) * d;
         const int64_t vg = static_cast<int64_t>(j) * (d / qk.value_group);
         for (int c = 0; c < d; ++c) {
-          k[c] = std::fma(static_cast<float>(UnpackCode(kc, qk.bits, c)), qk.k_scale[kg + c], qk.k_min[kg + c]);
+          const int kcode = UnpackCode(qk.k_codes + (kg + c) * run, qk.bits, j % qk.key_group);
+          k[c] = std::fma(static_cast<float>(kcode), qk.k_scale[kg + c], qk.k_min[kg + c]);
           const int64_t vgc = vg + c / qk.value_group;
           v[c] = std::fma(static_cast<float>(UnpackCode(vc, qk.bits, c)), qk.v_scale[vgc], qk.v_min[vgc]);
         }
