@@ -21,7 +21,7 @@ absl::StatusOr<Args> Args::Parse(const std::vector<std::string>& argv,
     }
     if (switches.count(name)) {
       if (inline_value) return absl::InvalidArgumentError(absl::StrCat("--", name, " takes no value"));
-      a.values_[name] = "1";
+      a.values_[name].assign(1, '1');  // not = "1": GCC 12 misreports -Wrestrict on that
     } else if (valued.count(name)) {
       if (!inline_value) {
         if (i + 1 >= argv.size()) return absl::InvalidArgumentError(absl::StrCat("--", name, " needs a value"));
