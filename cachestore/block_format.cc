@@ -1,0 +1,125 @@
+#include "cachestore/block_format.h"
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace vc::cachestore {
+namespace {
+
+// Fixed part: magic, version, reserved, fingerprint, 4 layout words; then a CRC per layer and the
+// header's own CRC.
+constexpr size_t kFixedBytes = 4 + 2 + 2 + 32 + 4 * 4;
+constexpr uint32_t kMaxLayers = 4096;
+
+void Put(std::string* out, uint64_t v, int bytes) {
+  for (int i = 0; i < bytes; ++i) out->push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+}
+
+uint64_t Get(absl::string_view in, size_t at, int bytes) {
+  uint64_t v = 0;
+  for (int i = bytes - 1; i >= 0; --i) v = (v << 8) | static_cast<uint8_t>(in[at + i]);
+  return v;
+}
+
+const uint32_t* CrcTable() {
+  static const uint32_t* table = [] {
+    auto* t = new uint32_t[256];
+    for (uint32_t i = 0; i < 256; ++i) {
+      uint32_t c = i;
+      for (int k = 0; k < 8; ++k) c = (c & 1) ? (c >> 1) ^ 0x82f63b78u : c >> 1;
+      t[i] = c;
+    }
+    return t;
+  }();
+  return table;
+}
+
+}  // namespace
+
+uint32_t Crc32c(absl::string_view data, uint32_t crc) {
+  const uint32_t* t = CrcTable();
+  crc = ~crc;
+  for (unsigned char c : data) crc = t[(crc ^ c) & 0xff] ^ (crc >> 8);
+  return ~crc;
+}
+
+size_t BlockHeaderBytes(uint32_t num_layers) { return kFixedBytes + 4 * size_t{num_layers} + 4; }
+
+absl::StatusOr<std::string> EncodeBlock(const std::array<uint8_t, 32>& fingerprint, const BlockLayout& layout,
+                                        const std::vector<absl::string_view>& layers) {
+  if (layers.size() != layout.num_layers || layout.num_layers == 0 || layout.num_layers > kMaxLayers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("block has ", layers.size(), " layer payloads, layout says ", layout.num_layers));
+  }
+  std::string out;
+  out.reserve(BlockHeaderBytes(layout.num_layers) + layout.layer_bytes() * layout.num_layers);
+  Put(&out, kBlockMagic, 4);
+  Put(&out, kBlockFormatVersion, 2);
+  Put(&out, 0, 2);
+  out.append(reinterpret_cast<const char*>(fingerprint.data()), fingerprint.size());
+  for (uint32_t v : {layout.num_layers, layout.num_kv_heads, layout.head_dim, layout.tokens}) Put(&out, v, 4);
+  for (absl::string_view l : layers) {
+    if (l.size() != layout.layer_bytes()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("layer payload of ", l.size(), " bytes, layout needs ", layout.layer_bytes()));
+    }
+    Put(&out, Crc32c(l), 4);
+  }
+  Put(&out, Crc32c(out), 4);
+  for (absl::string_view l : layers) out.append(l.data(), l.size());
+  return out;
+}
+
+absl::StatusOr<BlockHeader> DecodeBlockHeader(absl::string_view b) {
+  if (b.size() < kFixedBytes + 4) return absl::DataLossError(absl::StrCat("block of ", b.size(), " bytes is truncated"));
+  if (Get(b, 0, 4) != kBlockMagic) return absl::DataLossError("not a KV block (bad magic)");
+  BlockHeader h;
+  h.version = static_cast<uint16_t>(Get(b, 4, 2));
+  if (h.version != kBlockFormatVersion) {
+    return absl::DataLossError(absl::StrCat("block format version ", h.version, " (this build reads ",
+                                            kBlockFormatVersion, ")"));
+  }
+  std::memcpy(h.fingerprint.data(), b.data() + 8, 32);
+  h.layout.num_layers = static_cast<uint32_t>(Get(b, 40, 4));
+  h.layout.num_kv_heads = static_cast<uint32_t>(Get(b, 44, 4));
+  h.layout.head_dim = static_cast<uint32_t>(Get(b, 48, 4));
+  h.layout.tokens = static_cast<uint32_t>(Get(b, 52, 4));
+  if (h.layout.num_layers == 0 || h.layout.num_layers > kMaxLayers || h.layout.num_kv_heads == 0 ||
+      h.layout.num_kv_heads > 4096 || h.layout.head_dim == 0 || h.layout.head_dim > 4096 ||
+      h.layout.tokens > (1u << 20)) {
+    return absl::DataLossError("block header has an implausible layout");
+  }
+  const size_t header_bytes = BlockHeaderBytes(h.layout.num_layers);
+  if (b.size() < header_bytes) return absl::DataLossError("block header is truncated");
+  for (uint32_t l = 0; l < h.layout.num_layers; ++l) h.layer_crc.push_back(static_cast<uint32_t>(Get(b, kFixedBytes + 4 * l, 4)));
+  if (Crc32c(b.substr(0, header_bytes - 4)) != Get(b, header_bytes - 4, 4)) {
+    return absl::DataLossError("block header checksum mismatch");
+  }
+  return h;
+}
+
+absl::StatusOr<BlockHeader> VerifyBlock(absl::string_view b, const std::array<uint8_t, 32>& expect_fingerprint) {
+  absl::StatusOr<BlockHeader> h = DecodeBlockHeader(b);
+  if (!h.ok()) return h.status();
+  if (h->fingerprint != expect_fingerprint) {
+    return absl::FailedPreconditionError("block belongs to another model (fingerprint mismatch)");
+  }
+  const uint64_t want = BlockHeaderBytes(h->layout.num_layers) + h->layout.layer_bytes() * h->layout.num_layers;
+  if (b.size() != want) {
+    return absl::DataLossError(absl::StrCat("block of ", b.size(), " bytes, its header implies ", want));
+  }
+  for (uint32_t l = 0; l < h->layout.num_layers; ++l) {
+    if (Crc32c(BlockLayerPayload(b, *h, l)) != h->layer_crc[l]) {
+      return absl::DataLossError(absl::StrCat("block layer ", l, " checksum mismatch"));
+    }
+  }
+  return h;
+}
+
+absl::string_view BlockLayerPayload(absl::string_view block, const BlockHeader& h, uint32_t layer) {
+  const uint64_t at = BlockHeaderBytes(h.layout.num_layers) + h.layout.layer_bytes() * layer;
+  return block.substr(static_cast<size_t>(at), static_cast<size_t>(h.layout.layer_bytes()));
+}
+
+}  // namespace vc::cachestore

@@ -1,0 +1,62 @@
+// The stored form of one KV block: a fixed header, then per layer K [tokens, kv_heads, head_dim]
+// and V of the same shape, float32, little-endian. The header carries the format version, the
+// model fingerprint, the layout, the token count and a CRC-32C of every layer's payload and of
+// itself, so a reader can stream and check the block layer by layer. A block that fails any check
+// is kDataLoss and must be dropped, never served.
+#ifndef VC_CACHESTORE_BLOCK_FORMAT_H_
+#define VC_CACHESTORE_BLOCK_FORMAT_H_
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace vc::cachestore {
+
+inline constexpr uint32_t kBlockMagic = 0x564b4356;  // "VCKV"
+inline constexpr uint16_t kBlockFormatVersion = 1;
+
+struct BlockLayout {
+  uint32_t num_layers = 0;
+  uint32_t num_kv_heads = 0;
+  uint32_t head_dim = 0;
+  uint32_t tokens = 0;  // tokens in this block
+  // Bytes of one layer's K and V.
+  uint64_t layer_bytes() const { return uint64_t{2} * tokens * num_kv_heads * head_dim * 4; }
+};
+
+struct BlockHeader {
+  uint16_t version = kBlockFormatVersion;
+  std::array<uint8_t, 32> fingerprint{};  // model fingerprint (SHA-256)
+  BlockLayout layout;
+  std::vector<uint32_t> layer_crc;  // [num_layers]
+};
+
+// CRC-32C (Castagnoli) of `data`, continuing from `crc` (0 to start).
+uint32_t Crc32c(absl::string_view data, uint32_t crc = 0);
+
+// Serialized header size for `num_layers` layers.
+size_t BlockHeaderBytes(uint32_t num_layers);
+
+// Builds a block from per-layer payloads (each layout.layer_bytes() long). kInvalidArgument when a
+// payload has the wrong size.
+absl::StatusOr<std::string> EncodeBlock(const std::array<uint8_t, 32>& fingerprint, const BlockLayout& layout,
+                                        const std::vector<absl::string_view>& layers);
+
+// Parses and checks the header at the start of `bytes` (the payload may follow or be absent).
+// kDataLoss for a bad magic, version, size or header checksum.
+absl::StatusOr<BlockHeader> DecodeBlockHeader(absl::string_view bytes);
+
+// Checks a whole block: header, `expect_fingerprint` (kFailedPrecondition when another model's),
+// total size and every layer checksum (kDataLoss). Returns the header.
+absl::StatusOr<BlockHeader> VerifyBlock(absl::string_view bytes, const std::array<uint8_t, 32>& expect_fingerprint);
+
+// The payload of `layer` inside a verified block.
+absl::string_view BlockLayerPayload(absl::string_view block, const BlockHeader& header, uint32_t layer);
+
+}  // namespace vc::cachestore
+
+#endif  // VC_CACHESTORE_BLOCK_FORMAT_H_

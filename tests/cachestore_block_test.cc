@@ -1,0 +1,86 @@
+// Block keys and the block format: chaining, isolation by model, layout and tenant, and every
+// corruption detected.
+#include <random>
+
+#include "cachestore/block_format.h"
+#include "cachestore/block_key.h"
+#include "gtest/gtest.h"
+
+namespace vc::cachestore {
+namespace {
+
+TEST(Sha256, KnownAnswer) {
+  BlockKey k;
+  k.bytes = Sha256("abc");
+  EXPECT_EQ(k.Hex(), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+}
+
+TEST(BlockKeys, ChainPrefixAndIsolation) {
+  KeyContext c{"model-a", "f32:bs4", "tenant-1", 4};
+  std::vector<int32_t> t = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
+  auto keys = ChainBlockKeys(c, t);
+  ASSERT_EQ(keys.size(), 2u);  // the partial third block has no key
+  // Shared prefixes share keys; a change in block 1 changes block 2's key too.
+  std::vector<int32_t> u = t;
+  u[7] = 99;
+  auto other = ChainBlockKeys(c, u);
+  EXPECT_EQ(keys[0], other[0]);
+  EXPECT_NE(keys[1], other[1]);
+  u = t;
+  u[0] = 99;
+  other = ChainBlockKeys(c, u);
+  EXPECT_NE(keys[0], other[0]);
+  EXPECT_NE(keys[1], other[1]);
+  // Same tokens under another model, layout or tenant never match.
+  for (KeyContext d : {KeyContext{"model-b", "f32:bs4", "tenant-1", 4}, KeyContext{"model-a", "bf16:bs4", "tenant-1", 4},
+                       KeyContext{"model-a", "f32:bs4", "tenant-2", 4}}) {
+    auto k2 = ChainBlockKeys(d, t);
+    EXPECT_NE(k2[0], keys[0]);
+    EXPECT_NE(k2[1], keys[1]);
+  }
+  // Field boundaries are unambiguous ("ab" + "c" differs from "a" + "bc").
+  EXPECT_NE(ChainBlockKeys({"ab", "c", "", 4}, t)[0], ChainBlockKeys({"a", "bc", "", 4}, t)[0]);
+}
+
+std::string Payload(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::string s(n, '\0');
+  for (char& c : s) c = static_cast<char>(rng());
+  return s;
+}
+
+TEST(BlockFormat, RoundTripAndEveryCorruptionDetected) {
+  std::array<uint8_t, 32> fp{};
+  fp[0] = 7;
+  BlockLayout layout{3, 2, 8, 16};
+  std::vector<std::string> layers;
+  for (uint32_t l = 0; l < 3; ++l) layers.push_back(Payload(layout.layer_bytes(), l));
+  auto block = EncodeBlock(fp, layout, {layers[0], layers[1], layers[2]});
+  ASSERT_TRUE(block.ok());
+  auto h = VerifyBlock(*block, fp);
+  ASSERT_TRUE(h.ok()) << h.status();
+  EXPECT_EQ(h->layout.tokens, 16u);
+  EXPECT_EQ(BlockLayerPayload(*block, *h, 2), layers[2]);
+
+  std::array<uint8_t, 32> other = fp;
+  other[1] = 1;
+  EXPECT_EQ(VerifyBlock(*block, other).status().code(), absl::StatusCode::kFailedPrecondition);
+  // Flip one bit anywhere: header or payload, always caught.
+  for (size_t at : {size_t{0}, size_t{5}, size_t{20}, size_t{45}, size_t{60}, BlockHeaderBytes(3) + 3,
+                    block->size() - 1}) {
+    std::string bad = *block;
+    bad[at] = static_cast<char>(bad[at] ^ 0x10);
+    auto r = VerifyBlock(bad, fp);
+    EXPECT_FALSE(r.ok()) << "flip at " << at;
+    if (at >= 8 && at < 40) continue;  // a flipped fingerprint reads as another model's
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss) << "flip at " << at;
+  }
+  for (size_t cut : {size_t{0}, size_t{10}, BlockHeaderBytes(3) - 1, block->size() - 1}) {
+    EXPECT_EQ(VerifyBlock(block->substr(0, cut), fp).status().code(), absl::StatusCode::kDataLoss) << cut;
+  }
+  EXPECT_FALSE(EncodeBlock(fp, layout, {layers[0], layers[1]}).ok());
+  EXPECT_FALSE(EncodeBlock(fp, layout, {layers[0], layers[1], "short"}).ok());
+}
+
+}  // namespace
+}  // namespace vc::cachestore
