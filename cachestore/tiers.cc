@@ -1,0 +1,275 @@
+#include "cachestore/tiers.h"
+
+#include <rocksdb/db.h>
+#include <rocksdb/options.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace vc::cachestore {
+namespace {
+
+rocksdb::Slice KeySlice(const BlockKey& k) {
+  return rocksdb::Slice(reinterpret_cast<const char*>(k.bytes.data()), k.bytes.size());
+}
+
+absl::Status FromRocks(const rocksdb::Status& s, absl::string_view what) {
+  if (s.ok()) return absl::OkStatus();
+  if (s.IsNotFound()) return absl::NotFoundError(absl::StrCat(what, ": not found"));
+  if (s.IsCorruption()) return absl::DataLossError(absl::StrCat(what, ": ", s.ToString()));
+  return absl::UnavailableError(absl::StrCat(what, ": ", s.ToString()));
+}
+
+}  // namespace
+
+// ------------------------------------------------------------------------------------------ RAM
+
+RamTier::RamTier(const RamTierOptions& options)
+    : options_(options), region_(new char[options.capacity_bytes]) {}
+
+RamTier::~RamTier() = default;
+
+uint64_t RamTier::SlotFor(uint64_t size) const {
+  uint64_t slot = options_.min_slot_bytes;
+  while (slot < size) slot *= 2;
+  return slot;
+}
+
+uint64_t RamTier::Allocate(uint64_t slot) {
+  auto it = free_slots_.find(slot);
+  if (it != free_slots_.end() && !it->second.empty()) {
+    const uint64_t off = it->second.back();
+    it->second.pop_back();
+    return off;
+  }
+  if (bump_ + slot <= options_.capacity_bytes) {
+    const uint64_t off = bump_;
+    bump_ += slot;
+    return off;
+  }
+  return UINT64_MAX;
+}
+
+void RamTier::Free(Entry& e) {
+  free_slots_[e.slot].push_back(e.offset);
+  used_ -= e.slot;
+}
+
+absl::Status RamTier::Put(const BlockKey& key, absl::string_view block,
+                          std::vector<std::pair<BlockKey, std::string>>* evicted) {
+  const uint64_t slot = SlotFor(block.size());
+  if (slot > options_.capacity_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat("block of ", block.size(), " bytes exceeds the RAM tier"));
+  }
+  uint64_t offset;
+  {
+    absl::MutexLock l(&mu_);
+    if (auto it = entries_.find(key); it != entries_.end()) {
+      if (it->second.pins > 0) return absl::OkStatus();  // same key, same content: keep the pinned copy
+      Free(it->second);
+      lru_.erase(it->second.lru);
+      entries_.erase(it);
+    }
+    // Evict least-recently-used unpinned blocks above the high watermark (down to the low one),
+    // and whenever no slot of this size is free.
+    const uint64_t high = static_cast<uint64_t>(options_.high_watermark * options_.capacity_bytes);
+    const uint64_t low = static_cast<uint64_t>(options_.low_watermark * options_.capacity_bytes);
+    bool evicting = used_ + slot > high;
+    offset = evicting ? UINT64_MAX : Allocate(slot);
+    auto victim = lru_.end();
+    while (offset == UINT64_MAX) {
+      if (victim == lru_.begin()) {
+        offset = Allocate(slot);
+        if (offset == UINT64_MAX) {
+          return absl::ResourceExhaustedError("RAM tier full of pinned blocks");
+        }
+        break;
+      }
+      --victim;
+      Entry& e = entries_[*victim];
+      if (e.pins > 0) continue;
+      if (evicted != nullptr) evicted->emplace_back(*victim, std::string(region_.get() + e.offset, e.size));
+      Free(e);
+      const BlockKey k = *victim;
+      victim = lru_.erase(victim);
+      entries_.erase(k);
+      if (evicting && used_ + slot > low) continue;
+      evicting = false;
+      offset = Allocate(slot);
+    }
+    Entry e;
+    e.offset = offset;
+    e.slot = slot;
+    e.size = block.size();
+    e.pins = 1;  // held while copying in, so it cannot be evicted under us
+    lru_.push_front(key);
+    e.lru = lru_.begin();
+    used_ += slot;
+    entries_[key] = e;
+  }
+  std::memcpy(region_.get() + offset, block.data(), block.size());
+  absl::MutexLock l(&mu_);
+  auto it = entries_.find(key);
+  if (it != entries_.end()) {
+    it->second.ready = true;
+    --it->second.pins;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> RamTier::Get(const BlockKey& key) {
+  absl::StatusOr<BlockLease> lease = Lease(key);
+  if (!lease.ok()) return lease.status();
+  std::string out(region_.get() + lease->offset, lease->size);
+  Release(lease->id);
+  return out;
+}
+
+bool RamTier::Contains(const BlockKey& key) const {
+  absl::MutexLock l(&mu_);
+  auto it = entries_.find(key);
+  return it != entries_.end() && it->second.ready && !it->second.dead;
+}
+
+absl::Status RamTier::Delete(const BlockKey& key) {
+  absl::MutexLock l(&mu_);
+  auto it = entries_.find(key);
+  if (it == entries_.end() || it->second.dead) return absl::NotFoundError("no such block");
+  lru_.erase(it->second.lru);
+  if (it->second.pins > 0) {
+    it->second.dead = true;  // readers finish; freed at the last release
+    it->second.lru = lru_.end();
+    return absl::OkStatus();
+  }
+  Free(it->second);
+  entries_.erase(it);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<BlockLease> RamTier::Lease(const BlockKey& key) {
+  absl::MutexLock l(&mu_);
+  auto it = entries_.find(key);
+  if (it == entries_.end() || it->second.dead || !it->second.ready) return absl::NotFoundError("no such block");
+  Entry& e = it->second;
+  ++e.pins;
+  lru_.splice(lru_.begin(), lru_, e.lru);
+  const uint64_t id = next_lease_++;
+  leases_[id] = key;
+  return BlockLease{id, e.offset, e.size};
+}
+
+void RamTier::Release(uint64_t lease_id) {
+  absl::MutexLock l(&mu_);
+  auto it = leases_.find(lease_id);
+  if (it == leases_.end()) return;
+  auto e = entries_.find(it->second);
+  leases_.erase(it);
+  if (e == entries_.end()) return;
+  if (--e->second.pins == 0 && e->second.dead) {
+    Free(e->second);
+    entries_.erase(e);
+  }
+}
+
+uint64_t RamTier::used_bytes() const {
+  absl::MutexLock l(&mu_);
+  return used_;
+}
+
+size_t RamTier::blocks() const {
+  absl::MutexLock l(&mu_);
+  return lru_.size();
+}
+
+// ----------------------------------------------------------------------------------------- disk
+
+absl::StatusOr<std::unique_ptr<DiskTier>> DiskTier::Open(const DiskTierOptions& options) {
+  std::unique_ptr<DiskTier> t(new DiskTier());
+  t->options_ = options;
+  rocksdb::Options o;
+  o.create_if_missing = true;
+  o.enable_blob_files = true;  // block payloads live in blob files, keys and offsets in SSTs
+  o.min_blob_size = 4096;
+  o.enable_blob_garbage_collection = true;
+  rocksdb::DB* db = nullptr;
+  rocksdb::Status s = rocksdb::DB::Open(o, options.path, &db);
+  if (!s.ok()) return absl::UnavailableError(absl::StrCat("open RocksDB at ", options.path, ": ", s.ToString()));
+  t->db_.reset(db);
+  // Rebuild the size index (and an eviction order) from what survived.
+  std::unique_ptr<rocksdb::Iterator> it(db->NewIterator(rocksdb::ReadOptions()));
+  absl::MutexLock l(&t->mu_);
+  for (it->SeekToFirst(); it->Valid(); it->Next()) {
+    if (it->key().size() != 32) continue;
+    BlockKey k;
+    std::memcpy(k.bytes.data(), it->key().data(), 32);
+    t->order_.push_back(k);
+    t->sizes_[k] = {it->value().size(), std::prev(t->order_.end())};
+    t->used_ += it->value().size();
+  }
+  if (!it->status().ok()) return FromRocks(it->status(), "scan RocksDB");
+  return t;
+}
+
+DiskTier::~DiskTier() = default;
+
+absl::Status DiskTier::Put(const BlockKey& key, absl::string_view block) {
+  rocksdb::WriteOptions w;
+  w.sync = options_.sync_writes;
+  // One RocksDB write is atomic: a reader sees the whole value or none of it.
+  absl::Status s = FromRocks(db_->Put(w, KeySlice(key), rocksdb::Slice(block.data(), block.size())), "put");
+  if (!s.ok()) return s;
+  std::vector<BlockKey> victims;
+  {
+    absl::MutexLock l(&mu_);
+    if (auto it = sizes_.find(key); it != sizes_.end()) {
+      used_ -= it->second.first;
+      order_.erase(it->second.second);
+      sizes_.erase(it);
+    }
+    order_.push_back(key);
+    sizes_[key] = {block.size(), std::prev(order_.end())};
+    used_ += block.size();
+    while (used_ > options_.capacity_bytes && order_.size() > 1) {
+      const BlockKey v = order_.front();
+      order_.pop_front();
+      used_ -= sizes_[v].first;
+      sizes_.erase(v);
+      victims.push_back(v);
+    }
+  }
+  for (const BlockKey& v : victims) (void)db_->Delete(rocksdb::WriteOptions(), KeySlice(v));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> DiskTier::Get(const BlockKey& key) {
+  std::string value;
+  absl::Status s = FromRocks(db_->Get(rocksdb::ReadOptions(), KeySlice(key), &value), "get");
+  if (!s.ok()) return s;
+  return value;
+}
+
+absl::Status DiskTier::Delete(const BlockKey& key) {
+  {
+    absl::MutexLock l(&mu_);
+    if (auto it = sizes_.find(key); it != sizes_.end()) {
+      used_ -= it->second.first;
+      order_.erase(it->second.second);
+      sizes_.erase(it);
+    }
+  }
+  return FromRocks(db_->Delete(rocksdb::WriteOptions(), KeySlice(key)), "delete");
+}
+
+uint64_t DiskTier::used_bytes() const {
+  absl::MutexLock l(&mu_);
+  return used_;
+}
+
+size_t DiskTier::blocks() const {
+  absl::MutexLock l(&mu_);
+  return sizes_.size();
+}
+
+}  // namespace vc::cachestore
