@@ -55,6 +55,36 @@ void BM_PagedAttention(benchmark::State& state) {
 }
 BENCHMARK(BM_PagedAttention)->ArgsProduct({{0, 1, 2}, {1024, 8192, 32768}})->Unit(benchmark::kMicrosecond);
 
+// One decode row over a KIVI cache of `ctx` tokens (all but 32 quantized, group 32), 8 query heads
+// on 2 KV heads of 32 dims: the draft step's attention. Bytes are the cache bytes read.
+void BM_KiviAttention(benchmark::State& state) {
+  const Backend* b = ByIndex(state.range(0));
+  if (b == nullptr) return state.SkipWithError("backend not available");
+  const int32_t ctx = static_cast<int32_t>(state.range(1));
+  const int bits = static_cast<int>(state.range(2));
+  const int heads = 8, kv_heads = 2, d = 32, group = 32;
+  const int32_t qt = (ctx - 32) / group * group, dense = ctx - qt;
+  const int64_t row_bytes = int64_t{d} * bits / 8;
+  std::vector<uint8_t> kc(qt * row_bytes, 0x5a), vc(qt * row_bytes, 0xa5);
+  std::vector<float> ks(qt / group * d, 0.01f), km(qt / group * d, -0.1f), vs(qt, 0.01f), vm(qt, -0.1f);
+  std::vector<float> dk(dense * d, 0.1f), dv(dense * d, 0.2f), q(heads * d, 0.3f), out(heads * d);
+  std::vector<int32_t> rows(dense);
+  for (int i = 0; i < dense; ++i) rows[i] = i;
+  std::vector<CompressedKvHead> kv(kv_heads);
+  for (auto& h : kv) {
+    h.quant = {bits, group, d, qt, kc.data(), ks.data(), km.data(), vc.data(), vs.data(), vm.data()};
+    h.dense = {dk.data(), dv.data(), d, rows.data(), dense};
+  }
+  for (auto _ : state) {
+    b->CompressedAttention(q.data(), 1, heads, kv_heads, d, kv.data(), 0.17f, out.data());
+    benchmark::DoNotOptimize(out.data());
+  }
+  state.SetLabel(std::string(b->name()));
+  state.SetBytesProcessed(state.iterations() * kv_heads * (2 * int64_t{qt} * row_bytes + int64_t{qt} * 8 +
+                                                          int64_t{qt} / group * d * 8 + int64_t{dense} * d * 8));
+}
+BENCHMARK(BM_KiviAttention)->ArgsProduct({{1}, {1024, 16384}, {2, 4, 8}})->Unit(benchmark::kMicrosecond);
+
 }  // namespace
 }  // namespace vc::kernels
 

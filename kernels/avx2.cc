@@ -234,17 +234,26 @@ class Avx2 final : public Backend {
   struct CompressedSource {
     const CompressedKvHead* c;
     int d;
-    // Codes of 8 channels starting at channel c0 of a packed row, as floats.
-    static __m256 Codes8(const uint8_t* row, int bits, int c0) {
-      if (bits == 8) {
-        return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + c0))));
+    // Codes i0..i0+7 of a packed run (i0 a multiple of 8, so they start on a byte), as floats.
+    template <int B>
+    static __m256 Codes8(const uint8_t* run, int i0) {
+      const uint8_t* p = run + i0 * B / 8;
+      if constexpr (B == 8) {
+        return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+      } else {
+        uint32_t word;
+        if constexpr (B == 4) {
+          std::memcpy(&word, p, 4);
+        } else {
+          uint16_t half;
+          std::memcpy(&half, p, 2);
+          word = half;
+        }
+        const __m256i shifts = _mm256_setr_epi32(0, B, 2 * B, 3 * B, 4 * B, 5 * B, 6 * B, 7 * B);
+        const __m256i v = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(word)), shifts),
+                                           _mm256_set1_epi32((1 << B) - 1));
+        return _mm256_cvtepi32_ps(v);
       }
-      uint32_t word = 0;
-      std::memcpy(&word, row + c0 * bits / 8, static_cast<size_t>(bits));  // 8 codes = `bits` bytes
-      const __m256i shifts = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(bits));
-      const __m256i v = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(word)), shifts),
-                                         _mm256_set1_epi32((1 << bits) - 1));
-      return _mm256_cvtepi32_ps(v);
     }
     // Dense (float32) tokens; quantized ones go through QuantScores / QuantAccumulate.
     const float* K(int64_t j, float*) const {
@@ -258,6 +267,14 @@ class Avx2 final : public Backend {
     // into s[h * len + (t - t0)]. Keys are min + code * scale per channel of each group, so
     // q . k = sum(q * min) + sum((q * scale) * code): 8 tokens per FMA, no dequantized rows.
     void QuantScores(int64_t t0, int64_t t1, const float* q, int group, float scale, float* s, int64_t len) const {
+      switch (c->quant.bits) {
+        case 2: return QuantScoresB<2>(t0, t1, q, group, scale, s, len);
+        case 4: return QuantScoresB<4>(t0, t1, q, group, scale, s, len);
+        default: return QuantScoresB<8>(t0, t1, q, group, scale, s, len);
+      }
+    }
+    template <int B>
+    void QuantScoresB(int64_t t0, int64_t t1, const float* q, int group, float scale, float* s, int64_t len) const {
       const QuantizedKvHead& qk = c->quant;
       const int64_t run = int64_t{qk.key_group} * qk.bits / 8;
       alignas(32) float qs[16 * 256];
@@ -281,7 +298,7 @@ class Avx2 final : public Backend {
         }
         const uint8_t* base = qk.k_codes + gi * d * run;
         const int off = static_cast<int>(t - gi * qk.key_group);
-        for (int ch = 0; ch < d; ++ch) cv[ch] = Codes8(base + ch * run, qk.bits, off);
+        for (int ch = 0; ch < d; ++ch) cv[ch] = Codes8<B>(base + ch * run, off);
         for (int h = 0; h < group; ++h) {
           __m256 acc = _mm256_set1_ps(bias[h]);
           for (int ch = 0; ch < d; ++ch) acc = _mm256_fmadd_ps(_mm256_set1_ps(qs[h * d + ch]), cv[ch], acc);
@@ -293,6 +310,14 @@ class Avx2 final : public Backend {
     // o[h] += p[h][t] * v_t for quantized positions [t0, t1), with v_t = min + code * scale per
     // value group: p * scale scales the codes; the p * min terms are summed per group and added once.
     void QuantAccumulate(int64_t t0, int64_t t1, const float* s, int64_t len, int group, __m256 (*o)[32]) const {
+      switch (c->quant.bits) {
+        case 2: return QuantAccumulateB<2>(t0, t1, s, len, group, o);
+        case 4: return QuantAccumulateB<4>(t0, t1, s, len, group, o);
+        default: return QuantAccumulateB<8>(t0, t1, s, len, group, o);
+      }
+    }
+    template <int B>
+    void QuantAccumulateB(int64_t t0, int64_t t1, const float* s, int64_t len, int group, __m256 (*o)[32]) const {
       const QuantizedKvHead& qk = c->quant;
       const int dv = d / 8, groups = d / qk.value_group, per_group = qk.value_group / 8;
       const int64_t row_bytes = int64_t{d} * qk.bits / 8;
@@ -300,7 +325,7 @@ class Avx2 final : public Backend {
       __m256 cv[32];
       for (int64_t t = t0; t < t1; ++t) {
         const uint8_t* row = qk.v_codes + t * row_bytes;
-        for (int i = 0; i < dv; ++i) cv[i] = Codes8(row, qk.bits, 8 * i);
+        for (int i = 0; i < dv; ++i) cv[i] = Codes8<B>(row, 8 * i);
         const float* vs = qk.v_scale + t * groups;
         const float* vm = qk.v_min + t * groups;
         for (int h = 0; h < group; ++h) {
