@@ -262,6 +262,11 @@ absl::Status DiskTier::Delete(const BlockKey& key) {
   return FromRocks(db_->Delete(rocksdb::WriteOptions(), KeySlice(key)), "delete");
 }
 
+bool DiskTier::Contains(const BlockKey& key) const {
+  absl::MutexLock l(&mu_);
+  return sizes_.contains(key);
+}
+
 uint64_t DiskTier::used_bytes() const {
   absl::MutexLock l(&mu_);
   return used_;

@@ -106,7 +106,9 @@ class DiskTier {
   absl::Status Put(const BlockKey& key, absl::string_view block);
   absl::StatusOr<std::string> Get(const BlockKey& key);
   absl::Status Delete(const BlockKey& key);
+  bool Contains(const BlockKey& key) const;
   uint64_t used_bytes() const;
+  uint64_t capacity_bytes() const { return options_.capacity_bytes; }
   size_t blocks() const;
 
  private:

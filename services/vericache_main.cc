@@ -5,6 +5,7 @@
 
 #include "services/cli/demo_command.h"
 #include "services/cli/generate_command.h"
+#include "services/cli/store_command.h"
 
 namespace {
 
@@ -13,7 +14,8 @@ constexpr char kUsage[] =
     "commands:\n"
     "  generate   generate text from a checkpoint (vericache generate --help)\n"
     "  demo       requests with a shared code prefix through the VeriCache engine, checked against\n"
-    "             full-KV decoding (vericache demo [--model DIR] [--max-tokens N] [--compressor SPEC])\n";
+    "             full-KV decoding (vericache demo [--model DIR] [--max-tokens N] [--compressor SPEC])\n"
+    "  store      run a cache-store server (vericache store --help)\n";
 
 }  // namespace
 
@@ -26,6 +28,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> args(argv + 2, argv + argc);
   if (cmd == "generate") return vc::cli::RunGenerateCommand(args, std::cout, std::cerr);
   if (cmd == "demo") return vc::cli::RunDemoCommand(args, std::cout, std::cerr);
+  if (cmd == "store") return vc::cli::RunStoreCommand(args, std::cout, std::cerr);
   std::cerr << "vericache: unknown command '" << cmd << "'\n" << kUsage;
   return 2;
 }

@@ -1,0 +1,103 @@
+#include "cachestore/store.h"
+
+#include "cachestore/block_format.h"
+#include "common/status_macros.h"
+
+namespace vc::cachestore {
+namespace {
+
+// Header, size and checksums against the block's own fingerprint.
+absl::Status CheckBlock(absl::string_view block) {
+  VC_ASSIGN_OR_RETURN(BlockHeader h, DecodeBlockHeader(block));
+  return VerifyBlock(block, h.fingerprint).status();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<BlockStore>> BlockStore::Open(const StoreOptions& options) {
+  std::unique_ptr<BlockStore> s(new BlockStore());
+  s->ram_ = std::make_unique<RamTier>(options.ram);
+  VC_ASSIGN_OR_RETURN(s->disk_, DiskTier::Open(options.disk));
+  return s;
+}
+
+BlockKey BlockStore::Scoped(absl::string_view tenant_salt, const BlockKey& key) {
+  std::string msg(tenant_salt);
+  msg.push_back('\0');
+  msg.append(reinterpret_cast<const char*>(key.bytes.data()), key.bytes.size());
+  BlockKey out;
+  out.bytes = Sha256(msg);
+  return out;
+}
+
+absl::Status BlockStore::Put(const BlockKey& key, absl::string_view block) {
+  VC_RETURN_IF_ERROR(CheckBlock(block));
+  // Disk first: once RAM serves it, a restart must find it too.
+  VC_RETURN_IF_ERROR(disk_->Put(key, block));
+  absl::Status s = ram_->Put(key, block, nullptr);
+  // A RAM tier full of pinned blocks only means this block is served from disk for now.
+  if (!s.ok() && !absl::IsResourceExhausted(s)) return s;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> BlockStore::Get(const BlockKey& key, bool* from_ram) {
+  bool ram = true;
+  absl::StatusOr<std::string> block = ram_->Get(key);
+  if (absl::IsNotFound(block.status())) {
+    ram = false;
+    block = disk_->Get(key);
+  }
+  if (!block.ok()) {
+    if (absl::IsNotFound(block.status())) misses_++;
+    return block.status();
+  }
+  if (absl::Status s = CheckBlock(*block); !s.ok()) {
+    corrupt_++;
+    (void)ram_->Delete(key);
+    (void)disk_->Delete(key);
+    return absl::DataLossError(std::string("stored block failed its checks and was dropped: ") + std::string(s.message()));
+  }
+  if (ram) {
+    hits_ram_++;
+  } else {
+    hits_disk_++;
+    (void)ram_->Put(key, *block, nullptr);  // promotion; a full RAM tier just skips it
+  }
+  if (from_ram != nullptr) *from_ram = ram;
+  return block;
+}
+
+std::pair<uint32_t, uint32_t> BlockStore::Lookup(absl::Span<const BlockKey> keys) const {
+  uint32_t n = 0, in_ram = 0;
+  for (const BlockKey& k : keys) {
+    const bool r = ram_->Contains(k);
+    if (!r && !disk_->Contains(k)) break;
+    ++n;
+    in_ram += r;
+  }
+  return {n, in_ram};
+}
+
+absl::Status BlockStore::Delete(const BlockKey& key) {
+  const bool in_ram = ram_->Delete(key).ok();
+  absl::Status d = disk_->Delete(key);
+  if (!in_ram && !d.ok()) return absl::NotFoundError("no such block");
+  return absl::OkStatus();
+}
+
+StoreStats BlockStore::Stats() const {
+  StoreStats s;
+  s.ram_used_bytes = ram_->used_bytes();
+  s.ram_capacity_bytes = ram_->region_bytes();
+  s.ram_blocks = ram_->blocks();
+  s.disk_used_bytes = disk_->used_bytes();
+  s.disk_capacity_bytes = disk_->capacity_bytes();
+  s.disk_blocks = disk_->blocks();
+  s.hits_ram = hits_ram_;
+  s.hits_disk = hits_disk_;
+  s.misses = misses_;
+  s.corrupt_dropped = corrupt_;
+  return s;
+}
+
+}  // namespace vc::cachestore

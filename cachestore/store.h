@@ -1,0 +1,59 @@
+// The cache store's data model: blocks under tenant-scoped keys in a RAM tier over a disk tier.
+// Puts are checked before they become visible and written through to disk; RAM evictions need no
+// demotion then, and a restart serves every block the disk kept. Gets look in RAM, then disk
+// (promoting a disk hit to RAM); a block that fails its checks is dropped from every tier and
+// reported as kDataLoss, never served. Thread-safe.
+#ifndef VC_CACHESTORE_STORE_H_
+#define VC_CACHESTORE_STORE_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "cachestore/block_key.h"
+#include "cachestore/tiers.h"
+
+namespace vc::cachestore {
+
+struct StoreStats {
+  uint64_t ram_used_bytes = 0, ram_capacity_bytes = 0, ram_blocks = 0;
+  uint64_t disk_used_bytes = 0, disk_capacity_bytes = 0, disk_blocks = 0;
+  uint64_t hits_ram = 0, hits_disk = 0, misses = 0, corrupt_dropped = 0;
+};
+
+struct StoreOptions {
+  RamTierOptions ram;
+  DiskTierOptions disk;
+};
+
+class BlockStore {
+ public:
+  static absl::StatusOr<std::unique_ptr<BlockStore>> Open(const StoreOptions& options);
+
+  // The key a tenant's client key is stored under: SHA-256(tenant salt || key).
+  static BlockKey Scoped(absl::string_view tenant_salt, const BlockKey& key);
+
+  // Checks the block's header, size and checksums (kDataLoss otherwise), then stores it.
+  absl::Status Put(const BlockKey& key, absl::string_view block);
+  // The block, checked; kNotFound if absent. `from_ram` (may be null) tells which tier served it.
+  absl::StatusOr<std::string> Get(const BlockKey& key, bool* from_ram);
+  // Leading keys present, and how many of those are in RAM.
+  std::pair<uint32_t, uint32_t> Lookup(absl::Span<const BlockKey> keys) const;
+  absl::Status Delete(const BlockKey& key);
+  StoreStats Stats() const;
+
+  RamTier& ram() { return *ram_; }
+
+ private:
+  BlockStore() = default;
+  std::unique_ptr<RamTier> ram_;
+  std::unique_ptr<DiskTier> disk_;
+  std::atomic<uint64_t> hits_ram_{0}, hits_disk_{0}, misses_{0}, corrupt_{0};
+};
+
+}  // namespace vc::cachestore
+
+#endif  // VC_CACHESTORE_STORE_H_

@@ -1,0 +1,104 @@
+#include "cachestore/store_client.h"
+
+#include <chrono>
+
+#include "absl/strings/str_cat.h"
+#include "grpcpp/grpcpp.h"
+
+namespace vc::cachestore {
+namespace {
+
+absl::Status FromGrpc(const grpc::Status& s) {
+  if (s.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(static_cast<int>(s.error_code())), s.error_message());
+}
+
+std::string KeyBytes(const BlockKey& k) { return std::string(reinterpret_cast<const char*>(k.bytes.data()), 32); }
+
+}  // namespace
+
+StoreClient::~StoreClient() = default;
+
+absl::StatusOr<std::unique_ptr<StoreClient>> StoreClient::Create(const StoreClientOptions& options) {
+  if (options.target.empty()) return absl::InvalidArgumentError("store target is empty");
+  std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials();
+  if (!options.tls_root_certs_pem.empty()) {
+    grpc::SslCredentialsOptions ssl;
+    ssl.pem_root_certs = options.tls_root_certs_pem;
+    creds = grpc::SslCredentials(ssl);
+  }
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(256 << 20);
+  args.SetMaxSendMessageSize(256 << 20);
+  std::unique_ptr<StoreClient> c(new StoreClient());
+  c->options_ = options;
+  c->stub_ = vericache::v1::CacheStore::NewStub(grpc::CreateCustomChannel(options.target, creds, args));
+  return c;
+}
+
+#define VC_CLIENT_CONTEXT(ctx)                                                                      \
+  grpc::ClientContext ctx;                                                                          \
+  ctx.AddMetadata("authorization", "Bearer " + options_.token);                                     \
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(options_.timeout_ms))
+
+absl::StatusOr<std::pair<uint32_t, uint32_t>> StoreClient::Lookup(absl::Span<const BlockKey> keys) {
+  VC_CLIENT_CONTEXT(ctx);
+  vericache::v1::LookupRequest req;
+  for (const BlockKey& k : keys) req.add_keys(KeyBytes(k));
+  vericache::v1::LookupResponse resp;
+  absl::Status s = FromGrpc(stub_->Lookup(&ctx, req, &resp));
+  if (!s.ok()) return s;
+  return std::make_pair(resp.cached_blocks(), resp.ram_blocks());
+}
+
+absl::Status StoreClient::Put(const BlockKey& key, absl::string_view block) {
+  VC_CLIENT_CONTEXT(ctx);
+  vericache::v1::PutRequest req;
+  req.set_key(KeyBytes(key));
+  req.set_block(std::string(block));
+  vericache::v1::PutResponse resp;
+  return FromGrpc(stub_->Put(&ctx, req, &resp));
+}
+
+absl::StatusOr<std::string> StoreClient::Get(const BlockKey& key, const std::array<uint8_t, 32>* fp) {
+  VC_CLIENT_CONTEXT(ctx);
+  vericache::v1::GetRequest req;
+  req.set_key(KeyBytes(key));
+  if (fp != nullptr) req.set_expect_fingerprint(std::string(reinterpret_cast<const char*>(fp->data()), 32));
+  vericache::v1::GetResponse resp;
+  absl::Status s = FromGrpc(stub_->Get(&ctx, req, &resp));
+  if (!s.ok()) return s;
+  return std::move(*resp.mutable_block());
+}
+
+absl::Status StoreClient::Delete(const BlockKey& key) {
+  VC_CLIENT_CONTEXT(ctx);
+  vericache::v1::DeleteRequest req;
+  req.set_key(KeyBytes(key));
+  vericache::v1::DeleteResponse resp;
+  return FromGrpc(stub_->Delete(&ctx, req, &resp));
+}
+
+absl::StatusOr<StoreStats> StoreClient::Stats() {
+  VC_CLIENT_CONTEXT(ctx);
+  vericache::v1::StatsRequest req;
+  vericache::v1::StatsResponse r;
+  absl::Status s = FromGrpc(stub_->Stats(&ctx, req, &r));
+  if (!s.ok()) return s;
+  StoreStats out;
+  out.ram_used_bytes = r.ram_used_bytes();
+  out.ram_capacity_bytes = r.ram_capacity_bytes();
+  out.ram_blocks = r.ram_blocks();
+  out.disk_used_bytes = r.disk_used_bytes();
+  out.disk_capacity_bytes = r.disk_capacity_bytes();
+  out.disk_blocks = r.disk_blocks();
+  out.hits_ram = r.hits_ram();
+  out.hits_disk = r.hits_disk();
+  out.misses = r.misses();
+  out.corrupt_dropped = r.corrupt_blocks_dropped();
+  return out;
+}
+
+#undef VC_CLIENT_CONTEXT
+
+}  // namespace vc::cachestore

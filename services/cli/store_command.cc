@@ -1,0 +1,101 @@
+#include "services/cli/store_command.h"
+
+#include <signal.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "grpcpp/grpcpp.h"
+#include "services/cli/args.h"
+#include "services/store_service.h"
+
+namespace vc::cli {
+namespace {
+
+constexpr char kUsage[] =
+    "usage: vericache store --listen HOST:PORT --data-dir DIR --tokens FILE [--ram-bytes N] [--disk-bytes N]\n"
+    "                       [--secret-file FILE] [--tls-cert PEM --tls-key PEM]\n"
+    "  --tokens FILE    lines of 'token tenant'; requests without a listed Bearer token are refused\n";
+
+absl::StatusOr<std::string> ReadAll(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
+  VC_ASSIGN_OR_RETURN(Args a, Args::Parse(argv, {"listen", "data-dir", "tokens", "ram-bytes", "disk-bytes",
+                                                 "secret-file", "tls-cert", "tls-key"},
+                                          {}));
+  for (const char* req : {"listen", "data-dir", "tokens"}) {
+    if (!a.Has(req)) return absl::InvalidArgumentError(absl::StrCat("--", req, " is required"));
+  }
+  cachestore::StoreOptions o;
+  VC_ASSIGN_OR_RETURN(int64_t ram, a.Int("ram-bytes", int64_t{1} << 30, 1 << 20, int64_t{1} << 40));
+  VC_ASSIGN_OR_RETURN(int64_t disk, a.Int("disk-bytes", int64_t{16} << 30, 1 << 20, int64_t{1} << 50));
+  o.ram.capacity_bytes = static_cast<uint64_t>(ram);
+  o.disk.path = a.Str("data-dir");
+  o.disk.capacity_bytes = static_cast<uint64_t>(disk);
+  StoreServiceOptions so;
+  VC_ASSIGN_OR_RETURN(so.tokens, ReadTokenFile(a.Str("tokens")));
+  if (so.tokens.empty()) return absl::InvalidArgumentError("the token file lists no tenant");
+  if (a.Has("secret-file")) {
+    VC_ASSIGN_OR_RETURN(so.secret, ReadAll(a.Str("secret-file")));
+  }
+  std::shared_ptr<grpc::ServerCredentials> creds = grpc::InsecureServerCredentials();
+  if (a.Has("tls-cert") != a.Has("tls-key")) return absl::InvalidArgumentError("give both --tls-cert and --tls-key");
+  if (a.Has("tls-cert")) {
+    grpc::SslServerCredentialsOptions ssl;
+    VC_ASSIGN_OR_RETURN(std::string cert, ReadAll(a.Str("tls-cert")));
+    VC_ASSIGN_OR_RETURN(std::string key, ReadAll(a.Str("tls-key")));
+    ssl.pem_key_cert_pairs.push_back({key, cert});
+    creds = grpc::SslServerCredentials(ssl);
+  }
+  VC_ASSIGN_OR_RETURN(auto store, cachestore::BlockStore::Open(o));
+  CacheStoreService service(store.get(), so);
+  // Block the signals before gRPC starts its threads, then wait for one here.
+  sigset_t sigs;
+  sigemptyset(&sigs);
+  sigaddset(&sigs, SIGINT);
+  sigaddset(&sigs, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+  grpc::ServerBuilder b;
+  int port = 0;
+  b.AddListeningPort(a.Str("listen"), creds, &port);
+  b.SetMaxReceiveMessageSize(256 << 20);
+  b.SetMaxSendMessageSize(256 << 20);
+  b.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = b.BuildAndStart();
+  if (server == nullptr || port == 0) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", a.Str("listen")));
+  }
+  out << "vericache store listening on port " << port << " (" << so.tokens.size() << " tenants, RAM "
+      << (ram >> 20) << " MiB, disk " << (disk >> 20) << " MiB at " << o.disk.path << ")" << std::endl;
+  int sig = 0;
+  sigwait(&sigs, &sig);
+  out << "signal " << sig << ": shutting down" << std::endl;
+  server->Shutdown();
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int RunStoreCommand(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
+  for (const std::string& a : args) {
+    if (a == "--help" || a == "-h") {
+      out << kUsage;
+      return 0;
+    }
+  }
+  absl::Status s = Run(args, out);
+  if (s.ok()) return 0;
+  err << "vericache store: " << s.message() << "\n";
+  if (absl::IsInvalidArgument(s)) err << kUsage;
+  return absl::IsInvalidArgument(s) || absl::IsNotFound(s) ? 2 : 1;
+}
+
+}  // namespace vc::cli

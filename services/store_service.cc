@@ -1,0 +1,158 @@
+#include "services/store_service.h"
+
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+
+namespace vc {
+
+using vericache::v1::DeleteRequest;
+using vericache::v1::DeleteResponse;
+using vericache::v1::GetRequest;
+using vericache::v1::GetResponse;
+using vericache::v1::LookupRequest;
+using vericache::v1::LookupResponse;
+using vericache::v1::PutRequest;
+using vericache::v1::PutResponse;
+using vericache::v1::StatsRequest;
+using vericache::v1::StatsResponse;
+
+grpc::Status ToGrpcStatus(const absl::Status& s) {
+  if (s.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(static_cast<int>(s.code())), std::string(s.message()));
+}
+
+namespace {
+
+grpc::ServerUnaryReactor* Done(grpc::CallbackServerContext* ctx, const absl::Status& s) {
+  grpc::ServerUnaryReactor* r = ctx->DefaultReactor();
+  r->Finish(ToGrpcStatus(s));
+  return r;
+}
+
+}  // namespace
+
+CacheStoreService::CacheStoreService(cachestore::BlockStore* store, StoreServiceOptions options)
+    : store_(store), options_(std::move(options)) {}
+
+absl::StatusOr<std::string> CacheStoreService::TenantSalt(grpc::CallbackServerContext* ctx) const {
+  const auto& md = ctx->client_metadata();
+  auto it = md.find("authorization");
+  if (it == md.end()) return absl::UnauthenticatedError("missing authorization metadata (Bearer token)");
+  absl::string_view v(it->second.data(), it->second.size());
+  if (!absl::ConsumePrefix(&v, "Bearer ")) return absl::UnauthenticatedError("authorization is not a Bearer token");
+  auto t = options_.tokens.find(std::string(v));
+  if (t == options_.tokens.end()) return absl::UnauthenticatedError("unknown token");
+  const auto digest = cachestore::Sha256(absl::StrCat(options_.secret, "\n", t->second));
+  return std::string(reinterpret_cast<const char*>(digest.data()), digest.size());
+}
+
+absl::StatusOr<cachestore::BlockKey> CacheStoreService::ScopedKey(const std::string& salt,
+                                                                  const std::string& key) const {
+  if (key.size() != 32) {
+    return absl::InvalidArgumentError(absl::StrCat("block key of ", key.size(), " bytes; keys are 32-byte digests"));
+  }
+  cachestore::BlockKey k;
+  std::memcpy(k.bytes.data(), key.data(), 32);
+  return cachestore::BlockStore::Scoped(salt, k);
+}
+
+grpc::ServerUnaryReactor* CacheStoreService::Lookup(grpc::CallbackServerContext* ctx, const LookupRequest* req,
+                                                    LookupResponse* resp) {
+  absl::StatusOr<std::string> salt = TenantSalt(ctx);
+  if (!salt.ok()) return Done(ctx, salt.status());
+  if (req->keys_size() > 1 << 20) return Done(ctx, absl::InvalidArgumentError("too many keys in one lookup"));
+  std::vector<cachestore::BlockKey> keys;
+  for (const std::string& k : req->keys()) {
+    absl::StatusOr<cachestore::BlockKey> sk = ScopedKey(*salt, k);
+    if (!sk.ok()) return Done(ctx, sk.status());
+    keys.push_back(*sk);
+  }
+  auto [n, ram] = store_->Lookup(keys);
+  resp->set_cached_blocks(n);
+  resp->set_ram_blocks(ram);
+  return Done(ctx, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* CacheStoreService::Put(grpc::CallbackServerContext* ctx, const PutRequest* req,
+                                                 PutResponse* resp) {
+  absl::StatusOr<std::string> salt = TenantSalt(ctx);
+  if (!salt.ok()) return Done(ctx, salt.status());
+  absl::StatusOr<cachestore::BlockKey> key = ScopedKey(*salt, req->key());
+  if (!key.ok()) return Done(ctx, key.status());
+  absl::Status s = store_->Put(*key, req->block());
+  if (absl::IsDataLoss(s)) s = absl::InvalidArgumentError(absl::StrCat("rejected block: ", s.message()));
+  if (s.ok()) resp->set_stored_size_bytes(req->block().size());
+  return Done(ctx, s);
+}
+
+grpc::ServerUnaryReactor* CacheStoreService::Get(grpc::CallbackServerContext* ctx, const GetRequest* req,
+                                                 GetResponse* resp) {
+  absl::StatusOr<std::string> salt = TenantSalt(ctx);
+  if (!salt.ok()) return Done(ctx, salt.status());
+  absl::StatusOr<cachestore::BlockKey> key = ScopedKey(*salt, req->key());
+  if (!key.ok()) return Done(ctx, key.status());
+  if (!req->expect_fingerprint().empty() && req->expect_fingerprint().size() != 32) {
+    return Done(ctx, absl::InvalidArgumentError("expect_fingerprint must be 32 bytes or empty"));
+  }
+  bool from_ram = false;
+  absl::StatusOr<std::string> block = store_->Get(*key, &from_ram);
+  if (!block.ok()) return Done(ctx, block.status());
+  if (!req->expect_fingerprint().empty() &&
+      std::memcmp(block->data() + 8, req->expect_fingerprint().data(), 32) != 0) {
+    return Done(ctx, absl::FailedPreconditionError("block belongs to another model"));
+  }
+  resp->set_block(std::move(*block));
+  resp->set_from_ram(from_ram);
+  return Done(ctx, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* CacheStoreService::Delete(grpc::CallbackServerContext* ctx, const DeleteRequest* req,
+                                                    DeleteResponse*) {
+  absl::StatusOr<std::string> salt = TenantSalt(ctx);
+  if (!salt.ok()) return Done(ctx, salt.status());
+  absl::StatusOr<cachestore::BlockKey> key = ScopedKey(*salt, req->key());
+  if (!key.ok()) return Done(ctx, key.status());
+  return Done(ctx, store_->Delete(*key));
+}
+
+grpc::ServerUnaryReactor* CacheStoreService::Stats(grpc::CallbackServerContext* ctx, const StatsRequest*,
+                                                   StatsResponse* resp) {
+  absl::StatusOr<std::string> salt = TenantSalt(ctx);
+  if (!salt.ok()) return Done(ctx, salt.status());
+  const cachestore::StoreStats s = store_->Stats();
+  resp->set_ram_used_bytes(s.ram_used_bytes);
+  resp->set_ram_capacity_bytes(s.ram_capacity_bytes);
+  resp->set_ram_blocks(s.ram_blocks);
+  resp->set_disk_used_bytes(s.disk_used_bytes);
+  resp->set_disk_capacity_bytes(s.disk_capacity_bytes);
+  resp->set_disk_blocks(s.disk_blocks);
+  resp->set_hits_ram(s.hits_ram);
+  resp->set_hits_disk(s.hits_disk);
+  resp->set_misses(s.misses);
+  resp->set_corrupt_blocks_dropped(s.corrupt_dropped);
+  return Done(ctx, absl::OkStatus());
+}
+
+absl::StatusOr<std::map<std::string, std::string>> ReadTokenFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read token file ", path));
+  std::map<std::string, std::string> out;
+  std::string line;
+  for (int n = 1; std::getline(in, line); ++n) {
+    absl::string_view l = absl::StripAsciiWhitespace(line);
+    if (l.empty() || l[0] == '#') continue;
+    std::vector<std::string> parts = absl::StrSplit(l, ' ', absl::SkipEmpty());
+    if (parts.size() != 2) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ":", n, ": expected 'token tenant'"));
+    }
+    out[parts[0]] = parts[1];
+  }
+  return out;
+}
+
+}  // namespace vc

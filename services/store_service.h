@@ -1,0 +1,57 @@
+// The CacheStore gRPC service (proto/vericache/v1/cache_store.proto) over a BlockStore.
+#ifndef VC_SERVICES_STORE_SERVICE_H_
+#define VC_SERVICES_STORE_SERVICE_H_
+
+#include <map>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "cachestore/store.h"
+#include "grpcpp/grpcpp.h"
+#include "vericache/v1/cache_store.grpc.pb.h"
+
+namespace vc {
+
+// absl::Status -> grpc::Status, code for code.
+grpc::Status ToGrpcStatus(const absl::Status& s);
+
+struct StoreServiceOptions {
+  std::map<std::string, std::string> tokens;  // bearer token -> tenant name
+  std::string secret;                         // server secret mixed into every tenant salt
+};
+
+// Thread-safe. Handlers run on gRPC's callback threads; they block on the store (RocksDB), which
+// is bounded by one block's I/O.
+class CacheStoreService final : public vericache::v1::CacheStore::CallbackService {
+ public:
+  CacheStoreService(cachestore::BlockStore* store, StoreServiceOptions options);
+
+  grpc::ServerUnaryReactor* Lookup(grpc::CallbackServerContext* ctx, const vericache::v1::LookupRequest* req,
+                                   vericache::v1::LookupResponse* resp) override;
+  grpc::ServerUnaryReactor* Put(grpc::CallbackServerContext* ctx, const vericache::v1::PutRequest* req,
+                                vericache::v1::PutResponse* resp) override;
+  grpc::ServerUnaryReactor* Get(grpc::CallbackServerContext* ctx, const vericache::v1::GetRequest* req,
+                                vericache::v1::GetResponse* resp) override;
+  grpc::ServerUnaryReactor* Delete(grpc::CallbackServerContext* ctx, const vericache::v1::DeleteRequest* req,
+                                   vericache::v1::DeleteResponse* resp) override;
+  grpc::ServerUnaryReactor* Stats(grpc::CallbackServerContext* ctx, const vericache::v1::StatsRequest* req,
+                                  vericache::v1::StatsResponse* resp) override;
+
+ private:
+  // The tenant salt of the call's bearer token; kUnauthenticated without a valid one.
+  absl::StatusOr<std::string> TenantSalt(grpc::CallbackServerContext* ctx) const;
+  // The tenant-scoped key of a request key; kInvalidArgument unless it is 32 bytes.
+  absl::StatusOr<cachestore::BlockKey> ScopedKey(const std::string& salt, const std::string& key) const;
+
+  cachestore::BlockStore* const store_;
+  const StoreServiceOptions options_;
+};
+
+// Reads "token tenant" lines (blank lines and # comments skipped); kInvalidArgument naming the line
+// for anything else, kNotFound for a missing file.
+absl::StatusOr<std::map<std::string, std::string>> ReadTokenFile(const std::string& path);
+
+}  // namespace vc
+
+#endif  // VC_SERVICES_STORE_SERVICE_H_
