@@ -2,6 +2,7 @@
 
 #include <signal.h>
 
+#include <chrono>
 #include <fstream>
 #include <sstream>
 
@@ -55,14 +56,15 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
     ssl.pem_key_cert_pairs.push_back({key, cert});
     creds = grpc::SslServerCredentials(ssl);
   }
-  VC_ASSIGN_OR_RETURN(auto store, cachestore::BlockStore::Open(o));
-  CacheStoreService service(store.get(), so);
-  // Block the signals before gRPC starts its threads, then wait for one here.
+  // Block the signals before RocksDB and gRPC start their threads (which inherit the mask), so
+  // that only the sigwait below receives them.
   sigset_t sigs;
   sigemptyset(&sigs);
   sigaddset(&sigs, SIGINT);
   sigaddset(&sigs, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+  VC_ASSIGN_OR_RETURN(auto store, cachestore::BlockStore::Open(o));
+  CacheStoreService service(store.get(), so);
   grpc::ServerBuilder b;
   int port = 0;
   b.AddListeningPort(a.Str("listen"), creds, &port);
@@ -78,7 +80,7 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
   int sig = 0;
   sigwait(&sigs, &sig);
   out << "signal " << sig << ": shutting down" << std::endl;
-  server->Shutdown();
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));  // in-flight calls get 2 s
   return absl::OkStatus();
 }
 
