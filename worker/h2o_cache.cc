@@ -41,24 +41,14 @@ H2oCache::H2oCache(const KvLayout& layout, int num_heads, H2oParams params)
     : layout_(layout), num_heads_(num_heads), group_(num_heads / layout.num_kv_heads), params_(params) {}
 
 SeqId H2oCache::NewSequence() {
-  SeqId id;
-  if (!free_ids_.empty()) {
-    id = free_ids_.back();
-    free_ids_.pop_back();
-  } else {
-    id = static_cast<SeqId>(seqs_.size());
-    seqs_.emplace_back();
-  }
-  seqs_[id] = Sequence{};
-  seqs_[id].live = true;
+  const SeqId id = seqs_.Add();
   seqs_[id].heads.resize(static_cast<size_t>(layout_.num_layers) * layout_.num_kv_heads);
   return id;
 }
 
 void H2oCache::FreeSequence(SeqId seq) {
-  if (seq < 0 || seq >= static_cast<SeqId>(seqs_.size()) || !seqs_[seq].live) return;
-  seqs_[seq] = Sequence{};
-  free_ids_.push_back(seq);
+  if (!seqs_.live(seq)) return;
+  seqs_.Remove(seq);
 }
 
 int64_t H2oCache::HeavyAt(int64_t t) const {

@@ -39,6 +39,7 @@
 
 #include "absl/status/statusor.h"
 #include "worker/compressed_cache.h"
+#include "worker/sequence_slots.h"
 
 namespace vc {
 
@@ -103,7 +104,6 @@ class H2oCache final : public CompressedKvCache {
     std::vector<uint8_t> view_alive;
   };
   struct Sequence {
-    bool live = false;
     int64_t length = 0;
     int64_t built = 0;    // length at BuildFrom; queries before it are in the built scores
     int64_t counted = 0;  // queries before it are counted into Head::score
@@ -123,8 +123,7 @@ class H2oCache final : public CompressedKvCache {
   const int num_heads_;
   const int group_;
   const H2oParams params_;
-  std::vector<Sequence> seqs_;
-  std::vector<SeqId> free_ids_;
+  SequenceSlots<Sequence> seqs_;
   std::vector<std::vector<int32_t>> row_lists_;  // scratch for Attend
   std::vector<kernels::CompressedKvHead> views_;
 };

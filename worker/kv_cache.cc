@@ -23,25 +23,12 @@ PagedKvCache::PagedKvCache(const KvLayout& layout, int64_t num_blocks, uint64_t 
   }
 }
 
-SeqId PagedKvCache::NewSequence() {
-  SeqId id;
-  if (!free_ids_.empty()) {
-    id = free_ids_.back();
-    free_ids_.pop_back();
-  } else {
-    id = static_cast<SeqId>(seqs_.size());
-    seqs_.emplace_back();
-  }
-  seqs_[id] = Sequence{};
-  seqs_[id].live = true;
-  return id;
-}
+SeqId PagedKvCache::NewSequence() { return seqs_.Add(); }
 
 void PagedKvCache::FreeSequence(SeqId seq) {
-  if (seq < 0 || seq >= static_cast<SeqId>(seqs_.size()) || !seqs_[seq].live) return;
+  if (!seqs_.live(seq)) return;
   for (auto it = seqs_[seq].blocks.rbegin(); it != seqs_[seq].blocks.rend(); ++it) free_.push_back(*it);
-  seqs_[seq] = Sequence{};
-  free_ids_.push_back(seq);
+  seqs_.Remove(seq);
 }
 
 absl::Status PagedKvCache::Reserve(SeqId seq, int64_t length) {

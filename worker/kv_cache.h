@@ -9,6 +9,7 @@
 #include "absl/status/status.h"
 #include "kernels/kernels.h"
 #include "worker/attention_cache.h"
+#include "worker/sequence_slots.h"
 
 namespace vc {
 
@@ -69,7 +70,6 @@ class PagedKvCache final : public AttentionCache {
 
  private:
   struct Sequence {
-    bool live = false;
     int64_t length = 0;
     std::vector<int32_t> blocks;
   };
@@ -81,8 +81,7 @@ class PagedKvCache final : public AttentionCache {
   const int64_t num_blocks_;
   std::vector<std::vector<float>> k_, v_;  // per layer: [num_blocks, block_floats]
   std::vector<int32_t> free_;              // a stack; back() is handed out next
-  std::vector<Sequence> seqs_;
-  std::vector<SeqId> free_ids_;
+  SequenceSlots<Sequence> seqs_;
 };
 
 }  // namespace vc

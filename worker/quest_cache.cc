@@ -23,17 +23,8 @@ absl::StatusOr<QuestParams> ParseQuestParams(const MethodSpec& m) {
 QuestCache::QuestCache(const KvLayout& layout, QuestParams params) : layout_(layout), params_(params) {}
 
 SeqId QuestCache::NewSequence() {
-  SeqId id;
-  if (!free_ids_.empty()) {
-    id = free_ids_.back();
-    free_ids_.pop_back();
-  } else {
-    id = static_cast<SeqId>(seqs_.size());
-    seqs_.emplace_back();
-  }
+  const SeqId id = seqs_.Add();
   Sequence& s = seqs_[id];
-  s = Sequence{};
-  s.live = true;
   s.k.resize(layout_.num_layers);
   s.v.resize(layout_.num_layers);
   s.kmin.resize(layout_.num_layers);
@@ -42,9 +33,8 @@ SeqId QuestCache::NewSequence() {
 }
 
 void QuestCache::FreeSequence(SeqId seq) {
-  if (seq < 0 || seq >= static_cast<SeqId>(seqs_.size()) || !seqs_[seq].live) return;
-  seqs_[seq] = Sequence{};
-  free_ids_.push_back(seq);
+  if (!seqs_.live(seq)) return;
+  seqs_.Remove(seq);
 }
 
 void QuestCache::Write(int layer, SeqId seq, int64_t pos, const float* k, const float* v) {

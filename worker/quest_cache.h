@@ -17,6 +17,7 @@
 
 #include "absl/status/statusor.h"
 #include "worker/compressed_cache.h"
+#include "worker/sequence_slots.h"
 
 namespace vc {
 
@@ -56,7 +57,6 @@ class QuestCache final : public CompressedKvCache {
 
  private:
   struct Sequence {
-    bool live = false;
     int64_t length = 0;
     std::vector<std::vector<float>> k, v;          // per layer: [positions, num_kv_heads * head_dim]
     std::vector<std::vector<float>> kmin, kmax;    // per layer: [pages, num_kv_heads * head_dim]
@@ -64,8 +64,7 @@ class QuestCache final : public CompressedKvCache {
 
   const KvLayout layout_;
   const QuestParams params_;
-  std::vector<Sequence> seqs_;
-  std::vector<SeqId> free_ids_;
+  SequenceSlots<Sequence> seqs_;
   std::vector<std::vector<int32_t>> row_lists_;  // scratch for Attend
   std::vector<kernels::CompressedKvHead> views_;
   std::vector<float> page_scores_;

@@ -10,25 +10,15 @@ StreamingCache::StreamingCache(const KvLayout& layout, int sinks, int window, in
     : layout_(layout), sinks_(sinks), window_(window), rollback_(rollback), ring_(int64_t{window} + rollback) {}
 
 SeqId StreamingCache::NewSequence() {
-  SeqId id;
-  if (!free_ids_.empty()) {
-    id = free_ids_.back();
-    free_ids_.pop_back();
-  } else {
-    id = static_cast<SeqId>(seqs_.size());
-    seqs_.emplace_back();
-  }
-  seqs_[id] = Sequence{};
-  seqs_[id].live = true;
+  const SeqId id = seqs_.Add();
   seqs_[id].k.resize(layout_.num_layers);
   seqs_[id].v.resize(layout_.num_layers);
   return id;
 }
 
 void StreamingCache::FreeSequence(SeqId seq) {
-  if (seq < 0 || seq >= static_cast<SeqId>(seqs_.size()) || !seqs_[seq].live) return;
-  seqs_[seq] = Sequence{};
-  free_ids_.push_back(seq);
+  if (!seqs_.live(seq)) return;
+  seqs_.Remove(seq);
 }
 
 void StreamingCache::Write(int layer, SeqId seq, int64_t pos, const float* k, const float* v) {

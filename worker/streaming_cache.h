@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "worker/compressed_cache.h"
+#include "worker/sequence_slots.h"
 
 namespace vc {
 
@@ -34,7 +35,6 @@ class StreamingCache final : public CompressedKvCache {
 
  private:
   struct Sequence {
-    bool live = false;
     int64_t length = 0;
     // The longest length since the build: a ring slot may hold a position up to it, so rollbacks
     // are counted from it (two short truncations in a row must not reach overwritten slots).
@@ -47,8 +47,7 @@ class StreamingCache final : public CompressedKvCache {
   const KvLayout layout_;
   const int sinks_, window_, rollback_;
   const int64_t ring_;
-  std::vector<Sequence> seqs_;
-  std::vector<SeqId> free_ids_;
+  SequenceSlots<Sequence> seqs_;
   std::vector<std::vector<int32_t>> row_lists_;
   std::vector<kernels::CompressedKvHead> views_;
 };

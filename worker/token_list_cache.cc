@@ -38,24 +38,14 @@ TokenListCache::TokenListCache(const KvLayout& layout, int num_heads, KiviParams
       selector_(std::move(selector)) {}
 
 SeqId TokenListCache::NewSequence() {
-  SeqId id;
-  if (!free_ids_.empty()) {
-    id = free_ids_.back();
-    free_ids_.pop_back();
-  } else {
-    id = static_cast<SeqId>(seqs_.size());
-    seqs_.emplace_back();
-  }
-  seqs_[id] = Sequence{};
-  seqs_[id].live = true;
+  const SeqId id = seqs_.Add();
   seqs_[id].heads.resize(static_cast<size_t>(layout_.num_layers) * layout_.num_kv_heads);
   return id;
 }
 
 void TokenListCache::FreeSequence(SeqId seq) {
-  if (seq < 0 || seq >= static_cast<SeqId>(seqs_.size()) || !seqs_[seq].live) return;
-  seqs_[seq] = Sequence{};
-  free_ids_.push_back(seq);
+  if (!seqs_.live(seq)) return;
+  seqs_.Remove(seq);
 }
 
 int32_t TokenListCache::Tokens(const HeadList& h) const {

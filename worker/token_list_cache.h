@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "worker/compressed_cache.h"
+#include "worker/sequence_slots.h"
 
 namespace vc {
 
@@ -71,7 +72,6 @@ class TokenListCache final : public CompressedKvCache {
     std::vector<float> res_k, res_v;  // float32 tokens [f_start, Tokens): [n, head_dim]
   };
   struct Sequence {
-    bool live = false;
     bool selective = false;  // positions are stored explicitly
     int64_t length = 0;
     std::vector<HeadList> heads;  // [layer * num_kv_heads + g]
@@ -90,8 +90,7 @@ class TokenListCache final : public CompressedKvCache {
   const KiviParams kivi_;
   const int value_group_;
   const std::unique_ptr<PromptSelector> selector_;
-  std::vector<Sequence> seqs_;
-  std::vector<SeqId> free_ids_;
+  SequenceSlots<Sequence> seqs_;
   std::vector<int32_t> iota_;                       // row indices 0..n for dense views
   std::vector<kernels::CompressedKvHead> views_;    // scratch for Attend
 };

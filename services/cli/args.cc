@@ -61,4 +61,28 @@ absl::StatusOr<double> Args::Double(const std::string& name, double fallback) co
   return v;
 }
 
+int RunSubcommand(absl::string_view name, absl::string_view usage, const std::vector<std::string>& args,
+                  std::ostream& out, std::ostream& err,
+                  const std::function<absl::Status(const std::vector<std::string>&, std::ostream&)>& run) {
+  for (const std::string& a : args) {
+    if (a == "--help" || a == "-h") {
+      out << usage;
+      return 0;
+    }
+  }
+  const absl::Status s = run(args, out);
+  if (s.ok()) return 0;
+  err << "vericache " << name << ": " << s.message() << "\n";
+  if (absl::IsInvalidArgument(s)) err << usage;
+  switch (s.code()) {
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kNotFound:
+    case absl::StatusCode::kDataLoss:
+    case absl::StatusCode::kOutOfRange:
+      return 2;
+    default:
+      return 1;
+  }
+}
+
 }  // namespace vc::cli

@@ -3,6 +3,8 @@
 #define VC_SERVICES_CLI_ARGS_H_
 
 #include <cstdint>
+#include <functional>
+#include <ostream>
 #include <map>
 #include <set>
 #include <string>
@@ -30,6 +32,14 @@ class Args {
  private:
   std::map<std::string, std::string> values_;
 };
+
+// Runs one subcommand: prints `usage` for --help / -h; otherwise calls run(args, out) and turns
+// its status into an exit code (0 ok; 2 bad input: invalid argument, not found, data loss, out of
+// range; 1 anything else), printing "vericache <name>: <message>" and, for invalid arguments,
+// the usage to `err`.
+int RunSubcommand(absl::string_view name, absl::string_view usage, const std::vector<std::string>& args,
+                  std::ostream& out, std::ostream& err,
+                  const std::function<absl::Status(const std::vector<std::string>&, std::ostream&)>& run);
 
 }  // namespace vc::cli
 

@@ -13,6 +13,11 @@
 namespace vc::cli {
 namespace {
 
+constexpr char kUsage[] =
+    "usage: vericache demo [--model DIR] [--max-tokens N] [--compressor SPEC]\n"
+    "  requests sharing a code prefix through the VeriCache engine, each checked token for token\n"
+    "  against full-KV decoding, next to the lossy compressed-only baseline\n";
+
 // Three requests that share a long code prefix, as an agent or IDE sends them.
 constexpr char kSharedPrefix[] = R"(import os
 import sys
@@ -113,10 +118,7 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
 }  // namespace
 
 int RunDemoCommand(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
-  absl::Status s = Run(args, out);
-  if (s.ok()) return 0;
-  err << "vericache demo: " << s.message() << "\n";
-  return s.code() == absl::StatusCode::kInvalidArgument || s.code() == absl::StatusCode::kNotFound ? 2 : 1;
+  return RunSubcommand("demo", kUsage, args, out, err, Run);
 }
 
 }  // namespace vc::cli

@@ -26,18 +26,6 @@ constexpr char kUsage[] =
     "  vericache  draft from the compressed cache, verify with the full KV: identical to full\n"
     "  SPEC e.g. kivi:bits=4,group=32,residual=32 | streaming:sinks=4,window=2000 | none\n";
 
-int ExitCodeFor(const absl::Status& s) {
-  switch (s.code()) {
-    case absl::StatusCode::kInvalidArgument:
-    case absl::StatusCode::kNotFound:
-    case absl::StatusCode::kDataLoss:
-    case absl::StatusCode::kOutOfRange:
-      return 2;
-    default:
-      return 1;
-  }
-}
-
 absl::StatusOr<std::string> ReadPrompt(const Args& a) {
   if (a.Has("prompt") == a.Has("prompt-file")) {
     return absl::InvalidArgumentError("give exactly one of --prompt and --prompt-file");
@@ -148,19 +136,7 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
 }  // namespace
 
 int RunGenerateCommand(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
-  for (const std::string& a : args) {
-    if (a == "--help" || a == "-h") {
-      out << kUsage;
-      return 0;
-    }
-  }
-  absl::Status s = Run(args, out);
-  if (s.ok()) return 0;
-  err << "vericache generate: " << s.message() << "\n";
-  if (s.code() == absl::StatusCode::kInvalidArgument && s.message().find("--") != absl::string_view::npos) {
-    err << kUsage;
-  }
-  return ExitCodeFor(s);
+  return RunSubcommand("generate", kUsage, args, out, err, Run);
 }
 
 }  // namespace vc::cli

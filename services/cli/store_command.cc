@@ -87,17 +87,7 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
 }  // namespace
 
 int RunStoreCommand(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
-  for (const std::string& a : args) {
-    if (a == "--help" || a == "-h") {
-      out << kUsage;
-      return 0;
-    }
-  }
-  absl::Status s = Run(args, out);
-  if (s.ok()) return 0;
-  err << "vericache store: " << s.message() << "\n";
-  if (absl::IsInvalidArgument(s)) err << kUsage;
-  return absl::IsInvalidArgument(s) || absl::IsNotFound(s) ? 2 : 1;
+  return RunSubcommand("store", kUsage, args, out, err, Run);
 }
 
 }  // namespace vc::cli
