@@ -267,7 +267,8 @@ absl::StatusOr<std::vector<EngineResult>> VeriCacheEngine::Generate(absl::Span<c
     }
     if (!ready.empty()) {
       for (Sequence* s : ready) {
-        costs_.ObserveFetch(static_cast<double>(s->fetch->bytes()), absl::ToDoubleSeconds(absl::Now() - s->fetch_start));
+        costs_.ObserveFetch(static_cast<double>(s->fetch->bytes()),
+                            absl::ToDoubleSeconds(s->fetch->finished_at() - s->fetch_start));
       }
       VC_RETURN_IF_ERROR(Verify(ready));
     } else if (!drafting.empty()) {

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 
 namespace vc {
 
@@ -22,7 +23,13 @@ bool FetchHandle::Done() const {
 void FetchHandle::Finish(absl::Status s) {
   absl::MutexLock l(&mu_);
   status_ = std::move(s);
+  finished_at_ = absl::Now();
   done_ = true;
+}
+
+absl::Time FetchHandle::finished_at() const {
+  absl::MutexLock l(&mu_);
+  return finished_at_;
 }
 
 HostKvTier::HostKvTier(const KvLayout& layout, double bytes_per_second)

@@ -19,6 +19,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "worker/kv_cache.h"
 
 namespace vc {
@@ -30,6 +31,8 @@ class FetchHandle {
   absl::Status Wait();
   bool Done() const;
   int64_t bytes() const { return bytes_; }
+  // When the fetch finished (absl::InfiniteFuture() while it runs).
+  absl::Time finished_at() const;
 
  private:
   friend class HostKvTier;
@@ -39,6 +42,7 @@ class FetchHandle {
   const int64_t bytes_;
   mutable absl::Mutex mu_;
   bool done_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Time finished_at_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
   absl::Status status_ ABSL_GUARDED_BY(mu_);
 };
 
