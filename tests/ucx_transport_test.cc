@@ -1,0 +1,42 @@
+// One-sided UCX gets from a registered region, in both error-handling modes, on this host.
+#include <random>
+
+#include "cachestore/ucx_transport.h"
+#include "gtest/gtest.h"
+
+namespace vc::cachestore {
+namespace {
+
+class UcxTransport : public ::testing::TestWithParam<UcxErrorMode> {};
+
+TEST_P(UcxTransport, GetsReadTheRegion) {
+  std::vector<char> region(4 << 20);
+  std::mt19937 rng(3);
+  for (char& c : region) c = static_cast<char>(rng());
+  auto server = UcxRegionServer::Create(region.data(), region.size(), GetParam());
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto reader = UcxReader::Create(GetParam());
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  for (size_t off : {size_t{0}, size_t{4096}, size_t{1} << 20, region.size() - 65536}) {
+    std::vector<char> got(65536);
+    ASSERT_TRUE((*reader)->Get((*server)->worker_address(), (*server)->rkey(), (*server)->base() + off, got.data(),
+                               got.size())
+                    .ok());
+    EXPECT_EQ(0, std::memcmp(got.data(), region.data() + off, got.size())) << off;
+  }
+  // A whole-region read.
+  std::vector<char> all(region.size());
+  ASSERT_TRUE((*reader)->Get((*server)->worker_address(), (*server)->rkey(), (*server)->base(), all.data(), all.size()).ok());
+  EXPECT_EQ(all, region);
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, UcxTransport, ::testing::Values(UcxErrorMode::kNone, UcxErrorMode::kPeer),
+                         [](const auto& info) { return info.param == UcxErrorMode::kNone ? "none" : "peer"; });
+
+TEST(UcxErrorModeSetting, Parses) {
+  EXPECT_EQ(*ParseUcxErrorMode("peer"), UcxErrorMode::kPeer);
+  EXPECT_FALSE(ParseUcxErrorMode("fast").ok());
+}
+
+}  // namespace
+}  // namespace vc::cachestore
