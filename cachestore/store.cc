@@ -67,6 +67,27 @@ absl::StatusOr<std::string> BlockStore::Get(const BlockKey& key, bool* from_ram)
   return block;
 }
 
+absl::StatusOr<BlockLease> BlockStore::Lease(const BlockKey& key) {
+  absl::StatusOr<BlockLease> lease = ram_->Lease(key);
+  if (!absl::IsNotFound(lease.status())) {
+    if (lease.ok()) hits_ram_++;
+    return lease;
+  }
+  absl::StatusOr<std::string> block = disk_->Get(key);
+  if (!block.ok()) {
+    if (absl::IsNotFound(block.status())) misses_++;
+    return block.status();
+  }
+  if (absl::Status s = CheckBlock(*block); !s.ok()) {
+    corrupt_++;
+    (void)disk_->Delete(key);
+    return absl::DataLossError(std::string("stored block failed its checks and was dropped: ") + std::string(s.message()));
+  }
+  hits_disk_++;
+  if (absl::Status s = ram_->Put(key, *block, nullptr); !s.ok()) return s;
+  return ram_->Lease(key);
+}
+
 std::pair<uint32_t, uint32_t> BlockStore::Lookup(absl::Span<const BlockKey> keys) const {
   uint32_t n = 0, in_ram = 0;
   for (const BlockKey& k : keys) {

@@ -43,6 +43,10 @@ class BlockStore {
   // Leading keys present, and how many of those are in RAM.
   std::pair<uint32_t, uint32_t> Lookup(absl::Span<const BlockKey> keys) const;
   absl::Status Delete(const BlockKey& key);
+  // Pins the block in the RAM tier for a remote read (bringing it up from disk, checked, if
+  // needed); kNotFound when absent, kResourceExhausted when RAM cannot take it.
+  absl::StatusOr<BlockLease> Lease(const BlockKey& key);
+  void Release(uint64_t lease_id) { ram_->Release(lease_id); }
   StoreStats Stats() const;
 
   RamTier& ram() { return *ram_; }

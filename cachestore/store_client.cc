@@ -3,6 +3,7 @@
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
+#include "cachestore/block_format.h"
 #include "grpcpp/grpcpp.h"
 
 namespace vc::cachestore {
@@ -73,6 +74,41 @@ absl::StatusOr<std::string> StoreClient::Get(const BlockKey& key, const std::arr
   absl::Status s = FromGrpc(stub_->Get(&ctx, req, &resp));
   if (!s.ok()) return s;
   return std::move(*resp.mutable_block());
+}
+
+absl::StatusOr<std::string> StoreClient::GetRemote(const BlockKey& key, UcxReader* reader,
+                                                   const std::array<uint8_t, 32>* fp) {
+  vericache::v1::GetResponse resp;
+  {
+    VC_CLIENT_CONTEXT(ctx);
+    vericache::v1::GetRequest req;
+    req.set_key(KeyBytes(key));
+    req.set_remote(true);
+    if (fp != nullptr) req.set_expect_fingerprint(std::string(reinterpret_cast<const char*>(fp->data()), 32));
+    absl::Status s = FromGrpc(stub_->Get(&ctx, req, &resp));
+    if (!s.ok()) return s;
+  }
+  std::string block;
+  if (!resp.has_remote()) {
+    block = std::move(*resp.mutable_block());
+  } else {
+    const vericache::v1::RemoteBlock& r = resp.remote();
+    block.resize(r.size_bytes());
+    absl::Status read = reader->Get(r.worker_address(), r.rkey(), r.address(), block.data(), block.size());
+    VC_CLIENT_CONTEXT(ctx);
+    vericache::v1::ReleaseLeaseRequest rel;
+    rel.set_lease_id(r.lease_id());
+    vericache::v1::ReleaseLeaseResponse rr;
+    (void)stub_->ReleaseLease(&ctx, rel, &rr);  // an unreleased lease only delays eviction
+    if (!read.ok()) return read;
+  }
+  absl::StatusOr<BlockHeader> h = DecodeBlockHeader(block);
+  absl::Status check = h.ok() ? VerifyBlock(block, h->fingerprint).status() : h.status();
+  if (!check.ok()) {
+    (void)Delete(key);
+    return absl::DataLossError(absl::StrCat("block failed its checks after the read and was deleted: ", check.message()));
+  }
+  return block;
 }
 
 absl::Status StoreClient::Delete(const BlockKey& key) {

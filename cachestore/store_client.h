@@ -11,6 +11,7 @@
 #include "absl/types/span.h"
 #include "cachestore/block_key.h"
 #include "cachestore/store.h"
+#include "cachestore/ucx_transport.h"
 #include "vericache/v1/cache_store.grpc.pb.h"
 
 namespace vc::cachestore {
@@ -33,6 +34,11 @@ class StoreClient {
   absl::Status Put(const BlockKey& key, absl::string_view block);
   // kNotFound when absent; kDataLoss when the stored copy failed its checks (it is gone then).
   absl::StatusOr<std::string> Get(const BlockKey& key, const std::array<uint8_t, 32>* expect_fingerprint = nullptr);
+  // Like Get, but a block the store holds in RAM is read with a one-sided UCX get through
+  // `reader` (inline otherwise); the block is checked end to end, and one that fails is deleted
+  // from the store and reported as kDataLoss.
+  absl::StatusOr<std::string> GetRemote(const BlockKey& key, UcxReader* reader,
+                                        const std::array<uint8_t, 32>* expect_fingerprint = nullptr);
   absl::Status Delete(const BlockKey& key);
   absl::StatusOr<StoreStats> Stats();
 

@@ -99,6 +99,30 @@ grpc::ServerUnaryReactor* CacheStoreService::Get(grpc::CallbackServerContext* ct
   if (!req->expect_fingerprint().empty() && req->expect_fingerprint().size() != 32) {
     return Done(ctx, absl::InvalidArgumentError("expect_fingerprint must be 32 bytes or empty"));
   }
+  if (req->remote() && options_.ucx != nullptr) {
+    absl::StatusOr<cachestore::BlockLease> lease = store_->Lease(*key);
+    if (lease.ok()) {
+      const char* at = store_->ram().region() + lease->offset;
+      if (!req->expect_fingerprint().empty() && std::memcmp(at + 8, req->expect_fingerprint().data(), 32) != 0) {
+        store_->Release(lease->id);
+        return Done(ctx, absl::FailedPreconditionError("block belongs to another model"));
+      }
+      {
+        absl::MutexLock l(&mu_);
+        lease_owner_[lease->id] = *salt;
+      }
+      vericache::v1::RemoteBlock* r = resp->mutable_remote();
+      r->set_lease_id(lease->id);
+      r->set_worker_address(options_.ucx->worker_address());
+      r->set_rkey(options_.ucx->rkey());
+      r->set_address(options_.ucx->base() + lease->offset);
+      r->set_size_bytes(lease->size);
+      resp->set_from_ram(true);
+      return Done(ctx, absl::OkStatus());
+    }
+    if (!absl::IsResourceExhausted(lease.status())) return Done(ctx, lease.status());
+    // RAM cannot take it now: serve it inline below.
+  }
   bool from_ram = false;
   absl::StatusOr<std::string> block = store_->Get(*key, &from_ram);
   if (!block.ok()) return Done(ctx, block.status());
@@ -108,6 +132,23 @@ grpc::ServerUnaryReactor* CacheStoreService::Get(grpc::CallbackServerContext* ct
   }
   resp->set_block(std::move(*block));
   resp->set_from_ram(from_ram);
+  return Done(ctx, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* CacheStoreService::ReleaseLease(grpc::CallbackServerContext* ctx,
+                                                          const vericache::v1::ReleaseLeaseRequest* req,
+                                                          vericache::v1::ReleaseLeaseResponse*) {
+  absl::StatusOr<std::string> salt = TenantSalt(ctx);
+  if (!salt.ok()) return Done(ctx, salt.status());
+  {
+    absl::MutexLock l(&mu_);
+    auto it = lease_owner_.find(req->lease_id());
+    if (it == lease_owner_.end() || it->second != *salt) {
+      return Done(ctx, absl::NotFoundError("no such lease"));
+    }
+    lease_owner_.erase(it);
+  }
+  store_->Release(req->lease_id());
   return Done(ctx, absl::OkStatus());
 }
 

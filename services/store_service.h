@@ -7,7 +7,10 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "cachestore/store.h"
+#include "cachestore/ucx_transport.h"
 #include "grpcpp/grpcpp.h"
 #include "vericache/v1/cache_store.grpc.pb.h"
 
@@ -19,6 +22,8 @@ grpc::Status ToGrpcStatus(const absl::Status& s);
 struct StoreServiceOptions {
   std::map<std::string, std::string> tokens;  // bearer token -> tenant name
   std::string secret;                         // server secret mixed into every tenant salt
+  // The UCX server of the store's RAM region; null serves every Get inline.
+  const cachestore::UcxRegionServer* ucx = nullptr;
 };
 
 // Thread-safe. Handlers run on gRPC's callback threads; they block on the store (RocksDB), which
@@ -33,6 +38,9 @@ class CacheStoreService final : public vericache::v1::CacheStore::CallbackServic
                                 vericache::v1::PutResponse* resp) override;
   grpc::ServerUnaryReactor* Get(grpc::CallbackServerContext* ctx, const vericache::v1::GetRequest* req,
                                 vericache::v1::GetResponse* resp) override;
+  grpc::ServerUnaryReactor* ReleaseLease(grpc::CallbackServerContext* ctx,
+                                         const vericache::v1::ReleaseLeaseRequest* req,
+                                         vericache::v1::ReleaseLeaseResponse* resp) override;
   grpc::ServerUnaryReactor* Delete(grpc::CallbackServerContext* ctx, const vericache::v1::DeleteRequest* req,
                                    vericache::v1::DeleteResponse* resp) override;
   grpc::ServerUnaryReactor* Stats(grpc::CallbackServerContext* ctx, const vericache::v1::StatsRequest* req,
@@ -46,6 +54,8 @@ class CacheStoreService final : public vericache::v1::CacheStore::CallbackServic
 
   cachestore::BlockStore* const store_;
   const StoreServiceOptions options_;
+  absl::Mutex mu_;
+  std::map<uint64_t, std::string> lease_owner_ ABSL_GUARDED_BY(mu_);  // lease id -> tenant salt
 };
 
 // Reads "token tenant" lines (blank lines and # comments skipped); kInvalidArgument naming the line

@@ -37,8 +37,10 @@ class StoreServer {
     o.disk.path = dir;
     o.disk.capacity_bytes = 64 << 20;
     store_ = *cachestore::BlockStore::Open(o);
+    ucx_ = *cachestore::UcxRegionServer::Create(store_->ram().region(), store_->ram().region_bytes(),
+                                                cachestore::UcxErrorMode::kNone);
     service_ = std::make_unique<CacheStoreService>(
-        store_.get(), StoreServiceOptions{{{"token-a", "alice"}, {"token-b", "bob"}}, "secret"});
+        store_.get(), StoreServiceOptions{{{"token-a", "alice"}, {"token-b", "bob"}}, "secret", ucx_.get()});
     grpc::ServerBuilder b;
     b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
     b.SetMaxReceiveMessageSize(256 << 20);
@@ -51,8 +53,11 @@ class StoreServer {
     return *StoreClient::Create({target(), token, 5000, ""});
   }
 
+  cachestore::BlockStore& store() { return *store_; }
+
  private:
   std::unique_ptr<cachestore::BlockStore> store_;
+  std::unique_ptr<cachestore::UcxRegionServer> ucx_;
   std::unique_ptr<CacheStoreService> service_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
@@ -85,6 +90,28 @@ TEST(StoreService, PutLookupGetDeleteRoundTrip) {
   auto stats = a->Stats();
   ASSERT_TRUE(stats.ok());
   EXPECT_EQ(stats->disk_blocks, 2u);
+}
+
+TEST(StoreService, RemoteReadsOverUcxAreCheckedEndToEnd) {
+  StoreServer server(testing::TempDir("store_ucx"));
+  auto a = server.Client("token-a");
+  auto reader = *cachestore::UcxReader::Create(cachestore::UcxErrorMode::kNone);
+  const auto keys = Chain(3, 7);
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(a->Put(keys[i], MakeBlock(20 + i)).ok());
+  for (int i = 0; i < 3; ++i) {
+    auto got = a->GetRemote(keys[i], reader.get());
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(*got, MakeBlock(20 + i));
+  }
+  // A bit flipped in the store's RAM: the reader's check catches it, and the block is gone.
+  auto lease = server.store().ram().Lease(cachestore::BlockStore::Scoped(
+      std::string(reinterpret_cast<const char*>(cachestore::Sha256("secret\nalice").data()), 32), keys[1]));
+  ASSERT_TRUE(lease.ok());
+  const_cast<char*>(server.store().ram().region())[lease->offset + lease->size - 5] ^= 4;
+  server.store().ram().Release(lease->id);
+  EXPECT_EQ(a->GetRemote(keys[1], reader.get()).status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(a->Get(keys[1]).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(a->Lookup(keys)->first, 1u);
 }
 
 TEST(StoreService, AuthenticationAndTenantIsolation) {

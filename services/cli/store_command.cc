@@ -17,8 +17,11 @@ namespace {
 
 constexpr char kUsage[] =
     "usage: vericache store --listen HOST:PORT --data-dir DIR --tokens FILE [--ram-bytes N] [--disk-bytes N]\n"
-    "                       [--secret-file FILE] [--tls-cert PEM --tls-key PEM]\n"
-    "  --tokens FILE    lines of 'token tenant'; requests without a listed Bearer token are refused\n";
+    "                       [--secret-file FILE] [--tls-cert PEM --tls-key PEM] [--ucx none|peer|off]\n"
+    "  --tokens FILE    lines of 'token tenant'; requests without a listed Bearer token are refused\n"
+    "  --ucx MODE       one-sided UCX reads of the RAM tier, with UCX error handling 'none' (shared\n"
+    "                   memory and CMA allowed; the default) or 'peer' (dead peers reported; TCP only\n"
+    "                   on one host); 'off' serves every block inline over gRPC\n";
 
 absl::StatusOr<std::string> ReadAll(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -30,7 +33,7 @@ absl::StatusOr<std::string> ReadAll(const std::string& path) {
 
 absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
   VC_ASSIGN_OR_RETURN(Args a, Args::Parse(argv, {"listen", "data-dir", "tokens", "ram-bytes", "disk-bytes",
-                                                 "secret-file", "tls-cert", "tls-key"},
+                                                 "secret-file", "tls-cert", "tls-key", "ucx"},
                                           {}));
   for (const char* req : {"listen", "data-dir", "tokens"}) {
     if (!a.Has(req)) return absl::InvalidArgumentError(absl::StrCat("--", req, " is required"));
@@ -64,6 +67,13 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
   sigaddset(&sigs, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
   VC_ASSIGN_OR_RETURN(auto store, cachestore::BlockStore::Open(o));
+  std::unique_ptr<cachestore::UcxRegionServer> ucx;
+  const std::string ucx_mode = a.Str("ucx", "none");
+  if (ucx_mode != "off") {
+    VC_ASSIGN_OR_RETURN(cachestore::UcxErrorMode mode, cachestore::ParseUcxErrorMode(ucx_mode));
+    VC_ASSIGN_OR_RETURN(ucx, cachestore::UcxRegionServer::Create(store->ram().region(), store->ram().region_bytes(), mode));
+    so.ucx = ucx.get();
+  }
   CacheStoreService service(store.get(), so);
   grpc::ServerBuilder b;
   int port = 0;
@@ -76,7 +86,8 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", a.Str("listen")));
   }
   out << "vericache store listening on port " << port << " (" << so.tokens.size() << " tenants, RAM "
-      << (ram >> 20) << " MiB, disk " << (disk >> 20) << " MiB at " << o.disk.path << ")" << std::endl;
+      << (ram >> 20) << " MiB, disk " << (disk >> 20) << " MiB at " << o.disk.path << ", UCX " << ucx_mode << ")"
+      << std::endl;
   int sig = 0;
   sigwait(&sigs, &sig);
   out << "signal " << sig << ": shutting down" << std::endl;
