@@ -91,10 +91,17 @@ absl::StatusOr<std::unique_ptr<UcxRegionServer>> UcxRegionServer::Create(const c
   s->base_ = reinterpret_cast<uint64_t>(region);
   // Transports without hardware RMA (TCP) need the target's worker progressed to serve gets.
   UcxRegionServer* self = s.get();
+  // Poll while there is work; back off to millisecond sleeps when idle so an idle store costs
+  // no CPU (a get arriving then waits at most a millisecond for its first progress call).
   s->progress_ = std::thread([self] {
+    int idle = 0;
     while (!self->stop_.load(std::memory_order_relaxed)) {
-      if (ucp_worker_progress(self->impl_->worker.get()) == 0) {
-        std::this_thread::sleep_for(std::chrono::microseconds(20));
+      if (ucp_worker_progress(self->impl_->worker.get()) != 0) {
+        idle = 0;
+      } else if (++idle > 1000) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      } else {
+        std::this_thread::yield();
       }
     }
   });

@@ -28,7 +28,19 @@ std::string MakeBlock(uint32_t seed) {
   return *cachestore::EncodeBlock(fp, layout, {layers[0], layers[1]});
 }
 
-// Starts `vericache store` on a fixed loopback port; returns its pid once it answers.
+// Waits up to 20 s for the store to answer; false if it exited or never answered.
+bool WaitUp(pid_t pid, const std::string& target) {
+  auto probe = *cachestore::StoreClient::Create({target, "tok", 300, ""});
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (std::chrono::steady_clock::now() < until) {
+    if (waitpid(pid, nullptr, WNOHANG) == pid) return false;
+    if (probe->Stats().ok()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return false;
+}
+
+// Starts `vericache store` on a fixed loopback port.
 pid_t StartStore(const std::string& dir, const std::string& tokens, int port) {
   const pid_t pid = fork();
   if (pid == 0) {
@@ -50,24 +62,25 @@ TEST(StoreCrash, KillNineThenRestart) {
   std::vector<cachestore::BlockKey> keys;
   for (int i = 0; i < 20; ++i) keys.push_back(cachestore::ChainBlockKeys({"m", "l", "", 1}, {i, i})[1]);
 
+  const std::string target = "127.0.0.1:" + std::to_string(port);
   pid_t pid = StartStore(dir + "/db", tokens, port);
-  bool up = false;
-  for (int i = 0; i < 100 && !up; ++i) {
-    up = client->Stats().ok();
-    if (!up) std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  ASSERT_TRUE(up) << "store did not start";
+  // Whatever fails below, no store process outlives the test.
+  struct Reaper {
+    pid_t* pid;
+    ~Reaper() {
+      if (*pid > 0 && waitpid(*pid, nullptr, WNOHANG) == 0) {
+        kill(*pid, SIGKILL);
+        waitpid(*pid, nullptr, 0);
+      }
+    }
+  } reaper{&pid};
+  ASSERT_TRUE(WaitUp(pid, target)) << "store did not start";
   for (int i = 0; i < 20; ++i) ASSERT_TRUE(client->Put(keys[i], MakeBlock(i)).ok());
   ASSERT_EQ(kill(pid, SIGKILL), 0);
   waitpid(pid, nullptr, 0);
 
   pid = StartStore(dir + "/db", tokens, port);
-  up = false;
-  for (int i = 0; i < 100 && !up; ++i) {
-    up = client->Stats().ok();
-    if (!up) std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  ASSERT_TRUE(up) << "store did not restart";
+  ASSERT_TRUE(WaitUp(pid, target)) << "store did not restart";
   for (int i = 0; i < 20; ++i) {
     auto g = client->Get(keys[i]);
     ASSERT_TRUE(g.ok()) << i << ": " << g.status();
@@ -82,10 +95,7 @@ TEST(StoreCrash, KillNineThenRestart) {
     exited = waitpid(pid, &status, WNOHANG) == pid;
     if (!exited) std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
-  if (!exited) {
-    kill(pid, SIGKILL);
-    waitpid(pid, nullptr, 0);
-  }
+  if (exited) pid = -1;
   EXPECT_TRUE(exited && WIFEXITED(status) && WEXITSTATUS(status) == 0) << "store did not stop cleanly on SIGTERM";
 }
 
