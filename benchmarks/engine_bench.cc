@@ -77,6 +77,35 @@ int64_t WeightBytes(const ModelConfig& c) {
           int64_t{c.vocab_size} * d) * 2;
 }
 
+// Greedy one-token steps for every sequence of `seqs` in `cache`, `tokens` times; each step reads
+// the weights plus kv_bytes(i) for sequence i. Fills r's outputs, bytes, time and token count.
+template <typename KvBytes>
+void DecodeBatched(const Model& m, AttentionCache& cache, const std::vector<SeqId>& seqs,
+                   const std::vector<std::vector<int32_t>>& prompts, int tokens, KvBytes kv_bytes, ModeResult* r) {
+  std::vector<int32_t> feed(prompts.size());
+  for (size_t i = 0; i < prompts.size(); ++i) feed[i] = prompts[i].back();
+  r->outputs.resize(prompts.size());
+  std::vector<float> logits;
+  const int vocab = m.config().vocab_size;
+  const absl::Time t0 = absl::Now();
+  for (int step = 0; step < tokens; ++step) {
+    std::vector<SequenceChunk> chunks;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      chunks.push_back({seqs[i], {&feed[i], 1}});
+      r->bytes_read += kv_bytes(i);
+    }
+    r->bytes_read += static_cast<double>(WeightBytes(m.config()));
+    if (!m.Forward(chunks, cache, LogitsFor::kLastRows, &logits).ok()) std::abort();
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      feed[i] = SampleToken(absl::MakeConstSpan(logits).subspan(i * vocab, vocab), SamplingParams{},
+                            cache.Length(seqs[i]));
+      r->outputs[i].push_back(feed[i]);
+    }
+  }
+  r->decode_seconds = absl::ToDoubleSeconds(absl::Now() - t0);
+  r->tokens = static_cast<int64_t>(prompts.size()) * tokens;
+}
+
 // (a): batched one-token steps over the full KV, resident.
 ModeResult RunFull(const Model& m, const PagedKvCache& master, const std::vector<SeqId>& src,
                    const std::vector<std::vector<int32_t>>& prompts, int tokens) {
@@ -97,27 +126,8 @@ ModeResult RunFull(const Model& m, const PagedKvCache& master, const std::vector
     cache.Commit(s, n);
     seqs.push_back(s);
   }
-  std::vector<int32_t> feed(prompts.size());
-  for (size_t i = 0; i < prompts.size(); ++i) feed[i] = prompts[i].back();
-  r.outputs.resize(prompts.size());
-  std::vector<float> logits;
-  const absl::Time t0 = absl::Now();
-  for (int step = 0; step < tokens; ++step) {
-    std::vector<SequenceChunk> chunks;
-    for (size_t i = 0; i < prompts.size(); ++i) {
-      chunks.push_back({seqs[i], {&feed[i], 1}});
-      r.bytes_read += static_cast<double>(cache.Length(seqs[i]) + 1) * layout.bytes_per_token();
-    }
-    r.bytes_read += static_cast<double>(WeightBytes(m.config()));
-    if (!m.Forward(chunks, cache, LogitsFor::kLastRows, &logits).ok()) std::abort();
-    for (size_t i = 0; i < prompts.size(); ++i) {
-      feed[i] = SampleToken(absl::MakeConstSpan(logits).subspan(i * m.config().vocab_size, m.config().vocab_size),
-                            SamplingParams{}, cache.Length(seqs[i]));
-      r.outputs[i].push_back(feed[i]);
-    }
-  }
-  r.decode_seconds = absl::ToDoubleSeconds(absl::Now() - t0);
-  r.tokens = static_cast<int64_t>(prompts.size()) * tokens;
+  DecodeBatched(m, cache, seqs, prompts, tokens,
+                [&](size_t i) { return static_cast<double>(cache.Length(seqs[i]) + 1) * layout.bytes_per_token(); }, &r);
   return r;
 }
 
@@ -188,33 +198,14 @@ ModeResult RunLossy(const Model& m, const PagedKvCache& master, const std::vecto
   auto cache = MakeCompressedKvCache(spec, master.layout(), m.config().num_heads);
   if (!cache.ok()) std::abort();
   std::vector<SeqId> seqs;
-  std::vector<int32_t> feed(prompts.size());
   for (size_t i = 0; i < prompts.size(); ++i) {
     seqs.push_back((*cache)->NewSequence());
     if (!(*cache)->BuildFrom(seqs[i], master, src[i], static_cast<int64_t>(prompts[i].size()) - 1, nullptr).ok()) {
       std::abort();
     }
-    feed[i] = prompts[i].back();
   }
-  r.outputs.resize(prompts.size());
-  std::vector<float> logits;
-  const absl::Time t0 = absl::Now();
-  for (int step = 0; step < tokens; ++step) {
-    std::vector<SequenceChunk> chunks;
-    for (size_t i = 0; i < prompts.size(); ++i) {
-      chunks.push_back({seqs[i], {&feed[i], 1}});
-      r.bytes_read += static_cast<double>((*cache)->Bytes(seqs[i]));
-    }
-    r.bytes_read += static_cast<double>(WeightBytes(m.config()));
-    if (!m.Forward(chunks, **cache, LogitsFor::kLastRows, &logits).ok()) std::abort();
-    for (size_t i = 0; i < prompts.size(); ++i) {
-      feed[i] = SampleToken(absl::MakeConstSpan(logits).subspan(i * m.config().vocab_size, m.config().vocab_size),
-                            SamplingParams{}, (*cache)->Length(seqs[i]));
-      r.outputs[i].push_back(feed[i]);
-    }
-  }
-  r.decode_seconds = absl::ToDoubleSeconds(absl::Now() - t0);
-  r.tokens = static_cast<int64_t>(prompts.size()) * tokens;
+  DecodeBatched(m, **cache, seqs, prompts, tokens,
+                [&](size_t i) { return static_cast<double>((*cache)->Bytes(seqs[i])); }, &r);
   int64_t bytes = 0;
   for (SeqId s : seqs) bytes += (*cache)->Bytes(s);
   r.extra["compressed_bytes_per_seq"] = bytes / static_cast<int64_t>(prompts.size());
@@ -271,7 +262,7 @@ ModeResult RunVeriCache(const Model& m, const PagedKvCache& master, const std::v
   r.tokens = static_cast<int64_t>(prompts.size()) * tokens;
   // Reads: each draft step reads the compressed cache, each verify reads the fetched full KV once.
   const double per_seq_c = static_cast<double>(cbytes) / prompts.size();
-  r.bytes_read = drafted * per_seq_c + static_cast<double>(fetched) + (drafted + verifies) * 0.0 +
+  r.bytes_read = drafted * per_seq_c + static_cast<double>(fetched) +
                  static_cast<double>(WeightBytes(m.config())) * (drafted + verifies) / prompts.size();
   r.extra = {{"acceptance_rate", drafted ? double(accepted) / drafted : 0.0},
              {"tokens_per_verify", verifies ? double(r.tokens) / verifies : 0.0},

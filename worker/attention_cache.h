@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
 #include "kernels/kernels.h"
 
@@ -44,6 +45,13 @@ class AttentionCache {
   // the cache cannot roll back that far (compressed caches declare how far they can).
   virtual absl::Status Truncate(SeqId seq, int64_t length) = 0;
 };
+
+// kInvalidArgument unless 0 <= length <= current: the range check every Truncate starts with.
+inline absl::Status CheckTruncateLength(int64_t length, int64_t current) {
+  if (length >= 0 && length <= current) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("truncate to ", length, " but the sequence has ", current,
+                                                 " positions"));
+}
 
 }  // namespace vc
 

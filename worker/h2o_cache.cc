@@ -309,9 +309,7 @@ void H2oCache::Commit(SeqId seq, int64_t length) {
 
 absl::Status H2oCache::Truncate(SeqId seq, int64_t length) {
   Sequence& s = seqs_[seq];
-  if (length < 0 || length > s.length) {
-    return absl::InvalidArgumentError(absl::StrCat("truncate to ", length, " but the sequence has ", s.length));
-  }
+  if (absl::Status st = CheckTruncateLength(length, s.length); !st.ok()) return st;
   if (length == s.length) return absl::OkStatus();
   if (length < s.built) {
     return absl::FailedPreconditionError(

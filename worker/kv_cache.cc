@@ -50,10 +50,7 @@ absl::Status PagedKvCache::Reserve(SeqId seq, int64_t length) {
 
 absl::Status PagedKvCache::Truncate(SeqId seq, int64_t length) {
   Sequence& s = seqs_[seq];
-  if (length < 0 || length > s.length) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("truncate to ", length, " but the sequence has ", s.length, " positions"));
-  }
+  if (absl::Status st = CheckTruncateLength(length, s.length); !st.ok()) return st;
   s.length = length;
   const size_t keep = static_cast<size_t>((length + layout_.block_size - 1) / layout_.block_size);
   while (s.blocks.size() > keep) {

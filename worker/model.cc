@@ -162,8 +162,8 @@ absl::Status Model::Forward(absl::Span<const SequenceChunk> chunks, AttentionCac
     old_len.push_back(cache.Length(ch.seq));
     absl::Status st = cache.Reserve(ch.seq, old_len.back() + static_cast<int64_t>(ch.tokens.size()));
     if (!st.ok()) {
+      // Truncating to the old lengths releases what the earlier chunks reserved.
       for (size_t i = 0; i + 1 < old_len.size(); ++i) (void)cache.Truncate(chunks[i].seq, old_len[i]);
-      // Truncate releases the blocks reserved past each sequence's old length.
       return st;
     }
   }

@@ -141,9 +141,7 @@ void QuestCache::Attend(int layer, absl::Span<const QueryRow> rows, const float*
 
 absl::Status QuestCache::Truncate(SeqId seq, int64_t length) {
   Sequence& s = seqs_[seq];
-  if (length < 0 || length > s.length) {
-    return absl::InvalidArgumentError(absl::StrCat("truncate to ", length, " but the sequence has ", s.length));
-  }
+  if (absl::Status st = CheckTruncateLength(length, s.length); !st.ok()) return st;
   const int64_t row = int64_t{layout_.num_kv_heads} * layout_.head_dim;
   const int64_t P = params_.page;
   const int64_t pages = (length + P - 1) / P;

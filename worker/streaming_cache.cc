@@ -88,9 +88,7 @@ void StreamingCache::Attend(int layer, absl::Span<const QueryRow> rows, const fl
 
 absl::Status StreamingCache::Truncate(SeqId seq, int64_t length) {
   Sequence& s = seqs_[seq];
-  if (length < 0 || length > s.length) {
-    return absl::InvalidArgumentError(absl::StrCat("truncate to ", length, " but the sequence has ", s.length));
-  }
+  if (absl::Status st = CheckTruncateLength(length, s.length); !st.ok()) return st;
   if (s.longest - length > rollback_) {
     return absl::FailedPreconditionError(absl::StrCat("cannot roll back to ", length, ": ", s.longest - length,
                                                       " positions behind the longest length ", s.longest,

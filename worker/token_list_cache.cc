@@ -218,9 +218,7 @@ void TokenListCache::Commit(SeqId seq, int64_t length) {
 
 absl::Status TokenListCache::Truncate(SeqId seq, int64_t length) {
   Sequence& s = seqs_[seq];
-  if (length < 0 || length > s.length) {
-    return absl::InvalidArgumentError(absl::StrCat("truncate to ", length, " but the sequence has ", s.length));
-  }
+  if (absl::Status st = CheckTruncateLength(length, s.length); !st.ok()) return st;
   std::vector<int32_t> keep(s.heads.size());
   for (size_t i = 0; i < s.heads.size(); ++i) {
     keep[i] = VisibleCount(s, s.heads[i], length - 1);
