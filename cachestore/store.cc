@@ -67,8 +67,8 @@ absl::StatusOr<std::string> BlockStore::Get(const BlockKey& key, bool* from_ram)
   return block;
 }
 
-absl::StatusOr<BlockLease> BlockStore::Lease(const BlockKey& key) {
-  absl::StatusOr<BlockLease> lease = ram_->Lease(key);
+absl::StatusOr<BlockLease> BlockStore::Lease(const BlockKey& key, absl::string_view owner) {
+  absl::StatusOr<BlockLease> lease = ram_->Lease(key, owner);
   if (!absl::IsNotFound(lease.status())) {
     if (lease.ok()) hits_ram_++;
     return lease;
@@ -85,7 +85,7 @@ absl::StatusOr<BlockLease> BlockStore::Lease(const BlockKey& key) {
   }
   hits_disk_++;
   if (absl::Status s = ram_->Put(key, *block, nullptr); !s.ok()) return s;
-  return ram_->Lease(key);
+  return ram_->Lease(key, owner);
 }
 
 std::pair<uint32_t, uint32_t> BlockStore::Lookup(absl::Span<const BlockKey> keys) const {

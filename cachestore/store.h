@@ -43,10 +43,12 @@ class BlockStore {
   // Leading keys present, and how many of those are in RAM.
   std::pair<uint32_t, uint32_t> Lookup(absl::Span<const BlockKey> keys) const;
   absl::Status Delete(const BlockKey& key);
-  // Pins the block in the RAM tier for a remote read (bringing it up from disk, checked, if
-  // needed); kNotFound when absent, kResourceExhausted when RAM cannot take it.
-  absl::StatusOr<BlockLease> Lease(const BlockKey& key);
-  void Release(uint64_t lease_id) { ram_->Release(lease_id); }
+  // Pins the block in the RAM tier for a remote read by `owner` (bringing it up from disk,
+  // checked, if needed) until Release or the lease's expiry (RamTier::Lease); kNotFound when
+  // absent, kResourceExhausted when RAM cannot take it.
+  absl::StatusOr<BlockLease> Lease(const BlockKey& key, absl::string_view owner = "");
+  // RamTier::Release: OK only when the lease was still live, so the bytes read under it are good.
+  absl::Status Release(uint64_t lease_id, absl::string_view owner = "") { return ram_->Release(lease_id, owner); }
   StoreStats Stats() const;
 
   RamTier& ram() { return *ram_; }

@@ -99,8 +99,14 @@ absl::StatusOr<std::string> StoreClient::GetRemote(const BlockKey& key, UcxReade
     vericache::v1::ReleaseLeaseRequest rel;
     rel.set_lease_id(r.lease_id());
     vericache::v1::ReleaseLeaseResponse rr;
-    (void)stub_->ReleaseLease(&ctx, rel, &rr);  // an unreleased lease only delays eviction
+    absl::Status released = FromGrpc(stub_->ReleaseLease(&ctx, rel, &rr));
     if (!read.ok()) return read;
+    // Only a lease still live at its release covered the whole read; past its expiry the slot may
+    // hold another block that passes every check (tiers.h).
+    if (absl::IsNotFound(released)) {
+      return absl::AbortedError("the block's lease expired before its read finished; the bytes were discarded");
+    }
+    if (!released.ok()) return released;
   }
   absl::StatusOr<BlockHeader> h = DecodeBlockHeader(block);
   absl::Status check = h.ok() ? VerifyBlock(block, h->fingerprint).status() : h.status();

@@ -35,8 +35,11 @@ class StoreClient {
   // kNotFound when absent; kDataLoss when the stored copy failed its checks (it is gone then).
   absl::StatusOr<std::string> Get(const BlockKey& key, const std::array<uint8_t, 32>* expect_fingerprint = nullptr);
   // Like Get, but a block the store holds in RAM is read with a one-sided UCX get through
-  // `reader` (inline otherwise); the block is checked end to end, and one that fails is deleted
-  // from the store and reported as kDataLoss.
+  // `reader` (inline otherwise) under a lease, released after the read; the block is checked end
+  // to end, and one that fails is deleted from the store and reported as kDataLoss. kAborted
+  // when the lease expired before it was released (the read may have raced a reuse of the slot;
+  // the bytes are discarded, the stored block is kept, and the call can be retried); the release
+  // call's own error when the store could not confirm the lease.
   absl::StatusOr<std::string> GetRemote(const BlockKey& key, UcxReader* reader,
                                         const std::array<uint8_t, 32>* expect_fingerprint = nullptr);
   absl::Status Delete(const BlockKey& key);

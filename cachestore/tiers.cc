@@ -27,7 +27,9 @@ absl::Status FromRocks(const rocksdb::Status& s, absl::string_view what) {
 // ------------------------------------------------------------------------------------------ RAM
 
 RamTier::RamTier(const RamTierOptions& options)
-    : options_(options), region_(new char[options.capacity_bytes]) {}
+    : options_(options),
+      clock_(options.clock != nullptr ? options.clock : SteadyClock()),
+      region_(new char[options.capacity_bytes]) {}
 
 RamTier::~RamTier() = default;
 
@@ -57,6 +59,22 @@ void RamTier::Free(Entry& e) {
   used_ -= e.slot;
 }
 
+void RamTier::Unpin(const BlockKey& key) {
+  auto e = entries_.find(key);
+  if (e == entries_.end()) return;
+  if (--e->second.pins == 0 && e->second.dead) {
+    Free(e->second);
+    entries_.erase(e);
+  }
+}
+
+void RamTier::ExpireLeases(absl::Duration now) {
+  while (!leases_.empty() && leases_.begin()->second.deadline <= now) {
+    Unpin(leases_.begin()->second.key);
+    leases_.erase(leases_.begin());
+  }
+}
+
 absl::Status RamTier::Put(const BlockKey& key, absl::string_view block,
                           std::vector<std::pair<BlockKey, std::string>>* evicted) {
   const uint64_t slot = SlotFor(block.size());
@@ -66,6 +84,7 @@ absl::Status RamTier::Put(const BlockKey& key, absl::string_view block,
   uint64_t offset;
   {
     absl::MutexLock l(&mu_);
+    ExpireLeases(clock_->Now());  // before choosing victims: an expired lease pins nothing
     if (auto it = entries_.find(key); it != entries_.end()) {
       if (it->second.pins > 0) return absl::OkStatus();  // same key, same content: keep the pinned copy
       Free(it->second);
@@ -111,19 +130,27 @@ absl::Status RamTier::Put(const BlockKey& key, absl::string_view block,
   }
   std::memcpy(region_.get() + offset, block.data(), block.size());
   absl::MutexLock l(&mu_);
-  auto it = entries_.find(key);
-  if (it != entries_.end()) {
-    it->second.ready = true;
-    --it->second.pins;
-  }
+  if (auto it = entries_.find(key); it != entries_.end()) it->second.ready = true;
+  Unpin(key);  // frees the slot if the block was deleted while being copied in
   return absl::OkStatus();
 }
 
 absl::StatusOr<std::string> RamTier::Get(const BlockKey& key) {
-  absl::StatusOr<BlockLease> lease = Lease(key);
-  if (!lease.ok()) return lease.status();
-  std::string out(region_.get() + lease->offset, lease->size);
-  Release(lease->id);
+  // Pinned without a lease, which could expire during a slow copy.
+  uint64_t offset, size;
+  {
+    absl::MutexLock l(&mu_);
+    auto it = entries_.find(key);
+    if (it == entries_.end() || it->second.dead || !it->second.ready) return absl::NotFoundError("no such block");
+    Entry& e = it->second;
+    ++e.pins;
+    lru_.splice(lru_.begin(), lru_, e.lru);
+    offset = e.offset;
+    size = e.size;
+  }
+  std::string out(region_.get() + offset, size);
+  absl::MutexLock l(&mu_);
+  Unpin(key);
   return out;
 }
 
@@ -148,29 +175,31 @@ absl::Status RamTier::Delete(const BlockKey& key) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<BlockLease> RamTier::Lease(const BlockKey& key) {
+absl::StatusOr<BlockLease> RamTier::Lease(const BlockKey& key, absl::string_view owner) {
   absl::MutexLock l(&mu_);
+  const absl::Duration now = clock_->Now();
+  ExpireLeases(now);
   auto it = entries_.find(key);
   if (it == entries_.end() || it->second.dead || !it->second.ready) return absl::NotFoundError("no such block");
   Entry& e = it->second;
   ++e.pins;
   lru_.splice(lru_.begin(), lru_, e.lru);
   const uint64_t id = next_lease_++;
-  leases_[id] = key;
+  leases_.emplace_hint(leases_.end(), id,
+                       LeaseRecord{key, now + absl::Milliseconds(options_.lease_ttl_ms), std::string(owner)});
   return BlockLease{id, e.offset, e.size};
 }
 
-void RamTier::Release(uint64_t lease_id) {
+absl::Status RamTier::Release(uint64_t lease_id, absl::string_view owner) {
   absl::MutexLock l(&mu_);
+  ExpireLeases(clock_->Now());  // a lease past its deadline is gone, swept or not
   auto it = leases_.find(lease_id);
-  if (it == leases_.end()) return;
-  auto e = entries_.find(it->second);
-  leases_.erase(it);
-  if (e == entries_.end()) return;
-  if (--e->second.pins == 0 && e->second.dead) {
-    Free(e->second);
-    entries_.erase(e);
+  if (it == leases_.end() || it->second.owner != owner) {
+    return absl::NotFoundError("no such lease (released, expired, or another owner's)");
   }
+  Unpin(it->second.key);
+  leases_.erase(it);
+  return absl::OkStatus();
 }
 
 uint64_t RamTier::used_bytes() const {

@@ -3,11 +3,21 @@
 // over a persistent RocksDB tier (values in blob files, its own byte budget, oldest-first eviction).
 // Both are thread-safe; neither holds its lock across RocksDB calls or copies of block payloads
 // larger than a slot.
+//
+// Leases expire. A reader that dies holding one would otherwise pin its block forever, so a lease
+// not released within RamTierOptions::lease_ttl_ms is dropped, lazily: the tier's next Put, Lease
+// or Release drops every expired lease first (no thread of its own). Once its lease is gone a
+// block can be evicted and its slot reused, so a remote read still in flight may copy parts of
+// another block. The block format's checksums catch a torn read but not a slot that now holds
+// another whole block of the same size, so a reader trusts its bytes only when Release of the
+// lease, called after the read completed, returns OK: a lease that was live then was live for the
+// whole read. StoreClient::GetRemote does exactly that.
 #ifndef VC_CACHESTORE_TIERS_H_
 #define VC_CACHESTORE_TIERS_H_
 
 #include <cstdint>
 #include <list>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -16,7 +26,9 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "cachestore/block_key.h"
+#include "common/clock.h"
 
 namespace rocksdb {
 class DB;
@@ -24,7 +36,7 @@ class DB;
 
 namespace vc::cachestore {
 
-// Where a leased block sits in the RAM tier's region: valid until the lease is released.
+// Where a leased block sits in the RAM tier's region: valid until the lease is released or expires.
 struct BlockLease {
   uint64_t id = 0;
   uint64_t offset = 0;  // from the region's base
@@ -36,6 +48,10 @@ struct RamTierOptions {
   double high_watermark = 0.95;  // eviction starts above this fraction of capacity...
   double low_watermark = 0.85;   // ...and stops below this one
   uint64_t min_slot_bytes = 4096;
+  // A lease not released this long after it was granted expires (see the top of this file). > 0.
+  int64_t lease_ttl_ms = 30'000;
+  // What lease deadlines are measured against; null: SteadyClock(). Must outlive the tier.
+  const Clock* clock = nullptr;
 };
 
 class RamTier {
@@ -53,10 +69,15 @@ class RamTier {
   bool Contains(const BlockKey& key) const;
   absl::Status Delete(const BlockKey& key);
 
-  // Pins the block until Release(lease.id); kNotFound when absent. Readers (UCX gets) read
-  // region() + offset for size bytes while the lease is held.
-  absl::StatusOr<BlockLease> Lease(const BlockKey& key);
-  void Release(uint64_t lease_id);
+  // Pins the block for `owner` until Release(lease.id, owner) or until the lease expires,
+  // lease_ttl_ms from now; kNotFound when absent. Readers (UCX gets) read region() + offset for
+  // size bytes while the lease is held.
+  absl::StatusOr<BlockLease> Lease(const BlockKey& key, absl::string_view owner = "");
+  // Ends `owner`'s lease. OK when it was live: bytes read under it before this call were the
+  // block's. kNotFound when `owner` holds no live lease of that id (released already, expired, or
+  // another owner's, which is left alone); bytes read under an expired lease must be discarded.
+  // Releasing an unknown or expired id changes nothing else.
+  absl::Status Release(uint64_t lease_id, absl::string_view owner = "");
 
   // The region blocks live in (registered once with the data plane).
   const char* region() const { return region_.get(); }
@@ -72,12 +93,22 @@ class RamTier {
     bool dead = false;   // deleted while pinned: freed at the last release
     std::list<BlockKey>::iterator lru;
   };
+  struct LeaseRecord {
+    BlockKey key;
+    absl::Duration deadline;
+    std::string owner;
+  };
   uint64_t SlotFor(uint64_t size) const;
+  // Drops every lease whose deadline is not after `now`.
+  void ExpireLeases(absl::Duration now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Drops one pin of `key`, freeing a deleted block at its last one.
+  void Unpin(const BlockKey& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Returns an offset of a free slot of `slot` bytes, or UINT64_MAX.
   uint64_t Allocate(uint64_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Free(Entry& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const RamTierOptions options_;
+  const Clock* const clock_;
   std::unique_ptr<char[]> region_;
   mutable absl::Mutex mu_;
   uint64_t bump_ ABSL_GUARDED_BY(mu_) = 0;  // region bytes never handed out yet
@@ -85,7 +116,9 @@ class RamTier {
   absl::flat_hash_map<uint64_t, std::vector<uint64_t>> free_slots_ ABSL_GUARDED_BY(mu_);  // slot size -> offsets
   absl::flat_hash_map<BlockKey, Entry> entries_ ABSL_GUARDED_BY(mu_);
   std::list<BlockKey> lru_ ABSL_GUARDED_BY(mu_);  // front = most recent
-  absl::flat_hash_map<uint64_t, BlockKey> leases_ ABSL_GUARDED_BY(mu_);
+  // Live leases by id. Every lease gets the same time to live and ids grow with the (monotonic)
+  // clock, so id order is deadline order and the expired leases are always a prefix.
+  std::map<uint64_t, LeaseRecord> leases_ ABSL_GUARDED_BY(mu_);
   uint64_t next_lease_ ABSL_GUARDED_BY(mu_) = 1;
 };
 

@@ -100,16 +100,13 @@ grpc::ServerUnaryReactor* CacheStoreService::Get(grpc::CallbackServerContext* ct
     return Done(ctx, absl::InvalidArgumentError("expect_fingerprint must be 32 bytes or empty"));
   }
   if (req->remote() && options_.ucx != nullptr) {
-    absl::StatusOr<cachestore::BlockLease> lease = store_->Lease(*key);
+    // The tenant owns the lease: only its own ReleaseLease ends it early.
+    absl::StatusOr<cachestore::BlockLease> lease = store_->Lease(*key, *salt);
     if (lease.ok()) {
       const char* at = store_->ram().region() + lease->offset;
       if (!req->expect_fingerprint().empty() && std::memcmp(at + 8, req->expect_fingerprint().data(), 32) != 0) {
-        store_->Release(lease->id);
+        (void)store_->Release(lease->id, *salt);
         return Done(ctx, absl::FailedPreconditionError("block belongs to another model"));
-      }
-      {
-        absl::MutexLock l(&mu_);
-        lease_owner_[lease->id] = *salt;
       }
       vericache::v1::RemoteBlock* r = resp->mutable_remote();
       r->set_lease_id(lease->id);
@@ -140,16 +137,7 @@ grpc::ServerUnaryReactor* CacheStoreService::ReleaseLease(grpc::CallbackServerCo
                                                           vericache::v1::ReleaseLeaseResponse*) {
   absl::StatusOr<std::string> salt = TenantSalt(ctx);
   if (!salt.ok()) return Done(ctx, salt.status());
-  {
-    absl::MutexLock l(&mu_);
-    auto it = lease_owner_.find(req->lease_id());
-    if (it == lease_owner_.end() || it->second != *salt) {
-      return Done(ctx, absl::NotFoundError("no such lease"));
-    }
-    lease_owner_.erase(it);
-  }
-  store_->Release(req->lease_id());
-  return Done(ctx, absl::OkStatus());
+  return Done(ctx, store_->Release(req->lease_id(), *salt));
 }
 
 grpc::ServerUnaryReactor* CacheStoreService::Delete(grpc::CallbackServerContext* ctx, const DeleteRequest* req,

@@ -7,8 +7,6 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "absl/base/thread_annotations.h"
-#include "absl/synchronization/mutex.h"
 #include "cachestore/store.h"
 #include "cachestore/ucx_transport.h"
 #include "grpcpp/grpcpp.h"
@@ -28,6 +26,11 @@ struct StoreServiceOptions {
 
 // Thread-safe. Handlers run on gRPC's callback threads; they block on the store (RocksDB), which
 // is bounded by one block's I/O.
+//
+// Leases from Get are owned by the caller's tenant and expire after the RAM tier's lease_ttl_ms.
+// ReleaseLease answers OK only for a lease of the caller's tenant that was still live, and
+// NOT_FOUND otherwise (released, expired, another tenant's): a client must discard bytes it read
+// under a lease whose release was not OK (see cachestore/tiers.h).
 class CacheStoreService final : public vericache::v1::CacheStore::CallbackService {
  public:
   CacheStoreService(cachestore::BlockStore* store, StoreServiceOptions options);
@@ -54,8 +57,6 @@ class CacheStoreService final : public vericache::v1::CacheStore::CallbackServic
 
   cachestore::BlockStore* const store_;
   const StoreServiceOptions options_;
-  absl::Mutex mu_;
-  std::map<uint64_t, std::string> lease_owner_ ABSL_GUARDED_BY(mu_);  // lease id -> tenant salt
 };
 
 // Reads "token tenant" lines (blank lines and # comments skipped); kInvalidArgument naming the line

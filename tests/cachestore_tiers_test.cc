@@ -1,9 +1,12 @@
-// The RAM and disk tiers: budgets, LRU eviction, leases, persistence across reopen.
-#include <filesystem>
+// The RAM and disk tiers: budgets, LRU eviction, leases and their expiry, persistence across
+// reopen.
 #include <atomic>
+#include <chrono>
+#include <filesystem>
 #include <thread>
 
 #include "cachestore/tiers.h"
+#include "common/clock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/tiny_model.h"
 
@@ -56,7 +59,8 @@ TEST(RamTier, LeasesPinBlocks) {
   ASSERT_TRUE(t.Delete(Key(0)).ok());
   EXPECT_FALSE(t.Contains(Key(0)));
   EXPECT_EQ(std::string(t.region() + lease->offset, lease->size), Block(0));
-  t.Release(lease->id);
+  EXPECT_TRUE(t.Release(lease->id).ok());
+  EXPECT_EQ(t.Release(lease->id).code(), absl::StatusCode::kNotFound);  // once only
   // Every slot pinned: a put is refused, not forced.
   ASSERT_TRUE(t.Put(Key(20), Block(20), nullptr).ok());
   ASSERT_EQ(t.blocks(), 4u);
@@ -66,8 +70,100 @@ TEST(RamTier, LeasesPinBlocks) {
   }
   ASSERT_EQ(leases.size(), 4u);
   EXPECT_EQ(t.Put(Key(50), Block(5), nullptr).code(), absl::StatusCode::kResourceExhausted);
-  for (const auto& l : leases) t.Release(l.id);
+  for (const auto& l : leases) EXPECT_TRUE(t.Release(l.id).ok());
   EXPECT_TRUE(t.Put(Key(50), Block(5), nullptr).ok());
+}
+
+// Four 16 KiB slots, evicting only when full, leases living 100 ms on `clock`.
+RamTierOptions FourSlots(const Clock* clock) {
+  RamTierOptions o;
+  o.capacity_bytes = 4 * 16384;
+  o.high_watermark = 1.0;
+  o.low_watermark = 1.0;
+  o.lease_ttl_ms = 100;
+  o.clock = clock;
+  return o;
+}
+
+TEST(RamTier, ExpiredLeaseNoLongerPins) {
+  ManualClock clock;
+  RamTier t(FourSlots(&clock));
+  ASSERT_TRUE(t.Put(Key(0), Block(0), nullptr).ok());
+  auto lease = t.Lease(Key(0), "reader");
+  ASSERT_TRUE(lease.ok());
+  clock.Advance(absl::Milliseconds(99));
+  for (int i = 1; i < 10; ++i) ASSERT_TRUE(t.Put(Key(i), Block(i), nullptr).ok());
+  EXPECT_TRUE(t.Contains(Key(0)));  // still leased: never evicted
+  // The reader died. Once the lease's time is up the next put may evict the block (the least
+  // recently used) and reuse its slot.
+  clock.Advance(absl::Milliseconds(1));
+  std::vector<std::pair<BlockKey, std::string>> evicted;
+  ASSERT_TRUE(t.Put(Key(10), Block(10), &evicted).ok());
+  ASSERT_EQ(evicted.size(), 1u);
+  EXPECT_EQ(evicted[0].first, Key(0));
+  EXPECT_FALSE(t.Contains(Key(0)));
+  EXPECT_EQ(std::string(t.region() + lease->offset, lease->size), Block(10));  // the slot moved on
+  // Releasing the expired lease is refused, and harmless: the other blocks stay, unpinned.
+  EXPECT_EQ(t.Release(lease->id, "reader").code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(t.Release(lease->id, "reader").code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(t.blocks(), 4u);
+  EXPECT_EQ(*t.Get(Key(10)), Block(10));
+  for (int i = 11; i < 15; ++i) ASSERT_TRUE(t.Put(Key(i), Block(i), nullptr).ok());
+  EXPECT_FALSE(t.Contains(Key(10)));
+}
+
+TEST(RamTier, LeaseExpiresAtItsDeadlineWhetherOrNotSwept) {
+  ManualClock clock;
+  RamTier t(FourSlots(&clock));
+  ASSERT_TRUE(t.Put(Key(0), Block(0), nullptr).ok());
+  auto early = t.Lease(Key(0), "a");
+  auto late = t.Lease(Key(0), "a");
+  ASSERT_TRUE(early.ok() && late.ok());
+  clock.Advance(absl::Milliseconds(60));
+  EXPECT_TRUE(t.Release(early->id, "a").ok());  // in time: the bytes read under it are good
+  auto next = t.Lease(Key(0), "a");
+  ASSERT_TRUE(next.ok());
+  // No tier operation ran since the deadline passed; the release still reports the expiry.
+  clock.Advance(absl::Milliseconds(40));
+  EXPECT_EQ(t.Release(late->id, "a").code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(t.Release(next->id, "a").ok());  // granted later, so it lives later
+}
+
+TEST(RamTier, OnlyTheOwnerReleasesALease) {
+  ManualClock clock;
+  RamTier t(FourSlots(&clock));
+  ASSERT_TRUE(t.Put(Key(0), Block(0), nullptr).ok());
+  auto lease = t.Lease(Key(0), "alice");
+  ASSERT_TRUE(lease.ok());
+  EXPECT_EQ(t.Release(lease->id, "bob").code(), absl::StatusCode::kNotFound);
+  for (int i = 1; i < 10; ++i) ASSERT_TRUE(t.Put(Key(i), Block(i), nullptr).ok());
+  EXPECT_TRUE(t.Contains(Key(0)));  // bob's attempt left alice's pin in place
+  EXPECT_TRUE(t.Release(lease->id, "alice").ok());
+}
+
+TEST(RamTier, ExpiryFreesABlockDeletedWhileLeased) {
+  ManualClock clock;
+  RamTier t(FourSlots(&clock));
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(t.Put(Key(i), Block(i), nullptr).ok());
+  std::vector<BlockLease> leases;
+  for (int i = 0; i < 4; ++i) leases.push_back(*t.Lease(Key(i)));
+  ASSERT_TRUE(t.Delete(Key(0)).ok());
+  EXPECT_EQ(t.Put(Key(5), Block(5), nullptr).code(), absl::StatusCode::kResourceExhausted);
+  clock.Advance(absl::Milliseconds(100));
+  ASSERT_TRUE(t.Put(Key(5), Block(5), nullptr).ok());  // the deleted block's slot came back
+  EXPECT_EQ(t.used_bytes(), 4u * 16384);
+  for (const BlockLease& l : leases) EXPECT_EQ(t.Release(l.id).code(), absl::StatusCode::kNotFound);
+}
+
+TEST(RamTier, LeasesExpireOnTheSteadyClockByDefault) {
+  RamTierOptions o = FourSlots(nullptr);
+  o.lease_ttl_ms = 20;
+  RamTier t(o);
+  ASSERT_TRUE(t.Put(Key(0), Block(0), nullptr).ok());
+  auto lease = t.Lease(Key(0));
+  ASSERT_TRUE(lease.ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(40));
+  EXPECT_EQ(t.Release(lease->id).code(), absl::StatusCode::kNotFound);
 }
 
 TEST(RamTier, ConcurrentReadersAndWritersSeeWholeBlocks) {

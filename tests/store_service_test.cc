@@ -5,6 +5,7 @@
 
 #include "cachestore/block_format.h"
 #include "cachestore/store_client.h"
+#include "common/clock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "services/store_service.h"
@@ -31,9 +32,11 @@ std::string MakeBlock(uint32_t seed, std::array<uint8_t, 32>* fp_out = nullptr) 
 
 class StoreServer {
  public:
-  explicit StoreServer(const std::string& dir) {
+  // `clock` (may be null: the steady clock) times the RAM tier's leases.
+  explicit StoreServer(const std::string& dir, const Clock* clock = nullptr) {
     cachestore::StoreOptions o;
     o.ram.capacity_bytes = 8 << 20;
+    o.ram.clock = clock;
     o.disk.path = dir;
     o.disk.capacity_bytes = 64 << 20;
     store_ = *cachestore::BlockStore::Open(o);
@@ -108,10 +111,60 @@ TEST(StoreService, RemoteReadsOverUcxAreCheckedEndToEnd) {
       std::string(reinterpret_cast<const char*>(cachestore::Sha256("secret\nalice").data()), 32), keys[1]));
   ASSERT_TRUE(lease.ok());
   const_cast<char*>(server.store().ram().region())[lease->offset + lease->size - 5] ^= 4;
-  server.store().ram().Release(lease->id);
+  ASSERT_TRUE(server.store().ram().Release(lease->id).ok());
   EXPECT_EQ(a->GetRemote(keys[1], reader.get()).status().code(), absl::StatusCode::kDataLoss);
   EXPECT_EQ(a->Get(keys[1]).status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(a->Lookup(keys)->first, 1u);
+}
+
+// A clock that jumps a minute, twice the default lease time, every time it is read: every lease
+// has expired by the store's next look at the clock.
+class LeapingClock final : public Clock {
+ public:
+  absl::Duration Now() const override { return absl::Minutes(++reads_); }
+
+ private:
+  mutable std::atomic<int64_t> reads_{0};
+};
+
+TEST(StoreService, ReadsUnderAnExpiredLeaseAreDiscarded) {
+  LeapingClock clock;
+  StoreServer server(testing::TempDir("store_expiry"), &clock);
+  auto a = server.Client("token-a");
+  auto reader = *cachestore::UcxReader::Create(cachestore::UcxErrorMode::kNone);
+  const auto keys = Chain(1, 8);
+  ASSERT_TRUE(a->Put(keys[0], MakeBlock(30)).ok());
+  // The lease is gone by the release after the read: the client cannot know the slot was not
+  // reused meanwhile, so it returns no bytes, and leaves the stored block alone.
+  EXPECT_EQ(a->GetRemote(keys[0], reader.get()).status().code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(*a->Get(keys[0]), MakeBlock(30));
+}
+
+TEST(StoreService, OnlyTheLeasingTenantReleasesALease) {
+  StoreServer server(testing::TempDir("store_lease_owner"));
+  auto a = server.Client("token-a");
+  const auto keys = Chain(1, 9);
+  ASSERT_TRUE(a->Put(keys[0], MakeBlock(40)).ok());
+  auto stub = vericache::v1::CacheStore::NewStub(grpc::CreateChannel(server.target(), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext get_ctx;
+  get_ctx.AddMetadata("authorization", "Bearer token-a");
+  vericache::v1::GetRequest req;
+  req.set_key(std::string(reinterpret_cast<const char*>(keys[0].bytes.data()), 32));
+  req.set_remote(true);
+  vericache::v1::GetResponse resp;
+  ASSERT_TRUE(stub->Get(&get_ctx, req, &resp).ok());
+  ASSERT_TRUE(resp.has_remote());
+  auto release = [&](const std::string& token) {
+    grpc::ClientContext ctx;
+    ctx.AddMetadata("authorization", "Bearer " + token);
+    vericache::v1::ReleaseLeaseRequest rel;
+    rel.set_lease_id(resp.remote().lease_id());
+    vericache::v1::ReleaseLeaseResponse rr;
+    return stub->ReleaseLease(&ctx, rel, &rr).error_code();
+  };
+  EXPECT_EQ(release("token-b"), grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(release("token-a"), grpc::StatusCode::OK);
+  EXPECT_EQ(release("token-a"), grpc::StatusCode::NOT_FOUND);
 }
 
 TEST(StoreService, AuthenticationAndTenantIsolation) {

@@ -18,10 +18,13 @@ namespace {
 constexpr char kUsage[] =
     "usage: vericache store --listen HOST:PORT --data-dir DIR --tokens FILE [--ram-bytes N] [--disk-bytes N]\n"
     "                       [--secret-file FILE] [--tls-cert PEM --tls-key PEM] [--ucx none|peer|off]\n"
+    "                       [--lease-ttl-ms N]\n"
     "  --tokens FILE    lines of 'token tenant'; requests without a listed Bearer token are refused\n"
     "  --ucx MODE       one-sided UCX reads of the RAM tier, with UCX error handling 'none' (shared\n"
     "                   memory and CMA allowed; the default) or 'peer' (dead peers reported; TCP only\n"
-    "                   on one host); 'off' serves every block inline over gRPC\n";
+    "                   on one host); 'off' serves every block inline over gRPC\n"
+    "  --lease-ttl-ms N how long a remote read's lease pins its block if the reader never releases\n"
+    "                   it (default 30000); a read outlasting its lease is discarded by the client\n";
 
 absl::StatusOr<std::string> ReadAll(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -33,7 +36,7 @@ absl::StatusOr<std::string> ReadAll(const std::string& path) {
 
 absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
   VC_ASSIGN_OR_RETURN(Args a, Args::Parse(argv, {"listen", "data-dir", "tokens", "ram-bytes", "disk-bytes",
-                                                 "secret-file", "tls-cert", "tls-key", "ucx"},
+                                                 "secret-file", "tls-cert", "tls-key", "ucx", "lease-ttl-ms"},
                                           {}));
   for (const char* req : {"listen", "data-dir", "tokens"}) {
     if (!a.Has(req)) return absl::InvalidArgumentError(absl::StrCat("--", req, " is required"));
@@ -41,6 +44,7 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
   cachestore::StoreOptions o;
   VC_ASSIGN_OR_RETURN(int64_t ram, a.Int("ram-bytes", int64_t{1} << 30, 1 << 20, int64_t{1} << 40));
   VC_ASSIGN_OR_RETURN(int64_t disk, a.Int("disk-bytes", int64_t{16} << 30, 1 << 20, int64_t{1} << 50));
+  VC_ASSIGN_OR_RETURN(o.ram.lease_ttl_ms, a.Int("lease-ttl-ms", o.ram.lease_ttl_ms, 1, int64_t{24} * 3600 * 1000));
   o.ram.capacity_bytes = static_cast<uint64_t>(ram);
   o.disk.path = a.Str("data-dir");
   o.disk.capacity_bytes = static_cast<uint64_t>(disk);
@@ -86,7 +90,8 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", a.Str("listen")));
   }
   out << "vericache store listening on port " << port << " (" << so.tokens.size() << " tenants, RAM "
-      << (ram >> 20) << " MiB, disk " << (disk >> 20) << " MiB at " << o.disk.path << ", UCX " << ucx_mode << ")"
+      << (ram >> 20) << " MiB, disk " << (disk >> 20) << " MiB at " << o.disk.path << ", UCX " << ucx_mode
+      << ", leases " << o.ram.lease_ttl_ms << " ms)"
       << std::endl;
   int sig = 0;
   sigwait(&sigs, &sig);
