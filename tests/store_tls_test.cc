@@ -1,0 +1,191 @@
+// The cache store's control plane over TLS on loopback: a certificate made at test time (OpenSSL),
+// the real CacheStore service behind gRPC's TLS server credentials, real clients with and without
+// the right root.
+#include <openssl/evp.h>
+#include <openssl/pem.h>
+#include <openssl/x509.h>
+#include <openssl/x509v3.h>
+
+#include <memory>
+#include <random>
+
+#include "cachestore/block_format.h"
+#include "cachestore/store_client.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "services/store_service.h"
+#include "tests/testing/tiny_model.h"
+
+namespace vc {
+namespace {
+
+using cachestore::BlockKey;
+using cachestore::StoreClient;
+
+struct PkeyFree {
+  void operator()(EVP_PKEY* p) const { EVP_PKEY_free(p); }
+};
+struct X509Free {
+  void operator()(X509* x) const { X509_free(x); }
+};
+struct BioFree {
+  void operator()(BIO* b) const { BIO_free(b); }
+};
+
+struct CertAndKey {
+  std::string cert_pem, key_pem;
+};
+
+std::string BioString(BIO* bio) {
+  char* data = nullptr;
+  const long n = BIO_get_mem_data(bio, &data);
+  return std::string(data, static_cast<size_t>(n));
+}
+
+// A self-signed P-256 certificate for `common_name`, valid for an hour, naming localhost and
+// 127.0.0.1; it is its own root. Empty strings when OpenSSL fails.
+CertAndKey SelfSignedCert(const std::string& common_name) {
+  std::unique_ptr<EVP_PKEY, PkeyFree> key(EVP_EC_gen("P-256"));
+  std::unique_ptr<X509, X509Free> x(X509_new());
+  if (key == nullptr || x == nullptr) return {};
+  std::random_device rd;
+  bool ok = X509_set_version(x.get(), 2) == 1 &&
+            ASN1_INTEGER_set(X509_get_serialNumber(x.get()), static_cast<long>(rd() & 0x7fffffff)) == 1 &&
+            X509_gmtime_adj(X509_getm_notBefore(x.get()), -60) != nullptr &&
+            X509_gmtime_adj(X509_getm_notAfter(x.get()), 3600) != nullptr &&
+            X509_set_pubkey(x.get(), key.get()) == 1;
+  X509_NAME* name = X509_get_subject_name(x.get());
+  ok = ok &&
+       X509_NAME_add_entry_by_txt(name, "CN", MBSTRING_ASC,
+                                  reinterpret_cast<const unsigned char*>(common_name.c_str()), -1, -1, 0) == 1 &&
+       X509_set_issuer_name(x.get(), name) == 1;
+  X509V3_CTX ctx;
+  X509V3_set_ctx_nodb(&ctx);
+  X509V3_set_ctx(&ctx, x.get(), x.get(), nullptr, nullptr, 0);
+  for (const auto& [nid, value] : {std::pair<int, const char*>{NID_basic_constraints, "critical,CA:TRUE"},
+                                   {NID_subject_alt_name, "DNS:localhost,IP:127.0.0.1"}}) {
+    X509_EXTENSION* ext = X509V3_EXT_conf_nid(nullptr, &ctx, nid, value);
+    ok = ok && ext != nullptr && X509_add_ext(x.get(), ext, -1) == 1;
+    X509_EXTENSION_free(ext);
+  }
+  ok = ok && X509_sign(x.get(), key.get(), EVP_sha256()) > 0;
+  std::unique_ptr<BIO, BioFree> cert_bio(BIO_new(BIO_s_mem())), key_bio(BIO_new(BIO_s_mem()));
+  ok = ok && PEM_write_bio_X509(cert_bio.get(), x.get()) == 1 &&
+       PEM_write_bio_PrivateKey(key_bio.get(), key.get(), nullptr, nullptr, 0, nullptr, nullptr) == 1;
+  if (!ok) return {};
+  return {BioString(cert_bio.get()), BioString(key_bio.get())};
+}
+
+std::string MakeBlock(uint32_t seed) {
+  std::array<uint8_t, 32> fp{};
+  fp[0] = 7;
+  cachestore::BlockLayout layout{2, 2, 8, 16};
+  std::mt19937 rng(seed);
+  std::vector<std::string> layers(2, std::string(layout.layer_bytes(), '\0'));
+  for (auto& l : layers) {
+    for (char& c : l) c = static_cast<char>(rng());
+  }
+  return *cachestore::EncodeBlock(fp, layout, {layers[0], layers[1]});
+}
+
+std::vector<BlockKey> Chain(int n) {
+  std::vector<int32_t> tokens(n * 16);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>(i % 251);
+  return cachestore::ChainBlockKeys({"model", "f32:bs16", "", 16}, tokens);
+}
+
+// The store as `vericache store --tls-cert --tls-key` runs it, in process, on a loopback port.
+class TlsStoreServer {
+ public:
+  TlsStoreServer(const std::string& dir, const CertAndKey& identity) {
+    cachestore::StoreOptions o;
+    o.ram.capacity_bytes = 8 << 20;
+    o.disk.path = dir;
+    o.disk.capacity_bytes = 64 << 20;
+    store_ = *cachestore::BlockStore::Open(o);
+    ucx_ = *cachestore::UcxRegionServer::Create(store_->ram().region(), store_->ram().region_bytes(),
+                                                cachestore::UcxErrorMode::kNone);
+    service_ = std::make_unique<CacheStoreService>(store_.get(),
+                                                   StoreServiceOptions{{{"token-a", "alice"}}, "secret", ucx_.get()});
+    grpc::SslServerCredentialsOptions ssl;
+    ssl.pem_key_cert_pairs.push_back({identity.key_pem, identity.cert_pem});
+    grpc::ServerBuilder b;
+    b.AddListeningPort("127.0.0.1:0", grpc::SslServerCredentials(ssl), &port_);
+    b.RegisterService(service_.get());
+    server_ = b.BuildAndStart();
+  }
+  ~TlsStoreServer() {
+    if (server_ != nullptr) server_->Shutdown();
+  }
+  bool running() const { return server_ != nullptr && port_ != 0; }
+  std::unique_ptr<StoreClient> Client(const std::string& token, const std::string& root_pem) {
+    // Short deadlines: a failed handshake should fail the call now, not after five seconds.
+    return *StoreClient::Create({"127.0.0.1:" + std::to_string(port_), token, 3000, root_pem});
+  }
+
+ private:
+  std::unique_ptr<cachestore::BlockStore> store_;
+  std::unique_ptr<cachestore::UcxRegionServer> ucx_;
+  std::unique_ptr<CacheStoreService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  int port_ = 0;
+};
+
+class StoreTls : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    identity_ = SelfSignedCert("vericache-store");
+    ASSERT_FALSE(identity_.cert_pem.empty()) << "OpenSSL could not make a certificate";
+    server_ = std::make_unique<TlsStoreServer>(testing::TempDir("store_tls"), identity_);
+    ASSERT_TRUE(server_->running());
+  }
+
+  CertAndKey identity_;
+  std::unique_ptr<TlsStoreServer> server_;
+};
+
+TEST_F(StoreTls, RightRootAndTokenRoundTrip) {
+  auto a = server_->Client("token-a", identity_.cert_pem);
+  const auto keys = Chain(3);
+  for (int i = 0; i < 2; ++i) ASSERT_TRUE(a->Put(keys[i], MakeBlock(i)).ok());
+  auto look = a->Lookup(keys);
+  ASSERT_TRUE(look.ok()) << look.status();
+  EXPECT_EQ(look->first, 2u);
+  auto got = a->Get(keys[1]);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, MakeBlock(1));
+  // The lease goes over TLS, the bytes over UCX.
+  auto reader = *cachestore::UcxReader::Create(cachestore::UcxErrorMode::kNone);
+  auto remote = a->GetRemote(keys[0], reader.get());
+  ASSERT_TRUE(remote.ok()) << remote.status();
+  EXPECT_EQ(*remote, MakeBlock(0));
+  // TLS authenticates the store, not the tenant: a bad token is still refused.
+  EXPECT_EQ(server_->Client("token-x", identity_.cert_pem)->Lookup(keys).status().code(),
+            absl::StatusCode::kUnauthenticated);
+}
+
+TEST_F(StoreTls, PlaintextClientIsRefused) {
+  auto plain = server_->Client("token-a", "");
+  const auto keys = Chain(1);
+  absl::Status s = plain->Put(keys[0], MakeBlock(0));
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  EXPECT_EQ(plain->Lookup(keys).status().code(), absl::StatusCode::kUnavailable);
+  auto look = server_->Client("token-a", identity_.cert_pem)->Lookup(keys);
+  ASSERT_TRUE(look.ok()) << look.status();
+  EXPECT_EQ(look->first, 0u);  // nothing reached the store
+}
+
+TEST_F(StoreTls, ClientWithAnotherRootIsRefused) {
+  const CertAndKey impostor = SelfSignedCert("vericache-store");  // same name, another key
+  ASSERT_FALSE(impostor.cert_pem.empty());
+  auto wrong = server_->Client("token-a", impostor.cert_pem);
+  const auto keys = Chain(1);
+  absl::Status s = wrong->Put(keys[0], MakeBlock(0));
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  auto look = server_->Client("token-a", identity_.cert_pem)->Lookup(keys);
+  ASSERT_TRUE(look.ok()) << look.status();
+  EXPECT_EQ(look->first, 0u);
+}
+
+}  // namespace
+}  // namespace vc
