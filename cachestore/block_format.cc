@@ -22,27 +22,7 @@ uint64_t Get(absl::string_view in, size_t at, int bytes) {
   return v;
 }
 
-const uint32_t* CrcTable() {
-  static const uint32_t* table = [] {
-    auto* t = new uint32_t[256];
-    for (uint32_t i = 0; i < 256; ++i) {
-      uint32_t c = i;
-      for (int k = 0; k < 8; ++k) c = (c & 1) ? (c >> 1) ^ 0x82f63b78u : c >> 1;
-      t[i] = c;
-    }
-    return t;
-  }();
-  return table;
-}
-
 }  // namespace
-
-uint32_t Crc32c(absl::string_view data, uint32_t crc) {
-  const uint32_t* t = CrcTable();
-  crc = ~crc;
-  for (unsigned char c : data) crc = t[(crc ^ c) & 0xff] ^ (crc >> 8);
-  return ~crc;
-}
 
 size_t BlockHeaderBytes(uint32_t num_layers) { return kFixedBytes + 4 * size_t{num_layers} + 4; }
 

@@ -13,6 +13,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "cachestore/crc32c.h"  // the checksum, Crc32c
 
 namespace vc::cachestore {
 
@@ -34,9 +35,6 @@ struct BlockHeader {
   BlockLayout layout;
   std::vector<uint32_t> layer_crc;  // [num_layers]
 };
-
-// CRC-32C (Castagnoli) of `data`, continuing from `crc` (0 to start).
-uint32_t Crc32c(absl::string_view data, uint32_t crc = 0);
 
 // Serialized header size for `num_layers` layers.
 size_t BlockHeaderBytes(uint32_t num_layers);

@@ -1,9 +1,11 @@
-// Block keys and the block format: chaining, isolation by model, layout and tenant, and every
-// corruption detected.
+// Block keys and the block format: chaining, isolation by model, layout and tenant, every
+// corruption detected, and the checksum's fast version against its reference.
+#include <iostream>
 #include <random>
 
 #include "cachestore/block_format.h"
 #include "cachestore/block_key.h"
+#include "cachestore/crc32c.h"
 #include "gtest/gtest.h"
 
 namespace vc::cachestore {
@@ -13,6 +15,36 @@ TEST(Sha256, KnownAnswer) {
   BlockKey k;
   k.bytes = Sha256("abc");
   EXPECT_EQ(k.Hex(), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+}
+
+TEST(Crc32c, KnownAnswers) {
+  for (auto crc : {&Crc32c, &Crc32cPortable}) {
+    EXPECT_EQ(crc("123456789", 0), 0xe3069283u);  // the CRC-32C check value
+    EXPECT_EQ(crc("", 0), 0u);
+    EXPECT_EQ(crc(std::string(32, '\0'), 0), 0x8a9136aau);  // RFC 3720 B.4
+    EXPECT_EQ(crc(std::string(32, '\xff'), 0), 0x62a8ab43u);
+  }
+}
+
+// The fast version against the reference, bit for bit: lengths around each stretch boundary of
+// the three-way split, every start alignment, and continued CRCs.
+TEST(Crc32c, FastMatchesReference) {
+  std::mt19937 rng(11);
+  std::string buf(3 * 8192 * 3 + 64, '\0');
+  for (char& c : buf) c = static_cast<char>(rng());
+  std::vector<size_t> lengths = {0, 1, 7, 8, 9, 255, 256, 767, 768, 769, 3 * 256 * 2 + 5, 24575, 24576, 24577,
+                                 3 * 8192 * 2 + 3 * 256 + 13, 3 * 8192 * 3};
+  for (int i = 0; i < 200; ++i) lengths.push_back(rng() % (buf.size() - 8));
+  for (size_t len : lengths) {
+    for (size_t align = 0; align < 8; ++align) {
+      const absl::string_view d(buf.data() + align, len);
+      const uint32_t seed = static_cast<uint32_t>(rng());
+      ASSERT_EQ(Crc32c(d, seed), Crc32cPortable(d, seed)) << "length " << len << ", offset " << align;
+    }
+  }
+  const absl::string_view all(buf);
+  EXPECT_EQ(Crc32c(all.substr(1000), Crc32c(all.substr(0, 1000))), Crc32cPortable(all));
+  std::cout << "Crc32c implementation: " << Crc32cImplementation() << "\n";
 }
 
 TEST(BlockKeys, ChainPrefixAndIsolation) {

@@ -1,0 +1,143 @@
+#include "cachestore/crc32c.h"
+
+#include <array>
+#include <cstring>
+
+#if defined(__x86_64__)
+#include <nmmintrin.h>
+#endif
+
+namespace vc::cachestore {
+namespace {
+
+constexpr uint32_t kPoly = 0x82f63b78u;  // reflected Castagnoli polynomial
+
+const std::array<uint32_t, 256>& ByteTable() {
+  static const std::array<uint32_t, 256> table = [] {
+    std::array<uint32_t, 256> t{};
+    for (uint32_t i = 0; i < 256; ++i) {
+      uint32_t c = i;
+      for (int k = 0; k < 8; ++k) c = (c & 1) ? (c >> 1) ^ kPoly : c >> 1;
+      t[i] = c;
+    }
+    return t;
+  }();
+  return table;
+}
+
+#if defined(__x86_64__)
+
+// The hardware version runs three independent crc32 chains (the instruction's latency is three
+// times its issue interval) over three adjacent stretches of a buffer, then joins them: the CRC
+// of A || B is the CRC of A advanced over len(B) zero bytes, xor the CRC of B. Advancing over a
+// fixed number of zeros is a linear map on the 32-bit CRC, applied a byte at a time from tables
+// (the method of Mark Adler's crc32c.c).
+constexpr size_t kLong = 8192;  // bytes per chain in big buffers
+constexpr size_t kShort = 256;  // and in what is left
+
+// A 32x32 matrix over GF(2), as 32 column words.
+using Gf2Matrix = std::array<uint32_t, 32>;
+
+uint32_t Times(const Gf2Matrix& m, uint32_t v) {
+  uint32_t sum = 0;
+  for (int i = 0; v != 0; ++i, v >>= 1) {
+    if (v & 1) sum ^= m[i];
+  }
+  return sum;
+}
+
+Gf2Matrix Square(const Gf2Matrix& m) {
+  Gf2Matrix out;
+  for (int i = 0; i < 32; ++i) out[i] = Times(m, m[i]);
+  return out;
+}
+
+// Lookup tables advancing a CRC over `bytes` zero bytes (a power of two), one table per CRC byte.
+struct ZerosTables {
+  std::array<std::array<uint32_t, 256>, 4> t;
+
+  explicit ZerosTables(size_t bytes) {
+    Gf2Matrix op;  // one zero bit
+    op[0] = kPoly;
+    for (int i = 1; i < 32; ++i) op[i] = uint32_t{1} << (i - 1);
+    for (size_t bits = 1; bits < 8 * bytes; bits *= 2) op = Square(op);
+    for (uint32_t n = 0; n < 256; ++n) {
+      for (int b = 0; b < 4; ++b) t[b][n] = Times(op, n << (8 * b));
+    }
+  }
+
+  uint32_t Shift(uint32_t crc) const {
+    return t[0][crc & 0xff] ^ t[1][(crc >> 8) & 0xff] ^ t[2][(crc >> 16) & 0xff] ^ t[3][crc >> 24];
+  }
+};
+
+__attribute__((target("sse4.2"))) uint64_t Crc8(uint64_t crc, const unsigned char* p) {
+  uint64_t v;
+  std::memcpy(&v, p, 8);
+  return _mm_crc32_u64(crc, v);
+}
+
+// Three chains of `stretch` bytes each, as long as 3 * stretch bytes remain.
+__attribute__((target("sse4.2"))) uint64_t ThreeWay(uint64_t crc0, const unsigned char*& p, size_t& n,
+                                                    size_t stretch, const ZerosTables& zeros) {
+  while (n >= 3 * stretch) {
+    uint64_t crc1 = 0, crc2 = 0;
+    for (const unsigned char* end = p + stretch; p < end; p += 8) {
+      crc0 = Crc8(crc0, p);
+      crc1 = Crc8(crc1, p + stretch);
+      crc2 = Crc8(crc2, p + 2 * stretch);
+    }
+    crc0 = zeros.Shift(static_cast<uint32_t>(crc0)) ^ static_cast<uint32_t>(crc1);
+    crc0 = zeros.Shift(static_cast<uint32_t>(crc0)) ^ static_cast<uint32_t>(crc2);
+    p += 2 * stretch;
+    n -= 3 * stretch;
+  }
+  return crc0;
+}
+
+__attribute__((target("sse4.2"))) uint32_t Crc32cSse42(absl::string_view data, uint32_t crc) {
+  static const ZerosTables* const long_zeros = new ZerosTables(kLong);
+  static const ZerosTables* const short_zeros = new ZerosTables(kShort);
+  const unsigned char* p = reinterpret_cast<const unsigned char*>(data.data());
+  size_t n = data.size();
+  uint64_t c = ~crc;
+  for (; n > 0 && (reinterpret_cast<uintptr_t>(p) & 7) != 0; ++p, --n) {
+    c = _mm_crc32_u8(static_cast<uint32_t>(c), *p);
+  }
+  c = ThreeWay(c, p, n, kLong, *long_zeros);
+  c = ThreeWay(c, p, n, kShort, *short_zeros);
+  for (; n >= 8; p += 8, n -= 8) c = Crc8(c, p);
+  for (; n > 0; ++p, --n) c = _mm_crc32_u8(static_cast<uint32_t>(c), *p);
+  return ~static_cast<uint32_t>(c);
+}
+
+bool HaveSse42() { return __builtin_cpu_supports("sse4.2"); }
+
+#else
+
+uint32_t Crc32cSse42(absl::string_view data, uint32_t crc) { return Crc32cPortable(data, crc); }
+bool HaveSse42() { return false; }
+
+#endif
+
+using CrcFn = uint32_t (*)(absl::string_view, uint32_t);
+
+CrcFn Chosen() {
+  static const CrcFn fn = HaveSse42() ? &Crc32cSse42 : &Crc32cPortable;
+  return fn;
+}
+
+}  // namespace
+
+uint32_t Crc32cPortable(absl::string_view data, uint32_t crc) {
+  const std::array<uint32_t, 256>& t = ByteTable();
+  crc = ~crc;
+  for (unsigned char c : data) crc = t[(crc ^ c) & 0xff] ^ (crc >> 8);
+  return ~crc;
+}
+
+uint32_t Crc32c(absl::string_view data, uint32_t crc) { return Chosen()(data, crc); }
+
+absl::string_view Crc32cImplementation() { return Chosen() == &Crc32cPortable ? "portable" : "sse4.2"; }
+
+}  // namespace vc::cachestore

@@ -1,0 +1,24 @@
+// CRC-32C (Castagnoli), the block format's checksum: a portable table-driven reference and a
+// version on the SSE4.2 crc32 instruction, chosen at run time. The two agree bit for bit.
+#ifndef VC_CACHESTORE_CRC32C_H_
+#define VC_CACHESTORE_CRC32C_H_
+
+#include <cstdint>
+
+#include "absl/strings/string_view.h"
+
+namespace vc::cachestore {
+
+// CRC-32C of `data`, continuing from `crc` (0 to start): Crc32c(b, Crc32c(a)) == Crc32c(a + b).
+// Uses the fastest implementation this CPU has. Thread-safe.
+uint32_t Crc32c(absl::string_view data, uint32_t crc = 0);
+
+// The reference: one table lookup per byte (about 0.4 GB/s). Thread-safe.
+uint32_t Crc32cPortable(absl::string_view data, uint32_t crc = 0);
+
+// The implementation Crc32c uses here: "sse4.2" or "portable".
+absl::string_view Crc32cImplementation();
+
+}  // namespace vc::cachestore
+
+#endif  // VC_CACHESTORE_CRC32C_H_
