@@ -29,7 +29,8 @@ absl::Status FromRocks(const rocksdb::Status& s, absl::string_view what) {
 RamTier::RamTier(const RamTierOptions& options)
     : options_(options),
       clock_(options.clock != nullptr ? options.clock : SteadyClock()),
-      region_(new char[options.capacity_bytes]) {}
+      owned_region_(options.region != nullptr ? nullptr : new char[options.capacity_bytes]),
+      region_(options.region != nullptr ? options.region : owned_region_.get()) {}
 
 RamTier::~RamTier() = default;
 
@@ -109,7 +110,7 @@ absl::Status RamTier::Put(const BlockKey& key, absl::string_view block,
       --victim;
       Entry& e = entries_[*victim];
       if (e.pins > 0) continue;
-      if (evicted != nullptr) evicted->emplace_back(*victim, std::string(region_.get() + e.offset, e.size));
+      if (evicted != nullptr) evicted->emplace_back(*victim, std::string(region_ + e.offset, e.size));
       Free(e);
       const BlockKey k = *victim;
       victim = lru_.erase(victim);
@@ -128,7 +129,7 @@ absl::Status RamTier::Put(const BlockKey& key, absl::string_view block,
     used_ += slot;
     entries_[key] = e;
   }
-  std::memcpy(region_.get() + offset, block.data(), block.size());
+  std::memcpy(region_ + offset, block.data(), block.size());
   absl::MutexLock l(&mu_);
   if (auto it = entries_.find(key); it != entries_.end()) it->second.ready = true;
   Unpin(key);  // frees the slot if the block was deleted while being copied in
@@ -148,7 +149,7 @@ absl::StatusOr<std::string> RamTier::Get(const BlockKey& key) {
     offset = e.offset;
     size = e.size;
   }
-  std::string out(region_.get() + offset, size);
+  std::string out(region_ + offset, size);
   absl::MutexLock l(&mu_);
   Unpin(key);
   return out;

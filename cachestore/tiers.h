@@ -52,6 +52,10 @@ struct RamTierOptions {
   int64_t lease_ttl_ms = 30'000;
   // What lease deadlines are measured against; null: SteadyClock(). Must outlive the tier.
   const Clock* clock = nullptr;
+  // The memory blocks live in: capacity_bytes bytes that the caller owns and keeps alive longer
+  // than the tier (UcxRegionServer::Allocate's region, which peers can read fast); null: the tier
+  // allocates its own.
+  char* region = nullptr;
 };
 
 class RamTier {
@@ -80,7 +84,7 @@ class RamTier {
   absl::Status Release(uint64_t lease_id, absl::string_view owner = "");
 
   // The region blocks live in (registered once with the data plane).
-  const char* region() const { return region_.get(); }
+  const char* region() const { return region_; }
   uint64_t region_bytes() const { return options_.capacity_bytes; }
   uint64_t used_bytes() const;
   size_t blocks() const;
@@ -109,7 +113,8 @@ class RamTier {
 
   const RamTierOptions options_;
   const Clock* const clock_;
-  std::unique_ptr<char[]> region_;
+  std::unique_ptr<char[]> owned_region_;  // null when options_.region is given
+  char* const region_;
   mutable absl::Mutex mu_;
   uint64_t bump_ ABSL_GUARDED_BY(mu_) = 0;  // region bytes never handed out yet
   uint64_t used_ ABSL_GUARDED_BY(mu_) = 0;  // bytes of live slots

@@ -65,17 +65,35 @@ struct UcxRegionServer::Impl {
 };
 
 absl::StatusOr<std::unique_ptr<UcxRegionServer>> UcxRegionServer::Create(const char* region, size_t bytes,
-                                                                          UcxErrorMode) {
-  std::unique_ptr<UcxRegionServer> s(new UcxRegionServer());
-  s->impl_ = std::make_unique<Impl>();
-  absl::Status st = MakeContextAndWorker(&s->impl_->ctx, &s->impl_->worker);
-  if (!st.ok()) return st;
+                                                                          UcxErrorMode mode) {
   ucp_mem_map_params_t mp{};
   mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
   mp.address = const_cast<char*>(region);
   mp.length = bytes;
-  ucs_status_t us = ucp_mem_map(s->impl_->ctx.get(), &mp, &s->impl_->memh);
+  return Start(&mp, mode);
+}
+
+absl::StatusOr<std::unique_ptr<UcxRegionServer>> UcxRegionServer::Allocate(size_t bytes, UcxErrorMode mode) {
+  ucp_mem_map_params_t mp{};
+  mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH | UCP_MEM_MAP_PARAM_FIELD_FLAGS;
+  mp.address = nullptr;
+  mp.length = bytes;
+  mp.flags = UCP_MEM_MAP_ALLOCATE;  // UCX_MEM_ALLOC_METHODS order: System V, POSIX shared memory, then private
+  return Start(&mp, mode);
+}
+
+absl::StatusOr<std::unique_ptr<UcxRegionServer>> UcxRegionServer::Start(const void* params, UcxErrorMode) {
+  std::unique_ptr<UcxRegionServer> s(new UcxRegionServer());
+  s->impl_ = std::make_unique<Impl>();
+  absl::Status st = MakeContextAndWorker(&s->impl_->ctx, &s->impl_->worker);
+  if (!st.ok()) return st;
+  ucs_status_t us =
+      ucp_mem_map(s->impl_->ctx.get(), static_cast<const ucp_mem_map_params_t*>(params), &s->impl_->memh);
   if (us != UCS_OK) return UcxError("ucp_mem_map", us);
+  ucp_mem_attr_t attr{};
+  attr.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS | UCP_MEM_ATTR_FIELD_LENGTH;
+  us = ucp_mem_query(s->impl_->memh, &attr);
+  if (us != UCS_OK) return UcxError("ucp_mem_query", us);
   void* rkey = nullptr;
   size_t rkey_size = 0;
   us = ucp_rkey_pack(s->impl_->ctx.get(), s->impl_->memh, &rkey, &rkey_size);
@@ -88,7 +106,8 @@ absl::StatusOr<std::unique_ptr<UcxRegionServer>> UcxRegionServer::Create(const c
   if (us != UCS_OK) return UcxError("ucp_worker_get_address", us);
   s->address_.assign(reinterpret_cast<const char*>(addr), addr_len);
   ucp_worker_release_address(s->impl_->worker.get(), addr);
-  s->base_ = reinterpret_cast<uint64_t>(region);
+  s->base_ = reinterpret_cast<uint64_t>(attr.address);
+  s->bytes_ = attr.length;
   // Transports without hardware RMA (TCP) need the target's worker progressed to serve gets.
   UcxRegionServer* self = s.get();
   // Poll while there is work; back off to millisecond sleeps when idle so an idle store costs

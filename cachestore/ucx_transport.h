@@ -29,11 +29,27 @@ enum class UcxErrorMode { kNone, kPeer };
 absl::StatusOr<UcxErrorMode> ParseUcxErrorMode(absl::string_view name);
 
 // Serves one memory region for remote reads. Thread-safe; a progress thread runs while it lives.
+//
+// Where the region comes from matters. On a host without RDMA, xpmem or knem, UCX (1.13) can
+// read only memory it allocated itself with one-sided copies (System V or POSIX shared memory,
+// which a reader on the same host maps); gets from any other memory are emulated with messages
+// that the server's progress thread answers through a shared-memory FIFO, correct but one to two
+// orders of magnitude slower (benchmarks/results/store.md). Allocate gives the fast kind; the
+// store keeps its RAM tier in such a region. Either way the packed rkey grants reads of the whole
+// region, and a shared-memory segment can be attached by processes of the store's user.
 class UcxRegionServer {
  public:
-  // Registers [region, region + bytes). The region must outlive the server.
+  // Registers [region, region + bytes), memory the caller owns. The region must outlive the
+  // server. kUnavailable when UCX cannot start or register it (the message says why).
   static absl::StatusOr<std::unique_ptr<UcxRegionServer>> Create(const char* region, size_t bytes, UcxErrorMode mode);
+  // Allocates `bytes` through UCX (shared memory where the host allows) and registers them. The
+  // server owns the region, which lives as long as the server. kUnavailable as for Create.
+  static absl::StatusOr<std::unique_ptr<UcxRegionServer>> Allocate(size_t bytes, UcxErrorMode mode);
   ~UcxRegionServer();
+
+  // The region's first byte and its size.
+  char* region() const { return reinterpret_cast<char*>(base_); }
+  size_t region_bytes() const { return bytes_; }
 
   // What a client needs to read the region: the worker address, the packed rkey, and the
   // region's base address (remote addresses are base + offset).
@@ -44,9 +60,12 @@ class UcxRegionServer {
  private:
   struct Impl;
   UcxRegionServer() = default;
+  // Maps the memory `params` describe, packs its rkey and starts the progress thread.
+  static absl::StatusOr<std::unique_ptr<UcxRegionServer>> Start(const void* params, UcxErrorMode mode);
   std::unique_ptr<Impl> impl_;
   std::string address_, rkey_;
   uint64_t base_ = 0;
+  size_t bytes_ = 0;
   std::atomic<bool> stop_{false};
   std::thread progress_;
 };

@@ -166,6 +166,19 @@ TEST(RamTier, LeasesExpireOnTheSteadyClockByDefault) {
   EXPECT_EQ(t.Release(lease->id).code(), absl::StatusCode::kNotFound);
 }
 
+TEST(RamTier, KeepsBlocksInTheRegionItIsGiven) {
+  std::vector<char> region(4 * 16384);
+  RamTierOptions o = FourSlots(nullptr);
+  o.region = region.data();
+  RamTier t(o);
+  EXPECT_EQ(t.region(), region.data());
+  ASSERT_TRUE(t.Put(Key(0), Block(0), nullptr).ok());
+  auto lease = t.Lease(Key(0));
+  ASSERT_TRUE(lease.ok());
+  EXPECT_EQ(std::string(region.data() + lease->offset, lease->size), Block(0));
+  EXPECT_TRUE(t.Release(lease->id).ok());
+}
+
 TEST(RamTier, ConcurrentReadersAndWritersSeeWholeBlocks) {
   RamTierOptions o;
   o.capacity_bytes = 64 * 16384;

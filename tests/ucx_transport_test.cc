@@ -1,4 +1,5 @@
-// One-sided UCX gets from a registered region, in both error-handling modes, on this host.
+// One-sided UCX gets from a registered region (the caller's memory, or memory UCX allocated), in
+// both error-handling modes, on this host.
 #include <random>
 
 #include "cachestore/ucx_transport.h"
@@ -28,6 +29,29 @@ TEST_P(UcxTransport, GetsReadTheRegion) {
   std::vector<char> all(region.size());
   ASSERT_TRUE((*reader)->Get((*server)->worker_address(), (*server)->rkey(), (*server)->base(), all.data(), all.size()).ok());
   EXPECT_EQ(all, region);
+}
+
+TEST_P(UcxTransport, GetsReadARegionUcxAllocated) {
+  auto server = UcxRegionServer::Allocate(3 << 20, GetParam());
+  ASSERT_TRUE(server.ok()) << server.status();
+  ASSERT_GE((*server)->region_bytes(), size_t{3} << 20);
+  EXPECT_EQ(reinterpret_cast<uint64_t>((*server)->region()), (*server)->base());
+  std::mt19937 rng(5);
+  for (size_t i = 0; i < (size_t{3} << 20); ++i) (*server)->region()[i] = static_cast<char>(rng());
+  auto reader = UcxReader::Create(GetParam());
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  for (size_t off : {size_t{0}, size_t{12345}, (size_t{3} << 20) - (size_t{1} << 20)}) {
+    std::vector<char> got(size_t{1} << 20);
+    ASSERT_TRUE((*reader)->Get((*server)->worker_address(), (*server)->rkey(), (*server)->base() + off, got.data(),
+                               got.size())
+                    .ok());
+    EXPECT_EQ(0, std::memcmp(got.data(), (*server)->region() + off, got.size())) << off;
+  }
+  // A write after a read is seen by the next read: the reader maps the region, it keeps no copy.
+  (*server)->region()[7] ^= 1;
+  char byte = 0;
+  ASSERT_TRUE((*reader)->Get((*server)->worker_address(), (*server)->rkey(), (*server)->base() + 7, &byte, 1).ok());
+  EXPECT_EQ(byte, (*server)->region()[7]);
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, UcxTransport, ::testing::Values(UcxErrorMode::kNone, UcxErrorMode::kPeer),

@@ -70,14 +70,16 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
   sigaddset(&sigs, SIGINT);
   sigaddset(&sigs, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
-  VC_ASSIGN_OR_RETURN(auto store, cachestore::BlockStore::Open(o));
-  std::unique_ptr<cachestore::UcxRegionServer> ucx;
+  std::unique_ptr<cachestore::UcxRegionServer> ucx;  // outlives the store, whose RAM tier it holds
   const std::string ucx_mode = a.Str("ucx", "none");
   if (ucx_mode != "off") {
     VC_ASSIGN_OR_RETURN(cachestore::UcxErrorMode mode, cachestore::ParseUcxErrorMode(ucx_mode));
-    VC_ASSIGN_OR_RETURN(ucx, cachestore::UcxRegionServer::Create(store->ram().region(), store->ram().region_bytes(), mode));
+    // UCX allocates the RAM tier's region: only such memory can be read one-sided without RDMA.
+    VC_ASSIGN_OR_RETURN(ucx, cachestore::UcxRegionServer::Allocate(o.ram.capacity_bytes, mode));
+    o.ram.region = ucx->region();
     so.ucx = ucx.get();
   }
+  VC_ASSIGN_OR_RETURN(auto store, cachestore::BlockStore::Open(o));
   CacheStoreService service(store.get(), so);
   grpc::ServerBuilder b;
   int port = 0;
