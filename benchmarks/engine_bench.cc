@@ -235,7 +235,7 @@ ModeResult RunVeriCache(const Model& m, const PagedKvCache& master, const std::v
     GenerateOptions o;
     o.max_tokens = tokens;
     o.stop_at_eos = false;
-    reqs.push_back({prompts[i], o, PrefilledKv{&master, src[i]}});
+    reqs.push_back(MakeRequest(prompts[i], o, PrefilledKv{&master, src[i]}));
   }
   const absl::Time t0 = absl::Now();
   auto res = (*engine)->Generate(reqs);

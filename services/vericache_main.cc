@@ -6,6 +6,7 @@
 #include "services/cli/demo_command.h"
 #include "services/cli/generate_command.h"
 #include "services/cli/store_command.h"
+#include "services/cli/worker_command.h"
 
 namespace {
 
@@ -15,7 +16,8 @@ constexpr char kUsage[] =
     "  generate   generate text from a checkpoint (vericache generate --help)\n"
     "  demo       requests with a shared code prefix through the VeriCache engine, checked against\n"
     "             full-KV decoding (vericache demo [--model DIR] [--max-tokens N] [--compressor SPEC])\n"
-    "  store      run a cache-store server (vericache store --help)\n";
+    "  store      run a cache-store server (vericache store --help)\n"
+    "  worker     run an inference worker (vericache worker --help)\n";
 
 }  // namespace
 
@@ -29,6 +31,7 @@ int main(int argc, char** argv) {
   if (cmd == "generate") return vc::cli::RunGenerateCommand(args, std::cout, std::cerr);
   if (cmd == "demo") return vc::cli::RunDemoCommand(args, std::cout, std::cerr);
   if (cmd == "store") return vc::cli::RunStoreCommand(args, std::cout, std::cerr);
+  if (cmd == "worker") return vc::cli::RunWorkerCommand(args, std::cout, std::cerr);
   std::cerr << "vericache: unknown command '" << cmd << "'\n" << kUsage;
   return 2;
 }

@@ -42,7 +42,7 @@ class EngineExactness : public ::testing::Test {
     auto engine = VeriCacheEngine::Create(model, &tier, eo);
     ASSERT_TRUE(engine.ok()) << engine.status();
     std::vector<EngineRequest> reqs;
-    for (const auto& p : prompts) reqs.push_back({p, o, {}});
+    for (const auto& p : prompts) reqs.push_back(MakeRequest(p, o));
     auto got = (*engine)->Generate(reqs);
     ASSERT_TRUE(got.ok()) << got.status();
     for (size_t i = 0; i < prompts.size(); ++i) {
@@ -121,7 +121,7 @@ TEST_F(EngineExactness, RejectsBadOptions) {
   ASSERT_TRUE(engine.ok());
   GenerateOptions o;
   o.max_tokens = 0;
-  std::vector<EngineRequest> reqs = {{RandomPrompt(5, 1), o, {}}};
+  std::vector<EngineRequest> reqs = {MakeRequest(RandomPrompt(5, 1), o)};
   EXPECT_EQ((*engine)->Generate(reqs).status().code(), absl::StatusCode::kInvalidArgument);
 }
 

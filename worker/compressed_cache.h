@@ -48,6 +48,8 @@ class CompressedKvCache : public AttentionCache {
  public:
   virtual SeqId NewSequence() = 0;
   virtual void FreeSequence(SeqId seq) = 0;
+  // A new sequence holding a copy of `seq`'s content (a shared prefix handed to a new request).
+  virtual SeqId Fork(SeqId seq) = 0;
 
   // Replaces `seq`'s content with the compressed form of positions [0, length) of `full_seq` in
   // `full`. `queries` must be non-null for methods that need kPromptQueries.

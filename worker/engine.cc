@@ -1,7 +1,6 @@
 #include "worker/engine.h"
 
 #include <algorithm>
-#include <deque>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -12,47 +11,238 @@
 namespace vc {
 
 struct VeriCacheEngine::Sequence {
-  size_t index = 0;
-  const EngineRequest* request = nullptr;
+  RequestId id = 0;
+  EngineRequest request;
+  DoneCallback on_done;
+  absl::Time submitted;
   TierKey key = 0;
   SeqId cseq = -1;  // in the compressed cache
   SeqId sseq = -1;  // in staging, while a fetch or verify needs it
-  std::vector<int32_t> tokens;  // prompt + emitted; positions [0, size - 1) are in both caches
+  // prompt + emitted. Positions [0, full_len) have exact K/V in the tier; the compressed cache
+  // holds [0, size - 1), approximately beyond full_len until the next verify.
+  std::vector<int32_t> tokens;
+  int64_t full_len = 0;
+  std::vector<PrefixName> names;  // of the prompt's full blocks, with a PrefixStore
+  int publish_from = -1;          // blocks [publish_from, names.size()) to share after a verify
   int generated = 0;
   int k = -1;  // current window; -1 between windows
+  int first_window = -1;  // >= 0: the first window's size, chosen at admission
   std::vector<int32_t> drafts;
   std::shared_ptr<FetchHandle> fetch;
   absl::Time fetch_start;
   DraftWindow window{0, 1};
   EngineResult result;
   bool done = false;
+  bool cancelled = false;
   int64_t v() const { return static_cast<int64_t>(tokens.size()); }
 };
 
-VeriCacheEngine::VeriCacheEngine(const Model& model, FullKvTier* tier, const EngineOptions& options)
-    : model_(model), tier_(tier), options_(options) {}
+VeriCacheEngine::VeriCacheEngine(const Model& model, FullKvTier* tier, const EngineOptions& options,
+                                 PrefixStore* prefixes)
+    : model_(model), tier_(tier), prefixes_(prefixes), options_(options) {}
+
+VeriCacheEngine::~VeriCacheEngine() {
+  // Fetches in flight write into staging: let them land before it goes.
+  for (auto& s : active_) {
+    if (s->fetch != nullptr) s->fetch->Wait().IgnoreError();
+  }
+}
 
 absl::StatusOr<std::unique_ptr<VeriCacheEngine>> VeriCacheEngine::Create(const Model& model, FullKvTier* tier,
-                                                                         const EngineOptions& options) {
+                                                                         const EngineOptions& options,
+                                                                         PrefixStore* prefixes) {
   if (options.block_size < 1 || options.max_batch < 1 || options.max_draft_window < 1 ||
-      options.draft_window < 0 || options.staging_blocks < 0) {
+      options.draft_window < 0 || options.staging_blocks < 0 || options.prefix_cache_bytes < 0) {
     return absl::InvalidArgumentError("engine options out of range");
   }
-  VC_ASSIGN_OR_RETURN(auto probe, MakeCompressedKvCache(options.compressor, model.kv_layout(options.block_size),
-                                                        model.config().num_heads));
-  std::unique_ptr<VeriCacheEngine> e(new VeriCacheEngine(model, tier, options));
-  e->spec_ = probe->spec();
-  e->max_rollback_ = probe->MaxRollback();
+  const KvLayout layout = model.kv_layout(options.block_size);
+  std::unique_ptr<VeriCacheEngine> e(new VeriCacheEngine(model, tier, options, prefixes));
+  VC_ASSIGN_OR_RETURN(e->compressed_, MakeCompressedKvCache(options.compressor, layout, model.config().num_heads));
+  e->spec_ = e->compressed_->spec();
+  e->max_rollback_ = e->compressed_->MaxRollback();
   if (e->max_rollback_ < 1) {
     return absl::InvalidArgumentError(absl::StrCat("compressor ", e->spec_, " cannot roll back a single draft"));
   }
+  e->max_k_ = static_cast<int>(std::min<int64_t>(options.max_draft_window, e->max_rollback_));
+  if (options.staging_blocks > 0) e->staging_ = std::make_unique<PagedKvCache>(layout, options.staging_blocks);
   return e;
+}
+
+VeriCacheEngine::RequestId VeriCacheEngine::Submit(EngineRequest request, DoneCallback on_done) {
+  auto s = std::make_unique<Sequence>();
+  s->id = next_id_++;
+  s->request = std::move(request);
+  s->on_done = std::move(on_done);
+  s->submitted = absl::Now();
+  s->key = next_key_++;
+  s->tokens = s->request.prompt;
+  s->window = DraftWindow(options_.draft_window, max_k_);
+  s->result.stats.prompt_tokens = static_cast<int64_t>(s->tokens.size());
+  pending_.push_back(std::move(s));
+  return pending_.back()->id;
+}
+
+void VeriCacheEngine::Cancel(RequestId id) {
+  for (auto& s : pending_) {
+    if (s->id == id) s->cancelled = true;
+  }
+  for (auto& s : active_) {
+    if (s->id == id) s->cancelled = true;
+  }
+}
+
+void VeriCacheEngine::Finish(Sequence& s, absl::Status status) {
+  s.result.stats.total_seconds = absl::ToDoubleSeconds(absl::Now() - s.submitted);
+  if (s.on_done) s.on_done(std::move(status), std::move(s.result));
+  s.on_done = nullptr;
+}
+
+void VeriCacheEngine::Release(Sequence& s) {
+  if (s.fetch != nullptr) s.fetch->Wait().IgnoreError();  // it writes into staging
+  s.fetch.reset();
+  if (s.sseq >= 0) staging_->FreeSequence(s.sseq);
+  s.sseq = -1;
+  if (s.cseq >= 0) {
+    s.result.stats.compressed_bytes = compressed_->Bytes(s.cseq);
+    compressed_->FreeSequence(s.cseq);
+  }
+  s.cseq = -1;
+  tier_->Erase(s.key);
+}
+
+absl::Status VeriCacheEngine::PrefillInto(Sequence& s, SeqId seq, int64_t begin, int64_t end, AttentionCache& cache) {
+  const int64_t chunk = std::max(1, s.request.options.prefill_chunk);
+  std::vector<float> logits;
+  for (int64_t p = begin; p < end; p += chunk) {
+    const int64_t n = std::min(chunk, end - p);
+    const SequenceChunk c{seq, absl::MakeConstSpan(s.tokens).subspan(p, n)};
+    VC_RETURN_IF_ERROR(model_.Forward({&c, 1}, cache, LogitsFor::kLastRows, &logits));
+  }
+  return absl::OkStatus();
+}
+
+void VeriCacheEngine::CachePrefix(absl::Span<const PrefixName> names, SeqId staging_seq) {
+  if (names.empty() || options_.prefix_cache_bytes == 0 || compressed_->needs() == CompressorNeeds::kPromptQueries) {
+    return;
+  }
+  auto it = prefix_index_.find(names.back());
+  if (it != prefix_index_.end()) {
+    prefix_lru_.splice(prefix_lru_.begin(), prefix_lru_, it->second.lru);
+    return;
+  }
+  const int64_t length = static_cast<int64_t>(names.size()) * prefixes_->block_tokens();
+  const SeqId seq = compressed_->NewSequence();
+  if (!compressed_->BuildFrom(seq, *staging_, staging_seq, length, nullptr).ok()) {
+    compressed_->FreeSequence(seq);
+    return;
+  }
+  CachedPrefix c{seq, length, compressed_->Bytes(seq), {}};
+  prefix_lru_.push_front(names.back());
+  c.lru = prefix_lru_.begin();
+  prefix_bytes_ += c.bytes;
+  prefix_index_[names.back()] = c;
+  while (prefix_bytes_ > options_.prefix_cache_bytes && !prefix_lru_.empty()) {
+    auto victim = prefix_index_.find(prefix_lru_.back());
+    prefix_bytes_ -= victim->second.bytes;
+    compressed_->FreeSequence(victim->second.seq);
+    prefix_index_.erase(victim);
+    prefix_lru_.pop_back();
+  }
+}
+
+void VeriCacheEngine::SharePrefix(Sequence& s, int from, SeqId seq) {
+  const int to = static_cast<int>(s.names.size());
+  if (from < to) {
+    prefixes_->Publish(s.names, from, to, *staging_, seq);
+    s.result.stats.published_blocks += to - from;
+  }
+  CachePrefix(s.names, seq);
+}
+
+absl::Status VeriCacheEngine::AdmitWithPrefix(Sequence& s, bool* admitted) {
+  *admitted = false;
+  const int64_t n = s.v() - 1;
+  const int bt = prefixes_->block_tokens();
+  s.names = prefixes_->Names(absl::MakeConstSpan(s.tokens).subspan(0, n));
+  if (s.names.empty()) return absl::OkStatus();
+  const int hit = prefixes_->Lookup(s.names);
+  if (hit == 0) return absl::OkStatus();  // the cold path prefills and then publishes
+  const int64_t p = int64_t{hit} * bt;
+  VC_RETURN_IF_ERROR(tier_->AttachPrefix(s.key, p, [this, names = std::vector<PrefixName>(s.names.begin(),
+                                                                                           s.names.begin() + hit)](
+                                                         const PagedDest& dest) { return prefixes_->Read(names, dest); }));
+  EngineStats& st = s.result.stats;
+  st.prefix_store_tokens = p;
+  int local = 0;
+  for (int i = static_cast<int>(s.names.size()); i > 0 && local == 0; --i) {
+    if (prefix_index_.contains(s.names[i - 1])) local = i;
+  }
+  const double fetch_seconds = costs_.fetch(static_cast<double>(p * model_.kv_layout(options_.block_size).bytes_per_token()));
+  const int64_t rest = n - int64_t{local} * bt;
+  if (local > 0 && options_.draft_window == 0 && fetch_seconds > 0 &&
+      fetch_seconds < static_cast<double>(rest + 1) * costs_.draft_step()) {
+    // The full prefix arrives sooner than the compressed copy could be brought up to date and
+    // draft: verify at once (no drafts), which computes the rest of the prompt exactly, and build
+    // the compressed copy from that.
+    s.cseq = compressed_->NewSequence();
+    s.full_len = p;
+    s.publish_from = hit;
+    s.first_window = 0;
+    *admitted = true;
+    return absl::OkStatus();
+  }
+  if (local > 0) {
+    // Draft at once from the compressed prefix; the first verify pass computes the rest exactly.
+    CachedPrefix& c = prefix_index_[s.names[local - 1]];
+    prefix_lru_.splice(prefix_lru_.begin(), prefix_lru_, c.lru);
+    s.cseq = compressed_->Fork(c.seq);
+    st.prefix_compressed_tokens = c.length;
+    VC_RETURN_IF_ERROR(PrefillInto(s, s.cseq, c.length, n, *compressed_));
+    s.full_len = p;
+    s.publish_from = hit;
+    *admitted = true;
+    return absl::OkStatus();
+  }
+  // No compressed copy here: read the full prefix first, then prefill the rest of the prompt.
+  const SeqId tmp = staging_->NewSequence();
+  absl::Status reserved = staging_->Reserve(tmp, n + 1);
+  if (!reserved.ok()) {
+    staging_->FreeSequence(tmp);
+    tier_->Erase(s.key);
+    return reserved;
+  }
+  std::shared_ptr<FetchHandle> fetch = tier_->Fetch(s.key, p, staging_.get(), tmp);
+  int64_t begin = p;
+  if (fetch->Wait().ok()) {
+    staging_->Commit(tmp, p);
+  } else {
+    tier_->Erase(s.key);
+    begin = 0;
+    st.prefix_store_tokens = 0;
+    st.recomputed_tokens = p;
+  }
+  st.bytes_fetched += begin > 0 ? fetch->bytes() : 0;
+  absl::Status status = PrefillInto(s, tmp, begin, n, *staging_);
+  if (status.ok()) {
+    s.cseq = compressed_->NewSequence();
+    status = compressed_->BuildFrom(s.cseq, *staging_, tmp, n, nullptr);
+  }
+  if (status.ok()) status = tier_->Append(s.key, *staging_, tmp, begin, n);
+  if (status.ok()) {
+    SharePrefix(s, begin > 0 ? hit : 0, tmp);
+    s.full_len = n;
+    *admitted = true;
+  }
+  staging_->FreeSequence(tmp);
+  return status;
 }
 
 absl::Status VeriCacheEngine::Admit(Sequence& s) {
   const absl::Time t0 = absl::Now();
+  EngineStats& st = s.result.stats;
+  st.queue_seconds = absl::ToDoubleSeconds(t0 - s.submitted);
   const int64_t n = s.v() - 1;  // the last prompt token is fed by the first draft step
-  const PrefilledKv& pre = s.request->prefilled;
+  const PrefilledKv& pre = s.request.prefilled;
   if (pre.cache != nullptr) {
     if (pre.cache->Length(pre.seq) < n) {
       return absl::InvalidArgumentError(absl::StrCat("prefilled KV holds ", pre.cache->Length(pre.seq),
@@ -64,33 +254,48 @@ absl::Status VeriCacheEngine::Admit(Sequence& s) {
     VC_RETURN_IF_ERROR(tier_->Append(s.key, *pre.cache, pre.seq, 0, n));
     s.cseq = compressed_->NewSequence();
     VC_RETURN_IF_ERROR(compressed_->BuildFrom(s.cseq, *pre.cache, pre.seq, n, nullptr));
-    s.result.stats.prefill_seconds = absl::ToDoubleSeconds(absl::Now() - t0);
+    s.full_len = n;
+    st.prefill_seconds = absl::ToDoubleSeconds(absl::Now() - t0);
     return absl::OkStatus();
   }
+  if (prefixes_ != nullptr && compressed_->needs() != CompressorNeeds::kPromptQueries) {
+    bool admitted = false;
+    VC_RETURN_IF_ERROR(AdmitWithPrefix(s, &admitted));
+    if (admitted) {
+      st.prefill_seconds = absl::ToDoubleSeconds(absl::Now() - t0);
+      return absl::OkStatus();
+    }
+  }
   const SeqId tmp = staging_->NewSequence();
-  absl::Status st = staging_->Reserve(tmp, n + 1);
-  if (!st.ok()) {
+  absl::Status reserved = staging_->Reserve(tmp, n + 1);
+  if (!reserved.ok()) {
     staging_->FreeSequence(tmp);
-    return st;
+    return reserved;
   }
   s.cseq = compressed_->NewSequence();
-  VC_RETURN_IF_ERROR(PrefillAndCompress(model_, s.tokens, n, std::max(1, s.request->options.prefill_chunk), *staging_,
-                                        tmp, *compressed_, s.cseq));
-  VC_RETURN_IF_ERROR(tier_->Append(s.key, *staging_, tmp, 0, n));
+  absl::Status status = PrefillAndCompress(model_, s.tokens, n, std::max(1, s.request.options.prefill_chunk),
+                                           *staging_, tmp, *compressed_, s.cseq);
+  if (status.ok()) status = tier_->Append(s.key, *staging_, tmp, 0, n);
+  if (status.ok() && prefixes_ != nullptr) SharePrefix(s, 0, tmp);
   staging_->FreeSequence(tmp);
-  s.result.stats.prefill_seconds = absl::ToDoubleSeconds(absl::Now() - t0);
-  return absl::OkStatus();
+  s.full_len = n;
+  st.prefill_seconds = absl::ToDoubleSeconds(absl::Now() - t0);
+  return status;
 }
 
 absl::Status VeriCacheEngine::StartWindow(Sequence& s) {
-  if (s.k < 0) {
-    const int remaining = s.request->options.max_tokens - s.generated;
+  if (s.k < 0 && s.first_window >= 0) {
+    s.k = s.first_window;
+    s.first_window = -1;
+    s.drafts.clear();
+  } else if (s.k < 0) {
+    const int remaining = s.request.options.max_tokens - s.generated;
     s.k = s.window.Choose(costs_, static_cast<double>((s.v() - 1) * model_.kv_layout(options_.block_size).bytes_per_token()),
                           remaining);
     s.drafts.clear();
   }
   if (s.fetch == nullptr) {
-    // Staging for the fetched prefix plus the k + 1 positions the verify pass appends.
+    // Staging for the fetched prefix plus the positions the verify pass appends.
     const SeqId sseq = staging_->NewSequence();
     absl::Status st = staging_->Reserve(sseq, s.v() + s.k);
     if (!st.ok()) {
@@ -99,7 +304,7 @@ absl::Status VeriCacheEngine::StartWindow(Sequence& s) {
     }
     s.sseq = sseq;
     s.fetch_start = absl::Now();
-    s.fetch = tier_->Fetch(s.key, s.v() - 1, staging_.get(), sseq);
+    s.fetch = tier_->Fetch(s.key, s.full_len, staging_.get(), sseq);
   }
   return absl::OkStatus();
 }
@@ -122,10 +327,22 @@ absl::Status VeriCacheEngine::DraftStep(std::vector<Sequence*>& drafting) {
     Sequence& s = *drafting[i];
     const int64_t position = s.v() + static_cast<int64_t>(s.drafts.size());
     s.drafts.push_back(SampleToken(absl::MakeConstSpan(logits).subspan(i * vocab, vocab),
-                                   s.request->options.sampling, position));
+                                   s.request.options.sampling, position));
     s.result.stats.draft_seconds += dt / drafting.size();
     s.result.stats.drafted++;
   }
+  return absl::OkStatus();
+}
+
+absl::Status VeriCacheEngine::Recompute(Sequence& s) {
+  // The store could not deliver the prefix: compute it here. The kernels are batch-invariant, so
+  // these K/V are bitwise the ones the store would have served.
+  staging_->Commit(s.sseq, 0);
+  VC_RETURN_IF_ERROR(PrefillInto(s, s.sseq, 0, s.full_len, *staging_));
+  tier_->Erase(s.key);
+  VC_RETURN_IF_ERROR(tier_->Append(s.key, *staging_, s.sseq, 0, s.full_len));
+  s.result.stats.recomputed_tokens += s.full_len;
+  s.result.stats.prefix_store_tokens = 0;
   return absl::OkStatus();
 }
 
@@ -134,9 +351,14 @@ absl::Status VeriCacheEngine::Verify(std::vector<Sequence*>& ready) {
   std::vector<SequenceChunk> chunks;
   for (size_t i = 0; i < ready.size(); ++i) {
     Sequence& s = *ready[i];
-    VC_RETURN_IF_ERROR(s.fetch->Wait());
-    staging_->Commit(s.sseq, s.v() - 1);
-    feeds[i].push_back(s.tokens.back());
+    if (s.fetch->Wait().ok()) {
+      staging_->Commit(s.sseq, s.full_len);
+      s.result.stats.bytes_fetched += s.fetch->bytes();
+    } else {
+      VC_RETURN_IF_ERROR(Recompute(s));
+    }
+    // The prompt positions not yet exact (after a store prefix), the last verified token, drafts.
+    feeds[i].assign(s.tokens.begin() + s.full_len, s.tokens.end());
     feeds[i].insert(feeds[i].end(), s.drafts.begin(), s.drafts.end());
     chunks.push_back({s.sseq, feeds[i]});
   }
@@ -154,14 +376,16 @@ absl::Status VeriCacheEngine::Verify(std::vector<Sequence*>& ready) {
   int64_t row = 0;
   for (size_t i = 0; i < ready.size(); ++i) {
     Sequence& s = *ready[i];
-    const GenerateOptions& o = s.request->options;
+    const GenerateOptions& o = s.request.options;
     const int64_t v = s.v();
     const int k = static_cast<int>(s.drafts.size());
+    const int64_t first = row + (v - 1 - s.full_len);  // the row that predicts position v
     // Accept the longest prefix of drafts the full-KV targets agree with, then the target's own.
     int accepted = 0;
     int32_t next = -1;
     for (int j = 0; j <= k; ++j) {
-      const int32_t target = SampleToken(absl::MakeConstSpan(logits).subspan((row + j) * vocab, vocab), o.sampling, v + j);
+      const int32_t target =
+          SampleToken(absl::MakeConstSpan(logits).subspan((first + j) * vocab, vocab), o.sampling, v + j);
       if (j < k && s.drafts[j] == target) {
         ++accepted;
         continue;
@@ -169,37 +393,51 @@ absl::Status VeriCacheEngine::Verify(std::vector<Sequence*>& ready) {
       next = target;
       break;
     }
-    row += k + 1;
+    row += static_cast<int64_t>(feeds[i].size());
     std::vector<int32_t> emit(s.drafts.begin(), s.drafts.begin() + accepted);
     emit.push_back(next);
     EngineStats& st = s.result.stats;
     st.verify_seconds += dt / ready.size();
     st.verifies++;
     st.accepted_drafts += accepted;
-    st.bytes_fetched += s.fetch->bytes();
-    s.window.Observe(k, accepted);
+    if (k > 0) s.window.Observe(k, accepted);
+    size_t emitted = 0;
     for (int32_t t : emit) {
       s.tokens.push_back(t);
       s.result.tokens.push_back(t);
       s.generated++;
       st.emitted++;
+      ++emitted;
       if ((o.stop_at_eos && t == model_.tokenizer().eos()) || s.generated >= o.max_tokens) {
         s.done = true;
         break;
       }
     }
+    if (st.verifies == 1) st.first_token_seconds = absl::ToDoubleSeconds(absl::Now() - s.submitted);
+    if (s.request.on_tokens) s.request.on_tokens(absl::MakeConstSpan(emit).first(emitted));
+    if (s.publish_from >= 0) {
+      SharePrefix(s, s.publish_from, s.sseq);  // the pass made the whole prompt exact
+      s.publish_from = -1;
+    }
     if (!s.done) {
-      // Positions [v - 1, v - 1 + accepted + 1) were fed with verified tokens: their K/V is exact.
+      // Positions [full_len, v + accepted) were fed with verified tokens: their K/V is exact.
       const int64_t keep_end = v + accepted;
-      VC_RETURN_IF_ERROR(tier_->Append(s.key, *staging_, s.sseq, v - 1, keep_end));
-      VC_RETURN_IF_ERROR(compressed_->Truncate(s.cseq, v - 1));
-      VC_RETURN_IF_ERROR(compressed_->Reserve(s.cseq, keep_end));
-      for (int l = 0; l < layers; ++l) {
-        for (int64_t p = v - 1; p < keep_end; ++p) {
-          compressed_->Write(l, s.cseq, p, staging_->K(l, s.sseq, p), staging_->V(l, s.sseq, p));
+      VC_RETURN_IF_ERROR(tier_->Append(s.key, *staging_, s.sseq, s.full_len, keep_end));
+      if (s.full_len < v - 1 || compressed_->Length(s.cseq) < v - 1) {
+        // The compressed cache ran ahead of the exact K/V by more than a draft window (the rest
+        // of a prompt after a stored prefix), or was never filled: rebuild it from the exact K/V.
+        VC_RETURN_IF_ERROR(compressed_->BuildFrom(s.cseq, *staging_, s.sseq, keep_end, nullptr));
+      } else {
+        VC_RETURN_IF_ERROR(compressed_->Truncate(s.cseq, v - 1));
+        VC_RETURN_IF_ERROR(compressed_->Reserve(s.cseq, keep_end));
+        for (int l = 0; l < layers; ++l) {
+          for (int64_t p = v - 1; p < keep_end; ++p) {
+            compressed_->Write(l, s.cseq, p, staging_->K(l, s.sseq, p), staging_->V(l, s.sseq, p));
+          }
         }
+        compressed_->Commit(s.cseq, keep_end);
       }
-      compressed_->Commit(s.cseq, keep_end);
+      s.full_len = keep_end;
     }
     staging_->FreeSequence(s.sseq);
     s.sseq = -1;
@@ -210,88 +448,141 @@ absl::Status VeriCacheEngine::Verify(std::vector<Sequence*>& ready) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<EngineResult>> VeriCacheEngine::Generate(absl::Span<const EngineRequest> requests) {
-  const KvLayout layout = model_.kv_layout(options_.block_size);
-  const int max_k = static_cast<int>(std::min<int64_t>(options_.max_draft_window, max_rollback_));
-  int64_t need_blocks = 0, biggest = 0;
-  for (const EngineRequest& r : requests) {
-    VC_RETURN_IF_ERROR(ValidateGenerate(model_, r.prompt, r.options));
-    const int64_t blocks = (static_cast<int64_t>(r.prompt.size()) + r.options.max_tokens + max_k + 1) /
-                               options_.block_size + 1;
-    need_blocks += blocks;
-    biggest = std::max(biggest, blocks);
+absl::Status VeriCacheEngine::Step() {
+  if (staging_ == nullptr) return absl::FailedPreconditionError("the engine has no staging memory (staging_blocks)");
+  const absl::Time now = absl::Now();
+  for (auto it = pending_.begin(); it != pending_.end();) {
+    Sequence& s = **it;
+    absl::Status why = s.cancelled                       ? absl::CancelledError("request cancelled")
+                       : now > s.request.deadline        ? absl::DeadlineExceededError("deadline passed while queued")
+                                                         : ValidateGenerate(model_, s.request.prompt, s.request.options);
+    if (why.ok()) {
+      ++it;
+      continue;
+    }
+    Finish(s, std::move(why));
+    it = pending_.erase(it);
   }
-  VC_ASSIGN_OR_RETURN(compressed_, MakeCompressedKvCache(options_.compressor, layout, model_.config().num_heads));
-  costs_ = DraftCostModel();
-  const int64_t staging_blocks = options_.staging_blocks > 0 ? options_.staging_blocks : need_blocks;
-  if (staging_blocks < biggest) {
-    return absl::ResourceExhaustedError(absl::StrCat("staging holds ", staging_blocks, " blocks; a sequence needs ", biggest));
+  for (auto it = active_.begin(); it != active_.end();) {
+    Sequence& s = **it;
+    if (!s.cancelled && now <= s.request.deadline) {
+      ++it;
+      continue;
+    }
+    Release(s);
+    Finish(s, s.cancelled ? absl::CancelledError("request cancelled")
+                          : absl::DeadlineExceededError("deadline passed while generating"));
+    it = active_.erase(it);
   }
-  staging_ = std::make_unique<PagedKvCache>(layout, staging_blocks);
+  while (!pending_.empty() && static_cast<int>(active_.size()) < options_.max_batch) {
+    Sequence& s = *pending_.front();
+    absl::Status st = Admit(s);
+    if (absl::IsResourceExhausted(st) && !active_.empty()) {  // wait for staging to free up
+      Release(s);
+      s.result.stats = EngineStats{};
+      s.result.stats.prompt_tokens = s.v();
+      s.full_len = 0;
+      s.publish_from = -1;
+      break;
+    }
+    std::unique_ptr<Sequence> owned = std::move(pending_.front());
+    pending_.pop_front();
+    if (!st.ok()) {
+      Release(s);
+      Finish(s, std::move(st));
+      continue;
+    }
+    active_.push_back(std::move(owned));
+  }
 
-  std::vector<Sequence> seqs(requests.size());
-  std::deque<Sequence*> pending;
-  for (size_t i = 0; i < requests.size(); ++i) {
-    Sequence& s = seqs[i];
-    s.index = i;
-    s.request = &requests[i];
-    s.key = next_key_++;
-    s.tokens = requests[i].prompt;
-    s.window = DraftWindow(options_.draft_window, max_k);
-    pending.push_back(&s);
+  std::vector<Sequence*> drafting, ready, waiting;
+  absl::Status status;
+  for (auto& sp : active_) {
+    Sequence* s = sp.get();
+    absl::Status st = StartWindow(*s);
+    if (!st.ok() && !absl::IsResourceExhausted(st)) {
+      status = st;
+      break;
+    }
+    if (static_cast<int>(s->drafts.size()) < s->k) {
+      drafting.push_back(s);
+    } else if (s->fetch != nullptr && s->fetch->Done()) {
+      ready.push_back(s);
+    } else if (s->fetch != nullptr) {
+      waiting.push_back(s);
+    }
   }
-  std::vector<Sequence*> active;
-  auto retire = [&](Sequence& s) {
-    s.result.stats.compressed_bytes = compressed_->Bytes(s.cseq);
-    compressed_->FreeSequence(s.cseq);
-    tier_->Erase(s.key);
-  };
-  while (!pending.empty() || !active.empty()) {
-    while (!pending.empty() && static_cast<int>(active.size()) < options_.max_batch) {
-      absl::Status st = Admit(*pending.front());
-      if (absl::IsResourceExhausted(st) && !active.empty()) break;  // wait for staging to free up
-      VC_RETURN_IF_ERROR(st);
-      active.push_back(pending.front());
-      pending.pop_front();
-    }
-    std::vector<Sequence*> drafting, ready, waiting;
-    for (Sequence* s : active) {
-      absl::Status st = StartWindow(*s);
-      if (!st.ok() && !absl::IsResourceExhausted(st)) return st;
-      if (static_cast<int>(s->drafts.size()) < s->k) {
-        drafting.push_back(s);
-      } else if (s->fetch != nullptr && s->fetch->Done()) {
-        ready.push_back(s);
-      } else if (s->fetch != nullptr) {
-        waiting.push_back(s);
-      }
-    }
+  if (status.ok()) {
     if (!ready.empty()) {
       for (Sequence* s : ready) {
         costs_.ObserveFetch(static_cast<double>(s->fetch->bytes()),
                             absl::ToDoubleSeconds(s->fetch->finished_at() - s->fetch_start));
       }
-      VC_RETURN_IF_ERROR(Verify(ready));
+      status = Verify(ready);
     } else if (!drafting.empty()) {
-      VC_RETURN_IF_ERROR(DraftStep(drafting));
+      status = DraftStep(drafting);
     } else if (!waiting.empty()) {
       const absl::Time t0 = absl::Now();
-      VC_RETURN_IF_ERROR(waiting.front()->fetch->Wait());
+      waiting.front()->fetch->Wait().IgnoreError();  // Verify looks at the outcome
       waiting.front()->result.stats.fetch_wait_seconds += absl::ToDoubleSeconds(absl::Now() - t0);
-    } else {
-      return absl::ResourceExhaustedError("staging memory cannot hold any sequence's full KV");
-    }
-    for (auto it = active.begin(); it != active.end();) {
-      if ((*it)->done) {
-        retire(**it);
-        it = active.erase(it);
-      } else {
-        ++it;
-      }
+    } else if (!active_.empty()) {
+      status = absl::ResourceExhaustedError("staging memory cannot hold any sequence's full KV");
     }
   }
-  std::vector<EngineResult> out;
-  for (Sequence& s : seqs) out.push_back(std::move(s.result));
+  if (!status.ok()) {
+    for (auto& s : active_) {
+      Release(*s);
+      Finish(*s, status);
+    }
+    active_.clear();
+    return status;
+  }
+  for (auto it = active_.begin(); it != active_.end();) {
+    if ((*it)->done) {
+      Release(**it);
+      Finish(**it, absl::OkStatus());
+      it = active_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<EngineResult>> VeriCacheEngine::Generate(absl::Span<const EngineRequest> requests) {
+  if (!Idle()) return absl::FailedPreconditionError("Generate while submitted requests are in flight");
+  const KvLayout layout = model_.kv_layout(options_.block_size);
+  int64_t need_blocks = 0, biggest = 0;
+  for (const EngineRequest& r : requests) {
+    VC_RETURN_IF_ERROR(ValidateGenerate(model_, r.prompt, r.options));
+    const int64_t blocks =
+        (static_cast<int64_t>(r.prompt.size()) + r.options.max_tokens + max_k_ + 1) / options_.block_size + 1;
+    need_blocks += blocks;
+    biggest = std::max(biggest, blocks);
+  }
+  costs_ = DraftCostModel();
+  if (options_.staging_blocks == 0) staging_ = std::make_unique<PagedKvCache>(layout, need_blocks);
+  if (staging_->num_blocks() < biggest) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("staging holds ", staging_->num_blocks(), " blocks; a sequence needs ", biggest));
+  }
+  std::vector<EngineResult> out(requests.size());
+  absl::Status first_error;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    Submit(requests[i], [&out, &first_error, i](absl::Status st, EngineResult r) {
+      if (!st.ok() && first_error.ok()) first_error = st;
+      out[i] = std::move(r);
+    });
+  }
+  while (!Idle()) {
+    absl::Status st = Step();
+    if (!st.ok()) {
+      for (auto& s : pending_) Finish(*s, st);
+      pending_.clear();
+      return st;
+    }
+  }
+  VC_RETURN_IF_ERROR(first_error);
   return out;
 }
 

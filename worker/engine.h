@@ -12,21 +12,39 @@
 //           one batched pass over their full KV; accept the longest matching prefix plus the
 //           target's own next token; append the exact K/V of accepted positions to the tier and,
 //           compressed, to the compressed cache in place of the drafted entries
+//
+// With a PrefixStore (the remote-prefix scene), admission looks the prompt's blocks up in the
+// store and in the engine's own cache of compressed prefixes. When both have a prefix, the
+// sequence forks the compressed copy, runs the rest of its prompt through it (approximately) and
+// starts drafting at once; the store's blocks stream in behind, and the first verify pass computes
+// the exact K/V of the rest of the prompt together with the drafts. When only the store has it,
+// the prefix is read first and the rest prefilled. Blocks the store lacked are published once
+// computed. A read that fails (store down, block evicted or corrupt) is recomputed by prefill
+// before the verify pass uses it, so the output never depends on the store.
+//
+// Requests arrive through Submit and the caller drives Step (continuous batching: sequences join
+// and leave between passes), or all at once through Generate.
 #ifndef VC_WORKER_ENGINE_H_
 #define VC_WORKER_ENGINE_H_
 
 #include <cstdint>
+#include <deque>
+#include <functional>
+#include <list>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "worker/compressed_cache.h"
 #include "worker/draft_window.h"
 #include "worker/full_decoder.h"
 #include "worker/full_kv_tier.h"
 #include "worker/model.h"
+#include "worker/prefix_store.h"
 
 namespace vc {
 
@@ -35,18 +53,32 @@ struct EngineOptions {
   int draft_window = 0;       // fixed k when > 0; 0 adapts per sequence
   int max_draft_window = 16;  // capped by the compressor's MaxRollback
   int block_size = 16;
-  // Staging blocks for full KV being prefilled or verified; 0 sizes it for every sequence at once.
+  // Staging blocks for full KV being prefilled or verified. 0: Generate sizes it for every
+  // sequence of the call at once; Submit needs it set.
   int64_t staging_blocks = 0;
   int max_batch = 16;  // sequences in flight
+  // Bytes of compressed prefixes kept for reuse by later requests (with a PrefixStore).
+  int64_t prefix_cache_bytes = int64_t{256} << 20;
 };
 
 struct EngineStats {
+  int64_t prompt_tokens = 0;
   int64_t drafted = 0;
   int64_t accepted_drafts = 0;
   int64_t verifies = 0;
   int64_t emitted = 0;
   int64_t bytes_fetched = 0;
   int64_t compressed_bytes = 0;  // held for the sequence at its end
+  // The remote-prefix scene: prompt positions whose full KV came from the store, whose
+  // compressed KV came from the engine's prefix cache, and that were recomputed because a store
+  // read failed; blocks this sequence published.
+  int64_t prefix_store_tokens = 0;
+  int64_t prefix_compressed_tokens = 0;
+  int64_t recomputed_tokens = 0;
+  int64_t published_blocks = 0;
+  double queue_seconds = 0;        // submit to admission
+  double first_token_seconds = 0;  // submit to the first verified token
+  double total_seconds = 0;        // submit to the end
   double prefill_seconds = 0;
   double draft_seconds = 0;   // this sequence's share of batched draft passes
   double verify_seconds = 0;  // its share of batched verify passes
@@ -55,8 +87,8 @@ struct EngineStats {
   double tokens_per_verify() const { return verifies ? double(emitted) / verifies : 0.0; }
 };
 
-// Full KV computed elsewhere for positions [0, prompt.size() - 1) of a request (a prefix found in
-// a cache store, or a benchmark's shared prefill). Must stay valid until Generate returns.
+// Full KV computed elsewhere for positions [0, prompt.size() - 1) of a request (a benchmark's
+// shared prefill). Must stay valid until the request ends.
 struct PrefilledKv {
   const PagedKvCache* cache = nullptr;
   SeqId seq = 0;
@@ -64,46 +96,105 @@ struct PrefilledKv {
 
 struct EngineRequest {
   std::vector<int32_t> prompt;
-  GenerateOptions options;  // max_tokens, sampling, stop_at_eos
+  GenerateOptions options;  // max_tokens, sampling, stop_at_eos, prefill_chunk
   PrefilledKv prefilled;    // optional: skips the prefill compute
+  absl::Time deadline = absl::InfiniteFuture();
+  // Optional: verified tokens as they are emitted, on the thread that runs Step.
+  std::function<void(absl::Span<const int32_t>)> on_tokens;
 };
+
+inline EngineRequest MakeRequest(std::vector<int32_t> prompt, const GenerateOptions& options,
+                                 PrefilledKv prefilled = {}) {
+  EngineRequest r;
+  r.prompt = std::move(prompt);
+  r.options = options;
+  r.prefilled = prefilled;
+  return r;
+}
 
 struct EngineResult {
   std::vector<int32_t> tokens;
   EngineStats stats;
 };
 
-// Not thread-safe: Generate runs the loop on the calling thread.
+// Not thread-safe: one thread calls Submit, Cancel and Step (or Generate).
 class VeriCacheEngine {
  public:
-  // `model` and `tier` must outlive the engine.
-  static absl::StatusOr<std::unique_ptr<VeriCacheEngine>> Create(const Model& model, FullKvTier* tier,
-                                                                 const EngineOptions& options);
+  using RequestId = int64_t;
+  // Called once per request, on the thread that runs Step: OK with every token, or why it ended
+  // (kInvalidArgument, kCancelled, kDeadlineExceeded, kResourceExhausted, or an engine error),
+  // with the tokens emitted until then.
+  using DoneCallback = std::function<void(absl::Status, EngineResult)>;
 
-  // Generates for every request; results in request order. kInvalidArgument for a bad request
-  // (see ValidateGenerate); kResourceExhausted if staging memory cannot hold one sequence.
+  // `model`, `tier` and `prefixes` (optional) must outlive the engine.
+  static absl::StatusOr<std::unique_ptr<VeriCacheEngine>> Create(const Model& model, FullKvTier* tier,
+                                                                 const EngineOptions& options,
+                                                                 PrefixStore* prefixes = nullptr);
+  ~VeriCacheEngine();
+
+  // Queues a request (checked with ValidateGenerate when admitted). Needs staging_blocks > 0.
+  RequestId Submit(EngineRequest request, DoneCallback on_done);
+  // Ends a request with kCancelled at the next Step; no-op for an unknown or finished id.
+  void Cancel(RequestId id);
+  // One scheduling step: ends cancelled and expired requests, admits queued ones while there is
+  // room, then runs one batched draft step or verify pass (or waits for a fetch). An error is the
+  // engine's own (a failed pass); every request in flight has been ended with it.
+  absl::Status Step();
+  bool Idle() const { return pending_.empty() && active_.empty(); }
+  size_t queued() const { return pending_.size(); }
+  size_t active() const { return active_.size(); }
+
+  // Generates for every request and returns their results in request order. kInvalidArgument
+  // for a bad request (see ValidateGenerate); kResourceExhausted if staging memory cannot hold
+  // one sequence. Only when no Submit-ted request is in flight.
   absl::StatusOr<std::vector<EngineResult>> Generate(absl::Span<const EngineRequest> requests);
 
   const std::string& compressor_spec() const { return spec_; }
+  // Compressed prefixes held for reuse, and their bytes.
+  size_t cached_prefixes() const { return prefix_index_.size(); }
+  int64_t cached_prefix_bytes() const { return prefix_bytes_; }
 
  private:
   struct Sequence;
-  VeriCacheEngine(const Model& model, FullKvTier* tier, const EngineOptions& options);
+  struct CachedPrefix {
+    SeqId seq = -1;
+    int64_t length = 0;
+    int64_t bytes = 0;
+    std::list<PrefixName>::iterator lru;
+  };
+  VeriCacheEngine(const Model& model, FullKvTier* tier, const EngineOptions& options, PrefixStore* prefixes);
   absl::Status Admit(Sequence& s);
+  absl::Status AdmitWithPrefix(Sequence& s, bool* admitted);
+  absl::Status PrefillInto(Sequence& s, SeqId seq, int64_t begin, int64_t end, AttentionCache& cache);
   absl::Status DraftStep(std::vector<Sequence*>& drafting);
   absl::Status StartWindow(Sequence& s);
   absl::Status Verify(std::vector<Sequence*>& ready);
+  absl::Status Recompute(Sequence& s);
+  // Publishes the blocks of `s` from `from` on and caches its compressed prefix, from exact K/V
+  // of `seq` in staging.
+  void SharePrefix(Sequence& s, int from, SeqId seq);
+  void CachePrefix(absl::Span<const PrefixName> names, SeqId staging_seq);
+  void Finish(Sequence& s, absl::Status status);
+  void Release(Sequence& s);
 
   const Model& model_;
   FullKvTier* const tier_;
+  PrefixStore* const prefixes_;
   const EngineOptions options_;
   std::string spec_;
   int64_t max_rollback_ = 0;
+  int max_k_ = 1;
   uint64_t next_key_ = 1;
-  // State of the Generate call in progress.
+  RequestId next_id_ = 1;
   std::unique_ptr<CompressedKvCache> compressed_;
   std::unique_ptr<PagedKvCache> staging_;
   DraftCostModel costs_;
+  std::deque<std::unique_ptr<Sequence>> pending_;
+  std::vector<std::unique_ptr<Sequence>> active_;
+  // Compressed prefixes by the name of their last block; front of the list = most recent.
+  absl::flat_hash_map<PrefixName, CachedPrefix> prefix_index_;
+  std::list<PrefixName> prefix_lru_;
+  int64_t prefix_bytes_ = 0;
 };
 
 }  // namespace vc

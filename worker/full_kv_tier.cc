@@ -9,6 +9,25 @@
 
 namespace vc {
 
+PagedDest PagedDest::Of(const PagedKvCache& cache, SeqId seq) {
+  PagedDest d;
+  d.blocks = cache.BlockTable(seq);
+  for (int layer = 0; layer < cache.layout().num_layers; ++layer) d.layers.push_back(cache.LayerView(layer));
+  return d;
+}
+
+float* PagedDest::K(int layer, int64_t pos) const {
+  const kernels::PagedKvLayer& d = layers[layer];
+  return const_cast<float*>(d.k) + blocks[pos / d.block_size] * d.block_stride +
+         (pos % d.block_size) * d.num_kv_heads * d.head_dim;
+}
+
+float* PagedDest::V(int layer, int64_t pos) const {
+  const kernels::PagedKvLayer& d = layers[layer];
+  return const_cast<float*>(d.v) + blocks[pos / d.block_size] * d.block_stride +
+         (pos % d.block_size) * d.num_kv_heads * d.head_dim;
+}
+
 absl::Status FetchHandle::Wait() {
   absl::MutexLock l(&mu_);
   mu_.Await(absl::Condition(&done_));
@@ -32,15 +51,17 @@ absl::Time FetchHandle::finished_at() const {
   return finished_at_;
 }
 
-HostKvTier::HostKvTier(const KvLayout& layout, double bytes_per_second)
-    : layout_(layout), bytes_per_second_(bytes_per_second), io_([this] { IoLoop(); }) {}
+HostKvTier::HostKvTier(const KvLayout& layout, double bytes_per_second, int io_threads)
+    : layout_(layout), bytes_per_second_(bytes_per_second) {
+  for (int i = 0; i < std::max(1, io_threads); ++i) io_.emplace_back([this] { IoLoop(); });
+}
 
 HostKvTier::~HostKvTier() {
   {
     absl::MutexLock l(&mu_);
     stop_ = true;
   }
-  io_.join();
+  for (std::thread& t : io_) t.join();
 }
 
 absl::Status HostKvTier::Append(TierKey key, const PagedKvCache& src, SeqId seq, int64_t begin, int64_t end) {
@@ -62,15 +83,16 @@ absl::Status HostKvTier::Append(TierKey key, const PagedKvCache& src, SeqId seq,
         absl::StrCat("tier append at ", begin, " but the tier holds ", e->length, " positions"));
   }
   const int64_t row = int64_t{layout_.num_kv_heads} * layout_.head_dim;
+  const int64_t held = end - e->base;
   for (int l = 0; l < layout_.num_layers; ++l) {
-    if (static_cast<int64_t>(e->k[l].size()) < end * row) {
-      const size_t cap = static_cast<size_t>(std::max<int64_t>(end, 2 * static_cast<int64_t>(e->k[l].size()) / row) * row);
+    if (static_cast<int64_t>(e->k[l].size()) < held * row) {
+      const size_t cap = static_cast<size_t>(std::max<int64_t>(held, 2 * static_cast<int64_t>(e->k[l].size()) / row) * row);
       e->k[l].resize(cap);
       e->v[l].resize(cap);
     }
     for (int64_t p = begin; p < end; ++p) {
-      std::memcpy(e->k[l].data() + p * row, src.K(l, seq, p), row * 4);
-      std::memcpy(e->v[l].data() + p * row, src.V(l, seq, p), row * 4);
+      std::memcpy(e->k[l].data() + (p - e->base) * row, src.K(l, seq, p), row * 4);
+      std::memcpy(e->v[l].data() + (p - e->base) * row, src.V(l, seq, p), row * 4);
     }
   }
   e->length = end;
@@ -86,9 +108,7 @@ std::shared_ptr<FetchHandle> HostKvTier::Fetch(TierKey key, int64_t length, Page
                                                     " positions of the sequence, ", length, " requested")));
     return handle;
   }
-  Job job{it->second, length, dest->BlockTable(dest_seq), {}, handle};
-  for (int layer = 0; layer < layout_.num_layers; ++layer) job.layers.push_back(dest->LayerView(layer));
-  jobs_.push_back(std::move(job));
+  jobs_.push_back(Job{it->second, length, PagedDest::Of(*dest, dest_seq), handle});
   return handle;
 }
 
@@ -96,6 +116,21 @@ int64_t HostKvTier::Length(TierKey key) const {
   absl::MutexLock l(&mu_);
   auto it = entries_.find(key);
   return it == entries_.end() ? 0 : it->second->length;
+}
+
+absl::Status HostKvTier::AttachPrefix(TierKey key, int64_t length, PrefixReader read) {
+  absl::MutexLock l(&mu_);
+  auto& slot = entries_[key];
+  if (slot != nullptr && slot->length > 0) {
+    return absl::FailedPreconditionError(absl::StrCat("tier already holds ", slot->length, " positions of the sequence"));
+  }
+  slot = std::make_shared<Entry>();
+  slot->k.resize(layout_.num_layers);
+  slot->v.resize(layout_.num_layers);
+  slot->base = length;
+  slot->length = length;
+  slot->prefix = std::move(read);
+  return absl::OkStatus();
 }
 
 void HostKvTier::Erase(TierKey key) {
@@ -116,16 +151,24 @@ void HostKvTier::IoLoop() {
       job = std::move(jobs_.front());
       jobs_.pop_front();
     }
-    // Layer by layer, block by block: each block's rows are contiguous in both places.
+    const Entry& e = *job.entry;
+    if (e.base > 0) {
+      absl::Status st = e.prefix(job.dest);
+      if (!st.ok()) {
+        job.handle->Finish(std::move(st));
+        continue;
+      }
+    }
+    // Layer by layer, block by block: each block's rows are contiguous in the destination. The
+    // tier's rows start at e.base, which need not be block-aligned.
     const auto start = std::chrono::steady_clock::now();
     int64_t moved = 0;
     for (int l = 0; l < layout_.num_layers; ++l) {
-      for (int64_t p0 = 0; p0 < job.length; p0 += bs) {
-        const int64_t n = std::min(bs, job.length - p0);
-        const kernels::PagedKvLayer& d = job.layers[l];
-        const int64_t off = job.blocks[p0 / bs] * d.block_stride;
-        std::memcpy(const_cast<float*>(d.k) + off, job.entry->k[l].data() + p0 * row, n * row * 4);
-        std::memcpy(const_cast<float*>(d.v) + off, job.entry->v[l].data() + p0 * row, n * row * 4);
+      for (int64_t p0 = e.base; p0 < job.length;) {
+        const int64_t n = std::min(bs - p0 % bs, job.length - p0);
+        std::memcpy(job.dest.K(l, p0), e.k[l].data() + (p0 - e.base) * row, n * row * 4);
+        std::memcpy(job.dest.V(l, p0), e.v[l].data() + (p0 - e.base) * row, n * row * 4);
+        p0 += n;
         moved += 2 * n * row * 4;
         if (bytes_per_second_ > 0) {  // pace to the link: never ahead of bytes / rate
           const auto due = start + std::chrono::duration<double>(moved / bytes_per_second_);

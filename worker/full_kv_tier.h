@@ -21,6 +21,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "worker/kv_cache.h"
+#include "worker/prefix_store.h"
 
 namespace vc {
 
@@ -48,6 +49,10 @@ class FetchHandle {
 
 using TierKey = uint64_t;
 
+// Writes the full K/V of positions [0, length) of a prefix into a destination (a PrefixStore
+// read, bound to the prefix's names). Runs on the tier's I/O thread.
+using PrefixReader = std::function<absl::Status(const PagedDest& dest)>;
+
 class FullKvTier {
  public:
   virtual ~FullKvTier() = default;
@@ -59,36 +64,43 @@ class FullKvTier {
   virtual std::shared_ptr<FetchHandle> Fetch(TierKey key, int64_t length, PagedKvCache* dest, SeqId dest_seq) = 0;
   // Positions held for key (0 if none).
   virtual int64_t Length(TierKey key) const = 0;
+  // Makes positions [0, length) of an empty `key` readable through `read` (a shared prefix kept
+  // elsewhere): fetches then read the prefix through it and the rest from the tier, and appends
+  // start at `length`. A fetch whose read fails finishes with that error.
+  virtual absl::Status AttachPrefix(TierKey key, int64_t length, PrefixReader read) = 0;
   virtual void Erase(TierKey key) = 0;
 };
 
 // Full KV in host memory, one contiguous array per (key, layer) for K and for V. Fetches run on
-// one background thread in FIFO order; `bytes_per_second` > 0 paces them to stand for a PCIe or
-// network link (0: as fast as memcpy). Thread-safe.
+// `io_threads` background threads in FIFO order (several, so that prefix reads, which wait on
+// the network, overlap); `bytes_per_second` > 0 paces each fetch to stand for a PCIe or network
+// link (0: as fast as memcpy). Thread-safe.
 class HostKvTier final : public FullKvTier {
  public:
-  HostKvTier(const KvLayout& layout, double bytes_per_second);
+  HostKvTier(const KvLayout& layout, double bytes_per_second, int io_threads = 1);
   ~HostKvTier() override;
 
   absl::Status Append(TierKey key, const PagedKvCache& src, SeqId seq, int64_t begin, int64_t end) override;
   std::shared_ptr<FetchHandle> Fetch(TierKey key, int64_t length, PagedKvCache* dest, SeqId dest_seq) override;
   int64_t Length(TierKey key) const override;
+  absl::Status AttachPrefix(TierKey key, int64_t length, PrefixReader read) override;
   void Erase(TierKey key) override;
 
   double bytes_per_second() const { return bytes_per_second_; }
 
  private:
   struct Entry {
+    int64_t base = 0;  // positions [0, base) come from `prefix`
+    PrefixReader prefix;
     int64_t length = 0;
-    std::vector<std::vector<float>> k, v;  // per layer: [capacity, num_kv_heads * head_dim]
+    std::vector<std::vector<float>> k, v;  // per layer: [capacity, num_kv_heads * head_dim] from base
   };
   // Destinations are resolved when the fetch is issued (the cache is not thread-safe; its pool
   // arrays never move, so the block addresses stay valid).
   struct Job {
     std::shared_ptr<Entry> entry;
     int64_t length;
-    std::vector<int32_t> blocks;
-    std::vector<kernels::PagedKvLayer> layers;
+    PagedDest dest;
     std::shared_ptr<FetchHandle> handle;
   };
   void IoLoop();
@@ -99,7 +111,7 @@ class HostKvTier final : public FullKvTier {
   std::unordered_map<TierKey, std::shared_ptr<Entry>> entries_ ABSL_GUARDED_BY(mu_);
   std::deque<Job> jobs_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
-  std::thread io_;
+  std::vector<std::thread> io_;
 };
 
 }  // namespace vc

@@ -62,6 +62,7 @@ class H2oCache final : public CompressedKvCache {
   H2oCache(const KvLayout& layout, int num_heads, H2oParams params);
 
   SeqId NewSequence() override;
+  SeqId Fork(SeqId seq) override { return seqs_.Copy(seq); }
   void FreeSequence(SeqId seq) override;
   // `queries`, when given, must end at `length` (kInvalidArgument otherwise); it may hold any
   // number of positions.

@@ -36,6 +36,7 @@ class QuestCache final : public CompressedKvCache {
   QuestCache(const KvLayout& layout, QuestParams params);
 
   SeqId NewSequence() override;
+  SeqId Fork(SeqId seq) override { return seqs_.Copy(seq); }
   void FreeSequence(SeqId seq) override;
   absl::Status BuildFrom(SeqId seq, const PagedKvCache& full, SeqId full_seq, int64_t length,
                          const PromptQueries* queries) override;

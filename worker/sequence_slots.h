@@ -27,6 +27,12 @@ class SequenceSlots {
     live_[id] = true;
     return id;
   }
+  // A live id whose state is a copy of `src`'s (which must be live).
+  SeqId Copy(SeqId src) {
+    const SeqId id = Add();
+    slots_[id] = slots_[src];
+    return id;
+  }
   bool live(SeqId id) const { return id >= 0 && id < static_cast<SeqId>(slots_size()) && live_[id]; }
   // Drops `id`'s state and frees the id; no-op for an id that is not live.
   void Remove(SeqId id) {

@@ -17,6 +17,7 @@ class StreamingCache final : public CompressedKvCache {
   StreamingCache(const KvLayout& layout, int sinks, int window, int rollback);
 
   SeqId NewSequence() override;
+  SeqId Fork(SeqId seq) override { return seqs_.Copy(seq); }
   void FreeSequence(SeqId seq) override;
   absl::Status BuildFrom(SeqId seq, const PagedKvCache& full, SeqId full_seq, int64_t length,
                          const PromptQueries* queries) override;

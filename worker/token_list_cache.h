@@ -44,6 +44,7 @@ class TokenListCache final : public CompressedKvCache {
   TokenListCache(const KvLayout& layout, int num_heads, KiviParams kivi, std::unique_ptr<PromptSelector> selector);
 
   SeqId NewSequence() override;
+  SeqId Fork(SeqId seq) override { return seqs_.Copy(seq); }
   void FreeSequence(SeqId seq) override;
   absl::Status BuildFrom(SeqId seq, const PagedKvCache& full, SeqId full_seq, int64_t length,
                          const PromptQueries* queries) override;

@@ -1,117 +1,184 @@
 #include "services/cli/demo_command.h"
 
+#include <stdlib.h>
+
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <sstream>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "common/status_macros.h"
 #include "services/cli/args.h"
-#include "worker/engine.h"
+#include "services/inference_client.h"
+#include "services/servers.h"
 #include "worker/full_decoder.h"
-#include "worker/full_kv_tier.h"
-#include "worker/lossy_decoder.h"
 
 namespace vc::cli {
 namespace {
 
 constexpr char kUsage[] =
-    "usage: vericache demo [--model DIR] [--max-tokens N] [--compressor SPEC]\n"
-    "  requests sharing a code prefix through the VeriCache engine, each checked token for token\n"
-    "  against full-KV decoding, next to the lossy compressed-only baseline\n";
+    "usage: vericache demo [--model DIR] [--max-tokens N] [--prefix-file FILE] [--prefix-bytes N]\n"
+    "                      [--compressor SPEC] [--ucx none|peer|off]\n"
+    "  starts a cache store (RocksDB in a temporary directory) and a worker in this process, then\n"
+    "  sends requests that share a code prefix (the first --prefix-bytes of --prefix-file, as an IDE\n"
+    "  sends a file it edits): the first computes the prefix and publishes its KV; the others draft\n"
+    "  from the worker's compressed copy while the full KV streams in from the store over UCX. Every\n"
+    "  output is checked token for token against sequential full-KV decoding.\n";
 
-// Three requests that share a long code prefix, as an agent or IDE sends them.
-constexpr char kSharedPrefix[] = R"(import os
-import sys
-import json
-import hashlib
-
-
-class FileIndex:
-    """An index of the files under a directory, keyed by content hash."""
-
-    def __init__(self, root):
-        self.root = root
-        self.entries = {}
-
-    def scan(self):
-        for dirpath, dirnames, filenames in os.walk(self.root):
-            dirnames.sort()
-            for name in sorted(filenames):
-                path = os.path.join(dirpath, name)
-                with open(path, "rb") as f:
-                    digest = hashlib.sha256(f.read()).hexdigest()
-                self.entries[path] = digest
-        return self.entries
-
-)";
-
+// What each request asks for after the shared file.
 constexpr const char* kSuffixes[] = {
-    "    def save(self, path):\n",
-    "    def find_duplicates(self):\n",
-    "    def load(self, path):\n        \"\"\"Read the index from a JSON file.\"\"\"\n",
+    "\n\ndef count_parameters(model):\n",
+    "\n\ndef save_checkpoint(model, path):\n",
+    "\n\nclass Tokenizer:\n    \"\"\"Bytes in, ids out.\"\"\"\n\n    def __init__(self):\n",
+    "\n\ndef evaluate(model, docs, ctx):\n",
+};
+
+absl::StatusOr<std::string> SharedPrefix(const std::string& path, int64_t bytes) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  std::string text = ss.str().substr(0, static_cast<size_t>(bytes));
+  const size_t nl = text.rfind('\n');
+  if (nl != std::string::npos && nl > 0) text.resize(nl);
+  return text;
+}
+
+struct Row {
+  std::string name;
+  double ttft = 0, total = 0;
+  int64_t tokens = 0;
+  int identical = 0, requests = 0;
 };
 
 absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
-  VC_ASSIGN_OR_RETURN(Args a, Args::Parse(argv, {"model", "max-tokens", "compressor"}, {}));
-  VC_ASSIGN_OR_RETURN(int64_t max_tokens, a.Int("max-tokens", 160, 1, 4096));
-  const std::string compressor = a.Str("compressor", "kivi:bits=4,group=32,residual=32");
-  VC_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, Model::Load(a.Str("model", "models/vc-code-4m")));
+  VC_ASSIGN_OR_RETURN(Args a, Args::Parse(argv, {"model", "max-tokens", "prefix-file", "prefix-bytes", "compressor", "ucx"}, {}));
+  VC_ASSIGN_OR_RETURN(int64_t max_tokens, a.Int("max-tokens", 128, 1, 4096));
+  VC_ASSIGN_OR_RETURN(int64_t prefix_bytes, a.Int("prefix-bytes", 6144, 256, 1 << 20));
+  const std::string model_dir = a.Str("model", "models/vc-code-4m");
+  VC_ASSIGN_OR_RETURN(std::string prefix, SharedPrefix(a.Str("prefix-file", "models/train.py"), prefix_bytes));
 
+  char tmpl[] = "/tmp/vericache-demo-XXXXXX";
+  if (mkdtemp(tmpl) == nullptr) return absl::UnavailableError("cannot create a temporary directory");
+  const std::string tmp = tmpl;
+  struct Cleanup {
+    std::string dir;
+    ~Cleanup() {
+      std::error_code ec;
+      std::filesystem::remove_all(dir, ec);
+    }
+  } cleanup{tmp};
+
+  StoreServerOptions so;
+  so.store.ram.capacity_bytes = uint64_t{256} << 20;
+  so.store.disk.path = tmp + "/store";
+  so.store.disk.capacity_bytes = uint64_t{1} << 30;
+  so.service.tokens = {{"demo-token", "demo"}};
+  so.ucx = a.Str("ucx", "none");
+  VC_ASSIGN_OR_RETURN(std::unique_ptr<StoreServer> store, StoreServer::Start(so));
+
+  WorkerServerOptions wo;
+  wo.model_dir = model_dir;
+  wo.store_target = store->target();
+  wo.store_token = "demo-token";
+  wo.ucx = so.ucx;
+  wo.service.engine.compressor = a.Str("compressor", wo.service.engine.compressor);
+  VC_ASSIGN_OR_RETURN(std::unique_ptr<WorkerServer> worker, WorkerServer::Start(wo));
+  const Model& model = worker->model();
+  auto stub = InferenceStub(worker->target());
+
+  std::vector<std::vector<int32_t>> prompts;
+  for (const char* s : kSuffixes) prompts.push_back(model.tokenizer().Encode(prefix + s));
+  out << "VeriCache demo: a cache store (port " << store->port() << ", RocksDB in " << tmp << ", UCX " << so.ucx
+      << ") and a worker (port " << worker->port() << ", kernels " << model.backend().name() << ", compressor "
+      << wo.service.engine.compressor << ") in this process.\n"
+      << prompts.size() << " requests share the first " << prefix.size() << " bytes of "
+      << a.Str("prefix-file", "models/train.py") << "; " << max_tokens << " tokens each, greedy.\n\n";
+
+  // The reference: sequential full-KV decoding, prefix recomputed for each request.
   GenerateOptions o;
   o.max_tokens = static_cast<int>(max_tokens);
-  std::vector<EngineRequest> reqs;
-  for (const char* suffix : kSuffixes) {
-    reqs.push_back({model->tokenizer().Encode(std::string(kSharedPrefix) + suffix), o, {}});
+  std::vector<GenerateResult> want;
+  Row recompute{"recompute the prefix, full-KV decode (reference)"};
+  for (const auto& p : prompts) {
+    VC_ASSIGN_OR_RETURN(GenerateResult g, GenerateFull(model, p, o));
+    recompute.ttft += g.prefill_seconds + g.decode_seconds / std::max<size_t>(1, g.tokens.size());
+    recompute.total += g.prefill_seconds + g.decode_seconds;
+    recompute.tokens += static_cast<int64_t>(g.tokens.size());
+    recompute.identical++;
+    recompute.requests++;
+    want.push_back(std::move(g));
   }
-  out << "VeriCache demo: " << reqs.size() << " requests sharing a " << sizeof(kSharedPrefix) - 1
-      << "-byte code prefix; model " << a.Str("model", "models/vc-code-4m") << ", kernels "
-      << model->backend().name() << ", compressor " << compressor << "\n\n";
 
-  // The reference: sequential decoding with the full KV, one request after another.
-  std::vector<GenerateResult> full;
-  double full_decode = 0;
-  for (const EngineRequest& r : reqs) {
-    VC_ASSIGN_OR_RETURN(GenerateResult g, GenerateFull(*model, r.prompt, o));
-    full_decode += g.decode_seconds;
-    full.push_back(std::move(g));
-  }
-  // The lossy baseline: the compressed cache alone.
-  std::vector<LossyResult> lossy;
-  for (const EngineRequest& r : reqs) {
-    VC_ASSIGN_OR_RETURN(LossyResult l, GenerateLossy(*model, r.prompt, o, compressor));
-    lossy.push_back(std::move(l));
-  }
-  // VeriCache: all requests together, drafting from compressed KV, verifying against full KV held
-  // in a host-memory tier.
-  HostKvTier tier(model->kv_layout(16), 0);
-  EngineOptions eo;
-  eo.compressor = compressor;
-  VC_ASSIGN_OR_RETURN(auto engine, VeriCacheEngine::Create(*model, &tier, eo));
-  const absl::Time t0 = absl::Now();
-  VC_ASSIGN_OR_RETURN(std::vector<EngineResult> vc, engine->Generate(reqs));
-  const double vc_total = absl::ToDoubleSeconds(absl::Now() - t0);
+  auto request = [&](size_t i, vericache::v1::Mode mode) {
+    vericache::v1::GenerateRequest req;
+    req.mutable_token_ids()->mutable_ids()->Add(prompts[i].begin(), prompts[i].end());
+    req.set_max_tokens(static_cast<uint32_t>(max_tokens));
+    req.set_mode(mode);
+    return CallGenerate(*stub, req);
+  };
+  // Request 1 finds nothing in the store: the worker computes the prefix and publishes its blocks.
+  GenerateReply first = request(0, vericache::v1::MODE_VERICACHE);
+  VC_RETURN_IF_ERROR(first.status);
+  worker->prefixes()->Flush();
+  out << "--- request 1 (cold: prefix computed, " << first.stats.prompt_tokens() / wo.block_tokens
+      << " blocks published to the store)\n..." << kSuffixes[0] + 2 << first.text << "\n["
+      << (first.tokens == want[0].tokens ? "IDENTICAL to" : "DIFFERS from") << " full-KV decoding]\n\n";
 
-  int identical = 0, lossy_identical = 0;
-  int64_t tokens = 0;
-  double prefill = 0;
-  for (size_t i = 0; i < reqs.size(); ++i) {
-    const bool same = vc[i].tokens == full[i].tokens;
-    identical += same;
-    lossy_identical += lossy[i].generation.tokens == full[i].tokens;
-    tokens += static_cast<int64_t>(vc[i].tokens.size());
-    prefill += vc[i].stats.prefill_seconds;
-    out << "--- request " << i + 1 << ": ..." << kSuffixes[i] << model->tokenizer().Decode(vc[i].tokens) << "\n";
-    out << absl::StrFormat("[vericache %s full-KV decoding; %d tokens, %.0f%% of drafts accepted, %.1f tokens per "
-                           "verify; lossy %s]\n\n",
-                           same ? "IDENTICAL to" : "DIFFERS from", vc[i].tokens.size(),
-                           100 * vc[i].stats.acceptance_rate(), vc[i].stats.tokens_per_verify(),
-                           lossy[i].generation.tokens == full[i].tokens ? "also identical" : "diverged");
+  // The others arrive together, in both modes: MODE_FULL reads the prefix from the store into
+  // worker memory before decoding; VeriCache drafts from the compressed prefix while it streams.
+  auto run_all = [&](vericache::v1::Mode mode, Row* row, std::vector<GenerateReply>* replies) {
+    std::vector<std::future<GenerateReply>> calls;
+    const absl::Time t0 = absl::Now();
+    for (size_t i = 1; i < prompts.size(); ++i) calls.push_back(std::async(std::launch::async, request, i, mode));
+    for (auto& c : calls) replies->push_back(c.get());
+    row->total = absl::ToDoubleSeconds(absl::Now() - t0);
+    for (size_t i = 0; i < replies->size(); ++i) {
+      const GenerateReply& r = (*replies)[i];
+      row->ttft += r.first_token_seconds;
+      row->tokens += static_cast<int64_t>(r.tokens.size());
+      row->identical += r.status.ok() && r.tokens == want[i + 1].tokens;
+      row->requests++;
+    }
+  };
+  Row full{"fetch the full prefix from the store, then decode"};
+  Row vc{"VeriCache: draft from the compressed prefix, verify"};
+  std::vector<GenerateReply> full_replies, vc_replies;
+  run_all(vericache::v1::MODE_FULL, &full, &full_replies);
+  run_all(vericache::v1::MODE_VERICACHE, &vc, &vc_replies);
+  for (size_t i = 0; i < vc_replies.size(); ++i) {
+    const GenerateReply& r = vc_replies[i];
+    VC_RETURN_IF_ERROR(r.status);
+    out << "--- request " << i + 2 << " (prefix: " << r.stats.prefix_store_tokens() << " tokens of full KV from the store, "
+        << r.stats.prefix_compressed_tokens() << " of compressed KV held by the worker)\n..." << kSuffixes[i + 1] + 2
+        << r.text << "\n["
+        << (r.tokens == want[i + 1].tokens ? "IDENTICAL to" : "DIFFERS from")
+        << absl::StrFormat(" full-KV decoding; %d drafts, %d accepted, %d verify passes; ms: prefill %.0f, "
+                           "draft %.0f, verify %.0f, fetch wait %.0f]\n\n",
+                           r.stats.drafted_tokens(), r.stats.accepted_drafts(), r.stats.verify_passes(),
+                           r.stats.prefill_micros() / 1e3, r.stats.draft_micros() / 1e3, r.stats.verify_micros() / 1e3,
+                           r.stats.fetch_wait_micros() / 1e3);
   }
-  const double vc_decode = vc_total - prefill;
-  out << absl::StrFormat(
-      "outputs identical to full-KV decoding: %d/%d (lossy compressed-only decoding: %d/%d)\n"
-      "decode throughput: vericache %.0f tokens/s (batched), full-KV %.0f tokens/s (one request at a time)\n",
-      identical, reqs.size(), lossy_identical, reqs.size(), tokens / vc_decode, tokens / full_decode);
-  if (identical != static_cast<int>(reqs.size())) return absl::InternalError("vericache output differs from full-KV");
+  // Recompute is sequential here; per-request time to first token compares like with like.
+  out << absl::StrFormat("%-52s %10s %12s %10s\n", "requests 2-" + std::to_string(prompts.size()), "TTFT (ms)",
+                         "tokens/s", "identical");
+  Row rc = recompute;  // the same requests as the others: drop request 1
+  rc.ttft = recompute.ttft - (want[0].prefill_seconds + want[0].decode_seconds / std::max<size_t>(1, want[0].tokens.size()));
+  rc.total = recompute.total - want[0].prefill_seconds - want[0].decode_seconds;
+  rc.tokens = recompute.tokens - static_cast<int64_t>(want[0].tokens.size());
+  rc.requests = recompute.requests - 1;
+  rc.identical = rc.requests;
+  for (const Row* r : {&rc, &full, &vc}) {
+    out << absl::StrFormat("%-52s %10.1f %12.0f %7d/%d\n", r->name, 1e3 * r->ttft / r->requests, r->tokens / r->total,
+                           r->identical, r->requests);
+  }
+  const bool all_same = first.tokens == want[0].tokens && vc.identical == vc.requests && full.identical == full.requests;
+  out << (all_same ? "\nevery output is identical to full-KV decoding\n" : "\nOUTPUTS DIFFER from full-KV decoding\n");
+  if (!all_same) return absl::InternalError("an output differs from full-KV decoding");
   return absl::OkStatus();
 }
 

@@ -92,7 +92,7 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
     eo.draft_window = draft_window;
     eo.block_size = o.block_size;
     VC_ASSIGN_OR_RETURN(auto engine, VeriCacheEngine::Create(*model, &tier, eo));
-    std::vector<EngineRequest> reqs = {{ids, o, {}}};
+    std::vector<EngineRequest> reqs = {MakeRequest(ids, o)};
     const absl::Time t0 = absl::Now();
     VC_ASSIGN_OR_RETURN(std::vector<EngineResult> er, engine->Generate(reqs));
     const double total = absl::ToDoubleSeconds(absl::Now() - t0);

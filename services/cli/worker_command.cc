@@ -1,0 +1,122 @@
+#include "services/cli/worker_command.h"
+
+#include <signal.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "common/status_macros.h"
+#include "services/cli/args.h"
+#include "services/servers.h"
+
+namespace vc::cli {
+namespace {
+
+constexpr char kUsage[] =
+    "usage: vericache worker --model DIR --listen HOST:PORT [--store HOST:PORT --store-token-file FILE]\n"
+    "                        [--ucx none|peer|off] [--block-tokens N] [--compressor SPEC] [--max-batch N]\n"
+    "                        [--staging-mib N] [--full-kv-mib N] [--prefix-cache-mib N] [--max-requests N]\n"
+    "                        [--client-tokens FILE] [--store-timeout-ms N] [--draft-window K]\n"
+    "  --store HOST:PORT       the cache store: prompts' prefixes are looked up there, their full KV\n"
+    "                          read over UCX while the worker drafts, and prefixes it lacked published\n"
+    "  --store-token-file FILE the bearer token the worker presents to the store (one line)\n"
+    "  --ucx MODE              one-sided reads with UCX error handling 'none' (shared memory, CMA; the\n"
+    "                          default) or 'peer' (TCP only on one host); 'off': blocks inline over gRPC\n"
+    "  --block-tokens N        tokens per store block (default 256, a multiple of 16)\n"
+    "  --staging-mib N         worker memory for full KV staged for verification (default 512)\n"
+    "  --full-kv-mib N         worker memory for MODE_FULL requests' KV (default 256; 0 refuses them)\n"
+    "  --prefix-cache-mib N    compressed prefixes kept for reuse (default 256)\n"
+    "  --client-tokens FILE    bearer tokens accepted from clients, one per line (default: no auth)\n";
+
+absl::StatusOr<std::string> ReadFirstLine(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
+  std::string line;
+  std::getline(in, line);
+  line = std::string(absl::StripAsciiWhitespace(line));
+  if (line.empty()) return absl::InvalidArgumentError(absl::StrCat(path, " holds no token"));
+  return line;
+}
+
+absl::StatusOr<std::set<std::string>> ReadTokens(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
+  std::set<std::string> tokens;
+  std::string line;
+  while (std::getline(in, line)) {
+    const absl::string_view t = absl::StripAsciiWhitespace(line);
+    if (!t.empty() && t[0] != '#') tokens.insert(std::string(t));
+  }
+  if (tokens.empty()) return absl::InvalidArgumentError(absl::StrCat(path, " lists no token"));
+  return tokens;
+}
+
+absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
+  VC_ASSIGN_OR_RETURN(
+      Args a, Args::Parse(argv,
+                          {"model", "listen", "store", "store-token-file", "ucx", "block-tokens", "compressor",
+                           "max-batch", "staging-mib", "full-kv-mib", "prefix-cache-mib", "max-requests",
+                           "client-tokens", "store-timeout-ms", "draft-window"},
+                          {}));
+  for (const char* req : {"model", "listen"}) {
+    if (!a.Has(req)) return absl::InvalidArgumentError(absl::StrCat("--", req, " is required"));
+  }
+  WorkerServerOptions o;
+  o.model_dir = a.Str("model");
+  o.listen = a.Str("listen");
+  o.store_target = a.Str("store");
+  if (a.Has("store-token-file")) {
+    VC_ASSIGN_OR_RETURN(o.store_token, ReadFirstLine(a.Str("store-token-file")));
+  } else if (!o.store_target.empty()) {
+    return absl::InvalidArgumentError("--store needs --store-token-file");
+  }
+  o.ucx = a.Str("ucx", "none");
+  if (o.ucx != "off") {
+    VC_RETURN_IF_ERROR(cachestore::ParseUcxErrorMode(o.ucx).status());
+  }
+  VC_ASSIGN_OR_RETURN(int64_t block_tokens, a.Int("block-tokens", 256, 16, 1 << 16));
+  o.block_tokens = static_cast<int>(block_tokens);
+  VC_ASSIGN_OR_RETURN(o.store_timeout_ms, a.Int("store-timeout-ms", 2000, 1, 600000));
+  VC_ASSIGN_OR_RETURN(int64_t staging, a.Int("staging-mib", 512, 1, 1 << 20));
+  VC_ASSIGN_OR_RETURN(int64_t full, a.Int("full-kv-mib", 256, 0, 1 << 20));
+  VC_ASSIGN_OR_RETURN(int64_t prefix, a.Int("prefix-cache-mib", 256, 0, 1 << 20));
+  o.staging_bytes = staging << 20;
+  o.full_kv_bytes = full << 20;
+  o.prefix_cache_bytes = prefix << 20;
+  EngineOptions& eo = o.service.engine;
+  eo.compressor = a.Str("compressor", eo.compressor);
+  VC_ASSIGN_OR_RETURN(int64_t batch, a.Int("max-batch", 16, 1, 4096));
+  VC_ASSIGN_OR_RETURN(int64_t window, a.Int("draft-window", 0, 0, 64));
+  eo.max_batch = static_cast<int>(batch);
+  eo.draft_window = static_cast<int>(window);
+  o.service.full_max_batch = eo.max_batch;
+  VC_ASSIGN_OR_RETURN(int64_t max_requests, a.Int("max-requests", 256, 1, 1 << 20));
+  o.service.max_requests = static_cast<int>(max_requests);
+  if (a.Has("client-tokens")) {
+    VC_ASSIGN_OR_RETURN(o.service.client_tokens, ReadTokens(a.Str("client-tokens")));
+  }
+  sigset_t sigs;
+  sigemptyset(&sigs);
+  sigaddset(&sigs, SIGINT);
+  sigaddset(&sigs, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);  // before any thread starts: only sigwait gets them
+  VC_ASSIGN_OR_RETURN(std::unique_ptr<WorkerServer> w, WorkerServer::Start(o));
+  out << "vericache worker listening on port " << w->port() << " (model " << o.model_dir << ", compressor "
+      << eo.compressor << ", store " << (o.store_target.empty() ? "none" : o.store_target) << ", UCX " << o.ucx
+      << ")" << std::endl;
+  int sig = 0;
+  sigwait(&sigs, &sig);
+  out << "signal " << sig << ": shutting down" << std::endl;
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int RunWorkerCommand(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
+  return RunSubcommand("worker", kUsage, args, out, err, Run);
+}
+
+}  // namespace vc::cli

@@ -1,0 +1,90 @@
+#include "services/servers.h"
+
+#include <chrono>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "grpcpp/health_check_service_interface.h"
+
+namespace vc {
+namespace {
+
+std::unique_ptr<grpc::Server> Listen(const std::string& address, std::shared_ptr<grpc::ServerCredentials> creds,
+                                     grpc::Service* sync_service, grpc::Service* callback_service, int* port) {
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::ServerBuilder b;
+  b.AddListeningPort(address, creds != nullptr ? creds : grpc::InsecureServerCredentials(), port);
+  b.SetMaxReceiveMessageSize(256 << 20);
+  b.SetMaxSendMessageSize(256 << 20);
+  if (sync_service != nullptr) b.RegisterService(sync_service);
+  if (callback_service != nullptr) b.RegisterService(callback_service);
+  return b.BuildAndStart();
+}
+
+}  // namespace
+
+std::string HexString(const std::array<uint8_t, 32>& bytes) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string s;
+  for (uint8_t b : bytes) {
+    s.push_back(kHex[b >> 4]);
+    s.push_back(kHex[b & 15]);
+  }
+  return s;
+}
+
+absl::StatusOr<std::unique_ptr<StoreServer>> StoreServer::Start(StoreServerOptions options) {
+  std::unique_ptr<StoreServer> s(new StoreServer());
+  VC_ASSIGN_OR_RETURN(s->store_, cachestore::BlockStore::Open(options.store));
+  if (options.ucx != "off") {
+    VC_ASSIGN_OR_RETURN(cachestore::UcxErrorMode mode, cachestore::ParseUcxErrorMode(options.ucx));
+    VC_ASSIGN_OR_RETURN(s->ucx_, cachestore::UcxRegionServer::Create(s->store_->ram().region(),
+                                                                     s->store_->ram().region_bytes(), mode));
+    options.service.ucx = s->ucx_.get();
+  }
+  s->service_ = std::make_unique<CacheStoreService>(s->store_.get(), options.service);
+  s->server_ = Listen(options.listen, options.credentials, nullptr, s->service_.get(), &s->port_);
+  if (s->server_ == nullptr || s->port_ == 0) return absl::UnavailableError(absl::StrCat("cannot listen on ", options.listen));
+  return s;
+}
+
+StoreServer::~StoreServer() {
+  if (server_ != nullptr) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+}
+
+absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(WorkerServerOptions options) {
+  std::unique_ptr<WorkerServer> w(new WorkerServer());
+  VC_ASSIGN_OR_RETURN(w->model_, Model::Load(options.model_dir));
+  using Fingerprint = std::array<uint8_t, 32>;
+  VC_ASSIGN_OR_RETURN(Fingerprint fingerprint, ModelFingerprint(options.model_dir));
+  EngineOptions& eo = options.service.engine;
+  const KvLayout layout = w->model_->kv_layout(eo.block_size);
+  const int64_t block_bytes = layout.block_floats() * 2 * layout.num_layers * 4;
+  eo.staging_blocks = options.staging_bytes / block_bytes;
+  eo.prefix_cache_bytes = options.prefix_cache_bytes;
+  options.service.full_kv_blocks = options.full_kv_bytes / block_bytes;
+  options.service.fingerprint_hex = HexString(fingerprint);
+  if (eo.staging_blocks < 1) return absl::InvalidArgumentError("the staging memory holds no KV block");
+  w->tier_ = std::make_unique<HostKvTier>(layout, 0, options.store_target.empty() ? 1 : 4);
+  if (!options.store_target.empty()) {
+    StorePrefixOptions po;
+    po.store.target = options.store_target;
+    po.store.token = options.store_token;
+    po.store.timeout_ms = options.store_timeout_ms;
+    po.ucx = options.ucx;
+    po.block_tokens = options.block_tokens;
+    VC_ASSIGN_OR_RETURN(w->prefixes_, StorePrefixes::Create(po, fingerprint, layout));
+  }
+  VC_ASSIGN_OR_RETURN(w->service_, WorkerService::Create(*w->model_, w->tier_.get(), w->prefixes_.get(), options.service));
+  w->server_ = Listen(options.listen, options.credentials, w->service_.get(), nullptr, &w->port_);
+  if (w->server_ == nullptr || w->port_ == 0) return absl::UnavailableError(absl::StrCat("cannot listen on ", options.listen));
+  return w;
+}
+
+WorkerServer::~WorkerServer() {
+  // Calls still streaming end when the service goes (UNAVAILABLE) or within the grace period.
+  if (server_ != nullptr) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  service_.reset();
+}
+
+}  // namespace vc

@@ -1,0 +1,96 @@
+// The two servers, ready to run in a process of their own (`vericache store`, `vericache
+// worker`) or together in one (`vericache demo`, the end-to-end tests): each owns its state, its
+// gRPC server (with the standard health service) and, for the store, its UCX data plane.
+#ifndef VC_SERVICES_SERVERS_H_
+#define VC_SERVICES_SERVERS_H_
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "cachestore/store.h"
+#include "cachestore/ucx_transport.h"
+#include "grpcpp/grpcpp.h"
+#include "services/store_service.h"
+#include "services/worker_service.h"
+#include "worker/full_kv_tier.h"
+#include "worker/model.h"
+#include "worker/store_prefixes.h"
+
+namespace vc {
+
+struct StoreServerOptions {
+  std::string listen = "127.0.0.1:0";  // port 0: any free port (see port())
+  cachestore::StoreOptions store;
+  StoreServiceOptions service;  // tokens, secret (ucx is filled in)
+  std::string ucx = "none";     // "none", "peer" or "off"
+  std::shared_ptr<grpc::ServerCredentials> credentials;  // null: plaintext
+};
+
+class StoreServer {
+ public:
+  // kUnavailable when the port cannot be bound or the data directory cannot be opened.
+  static absl::StatusOr<std::unique_ptr<StoreServer>> Start(StoreServerOptions options);
+  ~StoreServer();  // shuts down, in-flight calls get up to 2 s
+
+  int port() const { return port_; }
+  std::string target() const { return absl::StrCat("127.0.0.1:", port_); }
+  cachestore::BlockStore& store() { return *store_; }
+
+ private:
+  StoreServer() = default;
+  std::unique_ptr<cachestore::BlockStore> store_;
+  std::unique_ptr<cachestore::UcxRegionServer> ucx_;
+  std::unique_ptr<CacheStoreService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  int port_ = 0;
+};
+
+struct WorkerServerOptions {
+  std::string model_dir = "models/vc-code-4m";
+  std::string listen = "127.0.0.1:0";
+  // The cache store; empty: none (every prefix is computed, nothing is published).
+  std::string store_target;
+  std::string store_token;
+  int64_t store_timeout_ms = 2000;
+  std::string ucx = "none";  // one-sided reads: "none", "peer"; "off": inline gRPC
+  int block_tokens = 256;    // tokens per store block
+  // Worker memory, in bytes: full KV staged for verification, MODE_FULL sequences' KV, and the
+  // compressed prefixes kept for reuse.
+  int64_t staging_bytes = int64_t{512} << 20;
+  int64_t full_kv_bytes = int64_t{256} << 20;
+  int64_t prefix_cache_bytes = int64_t{256} << 20;
+  WorkerServiceOptions service;  // engine options, limits, client tokens
+  std::shared_ptr<grpc::ServerCredentials> credentials;
+};
+
+class WorkerServer {
+ public:
+  // Loads the model and connects (lazily) to the store. Errors from the model or options as they
+  // are; kUnavailable when the port cannot be bound.
+  static absl::StatusOr<std::unique_ptr<WorkerServer>> Start(WorkerServerOptions options);
+  ~WorkerServer();
+
+  int port() const { return port_; }
+  std::string target() const { return absl::StrCat("127.0.0.1:", port_); }
+  const Model& model() const { return *model_; }
+  StorePrefixes* prefixes() { return prefixes_.get(); }  // null without a store
+
+ private:
+  WorkerServer() = default;
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<HostKvTier> tier_;
+  std::unique_ptr<StorePrefixes> prefixes_;
+  std::unique_ptr<WorkerService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  int port_ = 0;
+};
+
+// Hex of a fingerprint.
+std::string HexString(const std::array<uint8_t, 32>& bytes);
+
+}  // namespace vc
+
+#endif  // VC_SERVICES_SERVERS_H_

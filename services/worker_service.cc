@@ -1,0 +1,346 @@
+#include "services/worker_service.h"
+
+#include <chrono>
+#include <deque>
+#include <functional>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/status_macros.h"
+#include "services/store_service.h"
+
+namespace vc {
+
+namespace v1 = vericache::v1;
+
+// What one request's handler and the scheduler share. Thread-safe.
+class RequestStream {
+ public:
+  void Push(absl::Span<const int32_t> tokens) {
+    absl::MutexLock l(&mu_);
+    chunks_.emplace_back(tokens.begin(), tokens.end());
+  }
+  void Done(absl::Status status, EngineResult result) {
+    absl::MutexLock l(&mu_);
+    status_ = std::move(status);
+    result_ = std::move(result);
+    done_ = true;
+  }
+  // Waits up to `timeout` for tokens or the end; takes the tokens. True once done and drained.
+  bool Take(absl::Duration timeout, std::vector<int32_t>* tokens) {
+    absl::MutexLock l(&mu_);
+    mu_.AwaitWithTimeout(absl::Condition(
+                             +[](RequestStream* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu_) {
+                               return s->done_ || !s->chunks_.empty();
+                             },
+                             this),
+                         timeout);
+    tokens->clear();
+    for (auto& c : chunks_) tokens->insert(tokens->end(), c.begin(), c.end());
+    chunks_.clear();
+    return done_;
+  }
+  absl::Status status() const {
+    absl::MutexLock l(&mu_);
+    return status_;
+  }
+  EngineStats stats() const {
+    absl::MutexLock l(&mu_);
+    return result_.stats;
+  }
+  void RequestCancel() { cancel_.store(true); }
+  bool cancel_requested() const { return cancel_.load(); }
+
+ private:
+  mutable absl::Mutex mu_;
+  std::deque<std::vector<int32_t>> chunks_ ABSL_GUARDED_BY(mu_);
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status status_ ABSL_GUARDED_BY(mu_);
+  EngineResult result_ ABSL_GUARDED_BY(mu_);
+  std::atomic<bool> cancel_{false};
+};
+
+// Owns the engines; its thread is the only one that touches them.
+class Scheduler {
+ public:
+  // One engine as the scheduler drives it.
+  struct Driver {
+    std::function<int64_t(EngineRequest, VeriCacheEngine::DoneCallback)> submit;
+    std::function<void(int64_t)> cancel;
+    std::function<absl::Status()> step;
+    std::function<bool()> idle;
+  };
+  template <typename E>
+  static Driver Drive(E* e) {
+    return Driver{[e](EngineRequest r, VeriCacheEngine::DoneCallback cb) { return e->Submit(std::move(r), std::move(cb)); },
+                  [e](int64_t id) { e->Cancel(id); }, [e] { return e->Step(); }, [e] { return e->Idle(); }};
+  }
+
+  // Takes the engines (`full` may be null) and starts the scheduler thread.
+  Scheduler(std::unique_ptr<VeriCacheEngine> vericache, std::unique_ptr<FullKvEngine> full, int max_requests)
+      : vericache_(std::move(vericache)), full_(std::move(full)), max_requests_(max_requests) {
+    drivers_.push_back(Drive(vericache_.get()));
+    if (full_ != nullptr) drivers_.push_back(Drive(full_.get()));
+    thread_ = std::thread([this] { Loop(); });
+  }
+
+  bool has_full() const { return full_ != nullptr; }
+
+  ~Scheduler() {
+    {
+      absl::MutexLock l(&mu_);
+      stop_ = true;
+    }
+    thread_.join();
+    for (auto& [req, engine, stream] : inbox_) stream->Done(absl::UnavailableError("the worker is shutting down"), {});
+  }
+
+  // kResourceExhausted when max_requests are queued or in flight.
+  absl::Status Enqueue(EngineRequest request, int engine, std::shared_ptr<RequestStream> stream) {
+    absl::MutexLock l(&mu_);
+    if (stop_) return absl::UnavailableError("the worker is shutting down");
+    if (in_system_ >= max_requests_) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("the worker holds ", in_system_, " requests, its limit; retry later"));
+    }
+    in_system_++;
+    inbox_.push_back({std::move(request), engine, std::move(stream)});
+    return absl::OkStatus();
+  }
+
+ private:
+  struct Item {
+    EngineRequest request;
+    int engine;
+    std::shared_ptr<RequestStream> stream;
+  };
+  struct Live {
+    int engine;
+    int64_t id;
+    std::shared_ptr<RequestStream> stream;
+    bool cancel_sent = false;
+  };
+
+  bool AllIdle() const {
+    for (const Driver& d : drivers_) {
+      if (!d.idle()) return false;
+    }
+    return true;
+  }
+
+  void Loop() {
+    std::vector<Live> live;
+    while (true) {
+      std::vector<Item> items;
+      {
+        absl::MutexLock l(&mu_);
+        if (AllIdle()) {
+          mu_.Await(absl::Condition(
+              +[](Scheduler* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu_) { return s->stop_ || !s->inbox_.empty(); },
+              this));
+        }
+        if (stop_) break;
+        items.swap(inbox_);
+      }
+      for (Item& it : items) {
+        std::shared_ptr<RequestStream> stream = it.stream;
+        const int64_t id = drivers_[it.engine].submit(std::move(it.request), [this, stream](absl::Status st, EngineResult r) {
+          stream->Done(std::move(st), std::move(r));
+          absl::MutexLock l(&mu_);
+          in_system_--;
+        });
+        live.push_back({it.engine, id, std::move(stream)});
+      }
+      for (Live& x : live) {
+        if (!x.cancel_sent && x.stream->cancel_requested()) {
+          drivers_[x.engine].cancel(x.id);
+          x.cancel_sent = true;
+        }
+      }
+      for (Driver& d : drivers_) {
+        if (!d.idle()) d.step().IgnoreError();  // a failed pass has ended its requests with the error
+      }
+      std::erase_if(live, [](const Live& x) { return x.stream.use_count() == 1; });
+    }
+    // Shutting down: the engines end what they hold when they go; end it here first so that
+    // handlers see UNAVAILABLE rather than an engine error.
+    for (Live& x : live) x.stream->Done(absl::UnavailableError("the worker is shutting down"), {});
+  }
+
+  std::unique_ptr<VeriCacheEngine> vericache_;
+  std::unique_ptr<FullKvEngine> full_;
+  std::vector<Driver> drivers_;
+  const int max_requests_;
+  absl::Mutex mu_;
+  std::vector<Item> inbox_ ABSL_GUARDED_BY(mu_);
+  int in_system_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;
+};
+
+namespace {
+
+constexpr int kVeriCache = 0;
+constexpr int kFull = 1;
+
+void FillStats(const EngineStats& s, v1::Mode mode, v1::GenerateStats* out) {
+  out->set_prompt_tokens(static_cast<uint32_t>(s.prompt_tokens));
+  out->set_generated_tokens(static_cast<uint32_t>(s.emitted));
+  out->set_prefix_store_tokens(static_cast<uint32_t>(s.prefix_store_tokens));
+  out->set_prefix_compressed_tokens(static_cast<uint32_t>(s.prefix_compressed_tokens));
+  out->set_recomputed_tokens(static_cast<uint32_t>(s.recomputed_tokens));
+  out->set_drafted_tokens(static_cast<uint32_t>(s.drafted));
+  out->set_accepted_drafts(static_cast<uint32_t>(s.accepted_drafts));
+  out->set_verify_passes(static_cast<uint32_t>(s.verifies));
+  out->set_queue_micros(static_cast<uint64_t>(s.queue_seconds * 1e6));
+  out->set_time_to_first_token_micros(static_cast<uint64_t>(s.first_token_seconds * 1e6));
+  out->set_total_micros(static_cast<uint64_t>(s.total_seconds * 1e6));
+  out->set_mode(mode);
+  out->set_prefill_micros(static_cast<uint64_t>(s.prefill_seconds * 1e6));
+  out->set_draft_micros(static_cast<uint64_t>(s.draft_seconds * 1e6));
+  out->set_verify_micros(static_cast<uint64_t>(s.verify_seconds * 1e6));
+  out->set_fetch_wait_micros(static_cast<uint64_t>(s.fetch_wait_seconds * 1e6));
+}
+
+}  // namespace
+
+WorkerService::WorkerService(const Model& model, const WorkerServiceOptions& options, PrefixStore* prefixes)
+    : model_(model), options_(options), prefixes_(prefixes) {}
+
+WorkerService::~WorkerService() = default;
+
+absl::StatusOr<std::unique_ptr<WorkerService>> WorkerService::Create(const Model& model, FullKvTier* tier,
+                                                                    PrefixStore* prefixes,
+                                                                    const WorkerServiceOptions& options) {
+  if (options.engine.staging_blocks < 1) return absl::InvalidArgumentError("the worker needs staging blocks");
+  if (options.max_requests < 1) return absl::InvalidArgumentError("max_requests must be at least 1");
+  std::unique_ptr<WorkerService> w(new WorkerService(model, options, prefixes));
+  VC_ASSIGN_OR_RETURN(auto vericache, VeriCacheEngine::Create(model, tier, options.engine, prefixes));
+  w->compressor_ = vericache->compressor_spec();
+  std::unique_ptr<FullKvEngine> full;
+  if (options.full_kv_blocks > 0) {
+    FullEngineOptions fo;
+    fo.block_size = options.engine.block_size;
+    fo.kv_blocks = options.full_kv_blocks;
+    fo.max_batch = options.full_max_batch;
+    VC_ASSIGN_OR_RETURN(full, FullKvEngine::Create(model, fo, prefixes));
+  }
+  w->scheduler_ = std::make_unique<Scheduler>(std::move(vericache), std::move(full), options.max_requests);
+  return w;
+}
+
+absl::Status WorkerService::Authenticate(grpc::ServerContext* ctx) const {
+  if (options_.client_tokens.empty()) return absl::OkStatus();
+  auto it = ctx->client_metadata().find("authorization");
+  if (it != ctx->client_metadata().end()) {
+    const std::string value(it->second.data(), it->second.size());
+    if (absl::StartsWith(value, "Bearer ") && options_.client_tokens.count(value.substr(7)) > 0) {
+      return absl::OkStatus();
+    }
+  }
+  return absl::UnauthenticatedError("a valid bearer token is required");
+}
+
+absl::StatusOr<EngineRequest> WorkerService::Parse(const v1::GenerateRequest& req) const {
+  EngineRequest r;
+  switch (req.prompt_case()) {
+    case v1::GenerateRequest::kText:
+      r.prompt = model_.tokenizer().Encode(req.text());
+      break;
+    case v1::GenerateRequest::kTokenIds:
+      r.prompt.assign(req.token_ids().ids().begin(), req.token_ids().ids().end());
+      break;
+    default:
+      return absl::InvalidArgumentError("the request has no prompt (text or token_ids)");
+  }
+  if (req.max_tokens() > static_cast<uint32_t>(model_.config().max_position_embeddings)) {
+    return absl::InvalidArgumentError(absl::StrCat("max_tokens ", req.max_tokens(), " exceeds the context of ",
+                                                   model_.config().max_position_embeddings));
+  }
+  r.options.max_tokens = static_cast<int>(req.max_tokens());
+  r.options.sampling.temperature = req.sampling().temperature();
+  r.options.sampling.top_k = static_cast<int>(std::min<uint32_t>(req.sampling().top_k(), 1u << 30));
+  r.options.sampling.top_p = req.sampling().top_p() == 0.0f ? 1.0f : req.sampling().top_p();
+  r.options.sampling.seed = req.sampling().seed();
+  r.options.stop_at_eos = !req.ignore_eos();
+  r.options.block_size = options_.engine.block_size;
+  VC_RETURN_IF_ERROR(ValidateGenerate(model_, r.prompt, r.options));
+  if (!req.compressor().empty()) {
+    absl::StatusOr<std::unique_ptr<CompressedKvCache>> c = MakeCompressedKvCache(
+        req.compressor(), model_.kv_layout(options_.engine.block_size), model_.config().num_heads);
+    if (!c.ok()) return c.status();
+    if ((*c)->spec() != compressor_) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("this worker drafts with ", compressor_, ", not ", (*c)->spec()));
+    }
+  }
+  return r;
+}
+
+grpc::Status WorkerService::Generate(grpc::ServerContext* ctx, const v1::GenerateRequest* req,
+                                     grpc::ServerWriter<v1::GenerateResponse>* writer) {
+  if (absl::Status a = Authenticate(ctx); !a.ok()) return ToGrpcStatus(a);
+  absl::StatusOr<EngineRequest> parsed = Parse(*req);
+  if (!parsed.ok()) return ToGrpcStatus(parsed.status());
+  v1::Mode mode = req->mode() == v1::MODE_UNSPECIFIED ? v1::MODE_VERICACHE : req->mode();
+  int engine = kVeriCache;
+  if (mode == v1::MODE_FULL) {
+    if (!scheduler_->has_full()) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "this worker serves no MODE_FULL requests");
+    }
+    engine = kFull;
+  } else if (mode != v1::MODE_VERICACHE) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, absl::StrCat("unknown mode ", static_cast<int>(mode)));
+  }
+  // gRPC's "no deadline" is the end of time; absl saturates it to the infinite future.
+  const auto deadline = ctx->deadline();
+  if (deadline < std::chrono::system_clock::now() + std::chrono::hours(24 * 365)) {
+    parsed->deadline = absl::FromChrono(deadline);
+  }
+  auto stream = std::make_shared<RequestStream>();
+  parsed->on_tokens = [stream](absl::Span<const int32_t> t) { stream->Push(t); };
+  if (absl::Status q = scheduler_->Enqueue(*std::move(parsed), engine, stream); !q.ok()) return ToGrpcStatus(q);
+
+  std::vector<int32_t> tokens;
+  bool writable = true;
+  while (true) {
+    const bool done = stream->Take(absl::Milliseconds(20), &tokens);
+    if (!tokens.empty() && writable) {
+      v1::GenerateResponse resp;
+      resp.mutable_token_ids()->Add(tokens.begin(), tokens.end());
+      resp.set_text(model_.tokenizer().Decode(tokens));
+      writable = writer->Write(resp);
+    }
+    if (done) break;
+    if (ctx->IsCancelled() || !writable) stream->RequestCancel();
+  }
+  const absl::Status status = stream->status();
+  if (!status.ok()) {
+    if (ctx->IsCancelled() && absl::IsCancelled(status)) return grpc::Status::CANCELLED;
+    return ToGrpcStatus(status);
+  }
+  v1::GenerateResponse last;
+  FillStats(stream->stats(), mode, last.mutable_stats());
+  writer->Write(last);
+  return grpc::Status::OK;
+}
+
+grpc::Status WorkerService::GetModelInfo(grpc::ServerContext* ctx, const v1::GetModelInfoRequest*,
+                                         v1::ModelInfo* resp) {
+  if (absl::Status a = Authenticate(ctx); !a.ok()) return ToGrpcStatus(a);
+  const ModelConfig& c = model_.config();
+  resp->set_architecture(c.architecture);
+  resp->set_vocab_size(static_cast<uint32_t>(c.vocab_size));
+  resp->set_max_context_tokens(static_cast<uint32_t>(c.max_position_embeddings));
+  resp->set_num_layers(static_cast<uint32_t>(c.num_layers));
+  resp->set_tokenizer(c.tokenizer);
+  resp->set_fingerprint_hex(options_.fingerprint_hex);
+  resp->set_compressor(compressor_);
+  resp->set_prefix_block_tokens(prefixes_ != nullptr ? static_cast<uint32_t>(prefixes_->block_tokens()) : 0);
+  resp->set_max_batch(static_cast<uint32_t>(options_.engine.max_batch));
+  resp->set_default_mode(v1::MODE_VERICACHE);
+  return grpc::Status::OK;
+}
+
+}  // namespace vc

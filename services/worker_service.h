@@ -1,0 +1,77 @@
+// The Inference gRPC service (proto/vericache/v1/inference.proto): a worker that serves many
+// concurrent streams with continuous batching.
+//
+// One scheduler thread owns the engines. gRPC handler threads validate a request, queue it and
+// then stream what the engine verifies for it; the scheduler admits queued requests between
+// passes, forwards cancellations, and steps the engines while any request is in flight.
+//   MODE_VERICACHE  VeriCacheEngine: draft from compressed KV, verify against the full KV
+//                   (from the cache store when a PrefixStore is configured)
+//   MODE_FULL       FullKvEngine: full KV in worker memory, prefix read from the store
+// Both give the output of sequential full-KV decoding; only verified tokens are ever sent.
+#ifndef VC_SERVICES_WORKER_SERVICE_H_
+#define VC_SERVICES_WORKER_SERVICE_H_
+
+#include <cstdint>
+#include <memory>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "grpcpp/grpcpp.h"
+#include "vericache/v1/inference.grpc.pb.h"
+#include "worker/engine.h"
+#include "worker/full_engine.h"
+#include "worker/full_kv_tier.h"
+#include "worker/model.h"
+#include "worker/prefix_store.h"
+
+namespace vc {
+
+struct WorkerServiceOptions {
+  EngineOptions engine;  // staging_blocks must be > 0
+  // KV blocks of MODE_FULL requests (worker memory for their whole KV); 0 refuses MODE_FULL.
+  int64_t full_kv_blocks = 0;
+  int full_max_batch = 16;
+  // Requests queued or in flight; beyond this a request is refused with RESOURCE_EXHAUSTED.
+  int max_requests = 256;
+  // Bearer tokens accepted from clients; empty: no authentication (loopback, tests).
+  std::set<std::string> client_tokens;
+  std::string fingerprint_hex;  // reported by GetModelInfo
+};
+
+class Scheduler;
+
+// Thread-safe. `model`, `tier` and `prefixes` (may be null) must outlive the service.
+class WorkerService final : public vericache::v1::Inference::Service {
+ public:
+  static absl::StatusOr<std::unique_ptr<WorkerService>> Create(const Model& model, FullKvTier* tier,
+                                                              PrefixStore* prefixes,
+                                                              const WorkerServiceOptions& options);
+  // Ends every request still in flight with UNAVAILABLE and stops the scheduler.
+  ~WorkerService() override;
+
+  grpc::Status Generate(grpc::ServerContext* ctx, const vericache::v1::GenerateRequest* req,
+                        grpc::ServerWriter<vericache::v1::GenerateResponse>* writer) override;
+  grpc::Status GetModelInfo(grpc::ServerContext* ctx, const vericache::v1::GetModelInfoRequest* req,
+                            vericache::v1::ModelInfo* resp) override;
+
+ private:
+  WorkerService(const Model& model, const WorkerServiceOptions& options, PrefixStore* prefixes);
+  // The request as the engines take it; kInvalidArgument naming the problem.
+  absl::StatusOr<EngineRequest> Parse(const vericache::v1::GenerateRequest& req) const;
+  absl::Status Authenticate(grpc::ServerContext* ctx) const;
+
+  const Model& model_;
+  const WorkerServiceOptions options_;
+  PrefixStore* const prefixes_;
+  std::string compressor_;
+  std::unique_ptr<Scheduler> scheduler_;
+};
+
+}  // namespace vc
+
+#endif  // VC_SERVICES_WORKER_SERVICE_H_

@@ -1,0 +1,58 @@
+// Full KV of shared prompt prefixes kept outside the worker (a cache store), in blocks of
+// block_tokens() positions. Block i of a prompt is named by a digest of its tokens [0, (i + 1) *
+// block_tokens()) bound to the model, the KV layout and the tenant, so one name stands for exactly
+// one KV content: whoever computed it, the bits are the same (the kernels are batch-invariant).
+//
+// The engine looks a prompt up when it admits it, reads the blocks on its tier's I/O thread while
+// the sequence drafts, and publishes the blocks the store lacked once it has computed them.
+#ifndef VC_WORKER_PREFIX_STORE_H_
+#define VC_WORKER_PREFIX_STORE_H_
+
+#include <array>
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/types/span.h"
+#include "kernels/kernels.h"
+#include "worker/kv_cache.h"
+
+namespace vc {
+
+// Where a fetch writes: the physical blocks of one sequence of a PagedKvCache, resolved when the
+// fetch is issued (the cache itself is not thread-safe; its pools never move).
+struct PagedDest {
+  std::vector<int32_t> blocks;                // logical block -> physical block
+  std::vector<kernels::PagedKvLayer> layers;  // per layer
+
+  static PagedDest Of(const PagedKvCache& cache, SeqId seq);
+  // K or V rows of `layer` at `pos`: [num_kv_heads, head_dim].
+  float* K(int layer, int64_t pos) const;
+  float* V(int layer, int64_t pos) const;
+};
+
+using PrefixName = std::array<uint8_t, 32>;
+
+class PrefixStore {
+ public:
+  virtual ~PrefixStore() = default;
+
+  virtual int block_tokens() const = 0;
+  // Names of the full blocks of `tokens` (a trailing partial block gets none).
+  virtual std::vector<PrefixName> Names(absl::Span<const int32_t> tokens) const = 0;
+  // How many leading `names` the store holds; 0 when it cannot be reached (the worker computes
+  // the prefix then). Thread-safe.
+  virtual int Lookup(absl::Span<const PrefixName> names) = 0;
+  // Writes the K/V of blocks names[0..n) to positions [0, n * block_tokens()) of `dest`. Any
+  // error (unreachable, evicted, corrupt) is returned; the caller recomputes. Thread-safe.
+  virtual absl::Status Read(absl::Span<const PrefixName> names, const PagedDest& dest) = 0;
+  // Stores blocks [from, to) of `names`, whose exact K/V are positions [from * block_tokens(),
+  // to * block_tokens()) of `seq` in `cache`. Copies what it needs before returning; the puts run
+  // in the background and a failed one is only counted (a later request recomputes).
+  virtual void Publish(absl::Span<const PrefixName> names, int from, int to, const PagedKvCache& cache,
+                       SeqId seq) = 0;
+};
+
+}  // namespace vc
+
+#endif  // VC_WORKER_PREFIX_STORE_H_

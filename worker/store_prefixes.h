@@ -1,0 +1,89 @@
+// The PrefixStore of a worker backed by a cache store: block names are the store's chained
+// SHA-256 keys (bound to the model fingerprint and KV layout; the store adds the tenant), reads
+// are leased one-sided UCX gets (or inline gRPC bytes), and publishing encodes blocks in the
+// store's checksummed format and puts them from a background thread.
+//
+// Nothing here can make a worker's output wrong: a block that is missing, of another model or
+// layout, or fails its checksums is an error the engine answers by recomputing. A store that is
+// down only makes lookups miss (after the client's timeout) and puts fail.
+#ifndef VC_WORKER_STORE_PREFIXES_H_
+#define VC_WORKER_STORE_PREFIXES_H_
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "cachestore/store_client.h"
+#include "cachestore/ucx_transport.h"
+#include "worker/kv_cache.h"
+#include "worker/prefix_store.h"
+
+namespace vc {
+
+// SHA-256 over the checkpoint's config.json and weight files, in name order: the identity KV
+// blocks are bound to. kNotFound when `dir` has no config or weights.
+absl::StatusOr<std::array<uint8_t, 32>> ModelFingerprint(const std::string& dir);
+
+struct StorePrefixOptions {
+  cachestore::StoreClientOptions store;
+  // "none" or "peer": UCX error-handling mode of one-sided reads; "off": inline gRPC bytes.
+  std::string ucx = "none";
+  int block_tokens = 256;
+  // Encoded blocks waiting to be put; publishing beyond this drops blocks (counted).
+  int64_t max_publish_queue_bytes = int64_t{256} << 20;
+};
+
+struct StorePrefixStats {
+  int64_t lookups = 0, lookup_failures = 0, blocks_hit = 0;
+  int64_t blocks_read = 0, read_failures = 0, bytes_read = 0;
+  int64_t blocks_published = 0, publish_failures = 0, publish_dropped = 0;
+};
+
+class StorePrefixes final : public PrefixStore {
+ public:
+  static absl::StatusOr<std::unique_ptr<StorePrefixes>> Create(const StorePrefixOptions& options,
+                                                              const std::array<uint8_t, 32>& fingerprint,
+                                                              const KvLayout& layout);
+  ~StorePrefixes() override;
+
+  int block_tokens() const override { return options_.block_tokens; }
+  std::vector<PrefixName> Names(absl::Span<const int32_t> tokens) const override;
+  int Lookup(absl::Span<const PrefixName> names) override;
+  absl::Status Read(absl::Span<const PrefixName> names, const PagedDest& dest) override;
+  void Publish(absl::Span<const PrefixName> names, int from, int to, const PagedKvCache& cache, SeqId seq) override;
+
+  // Waits until every block published so far has been put (or failed).
+  void Flush();
+  StorePrefixStats stats() const;
+
+ private:
+  StorePrefixes(const StorePrefixOptions& options, const std::array<uint8_t, 32>& fingerprint, const KvLayout& layout);
+  void PublishLoop();
+
+  const StorePrefixOptions options_;
+  const std::array<uint8_t, 32> fingerprint_;
+  const KvLayout layout_;
+  cachestore::KeyContext keys_;
+  std::unique_ptr<cachestore::StoreClient> client_;
+  std::unique_ptr<cachestore::UcxReader> reader_;  // null with ucx "off"
+
+  mutable absl::Mutex mu_;
+  std::deque<std::pair<cachestore::BlockKey, std::string>> queue_ ABSL_GUARDED_BY(mu_);
+  int64_t queued_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  int in_progress_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  StorePrefixStats stats_ ABSL_GUARDED_BY(mu_);
+  std::thread publisher_;
+};
+
+}  // namespace vc
+
+#endif  // VC_WORKER_STORE_PREFIXES_H_
