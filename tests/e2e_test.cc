@@ -1,0 +1,248 @@
+// The remote-prefix scene end to end: a `vericache store` process, a `vericache worker` process
+// and many concurrent gRPC clients on loopback, sending prompts that share code prefixes. Every
+// output must equal sequential full-KV decoding, through a store killed and restarted mid-run and
+// a worker killed and restarted mid-run.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <fstream>
+#include <future>
+#include <sstream>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "cachestore/store_client.h"
+#include "gtest/gtest.h"
+#include "services/inference_client.h"
+#include "tests/testing/tiny_model.h"
+#include "worker/full_decoder.h"
+#include "worker/model.h"
+
+namespace vc {
+namespace {
+
+namespace v1 = vericache::v1;
+
+const char* kModel = VC_SOURCE_DIR "/models/vc-code-4m";
+
+class Process {
+ public:
+  explicit Process(std::vector<std::string> args) {
+    pid_ = fork();
+    if (pid_ == 0) {
+      const std::string bin = std::string(VC_BINARY_DIR) + "/services/vericache";
+      std::vector<char*> argv = {const_cast<char*>(bin.c_str())};
+      for (auto& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      execv(bin.c_str(), argv.data());
+      _exit(127);
+    }
+  }
+  ~Process() { Kill(SIGKILL); }
+  bool Running() { return pid_ > 0 && waitpid(pid_, nullptr, WNOHANG) == 0; }
+  void Kill(int sig) {
+    if (pid_ > 0) {
+      kill(pid_, sig);
+      waitpid(pid_, nullptr, 0);
+      pid_ = -1;
+    }
+  }
+
+ private:
+  pid_t pid_ = -1;
+};
+
+int FreePort(int salt) { return 20000 + static_cast<int>((getpid() * 7 + salt * 131) % 40000); }
+
+// Waits until `probe` succeeds or the process dies; false after 60 s.
+bool WaitFor(Process& p, const std::function<bool()>& probe) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (std::chrono::steady_clock::now() < until) {
+    if (!p.Running()) return false;
+    if (probe()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  return false;
+}
+
+class EndToEnd : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = testing::TempDir("e2e");
+    std::ofstream(dir_ + "/tokens") << "worker-token tenant-a\n";
+    std::ofstream(dir_ + "/worker-token") << "worker-token\n";
+    store_port_ = FreePort(1);
+    auto model = Model::Load(kModel);
+    ASSERT_TRUE(model.ok()) << model.status();
+    model_ = std::move(*model);
+    // Two code prefixes of ~700 and ~1000 tokens (several 64-token store blocks each), and
+    // requests that continue them differently.
+    std::ifstream in(kModel + std::string("/../train.py"));
+    std::stringstream ss;
+    ss << in.rdbuf();
+    const std::string text = ss.str();
+    ASSERT_GT(text.size(), 4000u);
+    const std::string prefixes[2] = {text.substr(0, 700), text.substr(2000, 1000)};
+    const char* suffixes[] = {"\ndef f(x):\n", "\nclass A:\n", "\n# utilities\n", "\nimport os\n", "\nif x:\n",
+                              "\nfor i in range(3):\n"};
+    for (int i = 0; i < 12; ++i) {
+      GenerateOptions o;
+      o.max_tokens = 24;
+      if (i % 3 == 2) {
+        o.sampling.temperature = 0.8f;
+        o.sampling.top_k = 40;
+        o.sampling.seed = 1000 + i;
+      }
+      prompts_.push_back(model_->tokenizer().Encode(prefixes[i % 2] + suffixes[i % 6]));
+      options_.push_back(o);
+      auto want = GenerateFull(*model_, prompts_.back(), o);
+      ASSERT_TRUE(want.ok());
+      want_.push_back(want->tokens);
+    }
+  }
+
+  std::unique_ptr<Process> StartStore() {
+    auto p = std::make_unique<Process>(std::vector<std::string>{
+        "store", "--listen", absl::StrCat("127.0.0.1:", store_port_), "--data-dir", dir_ + "/db", "--tokens",
+        dir_ + "/tokens", "--ram-bytes", "67108864"});
+    auto client = *cachestore::StoreClient::Create({absl::StrCat("127.0.0.1:", store_port_), "worker-token", 300, ""});
+    EXPECT_TRUE(WaitFor(*p, [&] { return client->Stats().ok(); })) << "store did not start";
+    return p;
+  }
+
+  std::unique_ptr<Process> StartWorker(int port) {
+    auto p = std::make_unique<Process>(std::vector<std::string>{
+        "worker", "--model", kModel, "--listen", absl::StrCat("127.0.0.1:", port), "--store",
+        absl::StrCat("127.0.0.1:", store_port_), "--store-token-file", dir_ + "/worker-token", "--block-tokens", "64",
+        "--staging-mib", "64", "--full-kv-mib", "32", "--max-batch", "8", "--store-timeout-ms", "1000"});
+    auto stub = InferenceStub(absl::StrCat("127.0.0.1:", port));
+    EXPECT_TRUE(WaitFor(*p, [&] {
+      grpc::ClientContext ctx;
+      ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(300));
+      v1::ModelInfo info;
+      return stub->GetModelInfo(&ctx, v1::GetModelInfoRequest(), &info).ok();
+    })) << "worker did not start";
+    return p;
+  }
+
+  v1::GenerateRequest Request(size_t i, v1::Mode mode) const {
+    v1::GenerateRequest r;
+    r.mutable_token_ids()->mutable_ids()->Add(prompts_[i].begin(), prompts_[i].end());
+    r.set_max_tokens(static_cast<uint32_t>(options_[i].max_tokens));
+    r.mutable_sampling()->set_temperature(options_[i].sampling.temperature);
+    r.mutable_sampling()->set_top_k(static_cast<uint32_t>(options_[i].sampling.top_k));
+    r.mutable_sampling()->set_seed(options_[i].sampling.seed);
+    r.set_mode(mode);
+    return r;
+  }
+
+  // Every request from its own client thread, all at once.
+  std::vector<GenerateReply> RunAll(int port, v1::Mode mode) {
+    std::vector<std::future<GenerateReply>> calls;
+    for (size_t i = 0; i < prompts_.size(); ++i) {
+      calls.push_back(std::async(std::launch::async, [this, i, port, mode] {
+        auto stub = InferenceStub(absl::StrCat("127.0.0.1:", port));
+        return CallGenerate(*stub, Request(i, mode), "", absl::Seconds(120));
+      }));
+    }
+    std::vector<GenerateReply> out;
+    for (auto& c : calls) out.push_back(c.get());
+    return out;
+  }
+
+  void ExpectIdentical(const std::vector<GenerateReply>& got, const std::string& what) {
+    for (size_t i = 0; i < got.size(); ++i) {
+      ASSERT_TRUE(got[i].status.ok()) << what << " request " << i << ": " << got[i].status;
+      EXPECT_EQ(got[i].tokens, want_[i]) << what << " request " << i;
+    }
+  }
+
+  int64_t Sum(const std::vector<GenerateReply>& got, uint32_t (v1::GenerateStats::*field)() const) {
+    int64_t s = 0;
+    for (const auto& r : got) s += (r.stats.*field)();
+    return s;
+  }
+
+  std::string dir_;
+  int store_port_ = 0;
+  std::unique_ptr<Model> model_;
+  std::vector<std::vector<int32_t>> prompts_;
+  std::vector<GenerateOptions> options_;
+  std::vector<std::vector<int32_t>> want_;
+};
+
+TEST_F(EndToEnd, ConcurrentClientsThroughStoreAndWorkerRestarts) {
+  auto store = StartStore();
+  const int worker_port = FreePort(2);
+  auto worker = StartWorker(worker_port);
+
+  // Cold, then warm: the second round finds the prefixes the first one published.
+  std::vector<GenerateReply> cold = RunAll(worker_port, v1::MODE_VERICACHE);
+  ExpectIdentical(cold, "cold");
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));  // background puts land
+  std::vector<GenerateReply> warm = RunAll(worker_port, v1::MODE_VERICACHE);
+  ExpectIdentical(warm, "warm");
+  EXPECT_GT(Sum(warm, &v1::GenerateStats::prefix_store_tokens), 0) << "no prefix came from the store";
+  ExpectIdentical(RunAll(worker_port, v1::MODE_FULL), "mode full");
+
+  // The store dies mid-run: requests in flight and after still give identical output
+  // (recomputed); then it comes back with its disk tier and serves the prefixes again.
+  auto inflight = std::async(std::launch::async, [&] { return RunAll(worker_port, v1::MODE_VERICACHE); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  store->Kill(SIGKILL);
+  ExpectIdentical(inflight.get(), "store killed mid-run");
+  ExpectIdentical(RunAll(worker_port, v1::MODE_VERICACHE), "store down");
+  store = StartStore();
+  std::vector<GenerateReply> back = RunAll(worker_port, v1::MODE_VERICACHE);
+  ExpectIdentical(back, "store restarted");
+  EXPECT_GT(Sum(back, &v1::GenerateStats::prefix_store_tokens), 0) << "the restarted store served no prefix";
+
+  // The worker dies mid-run: its calls end with a clear status, never with wrong tokens; a new
+  // worker (without compressed prefixes) reads the store's blocks and gives identical output.
+  auto dying = std::async(std::launch::async, [&] { return RunAll(worker_port, v1::MODE_VERICACHE); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  worker->Kill(SIGKILL);
+  for (const GenerateReply& r : dying.get()) {
+    if (r.status.ok()) continue;  // finished before the kill
+    EXPECT_EQ(r.status.code(), absl::StatusCode::kUnavailable) << r.status;
+  }
+  const int new_port = FreePort(3);
+  worker = StartWorker(new_port);
+  std::vector<GenerateReply> again = RunAll(new_port, v1::MODE_VERICACHE);
+  ExpectIdentical(again, "worker restarted");
+  EXPECT_GT(Sum(again, &v1::GenerateStats::prefix_store_tokens), 0);
+}
+
+TEST_F(EndToEnd, BadRequestsGetClearStatuses) {
+  const int worker_port = FreePort(4);
+  auto store = StartStore();
+  auto worker = StartWorker(worker_port);
+  auto stub = InferenceStub(absl::StrCat("127.0.0.1:", worker_port));
+  v1::GenerateRequest empty;
+  empty.set_max_tokens(4);
+  EXPECT_EQ(CallGenerate(*stub, empty).status.code(), absl::StatusCode::kInvalidArgument);
+  v1::GenerateRequest r = Request(0, v1::MODE_VERICACHE);
+  r.mutable_token_ids()->add_ids(100000);  // outside the vocabulary
+  EXPECT_EQ(CallGenerate(*stub, r).status.code(), absl::StatusCode::kInvalidArgument);
+  r = Request(0, v1::MODE_VERICACHE);
+  r.set_max_tokens(0);
+  EXPECT_EQ(CallGenerate(*stub, r).status.code(), absl::StatusCode::kInvalidArgument);
+  r = Request(0, static_cast<v1::Mode>(7));
+  EXPECT_EQ(CallGenerate(*stub, r).status.code(), absl::StatusCode::kInvalidArgument);
+  r = Request(0, v1::MODE_VERICACHE);
+  r.set_compressor("kivi:bits=3");
+  EXPECT_EQ(CallGenerate(*stub, r).status.code(), absl::StatusCode::kInvalidArgument);
+  r = Request(0, v1::MODE_VERICACHE);
+  r.set_max_tokens(500);
+  GenerateReply late = CallGenerate(*stub, r, "", absl::Milliseconds(50));
+  EXPECT_EQ(late.status.code(), absl::StatusCode::kDeadlineExceeded) << late.status;
+  // The worker still serves correctly afterwards.
+  GenerateReply ok = CallGenerate(*stub, Request(1, v1::MODE_VERICACHE));
+  ASSERT_TRUE(ok.status.ok()) << ok.status;
+  EXPECT_EQ(ok.tokens, want_[1]);
+}
+
+}  // namespace
+}  // namespace vc
