@@ -5,6 +5,7 @@
 
 #include "services/cli/demo_command.h"
 #include "services/cli/generate_command.h"
+#include "services/cli/request_command.h"
 #include "services/cli/store_command.h"
 #include "services/cli/worker_command.h"
 
@@ -17,7 +18,8 @@ constexpr char kUsage[] =
     "  demo       requests with a shared code prefix through the VeriCache engine, checked against\n"
     "             full-KV decoding (vericache demo [--model DIR] [--max-tokens N] [--compressor SPEC])\n"
     "  store      run a cache-store server (vericache store --help)\n"
-    "  worker     run an inference worker (vericache worker --help)\n";
+    "  worker     run an inference worker (vericache worker --help)\n"
+    "  request    send one request to a worker (vericache request --help)\n";
 
 }  // namespace
 
@@ -32,6 +34,7 @@ int main(int argc, char** argv) {
   if (cmd == "demo") return vc::cli::RunDemoCommand(args, std::cout, std::cerr);
   if (cmd == "store") return vc::cli::RunStoreCommand(args, std::cout, std::cerr);
   if (cmd == "worker") return vc::cli::RunWorkerCommand(args, std::cout, std::cerr);
+  if (cmd == "request") return vc::cli::RunRequestCommand(args, std::cout, std::cerr);
   std::cerr << "vericache: unknown command '" << cmd << "'\n" << kUsage;
   return 2;
 }

@@ -1,0 +1,76 @@
+#include "services/cli/request_command.h"
+
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/status_macros.h"
+#include "services/cli/args.h"
+#include "services/inference_client.h"
+
+namespace vc::cli {
+namespace {
+
+constexpr char kUsage[] =
+    "usage: vericache request --target HOST:PORT (--prompt TEXT | --prompt-file FILE) [--max-tokens N]\n"
+    "                         [--mode vericache|full] [--temperature T] [--top-k K] [--top-p P] [--seed S]\n"
+    "                         [--token TOKEN] [--timeout-ms N]\n"
+    "  sends one Generate call to a worker, prints the generated text and the call's stats\n";
+
+absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
+  VC_ASSIGN_OR_RETURN(Args a, Args::Parse(argv, {"target", "prompt", "prompt-file", "max-tokens", "mode", "temperature",
+                                                 "top-k", "top-p", "seed", "token", "timeout-ms"},
+                                          {}));
+  if (!a.Has("target")) return absl::InvalidArgumentError("--target is required");
+  if (a.Has("prompt") == a.Has("prompt-file")) return absl::InvalidArgumentError("give one of --prompt, --prompt-file");
+  vericache::v1::GenerateRequest req;
+  if (a.Has("prompt")) {
+    req.set_text(a.Str("prompt"));
+  } else {
+    std::ifstream in(a.Str("prompt-file"), std::ios::binary);
+    if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", a.Str("prompt-file")));
+    std::stringstream ss;
+    ss << in.rdbuf();
+    req.set_text(ss.str());
+  }
+  VC_ASSIGN_OR_RETURN(int64_t max_tokens, a.Int("max-tokens", 128, 1, 1 << 20));
+  VC_ASSIGN_OR_RETURN(int64_t top_k, a.Int("top-k", 0, 0, 1 << 20));
+  VC_ASSIGN_OR_RETURN(int64_t seed, a.Int("seed", 0, 0, INT64_MAX));
+  VC_ASSIGN_OR_RETURN(double temperature, a.Double("temperature", 0));
+  VC_ASSIGN_OR_RETURN(double top_p, a.Double("top-p", 1));
+  VC_ASSIGN_OR_RETURN(int64_t timeout_ms, a.Int("timeout-ms", 600000, 1, INT64_MAX / 1000000));
+  req.set_max_tokens(static_cast<uint32_t>(max_tokens));
+  req.mutable_sampling()->set_temperature(static_cast<float>(temperature));
+  req.mutable_sampling()->set_top_k(static_cast<uint32_t>(top_k));
+  req.mutable_sampling()->set_top_p(static_cast<float>(top_p));
+  req.mutable_sampling()->set_seed(static_cast<uint64_t>(seed));
+  const std::string mode = a.Str("mode", "vericache");
+  if (mode == "vericache") {
+    req.set_mode(vericache::v1::MODE_VERICACHE);
+  } else if (mode == "full") {
+    req.set_mode(vericache::v1::MODE_FULL);
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat("--mode must be vericache or full, not ", mode));
+  }
+  auto stub = InferenceStub(a.Str("target"));
+  GenerateReply r = CallGenerate(*stub, req, a.Str("token"), absl::Milliseconds(timeout_ms));
+  VC_RETURN_IF_ERROR(r.status);
+  const auto& s = r.stats;
+  out << r.text << "\n"
+      << absl::StrFormat(
+             "[%d prompt tokens (%d of full KV from the store, %d of compressed KV reused, %d recomputed), %d "
+             "generated; %d drafts, %d accepted, %d verify passes; first token %.1f ms, total %.1f ms]\n",
+             s.prompt_tokens(), s.prefix_store_tokens(), s.prefix_compressed_tokens(), s.recomputed_tokens(),
+             s.generated_tokens(), s.drafted_tokens(), s.accepted_drafts(), s.verify_passes(),
+             1e3 * r.first_token_seconds, 1e3 * r.total_seconds);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int RunRequestCommand(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
+  return RunSubcommand("request", kUsage, args, out, err, Run);
+}
+
+}  // namespace vc::cli
