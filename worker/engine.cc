@@ -566,24 +566,7 @@ absl::StatusOr<std::vector<EngineResult>> VeriCacheEngine::Generate(absl::Span<c
     return absl::ResourceExhaustedError(
         absl::StrCat("staging holds ", staging_->num_blocks(), " blocks; a sequence needs ", biggest));
   }
-  std::vector<EngineResult> out(requests.size());
-  absl::Status first_error;
-  for (size_t i = 0; i < requests.size(); ++i) {
-    Submit(requests[i], [&out, &first_error, i](absl::Status st, EngineResult r) {
-      if (!st.ok() && first_error.ok()) first_error = st;
-      out[i] = std::move(r);
-    });
-  }
-  while (!Idle()) {
-    absl::Status st = Step();
-    if (!st.ok()) {
-      for (auto& s : pending_) Finish(*s, st);
-      pending_.clear();
-      return st;
-    }
-  }
-  VC_RETURN_IF_ERROR(first_error);
-  return out;
+  return RunToCompletion(*this, requests);
 }
 
 }  // namespace vc

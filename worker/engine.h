@@ -197,6 +197,32 @@ class VeriCacheEngine {
   int64_t prefix_bytes_ = 0;
 };
 
+// Submits every request to `engine` (a VeriCacheEngine or a FullKvEngine) and steps it until it
+// is idle. Returns the results in request order, or the first error a request ended with, or the
+// engine's own (the requests still queued then end with kCancelled).
+template <typename Engine>
+absl::StatusOr<std::vector<EngineResult>> RunToCompletion(Engine& engine, absl::Span<const EngineRequest> requests) {
+  std::vector<EngineResult> out(requests.size());
+  absl::Status first_error;
+  std::vector<int64_t> ids;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    ids.push_back(engine.Submit(requests[i], [&out, &first_error, i](absl::Status st, EngineResult r) {
+      if (!st.ok() && first_error.ok()) first_error = st;
+      out[i] = std::move(r);
+    }));
+  }
+  while (!engine.Idle()) {
+    absl::Status st = engine.Step();
+    if (!st.ok()) {
+      for (int64_t id : ids) engine.Cancel(id);
+      while (!engine.Idle()) engine.Step().IgnoreError();
+      return st;
+    }
+  }
+  if (!first_error.ok()) return first_error;
+  return out;
+}
+
 }  // namespace vc
 
 #endif  // VC_WORKER_ENGINE_H_

@@ -260,24 +260,7 @@ absl::Status FullKvEngine::Step() {
 absl::StatusOr<std::vector<EngineResult>> FullKvEngine::Generate(absl::Span<const EngineRequest> requests) {
   if (!Idle()) return absl::FailedPreconditionError("Generate while submitted requests are in flight");
   for (const EngineRequest& r : requests) VC_RETURN_IF_ERROR(Check(r));
-  std::vector<EngineResult> out(requests.size());
-  absl::Status first_error;
-  for (size_t i = 0; i < requests.size(); ++i) {
-    Submit(requests[i], [&out, &first_error, i](absl::Status st, EngineResult r) {
-      if (!st.ok() && first_error.ok()) first_error = st;
-      out[i] = std::move(r);
-    });
-  }
-  while (!Idle()) {
-    absl::Status st = Step();
-    if (!st.ok()) {
-      for (auto& s : pending_) Finish(*s, st);
-      pending_.clear();
-      return st;
-    }
-  }
-  VC_RETURN_IF_ERROR(first_error);
-  return out;
+  return RunToCompletion(*this, requests);
 }
 
 }  // namespace vc
