@@ -1,0 +1,194 @@
+// The worker service in one process with a real store on loopback: the failure paths of the
+// remote-prefix scene (a corrupt block, a store that is not there), overload, cancellation,
+// authentication and MODE_FULL, every output checked against sequential full-KV decoding.
+#include <future>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "cachestore/block_key.h"
+#include "gtest/gtest.h"
+#include "services/inference_client.h"
+#include "services/servers.h"
+#include "tests/testing/tiny_model.h"
+#include "worker/full_decoder.h"
+
+namespace vc {
+namespace {
+
+namespace v1 = vericache::v1;
+
+class WorkerServiceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = testing::TempDir("worker_service");
+    testing::TinyModelSpec spec;
+    spec.max_positions = 2048;
+    testing::WriteTinyModel(dir_ + "/model", spec);
+    auto model = Model::Load(dir_ + "/model");
+    ASSERT_TRUE(model.ok()) << model.status();
+    model_ = std::move(*model);
+  }
+
+  std::unique_ptr<StoreServer> StartStore() {
+    StoreServerOptions so;
+    so.store.ram.capacity_bytes = uint64_t{64} << 20;
+    so.store.disk.path = dir_ + "/db";
+    so.store.disk.capacity_bytes = uint64_t{256} << 20;
+    so.service.tokens = {{"tok", "tenant"}};
+    so.service.secret = "s";
+    auto s = StoreServer::Start(so);
+    EXPECT_TRUE(s.ok()) << s.status();
+    return s.ok() ? std::move(*s) : nullptr;
+  }
+
+  std::unique_ptr<WorkerServer> StartWorker(const std::string& store, WorkerServerOptions o = {}) {
+    if (o.model_dir == WorkerServerOptions().model_dir) o.model_dir = dir_ + "/model";
+    o.store_target = store;
+    o.store_token = "tok";
+    o.store_timeout_ms = 300;
+    o.block_tokens = 32;
+    o.staging_bytes = 8 << 20;
+    o.full_kv_bytes = 4 << 20;
+    auto w = WorkerServer::Start(o);
+    EXPECT_TRUE(w.ok()) << w.status();
+    return w.ok() ? std::move(*w) : nullptr;
+  }
+
+  std::vector<int32_t> Prompt(int n, int salt) const {
+    std::vector<int32_t> p;
+    for (int i = 0; i < n; ++i) p.push_back((i * 31 + (i >= 160 ? salt : 0) * 17) % 250 + 1);
+    return p;
+  }
+
+  v1::GenerateRequest Request(const std::vector<int32_t>& prompt, int max_tokens, uint64_t seed = 0) const {
+    v1::GenerateRequest r;
+    r.mutable_token_ids()->mutable_ids()->Add(prompt.begin(), prompt.end());
+    r.set_max_tokens(static_cast<uint32_t>(max_tokens));
+    r.set_ignore_eos(true);
+    if (seed != 0) {
+      r.mutable_sampling()->set_temperature(0.9f);
+      r.mutable_sampling()->set_seed(seed);
+    }
+    return r;
+  }
+
+  std::vector<int32_t> Want(const std::vector<int32_t>& prompt, int max_tokens, uint64_t seed = 0) const {
+    GenerateOptions o;
+    o.max_tokens = max_tokens;
+    o.stop_at_eos = false;
+    if (seed != 0) {
+      o.sampling.temperature = 0.9f;
+      o.sampling.seed = seed;
+    }
+    return GenerateFull(*model_, prompt, o)->tokens;
+  }
+
+  std::string dir_;
+  std::unique_ptr<Model> model_;
+};
+
+TEST_F(WorkerServiceTest, CorruptStoredBlocksAreRecomputedNotTrusted) {
+  auto store = StartStore();
+  auto worker = StartWorker(store->target());
+  auto stub = InferenceStub(worker->target());
+  // The first request computes and publishes 5 blocks of 32 tokens; the second one reads them.
+  const auto a = Prompt(170, 1), b = Prompt(170, 2);
+  GenerateReply first = CallGenerate(*stub, Request(a, 20));
+  ASSERT_TRUE(first.status.ok()) << first.status;
+  EXPECT_EQ(first.tokens, Want(a, 20));
+  worker->prefixes()->Flush();
+  ASSERT_EQ(store->store().Stats().ram_blocks, 5u);
+  GenerateReply warm = CallGenerate(*stub, Request(b, 20, 7));
+  ASSERT_TRUE(warm.status.ok()) << warm.status;
+  EXPECT_EQ(warm.tokens, Want(b, 20, 7));
+  EXPECT_EQ(warm.stats.prefix_store_tokens(), 160u);
+  EXPECT_EQ(warm.stats.recomputed_tokens(), 0u);
+
+  // Every stored block goes bad in the store's RAM: reads fail their checks, the worker
+  // recomputes, and the output is the same.
+  const auto digest = cachestore::Sha256("s\ntenant");
+  const std::string salt(reinterpret_cast<const char*>(digest.data()), digest.size());
+  for (const PrefixName& name : worker->prefixes()->Names(absl::MakeConstSpan(b).first(160))) {
+    cachestore::BlockKey key;
+    key.bytes = name;
+    auto lease = store->store().ram().Lease(cachestore::BlockStore::Scoped(salt, key));
+    ASSERT_TRUE(lease.ok()) << lease.status();
+    const_cast<char*>(store->store().ram().region())[lease->offset + lease->size - 3] ^= 0x20;
+    ASSERT_TRUE(store->store().ram().Release(lease->id).ok());
+  }
+  GenerateReply bad = CallGenerate(*stub, Request(b, 20, 7));
+  ASSERT_TRUE(bad.status.ok()) << bad.status;
+  EXPECT_EQ(bad.tokens, Want(b, 20, 7));
+  EXPECT_GT(bad.stats.recomputed_tokens(), 0u);
+  EXPECT_GT(worker->prefixes()->stats().read_failures, 0);
+}
+
+TEST_F(WorkerServiceTest, NoStoreMeansComputeEverything) {
+  // Nothing listens there: lookups time out and miss, puts fail, outputs are unchanged.
+  auto worker = StartWorker("127.0.0.1:1");
+  auto stub = InferenceStub(worker->target());
+  for (int salt : {1, 2}) {
+    const auto p = Prompt(100, salt);
+    GenerateReply r = CallGenerate(*stub, Request(p, 12));
+    ASSERT_TRUE(r.status.ok()) << r.status;
+    EXPECT_EQ(r.tokens, Want(p, 12));
+    EXPECT_EQ(r.stats.prefix_store_tokens(), 0u);
+  }
+  worker->prefixes()->Flush();
+  EXPECT_GT(worker->prefixes()->stats().lookup_failures, 0);
+}
+
+TEST_F(WorkerServiceTest, ModeFullStreamsTheSameTokens) {
+  auto store = StartStore();
+  auto worker = StartWorker(store->target());
+  auto stub = InferenceStub(worker->target());
+  const auto p = Prompt(150, 3);
+  for (v1::Mode mode : {v1::MODE_FULL, v1::MODE_VERICACHE, v1::MODE_FULL}) {
+    v1::GenerateRequest req = Request(p, 16, 11);
+    req.set_mode(mode);
+    GenerateReply r = CallGenerate(*stub, req);
+    ASSERT_TRUE(r.status.ok()) << r.status;
+    EXPECT_EQ(r.tokens, Want(p, 16, 11)) << v1::Mode_Name(mode);
+    EXPECT_EQ(r.stats.mode(), mode);
+    EXPECT_EQ(r.stats.generated_tokens(), 16u);
+  }
+  v1::ModelInfo info;
+  grpc::ClientContext ctx;
+  ASSERT_TRUE(stub->GetModelInfo(&ctx, v1::GetModelInfoRequest(), &info).ok());
+  EXPECT_EQ(info.prefix_block_tokens(), 32u);
+  EXPECT_EQ(info.fingerprint_hex().size(), 64u);
+}
+
+TEST_F(WorkerServiceTest, OverloadCancellationAndAuthentication) {
+  WorkerServerOptions o;
+  o.service.max_requests = 1;
+  o.service.client_tokens = {"client-token"};
+  o.model_dir = VC_SOURCE_DIR "/models/vc-code-4m";  // slow enough that a long request stays in flight
+  auto worker = StartWorker("", o);
+  auto stub = InferenceStub(worker->target());
+  auto model = Model::Load(o.model_dir);
+  ASSERT_TRUE(model.ok());
+  model_ = std::move(*model);
+  const auto p = Prompt(60, 4);
+  EXPECT_EQ(CallGenerate(*stub, Request(p, 4)).status.code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_EQ(CallGenerate(*stub, Request(p, 4), "wrong").status.code(), absl::StatusCode::kUnauthenticated);
+
+  // A long request holds the only slot: another is refused; cancelling the first frees it.
+  auto long_call = std::async(std::launch::async, [&] {
+    return CallGenerate(*stub, Request(p, 1900), "client-token", absl::Milliseconds(1500));
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_EQ(CallGenerate(*stub, Request(p, 4), "client-token").status.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(long_call.get().status.code(), absl::StatusCode::kDeadlineExceeded);
+  GenerateReply after;
+  for (int i = 0; i < 50; ++i) {  // the slot frees at the scheduler's next step
+    after = CallGenerate(*stub, Request(p, 6), "client-token");
+    if (!absl::IsResourceExhausted(after.status)) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_TRUE(after.status.ok()) << after.status;
+  EXPECT_EQ(after.tokens, Want(p, 6));
+}
+
+}  // namespace
+}  // namespace vc
