@@ -27,7 +27,9 @@ constexpr char kUsage[] =
     "  sends requests that share a code prefix (the first --prefix-bytes of --prefix-file, as an IDE\n"
     "  sends a file it edits): the first computes the prefix and publishes its KV; the others draft\n"
     "  from the worker's compressed copy while the full KV streams in from the store over UCX. Every\n"
-    "  output is checked token for token against sequential full-KV decoding.\n";
+    "  output is checked token for token against sequential full-KV decoding. The default prefix\n"
+    "  (1800 bytes) stays within the 2048-token context the test model was trained at; it runs at\n"
+    "  longer ones, but writes worse code there.\n";
 
 // What each request asks for after the shared file.
 constexpr const char* kSuffixes[] = {
@@ -58,7 +60,7 @@ struct Row {
 absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
   VC_ASSIGN_OR_RETURN(Args a, Args::Parse(argv, {"model", "max-tokens", "prefix-file", "prefix-bytes", "compressor", "ucx"}, {}));
   VC_ASSIGN_OR_RETURN(int64_t max_tokens, a.Int("max-tokens", 128, 1, 4096));
-  VC_ASSIGN_OR_RETURN(int64_t prefix_bytes, a.Int("prefix-bytes", 6144, 256, 1 << 20));
+  VC_ASSIGN_OR_RETURN(int64_t prefix_bytes, a.Int("prefix-bytes", 1800, 256, 1 << 20));
   const std::string model_dir = a.Str("model", "models/vc-code-4m");
   VC_ASSIGN_OR_RETURN(std::string prefix, SharedPrefix(a.Str("prefix-file", "models/train.py"), prefix_bytes));
 
@@ -153,8 +155,12 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
   for (size_t i = 0; i < vc_replies.size(); ++i) {
     const GenerateReply& r = vc_replies[i];
     VC_RETURN_IF_ERROR(r.status);
-    out << "--- request " << i + 2 << " (prefix: " << r.stats.prefix_store_tokens() << " tokens of full KV from the store, "
-        << r.stats.prefix_compressed_tokens() << " of compressed KV held by the worker)\n..." << kSuffixes[i + 1] + 2
+    out << "--- request " << i + 2 << " (" << r.stats.prefix_store_tokens() << " prefix tokens of full KV read from the store; "
+        << (r.stats.prefix_compressed_tokens() > 0
+                ? absl::StrCat("drafting began from the worker's compressed copy of ", r.stats.prefix_compressed_tokens(),
+                               " of them before they arrived")
+                : std::string("they arrived before drafting could start, so the rest of the prompt was verified at once"))
+        << ")\n..." << kSuffixes[i + 1] + 2
         << r.text << "\n["
         << (r.tokens == want[i + 1].tokens ? "IDENTICAL to" : "DIFFERS from")
         << absl::StrFormat(" full-KV decoding; %d drafts, %d accepted, %d verify passes; ms: prefill %.0f, "
