@@ -3,6 +3,7 @@
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "cachestore/block_format.h"
 #include "grpcpp/grpcpp.h"
 
@@ -31,9 +32,10 @@ absl::StatusOr<std::unique_ptr<StoreClient>> StoreClient::Create(const StoreClie
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(256 << 20);
   args.SetMaxSendMessageSize(256 << 20);
-  // Reconnect quickly after a store restart (gRPC's default backoff grows to minutes).
+  // Reconnect quickly after a store restart (gRPC's default backoff grows to minutes). The minimum
+  // backoff is left alone: gRPC also uses it as the connect timeout, and at 100 ms a busy host
+  // fails connections whose handshake is merely slow.
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
   std::unique_ptr<StoreClient> c(new StoreClient());
   c->options_ = options;
@@ -41,13 +43,14 @@ absl::StatusOr<std::unique_ptr<StoreClient>> StoreClient::Create(const StoreClie
   return c;
 }
 
-#define VC_CLIENT_CONTEXT(ctx)                                                                      \
-  grpc::ClientContext ctx;                                                                          \
-  ctx.AddMetadata("authorization", "Bearer " + options_.token);                                     \
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(options_.timeout_ms))
+void StoreClient::Prepare(grpc::ClientContext* ctx) const {
+  ctx->AddMetadata("authorization", "Bearer " + options_.token);
+  ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(options_.timeout_ms));
+}
 
 absl::StatusOr<std::pair<uint32_t, uint32_t>> StoreClient::Lookup(absl::Span<const BlockKey> keys) {
-  VC_CLIENT_CONTEXT(ctx);
+  grpc::ClientContext ctx;
+  Prepare(&ctx);
   vericache::v1::LookupRequest req;
   for (const BlockKey& k : keys) req.add_keys(KeyBytes(k));
   vericache::v1::LookupResponse resp;
@@ -57,7 +60,8 @@ absl::StatusOr<std::pair<uint32_t, uint32_t>> StoreClient::Lookup(absl::Span<con
 }
 
 absl::Status StoreClient::Put(const BlockKey& key, absl::string_view block) {
-  VC_CLIENT_CONTEXT(ctx);
+  grpc::ClientContext ctx;
+  Prepare(&ctx);
   vericache::v1::PutRequest req;
   req.set_key(KeyBytes(key));
   req.set_block(std::string(block));
@@ -66,7 +70,8 @@ absl::Status StoreClient::Put(const BlockKey& key, absl::string_view block) {
 }
 
 absl::StatusOr<std::string> StoreClient::Get(const BlockKey& key, const std::array<uint8_t, 32>* fp) {
-  VC_CLIENT_CONTEXT(ctx);
+  grpc::ClientContext ctx;
+  Prepare(&ctx);
   vericache::v1::GetRequest req;
   req.set_key(KeyBytes(key));
   if (fp != nullptr) req.set_expect_fingerprint(std::string(reinterpret_cast<const char*>(fp->data()), 32));
@@ -78,47 +83,102 @@ absl::StatusOr<std::string> StoreClient::Get(const BlockKey& key, const std::arr
 
 absl::StatusOr<std::string> StoreClient::GetRemote(const BlockKey& key, UcxReader* reader,
                                                    const std::array<uint8_t, 32>* fp) {
-  vericache::v1::GetResponse resp;
-  {
-    VC_CLIENT_CONTEXT(ctx);
-    vericache::v1::GetRequest req;
-    req.set_key(KeyBytes(key));
-    req.set_remote(true);
-    if (fp != nullptr) req.set_expect_fingerprint(std::string(reinterpret_cast<const char*>(fp->data()), 32));
-    absl::Status s = FromGrpc(stub_->Get(&ctx, req, &resp));
-    if (!s.ok()) return s;
+  return std::move(GetRemoteBatch(absl::MakeConstSpan(&key, 1), reader, fp)[0]);
+}
+
+namespace {
+
+// One unary call in flight on the callback API: what it sends, what comes back, and when.
+template <typename Request, typename Response>
+struct AsyncCall {
+  grpc::ClientContext ctx;
+  Request req;
+  Response resp;
+  grpc::Status status;
+  absl::Notification done;
+};
+
+}  // namespace
+
+std::vector<absl::StatusOr<std::string>> StoreClient::GetRemoteBatch(absl::Span<const BlockKey> keys,
+                                                                     UcxReader* reader,
+                                                                     const std::array<uint8_t, 32>* fp) {
+  using GetCall = AsyncCall<vericache::v1::GetRequest, vericache::v1::GetResponse>;
+  using ReleaseCall = AsyncCall<vericache::v1::ReleaseLeaseRequest, vericache::v1::ReleaseLeaseResponse>;
+  const size_t n = keys.size();
+  std::vector<std::unique_ptr<GetCall>> gets(n);
+  for (size_t i = 0; i < n; ++i) {
+    GetCall* c = (gets[i] = std::make_unique<GetCall>()).get();
+    Prepare(&c->ctx);
+    c->req.set_key(KeyBytes(keys[i]));
+    c->req.set_remote(true);
+    if (fp != nullptr) c->req.set_expect_fingerprint(std::string(reinterpret_cast<const char*>(fp->data()), 32));
+    stub_->async()->Get(&c->ctx, &c->req, &c->resp, [c](grpc::Status st) {
+      c->status = std::move(st);
+      c->done.Notify();
+    });
   }
-  std::string block;
-  if (!resp.has_remote()) {
-    block = std::move(*resp.mutable_block());
-  } else {
-    const vericache::v1::RemoteBlock& r = resp.remote();
-    block.resize(r.size_bytes());
-    absl::Status read = reader->Get(r.worker_address(), r.rkey(), r.address(), block.data(), block.size());
-    VC_CLIENT_CONTEXT(ctx);
-    vericache::v1::ReleaseLeaseRequest rel;
-    rel.set_lease_id(r.lease_id());
-    vericache::v1::ReleaseLeaseResponse rr;
-    absl::Status released = FromGrpc(stub_->ReleaseLease(&ctx, rel, &rr));
-    if (!read.ok()) return read;
-    // Only a lease still live at its release covered the whole read; past its expiry the slot may
-    // hold another block that passes every check (tiers.h).
-    if (absl::IsNotFound(released)) {
-      return absl::AbortedError("the block's lease expired before its read finished; the bytes were discarded");
+  // Read each block as its lease arrives, and hand the lease back at once.
+  std::vector<absl::StatusOr<std::string>> out(n, absl::UnknownError("not read"));
+  std::vector<std::unique_ptr<ReleaseCall>> releases(n);
+  for (size_t i = 0; i < n; ++i) {
+    GetCall& g = *gets[i];
+    g.done.WaitForNotification();
+    if (!g.status.ok()) {
+      out[i] = FromGrpc(g.status);
+      continue;
     }
-    if (!released.ok()) return released;
+    if (!g.resp.has_remote()) {
+      out[i] = std::move(*g.resp.mutable_block());
+      continue;
+    }
+    const vericache::v1::RemoteBlock& r = g.resp.remote();
+    std::string block(r.size_bytes(), '\0');
+    absl::Status read = reader->Get(r.worker_address(), r.rkey(), r.address(), block.data(), block.size());
+    out[i] = read.ok() ? absl::StatusOr<std::string>(std::move(block)) : read;
+    ReleaseCall* c = (releases[i] = std::make_unique<ReleaseCall>()).get();
+    Prepare(&c->ctx);
+    c->req.set_lease_id(r.lease_id());
+    stub_->async()->ReleaseLease(&c->ctx, &c->req, &c->resp, [c](grpc::Status st) {
+      c->status = std::move(st);
+      c->done.Notify();
+    });
   }
-  absl::StatusOr<BlockHeader> h = DecodeBlockHeader(block);
-  absl::Status check = h.ok() ? VerifyBlock(block, h->fingerprint).status() : h.status();
-  if (!check.ok()) {
-    (void)Delete(key);
-    return absl::DataLossError(absl::StrCat("block failed its checks after the read and was deleted: ", check.message()));
+  // Check the blocks while the releases are in flight; a block counts only if its lease was still
+  // live at its release (tiers.h): past its expiry the slot may hold another block that passes
+  // every check.
+  std::vector<absl::Status> checks(n);
+  for (size_t i = 0; i < n; ++i) {
+    if (!out[i].ok()) continue;
+    absl::StatusOr<BlockHeader> h = DecodeBlockHeader(*out[i]);
+    checks[i] = h.ok() ? VerifyBlock(*out[i], h->fingerprint).status() : h.status();
   }
-  return block;
+  for (size_t i = 0; i < n; ++i) {
+    if (releases[i] != nullptr) {
+      releases[i]->done.WaitForNotification();
+      if (!out[i].ok()) continue;  // the read failed
+      const absl::Status released = FromGrpc(releases[i]->status);
+      if (absl::IsNotFound(released)) {
+        out[i] = absl::AbortedError("the block's lease expired before its read finished; the bytes were discarded");
+        continue;
+      }
+      if (!released.ok()) {
+        out[i] = released;
+        continue;
+      }
+    }
+    if (out[i].ok() && !checks[i].ok()) {
+      (void)Delete(keys[i]);
+      out[i] = absl::DataLossError(
+          absl::StrCat("block failed its checks after the read and was deleted: ", checks[i].message()));
+    }
+  }
+  return out;
 }
 
 absl::Status StoreClient::Delete(const BlockKey& key) {
-  VC_CLIENT_CONTEXT(ctx);
+  grpc::ClientContext ctx;
+  Prepare(&ctx);
   vericache::v1::DeleteRequest req;
   req.set_key(KeyBytes(key));
   vericache::v1::DeleteResponse resp;
@@ -126,7 +186,8 @@ absl::Status StoreClient::Delete(const BlockKey& key) {
 }
 
 absl::StatusOr<StoreStats> StoreClient::Stats() {
-  VC_CLIENT_CONTEXT(ctx);
+  grpc::ClientContext ctx;
+  Prepare(&ctx);
   vericache::v1::StatsRequest req;
   vericache::v1::StatsResponse r;
   absl::Status s = FromGrpc(stub_->Stats(&ctx, req, &r));
@@ -144,7 +205,5 @@ absl::StatusOr<StoreStats> StoreClient::Stats() {
   out.corrupt_dropped = r.corrupt_blocks_dropped();
   return out;
 }
-
-#undef VC_CLIENT_CONTEXT
 
 }  // namespace vc::cachestore

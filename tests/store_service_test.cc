@@ -117,6 +117,30 @@ TEST(StoreService, RemoteReadsOverUcxAreCheckedEndToEnd) {
   EXPECT_EQ(a->Lookup(keys)->first, 1u);
 }
 
+TEST(StoreService, BatchedRemoteReadsKeepOrderAndPerBlockOutcomes) {
+  StoreServer server(testing::TempDir("store_batch"));
+  auto a = server.Client("token-a");
+  auto reader = *cachestore::UcxReader::Create(cachestore::UcxErrorMode::kNone);
+  const auto keys = Chain(6, 11);
+  for (int i : {0, 1, 3, 4, 5}) ASSERT_TRUE(a->Put(keys[i], MakeBlock(50 + i)).ok());  // not 2
+  // Block 4's stored copy goes bad.
+  auto lease = server.store().ram().Lease(cachestore::BlockStore::Scoped(
+      std::string(reinterpret_cast<const char*>(cachestore::Sha256("secret\nalice").data()), 32), keys[4]));
+  ASSERT_TRUE(lease.ok());
+  const_cast<char*>(server.store().ram().region())[lease->offset + lease->size - 9] ^= 16;
+  ASSERT_TRUE(server.store().ram().Release(lease->id).ok());
+  auto got = a->GetRemoteBatch(keys, reader.get());
+  ASSERT_EQ(got.size(), 6u);
+  for (int i : {0, 1, 3, 5}) {
+    ASSERT_TRUE(got[i].ok()) << i << ": " << got[i].status();
+    EXPECT_EQ(*got[i], MakeBlock(50 + i)) << i;
+  }
+  EXPECT_EQ(got[2].status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(got[4].status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(a->Get(keys[4]).status().code(), absl::StatusCode::kNotFound);  // dropped
+  EXPECT_TRUE(a->GetRemoteBatch({}, reader.get()).empty());
+}
+
 // A clock that jumps a minute, twice the default lease time, every time it is read: every lease
 // has expired by the store's next look at the clock.
 class LeapingClock final : public Clock {
@@ -144,8 +168,10 @@ TEST(StoreService, OnlyTheLeasingTenantReleasesALease) {
   StoreServer server(testing::TempDir("store_lease_owner"));
   auto a = server.Client("token-a");
   const auto keys = Chain(1, 9);
-  ASSERT_TRUE(a->Put(keys[0], MakeBlock(40)).ok());
-  auto stub = vericache::v1::CacheStore::NewStub(grpc::CreateChannel(server.target(), grpc::InsecureChannelCredentials()));
+  absl::Status put = a->Put(keys[0], MakeBlock(40));
+  ASSERT_TRUE(put.ok()) << put;
+  auto stub =
+      vericache::v1::CacheStore::NewStub(grpc::CreateChannel(server.target(), grpc::InsecureChannelCredentials()));
   grpc::ClientContext get_ctx;
   get_ctx.AddMetadata("authorization", "Bearer token-a");
   vericache::v1::GetRequest req;
