@@ -3,6 +3,7 @@
 
   /usr/bin/python3 benchmarks/plot.py decode  results/decode.json  results/decode.png
   /usr/bin/python3 benchmarks/plot.py engine  results/engine.json  results/engine.png
+  /usr/bin/python3 benchmarks/plot.py prefix  results/prefix.json  results/prefix.png
 
 Needs Debian's python3-matplotlib (plots only; nothing in the build or tests uses it).
 """
@@ -59,11 +60,46 @@ def plot_engine(rows, out):
     fig.savefig(out, dpi=110)
 
 
+def plot_prefix(run, out):
+    modes = run["modes"]
+    names = [m["mode"] for m in modes]
+    colors = ["tab:gray", "tab:blue", "tab:green"][:len(names)]
+    fig, ax = plt.subplots(1, 3, figsize=(13, 4))
+    xs = range(len(names))
+    ax[0].bar(xs, [1e3 * m["ttft_mean_s"] for m in modes], color=colors)
+    ax[0].errorbar(xs, [1e3 * m["ttft_p50_s"] for m in modes], fmt="o", color="k", label="p50")
+    ax[0].errorbar(xs, [1e3 * m["ttft_p90_s"] for m in modes], fmt="^", color="k", label="p90")
+    ax[0].set_yscale("log")
+    ax[0].set_title("time to first token (ms, log; bar: mean)")
+    ax[0].legend(fontsize=7)
+    ax[1].bar(xs, [m["tokens_per_s"] for m in modes], color=colors)
+    ax[1].set_title("throughput (generated tokens / makespan)")
+    for i, m in enumerate(modes):
+        reqs = sorted(m["requests"], key=lambda r: r["arrival_s"])
+        ax[2].scatter([r["prompt_tokens"] for r in reqs], [1e3 * r["ttft_s"] for r in reqs], color=colors[i],
+                      label=m["mode"], s=14)
+    ax[2].set_xlabel("prompt tokens")
+    ax[2].set_ylabel("TTFT (ms)")
+    ax[2].set_yscale("log")
+    ax[2].set_title("TTFT per request")
+    ax[2].legend(fontsize=7)
+    for a in ax[:2]:
+        a.set_xticks(list(xs))
+        a.set_xticklabels(names)
+    for a in ax:
+        a.grid(alpha=0.3)
+    fig.suptitle(f"{run['requests']} requests of the conversation trace, {run['block_tokens']} tokens per trace "
+                 f"block, arrivals / {run['time_scale']:g}; full KV budget {run['full_kv_bytes'] / 2**20:.0f} MiB",
+                 fontsize=10)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+
+
 def main():
     kind, src, out = sys.argv[1:4]
     with open(src) as f:
         rows = json.load(f)
-    {"decode": plot_decode, "engine": plot_engine}[kind](rows, out)
+    {"decode": plot_decode, "engine": plot_engine, "prefix": plot_prefix}[kind](rows, out)
 
 
 if __name__ == "__main__":
