@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
-"""Plots the JSON files written by the benchmarks (decode_bench, engine_bench) as PNG.
+"""Plots the JSON files written by the benchmarks (decode_bench, engine_bench, store_bench) as PNG.
 
   /usr/bin/python3 benchmarks/plot.py decode  results/decode.json  results/decode.png
   /usr/bin/python3 benchmarks/plot.py engine  results/engine.json  results/engine.png
   /usr/bin/python3 benchmarks/plot.py prefix  results/prefix.json  results/prefix.png
+  /usr/bin/python3 benchmarks/plot.py store   results/store.json   results/store.png
 
 Needs Debian's python3-matplotlib (plots only; nothing in the build or tests uses it).
 """
@@ -60,6 +61,38 @@ def plot_engine(rows, out):
     fig.savefig(out, dpi=110)
 
 
+def plot_store(run, out):
+    rows = run["rows"]
+    threads = sorted({r["threads"] for r in rows})
+    # system -> (colour, line style, label for gets, label for puts)
+    styles = {"memcpy": ("tab:gray", ":", "memcpy", None),
+              "ucx": ("tab:orange", "--", "raw UCX get", None),
+              "store": ("tab:green", "-", "store GetRemote", "store Put"),
+              "store-batch": ("tab:red", "-", "store GetRemoteBatch", None),
+              "redis": ("tab:purple", "-.", "Redis GET", "Redis SET")}
+    fig, axes = plt.subplots(2, len(threads), figsize=(4.5 * len(threads), 7.5), squeeze=False)
+    for col, t in enumerate(threads):
+        for row, op in enumerate(("get", "put")):
+            ax = axes[row][col]
+            for system, (colour, style, get_label, put_label) in styles.items():
+                pts = sorted((r["block_bytes"], r["gbps"]) for r in rows
+                             if r["op"] == op and r["system"] == system and r["threads"] == t)
+                if pts:
+                    ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", color=colour, linestyle=style,
+                            label=get_label if op == "get" else put_label)
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.set_xlabel("block size (bytes)")
+            ax.set_ylabel("GB/s")
+            ax.set_title(f"{op}s, {t} client thread{'s' if t > 1 else ''}")
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=7)
+    fig.suptitle(f"cache store on loopback ({run['hardware_threads']} cores), UCX error mode "
+                 f"{run['ucx_error_mode']}, best of {run['runs_per_point']} runs per point", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+
+
 def plot_prefix(run, out):
     modes = run["modes"]
     names = [m["mode"] for m in modes]
@@ -99,7 +132,7 @@ def main():
     kind, src, out = sys.argv[1:4]
     with open(src) as f:
         rows = json.load(f)
-    {"decode": plot_decode, "engine": plot_engine, "prefix": plot_prefix}[kind](rows, out)
+    {"decode": plot_decode, "engine": plot_engine, "store": plot_store, "prefix": plot_prefix}[kind](rows, out)
 
 
 if __name__ == "__main__":
