@@ -257,6 +257,8 @@ absl::Status Main(std::map<std::string, std::string> flags) {
   WorkerServerOptions wo;
   wo.model_dir = flags["model"];
   wo.ucx = flags["ucx"];
+  // A paced link for every full-KV read (store prefix and the worker's host copy); 0: loopback.
+  wo.fetch_bytes_per_second = 1e6 * static_cast<double>(Int(flags, "link-mb-per-s"));
   wo.full_kv_bytes = budget;
   wo.staging_bytes = budget;
   wo.prefix_cache_bytes = kv_bytes_per_token * prompt_tokens;  // the compressed copies take ~1/5 of it
@@ -384,6 +386,7 @@ absl::Status Main(std::map<std::string, std::string> flags) {
                         {"max_tokens", max_tokens_cap},
                         {"time_scale", time_scale},
                         {"ucx", wo.ucx},
+                        {"link_bytes_per_second", wo.fetch_bytes_per_second},
                         {"prompt_tokens", prompt_tokens},
                         {"prefix_tokens", prefix_tokens},
                         {"distinct_hash_ids", id_uses.size()},
@@ -419,6 +422,7 @@ int main(int argc, char** argv) {
       {"time-scale", "4"},
       {"check", "3"},
       {"ucx", "none"},
+      {"link-mb-per-s", "0"},
       {"json", ""},
       {"md", ""},
   };

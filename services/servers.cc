@@ -65,7 +65,7 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(WorkerServerOp
   options.service.full_kv_blocks = options.full_kv_bytes / block_bytes;
   options.service.fingerprint_hex = HexString(fingerprint);
   if (eo.staging_blocks < 1) return absl::InvalidArgumentError("the staging memory holds no KV block");
-  w->tier_ = std::make_unique<HostKvTier>(layout, 0, options.store_target.empty() ? 1 : 4);
+  w->tier_ = std::make_unique<HostKvTier>(layout, options.fetch_bytes_per_second, options.store_target.empty() ? 1 : 4);
   if (!options.store_target.empty()) {
     StorePrefixOptions po;
     po.store.target = options.store_target;
@@ -73,6 +73,7 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(WorkerServerOp
     po.store.timeout_ms = options.store_timeout_ms;
     po.ucx = options.ucx;
     po.block_tokens = options.block_tokens;
+    po.link = w->tier_->link();
     VC_ASSIGN_OR_RETURN(w->prefixes_, StorePrefixes::Create(po, fingerprint, layout));
   }
   VC_ASSIGN_OR_RETURN(w->service_, WorkerService::Create(*w->model_, w->tier_.get(), w->prefixes_.get(), options.service));

@@ -57,6 +57,9 @@ struct WorkerServerOptions {
   int64_t store_timeout_ms = 2000;
   std::string ucx = "none";  // one-sided reads: "none", "peer"; "off": inline gRPC
   int block_tokens = 256;    // tokens per store block
+  // > 0: paces every full-KV fetch (store prefix and the worker's own host copy) to this rate,
+  // standing for a slower link than loopback (benchmarks).
+  double fetch_bytes_per_second = 0;
   // Worker memory, in bytes: full KV staged for verification, MODE_FULL sequences' KV, and the
   // compressed prefixes kept for reuse.
   int64_t staging_bytes = int64_t{512} << 20;

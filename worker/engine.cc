@@ -295,6 +295,14 @@ absl::Status VeriCacheEngine::StartWindow(Sequence& s) {
     s.drafts.clear();
   }
   if (s.fetch == nullptr) {
+    // Staging is held from the fetch to the verify, so the fetch starts just in time: when the
+    // drafts still to come take about as long as it will (at once before any fetch was timed).
+    const double fetch_seconds =
+        costs_.fetch(static_cast<double>(s.full_len * model_.kv_layout(options_.block_size).bytes_per_token()));
+    const int to_draft = s.k - static_cast<int>(s.drafts.size());
+    if (fetch_seconds > 0 && to_draft > 1 + static_cast<int>(fetch_seconds / std::max(costs_.draft_step(), 1e-6))) {
+      return absl::OkStatus();
+    }
     // Staging for the fetched prefix plus the positions the verify pass appends.
     const SeqId sseq = staging_->NewSequence();
     absl::Status st = staging_->Reserve(sseq, s.v() + s.k);
@@ -495,10 +503,13 @@ absl::Status VeriCacheEngine::Step() {
     active_.push_back(std::move(owned));
   }
 
-  std::vector<Sequence*> drafting, ready, waiting;
+  // Sequences still waiting for their first token claim staging first (time to first token).
+  std::vector<Sequence*> order;
+  for (auto& sp : active_) order.push_back(sp.get());
+  std::stable_partition(order.begin(), order.end(), [](const Sequence* s) { return s->generated == 0; });
+  std::vector<Sequence*> drafting, ready, waiting, stuck;
   absl::Status status;
-  for (auto& sp : active_) {
-    Sequence* s = sp.get();
+  for (Sequence* s : order) {
     absl::Status st = StartWindow(*s);
     if (!st.ok() && !absl::IsResourceExhausted(st)) {
       status = st;
@@ -510,6 +521,8 @@ absl::Status VeriCacheEngine::Step() {
       ready.push_back(s);
     } else if (s->fetch != nullptr) {
       waiting.push_back(s);
+    } else {
+      stuck.push_back(s);  // its drafts are done but staging had no room for its full KV
     }
   }
   if (status.ok()) {
@@ -525,8 +538,13 @@ absl::Status VeriCacheEngine::Step() {
       const absl::Time t0 = absl::Now();
       waiting.front()->fetch->Wait().IgnoreError();  // Verify looks at the outcome
       waiting.front()->result.stats.fetch_wait_seconds += absl::ToDoubleSeconds(absl::Now() - t0);
-    } else if (!active_.empty()) {
-      status = absl::ResourceExhaustedError("staging memory cannot hold any sequence's full KV");
+    } else if (!stuck.empty()) {
+      // Nothing holds staging now, so this one can never fit: end it alone.
+      Sequence& s = *stuck.front();
+      Release(s);
+      Finish(s, absl::ResourceExhaustedError(absl::StrCat("staging memory (", staging_->num_blocks(),
+                                                          " blocks) cannot hold this sequence's full KV")));
+      s.done = true;  // leaves the batch below; Finish has spent its callback
     }
   }
   if (!status.ok()) {

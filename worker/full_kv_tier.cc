@@ -52,7 +52,7 @@ absl::Time FetchHandle::finished_at() const {
 }
 
 HostKvTier::HostKvTier(const KvLayout& layout, double bytes_per_second, int io_threads)
-    : layout_(layout), bytes_per_second_(bytes_per_second) {
+    : layout_(layout), link_(bytes_per_second) {
   for (int i = 0; i < std::max(1, io_threads); ++i) io_.emplace_back([this] { IoLoop(); });
 }
 
@@ -170,12 +170,9 @@ void HostKvTier::IoLoop() {
         std::memcpy(job.dest.V(l, p0), e.v[l].data() + (p0 - e.base) * row, n * row * 4);
         p0 += n;
         moved += 2 * n * row * 4;
-        if (bytes_per_second_ > 0) {  // pace to the link: never ahead of bytes / rate
-          const auto due = start + std::chrono::duration<double>(moved / bytes_per_second_);
-          std::this_thread::sleep_until(due);
-        }
       }
     }
+    link_.Transfer(moved, start);  // a paced link: done when it would have carried the bytes
     job.handle->Finish(absl::OkStatus());
   }
 }

@@ -21,6 +21,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "worker/kv_cache.h"
+#include "worker/link_pacer.h"
 #include "worker/prefix_store.h"
 
 namespace vc {
@@ -73,8 +74,9 @@ class FullKvTier {
 
 // Full KV in host memory, one contiguous array per (key, layer) for K and for V. Fetches run on
 // `io_threads` background threads in FIFO order (several, so that prefix reads, which wait on
-// the network, overlap); `bytes_per_second` > 0 paces each fetch to stand for a PCIe or network
-// link (0: as fast as memcpy). Thread-safe.
+// the network, overlap). `bytes_per_second` > 0 paces the fetches through one shared link of
+// that bandwidth, standing for PCIe or a network (0: as fast as memcpy); a PrefixStore can
+// share the link (link()). Thread-safe.
 class HostKvTier final : public FullKvTier {
  public:
   HostKvTier(const KvLayout& layout, double bytes_per_second, int io_threads = 1);
@@ -86,7 +88,8 @@ class HostKvTier final : public FullKvTier {
   absl::Status AttachPrefix(TierKey key, int64_t length, PrefixReader read) override;
   void Erase(TierKey key) override;
 
-  double bytes_per_second() const { return bytes_per_second_; }
+  double bytes_per_second() const { return link_.bytes_per_second(); }
+  LinkPacer* link() { return &link_; }
 
  private:
   struct Entry {
@@ -106,7 +109,7 @@ class HostKvTier final : public FullKvTier {
   void IoLoop();
 
   const KvLayout layout_;
-  const double bytes_per_second_;
+  LinkPacer link_;
   mutable absl::Mutex mu_;
   std::unordered_map<TierKey, std::shared_ptr<Entry>> entries_ ABSL_GUARDED_BY(mu_);
   std::deque<Job> jobs_ ABSL_GUARDED_BY(mu_);

@@ -1,6 +1,7 @@
 #include "worker/store_prefixes.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -116,10 +117,16 @@ absl::Status StorePrefixes::Read(absl::Span<const PrefixName> names, const Paged
   const int64_t row = int64_t{layout_.num_kv_heads} * layout_.head_dim;
   int64_t bytes = 0;
   absl::Status status;
+  const auto start = std::chrono::steady_clock::now();
+  // One-sided reads go out as one batch (about two round trips for all the blocks); inline
+  // reads one block at a time.
+  std::vector<cachestore::BlockKey> keys;
+  for (const PrefixName& n : names) keys.push_back(ToKey(n));
+  std::vector<absl::StatusOr<std::string>> blocks;
+  if (reader_ != nullptr) blocks = client_->GetRemoteBatch(keys, reader_.get(), &fingerprint_);
   for (size_t b = 0; b < names.size() && status.ok(); ++b) {
-    const cachestore::BlockKey key = ToKey(names[b]);
-    absl::StatusOr<std::string> block =
-        reader_ != nullptr ? client_->GetRemote(key, reader_.get(), &fingerprint_) : client_->Get(key, &fingerprint_);
+    const cachestore::BlockKey& key = keys[b];
+    absl::StatusOr<std::string> block = reader_ != nullptr ? std::move(blocks[b]) : client_->Get(key, &fingerprint_);
     if (!block.ok()) {
       status = block.status();
       break;
@@ -155,6 +162,7 @@ absl::Status StorePrefixes::Read(absl::Span<const PrefixName> names, const Paged
     }
     bytes += static_cast<int64_t>(block->size());
   }
+  if (options_.link != nullptr) options_.link->Transfer(bytes, start);
   absl::MutexLock l(&mu_);
   stats_.bytes_read += bytes;
   if (status.ok()) {

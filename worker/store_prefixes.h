@@ -24,6 +24,7 @@
 #include "cachestore/store_client.h"
 #include "cachestore/ucx_transport.h"
 #include "worker/kv_cache.h"
+#include "worker/link_pacer.h"
 #include "worker/prefix_store.h"
 
 namespace vc {
@@ -37,6 +38,8 @@ struct StorePrefixOptions {
   // "none" or "peer": UCX error-handling mode of one-sided reads; "off": inline gRPC bytes.
   std::string ucx = "none";
   int block_tokens = 256;
+  // Optional: reads are paced through this link (benchmarks standing for a slower network).
+  LinkPacer* link = nullptr;
   // Encoded blocks waiting to be put; publishing beyond this drops blocks (counted).
   int64_t max_publish_queue_bytes = int64_t{256} << 20;
 };
