@@ -3,11 +3,12 @@
 //   memcpy       each get is a memcpy of the block into the thread's buffer (the one-copy ceiling)
 //   ucx          one-sided UCX gets of the same stored bytes from the store's RAM region, leased once
 //                up front: the transport alone, no gRPC, no lease per get, no checks
-//   store        StoreClient::GetRemote: a Get RPC for the lease, the UCX get, a ReleaseLease RPC
-//                and the end-to-end block check, one block per call; puts are StoreClient::Put
-//                (checked by the store, written through to RocksDB and copied into RAM)
+//   store        StoreClient::GetRemote: a LeaseBlocks RPC, the UCX get, the end-to-end block
+//                check, and a ReleaseLeases RPC that is not waited for, one block per call; puts
+//                are StoreClient::Put (checked by the store, written through to RocksDB and copied
+//                into RAM)
 //   store-batch  StoreClient::GetRemoteBatch: the same for up to --batch blocks (at most 16 MiB)
-//                per call, their RPCs in flight together
+//                per call, under one LeaseBlocks and one ReleaseLeases RPC
 //   redis        GET/SET of the same blocks over a unix socket to a redis-server this benchmark
 //                starts (persistence off), with hiredis
 // The BlockStore, its UCX region server and the gRPC service run in this process, as

@@ -1,5 +1,6 @@
 #include "cachestore/store_client.h"
 
+#include <algorithm>
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
@@ -19,7 +20,49 @@ std::string KeyBytes(const BlockKey& k) { return std::string(reinterpret_cast<co
 
 }  // namespace
 
-StoreClient::~StoreClient() = default;
+namespace {
+
+// The most keys one LeaseBlocks call carries (the service's limit).
+constexpr size_t kMaxKeysPerLeaseCall = 4096;
+
+// One unary call in flight on the callback API: what it sends, what comes back, and when.
+template <typename Request, typename Response>
+struct AsyncCall {
+  grpc::ClientContext ctx;
+  Request req;
+  Response resp;
+  grpc::Status status;
+  absl::Notification done;
+};
+
+std::string FingerprintBytes(const std::array<uint8_t, 32>& fp) {
+  return std::string(reinterpret_cast<const char*>(fp.data()), fp.size());
+}
+
+}  // namespace
+
+struct StoreClient::ReleaseCall
+    : AsyncCall<vericache::v1::ReleaseLeasesRequest, vericache::v1::ReleaseLeasesResponse> {};
+
+StoreClient::~StoreClient() {
+  // Releases are small and usually answered within a millisecond; give them a moment, then
+  // cancel the rest (cancelled calls complete promptly) and wait for every callback.
+  const auto none_in_flight = [](ReleaseTracker* t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(t->mu) {
+    return t->in_flight.empty();
+  };
+  std::vector<std::shared_ptr<ReleaseCall>> pending;
+  {
+    absl::MutexLock l(&releases_->mu);
+    if (releases_->mu.AwaitWithTimeout(absl::Condition(+none_in_flight, releases_.get()), absl::Milliseconds(500))) {
+      return;
+    }
+    for (auto& [c, call] : releases_->in_flight) pending.push_back(call);
+  }
+  // Not under the lock: a cancellation may run the call's callback on this thread.
+  for (const auto& call : pending) call->ctx.TryCancel();
+  absl::MutexLock l(&releases_->mu);
+  releases_->mu.Await(absl::Condition(+none_in_flight, releases_.get()));
+}
 
 absl::StatusOr<std::unique_ptr<StoreClient>> StoreClient::Create(const StoreClientOptions& options) {
   if (options.target.empty()) return absl::InvalidArgumentError("store target is empty");
@@ -39,6 +82,7 @@ absl::StatusOr<std::unique_ptr<StoreClient>> StoreClient::Create(const StoreClie
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
   std::unique_ptr<StoreClient> c(new StoreClient());
   c->options_ = options;
+  c->clock_ = options.clock != nullptr ? options.clock : SteadyClock();
   c->stub_ = vericache::v1::CacheStore::NewStub(grpc::CreateCustomChannel(options.target, creds, args));
   return c;
 }
@@ -86,94 +130,157 @@ absl::StatusOr<std::string> StoreClient::GetRemote(const BlockKey& key, UcxReade
   return std::move(GetRemoteBatch(absl::MakeConstSpan(&key, 1), reader, fp)[0]);
 }
 
-namespace {
-
-// One unary call in flight on the callback API: what it sends, what comes back, and when.
-template <typename Request, typename Response>
-struct AsyncCall {
-  grpc::ClientContext ctx;
-  Request req;
-  Response resp;
-  grpc::Status status;
-  absl::Notification done;
-};
-
-}  // namespace
+absl::Duration StoreClient::LeaseTrustWindow(absl::Duration lease_ttl) {
+  return lease_ttl - std::max(lease_ttl / 5, absl::Seconds(1));
+}
 
 std::vector<absl::StatusOr<std::string>> StoreClient::GetRemoteBatch(absl::Span<const BlockKey> keys,
                                                                      UcxReader* reader,
                                                                      const std::array<uint8_t, 32>* fp) {
-  using GetCall = AsyncCall<vericache::v1::GetRequest, vericache::v1::GetResponse>;
-  using ReleaseCall = AsyncCall<vericache::v1::ReleaseLeaseRequest, vericache::v1::ReleaseLeaseResponse>;
+  std::vector<absl::StatusOr<std::string>> out(keys.size(), absl::UnknownError("not read"));
+  for (size_t at = 0; at < keys.size(); at += kMaxKeysPerLeaseCall) {
+    LeaseAndRead(keys.subspan(at, kMaxKeysPerLeaseCall), reader, fp, out.data() + at);
+  }
+  return out;
+}
+
+void StoreClient::LeaseAndRead(absl::Span<const BlockKey> keys, UcxReader* reader,
+                               const std::array<uint8_t, 32>* fp, absl::StatusOr<std::string>* out) {
   const size_t n = keys.size();
-  std::vector<std::unique_ptr<GetCall>> gets(n);
+  vericache::v1::LeaseBlocksRequest req;
+  for (const BlockKey& k : keys) req.add_keys(KeyBytes(k));
+  if (fp != nullptr) req.set_expect_fingerprint(FingerprintBytes(*fp));
+  vericache::v1::LeaseBlocksResponse resp;
+  grpc::ClientContext ctx;
+  Prepare(&ctx);
+  // Read before the call goes out: the store grants every lease after this moment.
+  const absl::Duration sent = clock_->Now();
+  const grpc::Status st = stub_->LeaseBlocks(&ctx, req, &resp);
+  std::vector<size_t> inline_keys;
+  if (st.error_code() == grpc::StatusCode::FAILED_PRECONDITION ||
+      st.error_code() == grpc::StatusCode::UNIMPLEMENTED) {
+    // No UCX data plane (or a store that predates LeaseBlocks): every block comes inline.
+    for (size_t i = 0; i < n; ++i) inline_keys.push_back(i);
+    GetInline(keys, inline_keys, fp, out);
+    return;
+  }
+  if (st.ok() && resp.blocks_size() != static_cast<int>(n)) {
+    for (const vericache::v1::LeasedBlock& b : resp.blocks()) {
+      if (b.has_remote()) (void)SendReleases({b.remote().lease_id()});
+    }
+    for (size_t i = 0; i < n; ++i) {
+      out[i] = absl::InternalError(absl::StrCat("LeaseBlocks answered ", resp.blocks_size(), " outcomes for ", n, " keys"));
+    }
+    return;
+  }
+  if (!st.ok()) {
+    for (size_t i = 0; i < n; ++i) out[i] = FromGrpc(st);
+    return;
+  }
+  const absl::Duration trusted_until = sent + LeaseTrustWindow(absl::Milliseconds(resp.lease_ttl_ms()));
+
+  // Read every leased block. A read that finished past the trust window counts only if the
+  // release finds its lease live (`confirm`, by its index in the release call).
+  std::vector<uint64_t> lease_ids;
+  std::vector<int> confirm(n, -1);
   for (size_t i = 0; i < n; ++i) {
-    GetCall* c = (gets[i] = std::make_unique<GetCall>()).get();
+    const vericache::v1::LeasedBlock& b = resp.blocks(static_cast<int>(i));
+    const auto code = static_cast<absl::StatusCode>(b.status_code());
+    if (code == absl::StatusCode::kResourceExhausted) {
+      inline_keys.push_back(i);  // on disk, and RAM cannot take it now
+      continue;
+    }
+    if (code != absl::StatusCode::kOk || !b.has_remote()) {
+      out[i] = code != absl::StatusCode::kOk ? absl::Status(code, b.status_message())
+                                             : absl::InternalError("LeaseBlocks granted a lease without a location");
+      continue;
+    }
+    const vericache::v1::RemoteBlock& r = b.remote();
+    lease_ids.push_back(r.lease_id());
+    std::string block(r.size_bytes(), '\0');
+    const absl::Status read = reader->Get(r.worker_address(), r.rkey(), r.address(), block.data(), block.size());
+    if (!read.ok()) {
+      out[i] = read;
+      continue;
+    }
+    if (clock_->Now() >= trusted_until) confirm[i] = static_cast<int>(lease_ids.size() - 1);
+    out[i] = std::move(block);
+  }
+  // The leases go back in one call; it is waited for only when a read needs its answer.
+  std::shared_ptr<ReleaseCall> release = lease_ids.empty() ? nullptr : SendReleases(lease_ids);
+  if (!inline_keys.empty()) GetInline(keys, inline_keys, fp, out);
+
+  for (size_t i = 0; i < n; ++i) {
+    if (!out[i].ok()) continue;
+    if (confirm[i] >= 0) {
+      // Past the trust window the slot may have been reused during the read: only a lease the
+      // store still held at the release vouches for the bytes.
+      release->done.WaitForNotification();
+      if (!release->status.ok()) {
+        out[i] = FromGrpc(release->status);
+        continue;
+      }
+      if (confirm[i] >= release->resp.was_live_size() || !release->resp.was_live(confirm[i])) {
+        out[i] = absl::AbortedError("the block's lease may have expired before its read finished; the bytes were discarded");
+        continue;
+      }
+    }
+    absl::StatusOr<BlockHeader> h = DecodeBlockHeader(*out[i]);
+    const absl::Status check = h.ok() ? VerifyBlock(*out[i], h->fingerprint).status() : h.status();
+    if (!check.ok()) {
+      (void)Delete(keys[i]);
+      out[i] = absl::DataLossError(
+          absl::StrCat("block failed its checks after the read and was deleted: ", check.message()));
+    }
+  }
+}
+
+void StoreClient::GetInline(absl::Span<const BlockKey> keys, const std::vector<size_t>& which,
+                            const std::array<uint8_t, 32>* fp, absl::StatusOr<std::string>* out) {
+  using GetCall = AsyncCall<vericache::v1::GetRequest, vericache::v1::GetResponse>;
+  std::vector<std::unique_ptr<GetCall>> gets(which.size());
+  for (size_t j = 0; j < which.size(); ++j) {
+    GetCall* c = (gets[j] = std::make_unique<GetCall>()).get();
     Prepare(&c->ctx);
-    c->req.set_key(KeyBytes(keys[i]));
-    c->req.set_remote(true);
-    if (fp != nullptr) c->req.set_expect_fingerprint(std::string(reinterpret_cast<const char*>(fp->data()), 32));
+    c->req.set_key(KeyBytes(keys[which[j]]));
+    if (fp != nullptr) c->req.set_expect_fingerprint(FingerprintBytes(*fp));
     stub_->async()->Get(&c->ctx, &c->req, &c->resp, [c](grpc::Status st) {
       c->status = std::move(st);
       c->done.Notify();
     });
   }
-  // Read each block as its lease arrives, and hand the lease back at once.
-  std::vector<absl::StatusOr<std::string>> out(n, absl::UnknownError("not read"));
-  std::vector<std::unique_ptr<ReleaseCall>> releases(n);
-  for (size_t i = 0; i < n; ++i) {
-    GetCall& g = *gets[i];
+  for (size_t j = 0; j < which.size(); ++j) {
+    GetCall& g = *gets[j];
     g.done.WaitForNotification();
-    if (!g.status.ok()) {
-      out[i] = FromGrpc(g.status);
-      continue;
-    }
-    if (!g.resp.has_remote()) {
-      out[i] = std::move(*g.resp.mutable_block());
-      continue;
-    }
-    const vericache::v1::RemoteBlock& r = g.resp.remote();
-    std::string block(r.size_bytes(), '\0');
-    absl::Status read = reader->Get(r.worker_address(), r.rkey(), r.address(), block.data(), block.size());
-    out[i] = read.ok() ? absl::StatusOr<std::string>(std::move(block)) : read;
-    ReleaseCall* c = (releases[i] = std::make_unique<ReleaseCall>()).get();
-    Prepare(&c->ctx);
-    c->req.set_lease_id(r.lease_id());
-    stub_->async()->ReleaseLease(&c->ctx, &c->req, &c->resp, [c](grpc::Status st) {
-      c->status = std::move(st);
-      c->done.Notify();
-    });
-  }
-  // Check the blocks while the releases are in flight; a block counts only if its lease was still
-  // live at its release (tiers.h): past its expiry the slot may hold another block that passes
-  // every check.
-  std::vector<absl::Status> checks(n);
-  for (size_t i = 0; i < n; ++i) {
-    if (!out[i].ok()) continue;
-    absl::StatusOr<BlockHeader> h = DecodeBlockHeader(*out[i]);
-    checks[i] = h.ok() ? VerifyBlock(*out[i], h->fingerprint).status() : h.status();
-  }
-  for (size_t i = 0; i < n; ++i) {
-    if (releases[i] != nullptr) {
-      releases[i]->done.WaitForNotification();
-      if (!out[i].ok()) continue;  // the read failed
-      const absl::Status released = FromGrpc(releases[i]->status);
-      if (absl::IsNotFound(released)) {
-        out[i] = absl::AbortedError("the block's lease expired before its read finished; the bytes were discarded");
-        continue;
-      }
-      if (!released.ok()) {
-        out[i] = released;
-        continue;
-      }
-    }
-    if (out[i].ok() && !checks[i].ok()) {
-      (void)Delete(keys[i]);
-      out[i] = absl::DataLossError(
-          absl::StrCat("block failed its checks after the read and was deleted: ", checks[i].message()));
+    if (g.status.ok()) {
+      out[which[j]] = std::move(*g.resp.mutable_block());
+    } else {
+      out[which[j]] = FromGrpc(g.status);
     }
   }
-  return out;
+}
+
+std::shared_ptr<StoreClient::ReleaseCall> StoreClient::SendReleases(const std::vector<uint64_t>& lease_ids) {
+  auto call = std::make_shared<ReleaseCall>();
+  ReleaseCall* c = call.get();
+  Prepare(&c->ctx);
+  for (uint64_t id : lease_ids) c->req.add_lease_ids(id);
+  {
+    absl::MutexLock l(&releases_->mu);
+    releases_->in_flight.emplace(c, call);
+  }
+  stub_->async()->ReleaseLeases(&c->ctx, &c->req, &c->resp, [tracker = releases_, c](grpc::Status st) {
+    c->status = std::move(st);
+    std::shared_ptr<ReleaseCall> self;  // the last reference may be this one: `c` dies with it
+    {
+      absl::MutexLock l(&tracker->mu);
+      auto it = tracker->in_flight.find(c);
+      self = std::move(it->second);
+      tracker->in_flight.erase(it);
+    }
+    c->done.Notify();
+  });
+  return call;
 }
 
 absl::Status StoreClient::Delete(const BlockKey& key) {

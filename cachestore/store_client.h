@@ -1,4 +1,6 @@
 // The client workers use to reach a cache store's control plane. Thread-safe (gRPC stubs are).
+// Destroying a client waits briefly for its ReleaseLeases calls in flight, then cancels the rest
+// (their leases simply expire).
 #ifndef VC_CACHESTORE_STORE_CLIENT_H_
 #define VC_CACHESTORE_STORE_CLIENT_H_
 
@@ -8,11 +10,16 @@
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "cachestore/block_key.h"
 #include "cachestore/store.h"
 #include "cachestore/ucx_transport.h"
+#include "common/clock.h"
 #include "vericache/v1/cache_store.grpc.pb.h"
 
 namespace vc::cachestore {
@@ -22,6 +29,9 @@ struct StoreClientOptions {
   std::string token;   // bearer token of this client's tenant
   int64_t timeout_ms = 5000;
   std::string tls_root_certs_pem;  // empty: plaintext (loopback, tests)
+  // What the client measures lease lifetimes against (GetRemoteBatch); null: SteadyClock(). Must
+  // outlive the client.
+  const Clock* clock = nullptr;
 };
 
 class StoreClient {
@@ -36,28 +46,58 @@ class StoreClient {
   // kNotFound when absent; kDataLoss when the stored copy failed its checks (it is gone then).
   absl::StatusOr<std::string> Get(const BlockKey& key, const std::array<uint8_t, 32>* expect_fingerprint = nullptr);
   // Like Get, but a block the store holds in RAM is read with a one-sided UCX get through
-  // `reader` (inline otherwise) under a lease, released after the read; the block is checked end
-  // to end, and one that fails is deleted from the store and reported as kDataLoss. kAborted
-  // when the lease expired before it was released (the read may have raced a reuse of the slot;
-  // the bytes are discarded, the stored block is kept, and the call can be retried); the release
-  // call's own error when the store could not confirm the lease.
+  // `reader` (inline otherwise) under a lease; the block is checked end to end, and one that fails
+  // is deleted from the store and reported as kDataLoss. kAborted when the read may have outlived
+  // its lease (the slot may have been reused meanwhile; the bytes are discarded, the stored block
+  // is kept, and the call can be retried). A batch of one GetRemoteBatch.
   absl::StatusOr<std::string> GetRemote(const BlockKey& key, UcxReader* reader,
                                         const std::array<uint8_t, 32>* expect_fingerprint = nullptr);
-  // GetRemote for several blocks with their round trips overlapped: every lease request goes out
-  // at once, each block is read as its lease arrives and its release sent at once, and the blocks
-  // are checked while the releases are in flight. A batch costs about two round trips, not two
-  // per block. One result per key, in order, each what GetRemote would have returned.
+  // GetRemote for several blocks in one control-plane round trip: one LeaseBlocks call leases them
+  // all, each is read over UCX, and the leases go back in one ReleaseLeases call that is not waited
+  // for. A read counts when it finished, by options.clock, before the moment LeaseBlocks was sent
+  // plus the lease's time to live less a margin (LeaseTrustWindow); a read that finished later
+  // counts only if the release then finds its lease still live, and is kAborted otherwise. Blocks
+  // the store cannot lease (RAM full, or no UCX data plane) are fetched inline with Get. One result
+  // per key, in order, each what GetRemote would have returned; a failed LeaseBlocks call is every
+  // key's result.
   std::vector<absl::StatusOr<std::string>> GetRemoteBatch(absl::Span<const BlockKey> keys, UcxReader* reader,
                                                           const std::array<uint8_t, 32>* expect_fingerprint = nullptr);
   absl::Status Delete(const BlockKey& key);
   absl::StatusOr<StoreStats> Stats();
 
+  // How long after sending LeaseBlocks a read may finish and still be trusted without asking the
+  // store, for leases living `lease_ttl`: the TTL less max(20% of it, 1 s), which covers clock-rate
+  // differences and scheduling hiccups between reading the clock and the read's end. Zero or less:
+  // every read waits for its release's answer.
+  static absl::Duration LeaseTrustWindow(absl::Duration lease_ttl);
+
  private:
+  struct ReleaseCall;
+  // The ReleaseLeases calls in flight, shared with their completion callbacks so a callback that
+  // runs as the client is destroyed never touches freed memory.
+  struct ReleaseTracker {
+    absl::Mutex mu;
+    absl::flat_hash_map<ReleaseCall*, std::shared_ptr<ReleaseCall>> in_flight ABSL_GUARDED_BY(mu);
+  };
+
   StoreClient() = default;
   // Adds the bearer token and the deadline to a call.
   void Prepare(grpc::ClientContext* ctx) const;
+  // GetRemoteBatch for at most one LeaseBlocks call's worth of keys; fills out[0, keys.size()).
+  void LeaseAndRead(absl::Span<const BlockKey> keys, UcxReader* reader, const std::array<uint8_t, 32>* fp,
+                    absl::StatusOr<std::string>* out);
+  // Inline Gets of keys[i] for every i in `which`, in flight together, into out[i].
+  void GetInline(absl::Span<const BlockKey> keys, const std::vector<size_t>& which,
+                 const std::array<uint8_t, 32>* fp, absl::StatusOr<std::string>* out);
+  // Starts one ReleaseLeases call for `lease_ids` (not empty) and returns it without waiting; wait
+  // on its `done` for the per-id answer.
+  std::shared_ptr<ReleaseCall> SendReleases(const std::vector<uint64_t>& lease_ids);
+
+  // Constant after construction.
   StoreClientOptions options_;
+  const Clock* clock_ = nullptr;
   std::unique_ptr<vericache::v1::CacheStore::Stub> stub_;
+  std::shared_ptr<ReleaseTracker> releases_ = std::make_shared<ReleaseTracker>();
 };
 
 }  // namespace vc::cachestore

@@ -11,7 +11,9 @@
 // another block. The block format's checksums catch a torn read but not a slot that now holds
 // another whole block of the same size, so a reader trusts its bytes only when Release of the
 // lease, called after the read completed, returns OK: a lease that was live then was live for the
-// whole read. StoreClient::GetRemote does exactly that.
+// whole read; or when the read finished, by the reader's own monotonic clock, well within
+// lease_ttl_ms of a moment before the lease was granted (StoreClient::GetRemoteBatch trusts that,
+// with a margin for clock rates, and asks Release only for reads that finished later).
 #ifndef VC_CACHESTORE_TIERS_H_
 #define VC_CACHESTORE_TIERS_H_
 
@@ -83,6 +85,8 @@ class RamTier {
   // Releasing an unknown or expired id changes nothing else.
   absl::Status Release(uint64_t lease_id, absl::string_view owner = "");
 
+  // How long a lease lives after it is granted (RamTierOptions::lease_ttl_ms).
+  int64_t lease_ttl_ms() const { return options_.lease_ttl_ms; }
   // The region blocks live in (registered once with the data plane).
   const char* region() const { return region_; }
   uint64_t region_bytes() const { return options_.capacity_bytes; }

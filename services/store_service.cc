@@ -28,6 +28,9 @@ grpc::Status ToGrpcStatus(const absl::Status& s) {
 
 namespace {
 
+// The most keys or lease ids one LeaseBlocks or ReleaseLeases call may carry.
+constexpr int kMaxKeysPerCall = 4096;
+
 grpc::ServerUnaryReactor* Done(grpc::CallbackServerContext* ctx, const absl::Status& s) {
   grpc::ServerUnaryReactor* r = ctx->DefaultReactor();
   r->Finish(ToGrpcStatus(s));
@@ -138,6 +141,72 @@ grpc::ServerUnaryReactor* CacheStoreService::ReleaseLease(grpc::CallbackServerCo
   absl::StatusOr<std::string> salt = TenantSalt(ctx);
   if (!salt.ok()) return Done(ctx, salt.status());
   return Done(ctx, store_->Release(req->lease_id(), *salt));
+}
+
+grpc::ServerUnaryReactor* CacheStoreService::LeaseBlocks(grpc::CallbackServerContext* ctx,
+                                                         const vericache::v1::LeaseBlocksRequest* req,
+                                                         vericache::v1::LeaseBlocksResponse* resp) {
+  absl::StatusOr<std::string> salt = TenantSalt(ctx);
+  if (!salt.ok()) return Done(ctx, salt.status());
+  if (req->keys_size() > kMaxKeysPerCall) {
+    return Done(ctx, absl::InvalidArgumentError(absl::StrCat("more than ", kMaxKeysPerCall, " keys in one call")));
+  }
+  if (!req->expect_fingerprint().empty() && req->expect_fingerprint().size() != 32) {
+    return Done(ctx, absl::InvalidArgumentError("expect_fingerprint must be 32 bytes or empty"));
+  }
+  if (options_.ucx == nullptr) {
+    return Done(ctx, absl::FailedPreconditionError("the store runs no UCX data plane; use Get"));
+  }
+  // Every key is checked before any lease is taken, so a malformed request pins nothing.
+  std::vector<cachestore::BlockKey> keys;
+  keys.reserve(req->keys_size());
+  for (const std::string& k : req->keys()) {
+    absl::StatusOr<cachestore::BlockKey> sk = ScopedKey(*salt, k);
+    if (!sk.ok()) return Done(ctx, sk.status());
+    keys.push_back(*sk);
+  }
+  resp->set_lease_ttl_ms(static_cast<uint64_t>(store_->ram().lease_ttl_ms()));
+  for (const cachestore::BlockKey& key : keys) {
+    vericache::v1::LeasedBlock* out = resp->add_blocks();
+    // As in Get, the tenant owns the lease: only its own release ends it early.
+    absl::StatusOr<cachestore::BlockLease> lease = store_->Lease(key, *salt);
+    absl::Status s = lease.status();
+    if (lease.ok()) {
+      const char* at = store_->ram().region() + lease->offset;
+      if (!req->expect_fingerprint().empty() && std::memcmp(at + 8, req->expect_fingerprint().data(), 32) != 0) {
+        (void)store_->Release(lease->id, *salt);
+        s = absl::FailedPreconditionError("block belongs to another model");
+      } else {
+        vericache::v1::RemoteBlock* r = out->mutable_remote();
+        r->set_lease_id(lease->id);
+        r->set_worker_address(options_.ucx->worker_address());
+        r->set_rkey(options_.ucx->rkey());
+        r->set_address(options_.ucx->base() + lease->offset);
+        r->set_size_bytes(lease->size);
+      }
+    }
+    out->set_status_code(static_cast<int32_t>(s.code()));
+    if (!s.ok()) out->set_status_message(std::string(s.message()));
+  }
+  return Done(ctx, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* CacheStoreService::ReleaseLeases(grpc::CallbackServerContext* ctx,
+                                                           const vericache::v1::ReleaseLeasesRequest* req,
+                                                           vericache::v1::ReleaseLeasesResponse* resp) {
+  absl::StatusOr<std::string> salt = TenantSalt(ctx);
+  if (!salt.ok()) return Done(ctx, salt.status());
+  if (req->lease_ids_size() > kMaxKeysPerCall) {
+    return Done(ctx, absl::InvalidArgumentError(absl::StrCat("more than ", kMaxKeysPerCall, " leases in one call")));
+  }
+  uint32_t live = 0;
+  for (uint64_t id : req->lease_ids()) {
+    const bool was_live = store_->Release(id, *salt).ok();
+    resp->add_was_live(was_live);
+    live += was_live ? 1 : 0;
+  }
+  resp->set_live_leases(live);
+  return Done(ctx, absl::OkStatus());
 }
 
 grpc::ServerUnaryReactor* CacheStoreService::Delete(grpc::CallbackServerContext* ctx, const DeleteRequest* req,

@@ -27,10 +27,12 @@ struct StoreServiceOptions {
 // Thread-safe. Handlers run on gRPC's callback threads; they block on the store (RocksDB), which
 // is bounded by one block's I/O.
 //
-// Leases from Get are owned by the caller's tenant and expire after the RAM tier's lease_ttl_ms.
-// ReleaseLease answers OK only for a lease of the caller's tenant that was still live, and
-// NOT_FOUND otherwise (released, expired, another tenant's): a client must discard bytes it read
-// under a lease whose release was not OK (see cachestore/tiers.h).
+// Leases from Get and LeaseBlocks are owned by the caller's tenant and expire after the RAM tier's
+// lease_ttl_ms (which LeaseBlocks reports). ReleaseLease answers OK only for a lease of the caller's
+// tenant that was still live, and NOT_FOUND otherwise (released, expired, another tenant's);
+// ReleaseLeases reports the same per id. A client must discard bytes it read under a lease unless
+// the read finished within the lease's time to live by its own clock, or the release said the
+// lease was live (see cachestore/tiers.h).
 class CacheStoreService final : public vericache::v1::CacheStore::CallbackService {
  public:
   CacheStoreService(cachestore::BlockStore* store, StoreServiceOptions options);
@@ -44,6 +46,12 @@ class CacheStoreService final : public vericache::v1::CacheStore::CallbackServic
   grpc::ServerUnaryReactor* ReleaseLease(grpc::CallbackServerContext* ctx,
                                          const vericache::v1::ReleaseLeaseRequest* req,
                                          vericache::v1::ReleaseLeaseResponse* resp) override;
+  grpc::ServerUnaryReactor* LeaseBlocks(grpc::CallbackServerContext* ctx,
+                                        const vericache::v1::LeaseBlocksRequest* req,
+                                        vericache::v1::LeaseBlocksResponse* resp) override;
+  grpc::ServerUnaryReactor* ReleaseLeases(grpc::CallbackServerContext* ctx,
+                                          const vericache::v1::ReleaseLeasesRequest* req,
+                                          vericache::v1::ReleaseLeasesResponse* resp) override;
   grpc::ServerUnaryReactor* Delete(grpc::CallbackServerContext* ctx, const vericache::v1::DeleteRequest* req,
                                    vericache::v1::DeleteResponse* resp) override;
   grpc::ServerUnaryReactor* Stats(grpc::CallbackServerContext* ctx, const vericache::v1::StatsRequest* req,

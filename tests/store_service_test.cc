@@ -52,8 +52,9 @@ class StoreServer {
   }
   ~StoreServer() { server_->Shutdown(); }
   std::string target() const { return "127.0.0.1:" + std::to_string(port_); }
-  std::unique_ptr<StoreClient> Client(const std::string& token) {
-    return *StoreClient::Create({target(), token, 5000, ""});
+  // `clock` (may be null: the steady clock) times the client's trust in its leases.
+  std::unique_ptr<StoreClient> Client(const std::string& token, const Clock* clock = nullptr) {
+    return *StoreClient::Create({target(), token, 5000, "", clock});
   }
 
   cachestore::BlockStore& store() { return *store_; }
@@ -154,14 +155,138 @@ class LeapingClock final : public Clock {
 TEST(StoreService, ReadsUnderAnExpiredLeaseAreDiscarded) {
   LeapingClock clock;
   StoreServer server(testing::TempDir("store_expiry"), &clock);
-  auto a = server.Client("token-a");
+  // Store and client share the clock: by the client's clock the read ends a minute after the
+  // lease was asked for, past its time to live, and the store has dropped the lease by the release.
+  auto a = server.Client("token-a", &clock);
   auto reader = *cachestore::UcxReader::Create(cachestore::UcxErrorMode::kNone);
-  const auto keys = Chain(1, 8);
-  ASSERT_TRUE(a->Put(keys[0], MakeBlock(30)).ok());
-  // The lease is gone by the release after the read: the client cannot know the slot was not
-  // reused meanwhile, so it returns no bytes, and leaves the stored block alone.
+  const auto keys = Chain(3, 8);
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(a->Put(keys[i], MakeBlock(30 + i)).ok());
+  // The client cannot know the slot was not reused meanwhile, so it returns no bytes, and leaves
+  // the stored block alone.
   EXPECT_EQ(a->GetRemote(keys[0], reader.get()).status().code(), absl::StatusCode::kAborted);
   EXPECT_EQ(*a->Get(keys[0]), MakeBlock(30));
+  for (const auto& got : a->GetRemoteBatch(keys, reader.get())) {
+    EXPECT_EQ(got.status().code(), absl::StatusCode::kAborted);
+  }
+}
+
+TEST(StoreService, ReadsWithinTheLeaseTimeAreTrustedWithoutTheRelease) {
+  // The store's clock leaps past every lease's expiry, so no release could vouch for a read; the
+  // client's never moves, so by its clock every read ends within the lease's time to live.
+  LeapingClock store_clock;
+  StoreServer server(testing::TempDir("store_trust"), &store_clock);
+  ManualClock client_clock;
+  auto a = server.Client("token-a", &client_clock);
+  auto reader = *cachestore::UcxReader::Create(cachestore::UcxErrorMode::kNone);
+  const auto keys = Chain(2, 12);
+  for (int i = 0; i < 2; ++i) ASSERT_TRUE(a->Put(keys[i], MakeBlock(70 + i)).ok());
+  // The default lease lives 30 s; the client trusts reads that end within 24 s.
+  EXPECT_EQ(StoreClient::LeaseTrustWindow(absl::Seconds(30)), absl::Seconds(24));
+  EXPECT_EQ(StoreClient::LeaseTrustWindow(absl::Seconds(2)), absl::Seconds(1));
+  auto got = a->GetRemoteBatch(keys, reader.get());
+  ASSERT_TRUE(got[0].ok() && got[1].ok()) << got[0].status() << " " << got[1].status();
+  EXPECT_EQ(*got[1], MakeBlock(71));
+}
+
+TEST(StoreService, LeaseBlocksAndReleaseLeases) {
+  StoreServer server(testing::TempDir("store_lease_blocks"));
+  auto a = server.Client("token-a");
+  const auto keys = Chain(3, 13);
+  std::array<uint8_t, 32> fp;
+  for (int i : {0, 2}) ASSERT_TRUE(a->Put(keys[i], MakeBlock(80 + i, &fp)).ok());  // not 1
+  auto stub =
+      vericache::v1::CacheStore::NewStub(grpc::CreateChannel(server.target(), grpc::InsecureChannelCredentials()));
+  auto lease = [&](const std::string& token, std::string fingerprint, vericache::v1::LeaseBlocksResponse* resp) {
+    grpc::ClientContext ctx;
+    ctx.AddMetadata("authorization", "Bearer " + token);
+    vericache::v1::LeaseBlocksRequest req;
+    for (const BlockKey& k : keys) req.add_keys(std::string(reinterpret_cast<const char*>(k.bytes.data()), 32));
+    req.set_expect_fingerprint(std::move(fingerprint));
+    return stub->LeaseBlocks(&ctx, req, resp).error_code();
+  };
+  auto release = [&](const std::string& token, const std::vector<uint64_t>& ids,
+                     vericache::v1::ReleaseLeasesResponse* resp) {
+    grpc::ClientContext ctx;
+    ctx.AddMetadata("authorization", "Bearer " + token);
+    vericache::v1::ReleaseLeasesRequest req;
+    for (uint64_t id : ids) req.add_lease_ids(id);
+    return stub->ReleaseLeases(&ctx, req, resp).error_code();
+  };
+
+  vericache::v1::LeaseBlocksResponse got;
+  ASSERT_EQ(lease("token-a", std::string(reinterpret_cast<const char*>(fp.data()), 32), &got), grpc::StatusCode::OK);
+  EXPECT_EQ(got.lease_ttl_ms(), 30'000u);
+  ASSERT_EQ(got.blocks_size(), 3);
+  EXPECT_EQ(got.blocks(1).status_code(), static_cast<int>(grpc::StatusCode::NOT_FOUND));
+  EXPECT_FALSE(got.blocks(1).has_remote());
+  std::vector<uint64_t> ids;
+  for (int i : {0, 2}) {
+    ASSERT_EQ(got.blocks(i).status_code(), 0) << got.blocks(i).status_message();
+    ASSERT_TRUE(got.blocks(i).has_remote());
+    EXPECT_EQ(got.blocks(i).remote().size_bytes(), MakeBlock(80 + i).size());
+    ids.push_back(got.blocks(i).remote().lease_id());
+  }
+  EXPECT_NE(ids[0], ids[1]);
+  // The leased bytes are the blocks'.
+  auto reader = *cachestore::UcxReader::Create(cachestore::UcxErrorMode::kNone);
+  const vericache::v1::RemoteBlock& r = got.blocks(2).remote();
+  std::string bytes(r.size_bytes(), '\0');
+  ASSERT_TRUE(reader->Get(r.worker_address(), r.rkey(), r.address(), bytes.data(), bytes.size()).ok());
+  EXPECT_EQ(bytes, MakeBlock(82));
+
+  // Another model's fingerprint leases nothing.
+  vericache::v1::LeaseBlocksResponse other;
+  ASSERT_EQ(lease("token-a", std::string(32, '\7'), &other), grpc::StatusCode::OK);
+  for (int i : {0, 2}) {
+    EXPECT_EQ(other.blocks(i).status_code(), static_cast<int>(grpc::StatusCode::FAILED_PRECONDITION));
+  }
+  // Bob sees none of Alice's blocks, cannot end her leases, and a bad token gets nothing at all.
+  vericache::v1::LeaseBlocksResponse bobs;
+  ASSERT_EQ(lease("token-b", "", &bobs), grpc::StatusCode::OK);
+  ASSERT_EQ(bobs.blocks_size(), 3);
+  for (const auto& b : bobs.blocks()) {
+    EXPECT_EQ(b.status_code(), static_cast<int>(grpc::StatusCode::NOT_FOUND));
+    EXPECT_FALSE(b.has_remote());
+  }
+  vericache::v1::ReleaseLeasesResponse rel;
+  ASSERT_EQ(release("token-b", ids, &rel), grpc::StatusCode::OK);
+  EXPECT_EQ(rel.live_leases(), 0u);
+  EXPECT_EQ(lease("token-x", "", &bobs), grpc::StatusCode::UNAUTHENTICATED);
+
+  // Alice's release ends both leases (and an unknown id changes nothing); releasing again is
+  // harmless and finds nothing live.
+  rel.Clear();
+  ASSERT_EQ(release("token-a", {ids[0], 999'999, ids[1]}, &rel), grpc::StatusCode::OK);
+  EXPECT_EQ(rel.live_leases(), 2u);
+  ASSERT_EQ(rel.was_live_size(), 3);
+  EXPECT_TRUE(rel.was_live(0));
+  EXPECT_FALSE(rel.was_live(1));
+  EXPECT_TRUE(rel.was_live(2));
+  rel.Clear();
+  ASSERT_EQ(release("token-a", ids, &rel), grpc::StatusCode::OK);
+  EXPECT_EQ(rel.live_leases(), 0u);
+  EXPECT_EQ(*a->Get(keys[0]), MakeBlock(80));  // the blocks themselves are untouched
+}
+
+TEST(StoreService, ClientsDestroyedWithReleasesInFlightAreSafe) {
+  StoreServer server(testing::TempDir("store_release_in_flight"));
+  auto reader = *cachestore::UcxReader::Create(cachestore::UcxErrorMode::kNone);
+  const auto keys = Chain(4, 14);
+  {
+    auto a = server.Client("token-a");
+    for (int i = 0; i < 4; ++i) ASSERT_TRUE(a->Put(keys[i], MakeBlock(90 + i)).ok());
+  }
+  for (int round = 0; round < 20; ++round) {
+    auto a = server.Client("token-a");
+    for (const auto& got : a->GetRemoteBatch(keys, reader.get())) ASSERT_TRUE(got.ok()) << got.status();
+  }  // each client goes with its ReleaseLeases call possibly still in flight
+  auto a = server.Client("token-a");
+  for (const auto& got : a->GetRemoteBatch(keys, reader.get())) ASSERT_TRUE(got.ok()) << got.status();
+  a.reset();
+  // Every lease went back: deleted blocks are freed at once, none is held by a leaked pin.
+  auto b = server.Client("token-a");
+  for (const BlockKey& k : keys) ASSERT_TRUE(b->Delete(k).ok());
+  EXPECT_EQ(server.store().ram().used_bytes(), 0u);
 }
 
 TEST(StoreService, OnlyTheLeasingTenantReleasesALease) {
