@@ -122,7 +122,8 @@ def plot_prefix(run, out):
     for a in ax:
         a.grid(alpha=0.3)
     fig.suptitle(f"{run['requests']} requests of the conversation trace, {run['block_tokens']} tokens per trace "
-                 f"block, arrivals / {run['time_scale']:g}; full KV budget {run['full_kv_bytes'] / 2**20:.0f} MiB",
+                 f"block, arrivals / {run['time_scale']:g}; full KV budget {run['full_kv_bytes'] / 2**20:.0f} MiB; link "
+                 + (f"{run['link_bytes_per_second'] / 1e6:.0f} MB/s" if run.get('link_bytes_per_second') else "loopback UCX"),
                  fontsize=10)
     fig.tight_layout()
     fig.savefig(out, dpi=110)
