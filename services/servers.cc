@@ -35,13 +35,13 @@ std::string HexString(const std::array<uint8_t, 32>& bytes) {
 
 absl::StatusOr<std::unique_ptr<StoreServer>> StoreServer::Start(StoreServerOptions options) {
   std::unique_ptr<StoreServer> s(new StoreServer());
-  VC_ASSIGN_OR_RETURN(s->store_, cachestore::BlockStore::Open(options.store));
   if (options.ucx != "off") {
     VC_ASSIGN_OR_RETURN(cachestore::UcxErrorMode mode, cachestore::ParseUcxErrorMode(options.ucx));
-    VC_ASSIGN_OR_RETURN(s->ucx_, cachestore::UcxRegionServer::Create(s->store_->ram().region(),
-                                                                     s->store_->ram().region_bytes(), mode));
+    VC_ASSIGN_OR_RETURN(s->ucx_, cachestore::UcxRegionServer::Allocate(options.store.ram.capacity_bytes, mode));
+    options.store.ram.region = s->ucx_->region();
     options.service.ucx = s->ucx_.get();
   }
+  VC_ASSIGN_OR_RETURN(s->store_, cachestore::BlockStore::Open(options.store));
   s->service_ = std::make_unique<CacheStoreService>(s->store_.get(), options.service);
   s->server_ = Listen(options.listen, options.credentials, nullptr, s->service_.get(), &s->port_);
   if (s->server_ == nullptr || s->port_ == 0) return absl::UnavailableError(absl::StrCat("cannot listen on ", options.listen));

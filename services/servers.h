@@ -25,7 +25,9 @@ struct StoreServerOptions {
   std::string listen = "127.0.0.1:0";  // port 0: any free port (see port())
   cachestore::StoreOptions store;
   StoreServiceOptions service;  // tokens, secret (ucx is filled in)
-  std::string ucx = "none";     // "none", "peer" or "off"
+  // "none" or "peer": the RAM tier lives in a region UCX allocates (only such memory can be read
+  // one-sided without RDMA hardware) and is served for one-sided reads; "off": inline gRPC only.
+  std::string ucx = "none";
   std::shared_ptr<grpc::ServerCredentials> credentials;  // null: plaintext
 };
 
@@ -41,8 +43,8 @@ class StoreServer {
 
  private:
   StoreServer() = default;
+  std::unique_ptr<cachestore::UcxRegionServer> ucx_;  // holds the RAM tier's region: outlives store_
   std::unique_ptr<cachestore::BlockStore> store_;
-  std::unique_ptr<cachestore::UcxRegionServer> ucx_;
   std::unique_ptr<CacheStoreService> service_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;

@@ -10,6 +10,7 @@
 #include "common/status_macros.h"
 #include "grpcpp/grpcpp.h"
 #include "services/cli/args.h"
+#include "services/servers.h"
 #include "services/store_service.h"
 
 namespace vc::cli {
@@ -54,14 +55,18 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
   if (a.Has("secret-file")) {
     VC_ASSIGN_OR_RETURN(so.secret, ReadAll(a.Str("secret-file")));
   }
-  std::shared_ptr<grpc::ServerCredentials> creds = grpc::InsecureServerCredentials();
+  StoreServerOptions server;
+  server.listen = a.Str("listen");
+  server.store = o;
+  server.service = so;
+  server.ucx = a.Str("ucx", "none");
   if (a.Has("tls-cert") != a.Has("tls-key")) return absl::InvalidArgumentError("give both --tls-cert and --tls-key");
   if (a.Has("tls-cert")) {
     grpc::SslServerCredentialsOptions ssl;
     VC_ASSIGN_OR_RETURN(std::string cert, ReadAll(a.Str("tls-cert")));
     VC_ASSIGN_OR_RETURN(std::string key, ReadAll(a.Str("tls-key")));
     ssl.pem_key_cert_pairs.push_back({key, cert});
-    creds = grpc::SslServerCredentials(ssl);
+    server.credentials = grpc::SslServerCredentials(ssl);
   }
   // Block the signals before RocksDB and gRPC start their threads (which inherit the mask), so
   // that only the sigwait below receives them.
@@ -70,35 +75,13 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
   sigaddset(&sigs, SIGINT);
   sigaddset(&sigs, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
-  std::unique_ptr<cachestore::UcxRegionServer> ucx;  // outlives the store, whose RAM tier it holds
-  const std::string ucx_mode = a.Str("ucx", "none");
-  if (ucx_mode != "off") {
-    VC_ASSIGN_OR_RETURN(cachestore::UcxErrorMode mode, cachestore::ParseUcxErrorMode(ucx_mode));
-    // UCX allocates the RAM tier's region: only such memory can be read one-sided without RDMA.
-    VC_ASSIGN_OR_RETURN(ucx, cachestore::UcxRegionServer::Allocate(o.ram.capacity_bytes, mode));
-    o.ram.region = ucx->region();
-    so.ucx = ucx.get();
-  }
-  VC_ASSIGN_OR_RETURN(auto store, cachestore::BlockStore::Open(o));
-  CacheStoreService service(store.get(), so);
-  grpc::ServerBuilder b;
-  int port = 0;
-  b.AddListeningPort(a.Str("listen"), creds, &port);
-  b.SetMaxReceiveMessageSize(256 << 20);
-  b.SetMaxSendMessageSize(256 << 20);
-  b.RegisterService(&service);
-  std::unique_ptr<grpc::Server> server = b.BuildAndStart();
-  if (server == nullptr || port == 0) {
-    return absl::UnavailableError(absl::StrCat("cannot listen on ", a.Str("listen")));
-  }
-  out << "vericache store listening on port " << port << " (" << so.tokens.size() << " tenants, RAM "
-      << (ram >> 20) << " MiB, disk " << (disk >> 20) << " MiB at " << o.disk.path << ", UCX " << ucx_mode
-      << ", leases " << o.ram.lease_ttl_ms << " ms)"
-      << std::endl;
+  VC_ASSIGN_OR_RETURN(std::unique_ptr<StoreServer> running, StoreServer::Start(server));
+  out << "vericache store listening on port " << running->port() << " (" << so.tokens.size() << " tenants, RAM "
+      << (ram >> 20) << " MiB, disk " << (disk >> 20) << " MiB at " << o.disk.path << ", UCX " << server.ucx
+      << ", leases " << o.ram.lease_ttl_ms << " ms)" << std::endl;
   int sig = 0;
   sigwait(&sigs, &sig);
-  out << "signal " << sig << ": shutting down" << std::endl;
-  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));  // in-flight calls get 2 s
+  out << "signal " << sig << ": shutting down" << std::endl;  // in-flight calls get 2 s
   return absl::OkStatus();
 }
 
