@@ -225,6 +225,7 @@ ModeResult RunVeriCache(const Model& m, const PagedKvCache& master, const std::v
   eo.block_size = master.layout().block_size;
   eo.max_batch = static_cast<int>(prompts.size());
   eo.staging_blocks = staging_blocks;
+  eo.keep_staged = false;  // the scene measured here: the worker holds only compressed KV between verifies
   auto engine = VeriCacheEngine::Create(m, &tier, eo);
   if (!engine.ok()) {
     std::cerr << engine.status() << "\n";

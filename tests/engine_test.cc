@@ -75,6 +75,7 @@ TEST_F(EngineExactness, EveryCompressorWindowAndSampling) {
         EngineOptions eo;
         eo.compressor = spec;
         eo.draft_window = k;
+        eo.keep_staged = k % 2 == 0;  // both: full KV fetched for every verify, or kept staged
         ExpectExact(*model_, prompts, o, eo);
         if (HasFatalFailure()) return;
       }
@@ -105,10 +106,14 @@ TEST_F(EngineExactness, TightStagingMemoryOnlyDelays) {
   GenerateOptions o;
   o.max_tokens = 16;
   o.stop_at_eos = false;
-  EngineOptions eo;
-  eo.compressor = "kivi:bits=4";
-  eo.staging_blocks = (60 + 16 + 17) / 16 + 2;
-  ExpectExact(*model_, prompts, o, eo);
+  for (bool keep : {false, true}) {
+    EngineOptions eo;
+    eo.compressor = "kivi:bits=4";
+    eo.staging_blocks = (60 + 16 + 17) / 16 + 2;
+    eo.keep_staged = keep;  // kept staging is given up whenever another sequence needs it
+    ExpectExact(*model_, prompts, o, eo);
+    if (HasFatalFailure()) return;
+  }
 }
 
 TEST_F(EngineExactness, RejectsBadOptions) {

@@ -175,7 +175,7 @@ TEST_F(WorkerServiceTest, OverloadCancellationAndAuthentication) {
 
   // A long request holds the only slot: another is refused; cancelling the first frees it.
   auto long_call = std::async(std::launch::async, [&] {
-    return CallGenerate(*stub, Request(p, 1900), "client-token", absl::Milliseconds(1500));
+    return CallGenerate(*stub, Request(p, 20000), "client-token", absl::Milliseconds(1500));
   });
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   EXPECT_EQ(CallGenerate(*stub, Request(p, 4), "client-token").status.code(), absl::StatusCode::kResourceExhausted);

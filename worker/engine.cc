@@ -17,7 +17,10 @@ struct VeriCacheEngine::Sequence {
   absl::Time submitted;
   TierKey key = 0;
   SeqId cseq = -1;  // in the compressed cache
-  SeqId sseq = -1;  // in staging, while a fetch or verify needs it
+  SeqId sseq = -1;  // in staging, while a fetch or verify needs it, or while resident
+  // Staging still holds the exact K/V of [0, full_len) from the last verify pass: the next
+  // verify needs no fetch. Given up whenever another sequence needs the room.
+  bool resident = false;
   // prompt + emitted. Positions [0, full_len) have exact K/V in the tier; the compressed cache
   // holds [0, size - 1), approximately beyond full_len until the next verify.
   std::vector<int32_t> tokens;
@@ -205,7 +208,7 @@ absl::Status VeriCacheEngine::AdmitWithPrefix(Sequence& s, bool* admitted) {
   }
   // No compressed copy here: read the full prefix first, then prefill the rest of the prompt.
   const SeqId tmp = staging_->NewSequence();
-  absl::Status reserved = staging_->Reserve(tmp, n + 1);
+  absl::Status reserved = ReserveStaging(tmp, n + 1, nullptr);
   if (!reserved.ok()) {
     staging_->FreeSequence(tmp);
     tier_->Erase(s.key);
@@ -267,7 +270,7 @@ absl::Status VeriCacheEngine::Admit(Sequence& s) {
     }
   }
   const SeqId tmp = staging_->NewSequence();
-  absl::Status reserved = staging_->Reserve(tmp, n + 1);
+  absl::Status reserved = ReserveStaging(tmp, n + 1, nullptr);
   if (!reserved.ok()) {
     staging_->FreeSequence(tmp);
     return reserved;
@@ -283,6 +286,28 @@ absl::Status VeriCacheEngine::Admit(Sequence& s) {
   return status;
 }
 
+bool VeriCacheEngine::EvictResident(const Sequence* except) {
+  Sequence* victim = nullptr;
+  for (auto& sp : active_) {
+    Sequence* o = sp.get();
+    if (o == except || !o->resident) continue;
+    victim = o;
+    if (static_cast<int>(o->drafts.size()) < o->k) break;  // mid-window: it needs no staging for a while
+  }
+  if (victim == nullptr) return false;
+  staging_->FreeSequence(victim->sseq);
+  victim->sseq = -1;
+  victim->resident = false;
+  return true;
+}
+
+absl::Status VeriCacheEngine::ReserveStaging(SeqId seq, int64_t length, const Sequence* except) {
+  while (true) {
+    absl::Status st = staging_->Reserve(seq, length);
+    if (!absl::IsResourceExhausted(st) || !EvictResident(except)) return st;
+  }
+}
+
 absl::Status VeriCacheEngine::StartWindow(Sequence& s) {
   if (s.k < 0 && s.first_window >= 0) {
     s.k = s.first_window;
@@ -293,6 +318,15 @@ absl::Status VeriCacheEngine::StartWindow(Sequence& s) {
     s.k = s.window.Choose(costs_, static_cast<double>((s.v() - 1) * model_.kv_layout(options_.block_size).bytes_per_token()),
                           remaining);
     s.drafts.clear();
+  }
+  if (s.resident) {
+    // Room for the positions the verify pass appends; without it, give the staging up and fetch
+    // again later.
+    absl::Status st = ReserveStaging(s.sseq, s.v() + s.k, &s);
+    if (st.ok() || !absl::IsResourceExhausted(st)) return st;
+    staging_->FreeSequence(s.sseq);
+    s.sseq = -1;
+    s.resident = false;
   }
   if (s.fetch == nullptr) {
     // Staging is held from the fetch to the verify, so the fetch starts just in time: when the
@@ -305,7 +339,7 @@ absl::Status VeriCacheEngine::StartWindow(Sequence& s) {
     }
     // Staging for the fetched prefix plus the positions the verify pass appends.
     const SeqId sseq = staging_->NewSequence();
-    absl::Status st = staging_->Reserve(sseq, s.v() + s.k);
+    absl::Status st = ReserveStaging(sseq, s.v() + s.k, &s);
     if (!st.ok()) {
       staging_->FreeSequence(sseq);
       return st;  // retried on a later iteration, once a verify frees blocks
@@ -359,7 +393,9 @@ absl::Status VeriCacheEngine::Verify(std::vector<Sequence*>& ready) {
   std::vector<SequenceChunk> chunks;
   for (size_t i = 0; i < ready.size(); ++i) {
     Sequence& s = *ready[i];
-    if (s.fetch->Wait().ok()) {
+    if (s.resident) {
+      // Staging already holds [0, full_len) from the last pass.
+    } else if (s.fetch->Wait().ok()) {
       staging_->Commit(s.sseq, s.full_len);
       s.result.stats.bytes_fetched += s.fetch->bytes();
     } else {
@@ -447,8 +483,15 @@ absl::Status VeriCacheEngine::Verify(std::vector<Sequence*>& ready) {
       }
       s.full_len = keep_end;
     }
-    staging_->FreeSequence(s.sseq);
-    s.sseq = -1;
+    if (s.done || !options_.keep_staged) {
+      staging_->FreeSequence(s.sseq);
+      s.sseq = -1;
+      s.resident = false;
+    } else {
+      // Keep the exact K/V staged for the next window (rejected drafts' K/V go).
+      VC_RETURN_IF_ERROR(staging_->Truncate(s.sseq, s.full_len));
+      s.resident = true;
+    }
     s.fetch.reset();
     s.k = -1;
     s.drafts.clear();
@@ -515,9 +558,14 @@ absl::Status VeriCacheEngine::Step() {
       status = st;
       break;
     }
+  }
+  // Sorted only once every window has started: a later sequence's reservation may have taken an
+  // earlier one's kept staging.
+  for (Sequence* s : order) {
+    if (!status.ok()) break;
     if (static_cast<int>(s->drafts.size()) < s->k) {
       drafting.push_back(s);
-    } else if (s->fetch != nullptr && s->fetch->Done()) {
+    } else if (s->resident || (s->fetch != nullptr && s->fetch->Done())) {
       ready.push_back(s);
     } else if (s->fetch != nullptr) {
       waiting.push_back(s);
@@ -528,6 +576,7 @@ absl::Status VeriCacheEngine::Step() {
   if (status.ok()) {
     if (!ready.empty()) {
       for (Sequence* s : ready) {
+        if (s->fetch == nullptr) continue;  // resident
         costs_.ObserveFetch(static_cast<double>(s->fetch->bytes()),
                             absl::ToDoubleSeconds(s->fetch->finished_at() - s->fetch_start));
       }
@@ -538,6 +587,8 @@ absl::Status VeriCacheEngine::Step() {
       const absl::Time t0 = absl::Now();
       waiting.front()->fetch->Wait().IgnoreError();  // Verify looks at the outcome
       waiting.front()->result.stats.fetch_wait_seconds += absl::ToDoubleSeconds(absl::Now() - t0);
+    } else if (!stuck.empty() && EvictResident(nullptr)) {
+      // Room for the stuck ones at the next step.
     } else if (!stuck.empty()) {
       // Nothing holds staging now, so this one can never fit: end it alone.
       Sequence& s = *stuck.front();

@@ -57,6 +57,10 @@ struct EngineOptions {
   // sequence of the call at once; Submit needs it set.
   int64_t staging_blocks = 0;
   int max_batch = 16;  // sequences in flight
+  // Keep a sequence's full KV in staging between windows while no other sequence needs the room
+  // (its next verify then needs no fetch). False stages it only from fetch to verify: the worker
+  // holds compressed KV alone in between (the long-context scene with offloaded full KV).
+  bool keep_staged = true;
   // Bytes of compressed prefixes kept for reuse by later requests (with a PrefixStore).
   int64_t prefix_cache_bytes = int64_t{256} << 20;
 };
@@ -170,6 +174,11 @@ class VeriCacheEngine {
   absl::Status StartWindow(Sequence& s);
   absl::Status Verify(std::vector<Sequence*>& ready);
   absl::Status Recompute(Sequence& s);
+  // Frees the staging of one resident sequence other than `except` (one mid-window first);
+  // false when there is none.
+  bool EvictResident(const Sequence* except);
+  // staging_->Reserve, evicting resident sequences (not `except`) while it runs out of room.
+  absl::Status ReserveStaging(SeqId seq, int64_t length, const Sequence* except);
   // Publishes the blocks of `s` from `from` on and caches its compressed prefix, from exact K/V
   // of `seq` in staging.
   void SharePrefix(Sequence& s, int from, SeqId seq);
