@@ -259,6 +259,7 @@ absl::Status Main(std::map<std::string, std::string> flags) {
   wo.ucx = flags["ucx"];
   // A paced link for every full-KV read (store prefix and the worker's host copy); 0: loopback.
   wo.fetch_bytes_per_second = 1e6 * static_cast<double>(Int(flags, "link-mb-per-s"));
+  wo.service.engine.keep_staged = Int(flags, "keep-staged") != 0;
   wo.full_kv_bytes = budget;
   wo.staging_bytes = budget;
   wo.prefix_cache_bytes = kv_bytes_per_token * prompt_tokens;  // the compressed copies take ~1/5 of it
@@ -387,6 +388,7 @@ absl::Status Main(std::map<std::string, std::string> flags) {
                         {"time_scale", time_scale},
                         {"ucx", wo.ucx},
                         {"link_bytes_per_second", wo.fetch_bytes_per_second},
+                        {"keep_staged", wo.service.engine.keep_staged},
                         {"prompt_tokens", prompt_tokens},
                         {"prefix_tokens", prefix_tokens},
                         {"distinct_hash_ids", id_uses.size()},
@@ -423,6 +425,7 @@ int main(int argc, char** argv) {
       {"check", "3"},
       {"ucx", "none"},
       {"link-mb-per-s", "0"},
+      {"keep-staged", "1"},
       {"json", ""},
       {"md", ""},
   };

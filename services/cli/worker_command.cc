@@ -19,7 +19,7 @@ constexpr char kUsage[] =
     "usage: vericache worker --model DIR --listen HOST:PORT [--store HOST:PORT --store-token-file FILE]\n"
     "                        [--ucx none|peer|off] [--block-tokens N] [--compressor SPEC] [--max-batch N]\n"
     "                        [--staging-mib N] [--full-kv-mib N] [--prefix-cache-mib N] [--max-requests N]\n"
-    "                        [--client-tokens FILE] [--store-timeout-ms N] [--draft-window K]\n"
+    "                        [--client-tokens FILE] [--store-timeout-ms N] [--draft-window K] [--keep-staged 0|1]\n"
     "  --store HOST:PORT       the cache store: prompts' prefixes are looked up there, their full KV\n"
     "                          read over UCX while the worker drafts, and prefixes it lacked published\n"
     "  --store-token-file FILE the bearer token the worker presents to the store (one line)\n"
@@ -29,7 +29,9 @@ constexpr char kUsage[] =
     "  --staging-mib N         worker memory for full KV staged for verification (default 512)\n"
     "  --full-kv-mib N         worker memory for MODE_FULL requests' KV (default 256; 0 refuses them)\n"
     "  --prefix-cache-mib N    compressed prefixes kept for reuse (default 256)\n"
-    "  --client-tokens FILE    bearer tokens accepted from clients, one per line (default: no auth)\n";
+    "  --client-tokens FILE    bearer tokens accepted from clients, one per line (default: no auth)\n"
+    "  --keep-staged 0|1       keep a sequence's full KV staged between verify passes while no other\n"
+    "                          sequence needs the room (default 1); 0 fetches it for every verify\n";
 
 absl::StatusOr<std::string> ReadFirstLine(const std::string& path) {
   std::ifstream in(path);
@@ -59,7 +61,7 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
       Args a, Args::Parse(argv,
                           {"model", "listen", "store", "store-token-file", "ucx", "block-tokens", "compressor",
                            "max-batch", "staging-mib", "full-kv-mib", "prefix-cache-mib", "max-requests",
-                           "client-tokens", "store-timeout-ms", "draft-window"},
+                           "client-tokens", "store-timeout-ms", "draft-window", "keep-staged"},
                           {}));
   for (const char* req : {"model", "listen"}) {
     if (!a.Has(req)) return absl::InvalidArgumentError(absl::StrCat("--", req, " is required"));
@@ -92,6 +94,8 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
   VC_ASSIGN_OR_RETURN(int64_t window, a.Int("draft-window", 0, 0, 64));
   eo.max_batch = static_cast<int>(batch);
   eo.draft_window = static_cast<int>(window);
+  VC_ASSIGN_OR_RETURN(int64_t keep, a.Int("keep-staged", 1, 0, 1));
+  eo.keep_staged = keep != 0;
   o.service.full_max_batch = eo.max_batch;
   VC_ASSIGN_OR_RETURN(int64_t max_requests, a.Int("max-requests", 256, 1, 1 << 20));
   o.service.max_requests = static_cast<int>(max_requests);
