@@ -414,7 +414,7 @@ absl::Status Main(std::map<std::string, std::string> flags) {
 int main(int argc, char** argv) {
   std::map<std::string, std::string> flags = {
       {"model", "models/vc-code-4m"},
-      {"trace", "/work/shared/traces/mooncake_conversation_trace.jsonl"},
+      {"trace", "benchmarks/data/mooncake_conversation_head.jsonl"},
       {"corpus", "/usr/lib/python3.11"},
       {"first", "0"},
       {"requests", "12"},
