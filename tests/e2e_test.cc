@@ -204,9 +204,13 @@ TEST_F(EndToEnd, ConcurrentClientsThroughStoreAndWorkerRestarts) {
   auto dying = std::async(std::launch::async, [&] { return RunAll(worker_port, v1::MODE_VERICACHE); });
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   worker->Kill(SIGKILL);
-  for (const GenerateReply& r : dying.get()) {
-    if (r.status.ok()) continue;  // finished before the kill
-    EXPECT_EQ(r.status.code(), absl::StatusCode::kUnavailable) << r.status;
+  const std::vector<GenerateReply> cut = dying.get();
+  for (size_t i = 0; i < cut.size(); ++i) {
+    if (cut[i].status.ok()) {
+      EXPECT_EQ(cut[i].tokens, want_[i]) << "finished before the kill, request " << i;
+    } else {
+      EXPECT_EQ(cut[i].status.code(), absl::StatusCode::kUnavailable) << cut[i].status;
+    }
   }
   const int new_port = FreePort(3);
   worker = StartWorker(new_port);

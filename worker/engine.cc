@@ -37,6 +37,7 @@ struct VeriCacheEngine::Sequence {
   EngineResult result;
   bool done = false;
   bool cancelled = false;
+  bool checked = false;  // passed ValidateGenerate while queued
   int64_t v() const { return static_cast<int64_t>(tokens.size()); }
 };
 
@@ -67,6 +68,7 @@ absl::StatusOr<std::unique_ptr<VeriCacheEngine>> VeriCacheEngine::Create(const M
     return absl::InvalidArgumentError(absl::StrCat("compressor ", e->spec_, " cannot roll back a single draft"));
   }
   e->max_k_ = static_cast<int>(std::min<int64_t>(options.max_draft_window, e->max_rollback_));
+  e->bytes_per_token_ = layout.bytes_per_token();
   if (options.staging_blocks > 0) e->staging_ = std::make_unique<PagedKvCache>(layout, options.staging_blocks);
   return e;
 }
@@ -111,17 +113,6 @@ void VeriCacheEngine::Release(Sequence& s) {
   }
   s.cseq = -1;
   tier_->Erase(s.key);
-}
-
-absl::Status VeriCacheEngine::PrefillInto(Sequence& s, SeqId seq, int64_t begin, int64_t end, AttentionCache& cache) {
-  const int64_t chunk = std::max(1, s.request.options.prefill_chunk);
-  std::vector<float> logits;
-  for (int64_t p = begin; p < end; p += chunk) {
-    const int64_t n = std::min(chunk, end - p);
-    const SequenceChunk c{seq, absl::MakeConstSpan(s.tokens).subspan(p, n)};
-    VC_RETURN_IF_ERROR(model_.Forward({&c, 1}, cache, LogitsFor::kLastRows, &logits));
-  }
-  return absl::OkStatus();
 }
 
 void VeriCacheEngine::CachePrefix(absl::Span<const PrefixName> names, SeqId staging_seq) {
@@ -176,68 +167,29 @@ absl::Status VeriCacheEngine::AdmitWithPrefix(Sequence& s, bool* admitted) {
                                                          const PagedDest& dest) { return prefixes_->Read(names, dest); }));
   EngineStats& st = s.result.stats;
   st.prefix_store_tokens = p;
-  int local = 0;
-  for (int i = static_cast<int>(s.names.size()); i > 0 && local == 0; --i) {
-    if (prefix_index_.contains(s.names[i - 1])) local = i;
-  }
-  const double fetch_seconds = costs_.fetch(static_cast<double>(p * model_.kv_layout(options_.block_size).bytes_per_token()));
+  s.full_len = p;
+  s.publish_from = hit;
+  int local = static_cast<int>(s.names.size());
+  while (local > 0 && !prefix_index_.contains(s.names[local - 1])) --local;
+  const double fetch_seconds = costs_.fetch(static_cast<double>(p * bytes_per_token_));
   const int64_t rest = n - int64_t{local} * bt;
-  if (local > 0 && options_.draft_window == 0 && fetch_seconds > 0 &&
-      fetch_seconds < static_cast<double>(rest + 1) * costs_.draft_step()) {
-    // The full prefix arrives sooner than the compressed copy could be brought up to date and
-    // draft: verify at once (no drafts), which computes the rest of the prompt exactly, and build
-    // the compressed copy from that.
+  if (local == 0 || (fetch_seconds > 0 && fetch_seconds < static_cast<double>(rest + 1) * costs_.draft_step())) {
+    // No compressed copy here, or the full prefix arrives before the copy could be brought up to
+    // date and draft: the first window has no drafts. Its verify pass computes the rest of the
+    // prompt exactly from the fetched prefix, and the compressed copy is built from that.
     s.cseq = compressed_->NewSequence();
-    s.full_len = p;
-    s.publish_from = hit;
     s.first_window = 0;
-    *admitted = true;
-    return absl::OkStatus();
-  }
-  if (local > 0) {
+  } else {
     // Draft at once from the compressed prefix; the first verify pass computes the rest exactly.
     CachedPrefix& c = prefix_index_[s.names[local - 1]];
     prefix_lru_.splice(prefix_lru_.begin(), prefix_lru_, c.lru);
     s.cseq = compressed_->Fork(c.seq);
     st.prefix_compressed_tokens = c.length;
-    VC_RETURN_IF_ERROR(PrefillInto(s, s.cseq, c.length, n, *compressed_));
-    s.full_len = p;
-    s.publish_from = hit;
-    *admitted = true;
-    return absl::OkStatus();
+    VC_RETURN_IF_ERROR(model_.Prefill(absl::MakeConstSpan(s.tokens).subspan(c.length, n - c.length), s.cseq,
+                                      s.request.options.prefill_chunk, *compressed_, nullptr));
   }
-  // No compressed copy here: read the full prefix first, then prefill the rest of the prompt.
-  const SeqId tmp = staging_->NewSequence();
-  absl::Status reserved = ReserveStaging(tmp, n + 1, nullptr);
-  if (!reserved.ok()) {
-    staging_->FreeSequence(tmp);
-    tier_->Erase(s.key);
-    return reserved;
-  }
-  std::shared_ptr<FetchHandle> fetch = tier_->Fetch(s.key, p, staging_.get(), tmp);
-  int64_t begin = p;
-  if (fetch->Wait().ok()) {
-    staging_->Commit(tmp, p);
-  } else {
-    tier_->Erase(s.key);
-    begin = 0;
-    st.prefix_store_tokens = 0;
-    st.recomputed_tokens = p;
-  }
-  st.bytes_fetched += begin > 0 ? fetch->bytes() : 0;
-  absl::Status status = PrefillInto(s, tmp, begin, n, *staging_);
-  if (status.ok()) {
-    s.cseq = compressed_->NewSequence();
-    status = compressed_->BuildFrom(s.cseq, *staging_, tmp, n, nullptr);
-  }
-  if (status.ok()) status = tier_->Append(s.key, *staging_, tmp, begin, n);
-  if (status.ok()) {
-    SharePrefix(s, begin > 0 ? hit : 0, tmp);
-    s.full_len = n;
-    *admitted = true;
-  }
-  staging_->FreeSequence(tmp);
-  return status;
+  *admitted = true;
+  return absl::OkStatus();
 }
 
 absl::Status VeriCacheEngine::Admit(Sequence& s) {
@@ -315,7 +267,7 @@ absl::Status VeriCacheEngine::StartWindow(Sequence& s) {
     s.drafts.clear();
   } else if (s.k < 0) {
     const int remaining = s.request.options.max_tokens - s.generated;
-    s.k = s.window.Choose(costs_, static_cast<double>((s.v() - 1) * model_.kv_layout(options_.block_size).bytes_per_token()),
+    s.k = s.window.Choose(costs_, static_cast<double>((s.v() - 1) * bytes_per_token_),
                           remaining);
     s.drafts.clear();
   }
@@ -332,7 +284,7 @@ absl::Status VeriCacheEngine::StartWindow(Sequence& s) {
     // Staging is held from the fetch to the verify, so the fetch starts just in time: when the
     // drafts still to come take about as long as it will (at once before any fetch was timed).
     const double fetch_seconds =
-        costs_.fetch(static_cast<double>(s.full_len * model_.kv_layout(options_.block_size).bytes_per_token()));
+        costs_.fetch(static_cast<double>(s.full_len * bytes_per_token_));
     const int to_draft = s.k - static_cast<int>(s.drafts.size());
     if (fetch_seconds > 0 && to_draft > 1 + static_cast<int>(fetch_seconds / std::max(costs_.draft_step(), 1e-6))) {
       return absl::OkStatus();
@@ -380,11 +332,13 @@ absl::Status VeriCacheEngine::Recompute(Sequence& s) {
   // The store could not deliver the prefix: compute it here. The kernels are batch-invariant, so
   // these K/V are bitwise the ones the store would have served.
   staging_->Commit(s.sseq, 0);
-  VC_RETURN_IF_ERROR(PrefillInto(s, s.sseq, 0, s.full_len, *staging_));
+  VC_RETURN_IF_ERROR(model_.Prefill(absl::MakeConstSpan(s.tokens).first(s.full_len), s.sseq,
+                                    s.request.options.prefill_chunk, *staging_, nullptr));
   tier_->Erase(s.key);
   VC_RETURN_IF_ERROR(tier_->Append(s.key, *staging_, s.sseq, 0, s.full_len));
   s.result.stats.recomputed_tokens += s.full_len;
   s.result.stats.prefix_store_tokens = 0;
+  if (s.publish_from > 0) s.publish_from = 0;  // the store's copy may be gone (a corrupt block is deleted)
   return absl::OkStatus();
 }
 
@@ -504,10 +458,12 @@ absl::Status VeriCacheEngine::Step() {
   const absl::Time now = absl::Now();
   for (auto it = pending_.begin(); it != pending_.end();) {
     Sequence& s = **it;
-    absl::Status why = s.cancelled                       ? absl::CancelledError("request cancelled")
-                       : now > s.request.deadline        ? absl::DeadlineExceededError("deadline passed while queued")
-                                                         : ValidateGenerate(model_, s.request.prompt, s.request.options);
+    absl::Status why = s.cancelled                ? absl::CancelledError("request cancelled")
+                       : now > s.request.deadline ? absl::DeadlineExceededError("deadline passed while queued")
+                       : s.checked                ? absl::OkStatus()
+                                                  : ValidateGenerate(model_, s.request.prompt, s.request.options);
     if (why.ok()) {
+      s.checked = true;
       ++it;
       continue;
     }

@@ -17,9 +17,10 @@
 // store and in the engine's own cache of compressed prefixes. When both have a prefix, the
 // sequence forks the compressed copy, runs the rest of its prompt through it (approximately) and
 // starts drafting at once; the store's blocks stream in behind, and the first verify pass computes
-// the exact K/V of the rest of the prompt together with the drafts. When only the store has it,
-// the prefix is read first and the rest prefilled. Blocks the store lacked are published once
-// computed. A read that fails (store down, block evicted or corrupt) is recomputed by prefill
+// the exact K/V of the rest of the prompt together with the drafts. When only the store has it
+// (or its blocks would arrive before a draft could be made), the first window has no drafts: its
+// verify pass computes the rest of the prompt from the fetched prefix, and the compressed copy is
+// built from that. Blocks the store lacked are published once computed. A read that fails (store down, block evicted or corrupt) is recomputed by prefill
 // before the verify pass uses it, so the output never depends on the store.
 //
 // Requests arrive through Submit and the caller drives Step (continuous batching: sequences join
@@ -169,7 +170,6 @@ class VeriCacheEngine {
   VeriCacheEngine(const Model& model, FullKvTier* tier, const EngineOptions& options, PrefixStore* prefixes);
   absl::Status Admit(Sequence& s);
   absl::Status AdmitWithPrefix(Sequence& s, bool* admitted);
-  absl::Status PrefillInto(Sequence& s, SeqId seq, int64_t begin, int64_t end, AttentionCache& cache);
   absl::Status DraftStep(std::vector<Sequence*>& drafting);
   absl::Status StartWindow(Sequence& s);
   absl::Status Verify(std::vector<Sequence*>& ready);
@@ -193,6 +193,7 @@ class VeriCacheEngine {
   std::string spec_;
   int64_t max_rollback_ = 0;
   int max_k_ = 1;
+  int64_t bytes_per_token_ = 0;  // full K/V of one position
   uint64_t next_key_ = 1;
   RequestId next_id_ = 1;
   std::unique_ptr<CompressedKvCache> compressed_;

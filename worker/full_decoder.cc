@@ -41,11 +41,7 @@ absl::StatusOr<GenerateResult> GenerateFull(const Model& model, absl::Span<const
   std::vector<float> logits;
 
   absl::Time t0 = absl::Now();
-  for (size_t start = 0; start < prompt.size(); start += static_cast<size_t>(o.prefill_chunk)) {
-    const size_t len = std::min(prompt.size() - start, static_cast<size_t>(o.prefill_chunk));
-    SequenceChunk chunk{seq, prompt.subspan(start, len)};
-    VC_RETURN_IF_ERROR(model.Forward({&chunk, 1}, cache, LogitsFor::kLastRows, &logits));
-  }
+  VC_RETURN_IF_ERROR(model.Prefill(prompt, seq, o.prefill_chunk, cache, &logits));
   absl::Time t1 = absl::Now();
   result.prefill_seconds = absl::ToDoubleSeconds(t1 - t0);
 

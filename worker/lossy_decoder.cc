@@ -18,10 +18,7 @@ absl::Status PrefillAndCompress(const Model& model, absl::Span<const int32_t> to
   AttentionCache* target = &full;
   if (window > 0) target = &recorder.emplace(full, seq, n, window, model.config().num_layers);
   std::vector<float> logits;
-  for (int64_t b = 0; b < n; b += prefill_chunk) {
-    SequenceChunk ch{seq, tokens.subspan(b, std::min<int64_t>(prefill_chunk, n - b))};
-    VC_RETURN_IF_ERROR(model.Forward({&ch, 1}, *target, LogitsFor::kLastRows, &logits));
-  }
+  VC_RETURN_IF_ERROR(model.Prefill(tokens.first(static_cast<size_t>(n)), seq, prefill_chunk, *target, &logits));
   if (!recorder.has_value()) return compressed.BuildFrom(cseq, full, seq, n, nullptr);
   VC_ASSIGN_OR_RETURN(PromptQueries queries, recorder->Take());
   return compressed.BuildFrom(cseq, full, seq, n, &queries);

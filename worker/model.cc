@@ -132,6 +132,18 @@ void Model::RopeTables(absl::Span<const int64_t> positions, std::vector<float>* 
   }
 }
 
+absl::Status Model::Prefill(absl::Span<const int32_t> tokens, SeqId seq, int chunk, AttentionCache& cache,
+                            std::vector<float>* logits) const {
+  if (chunk < 1) return absl::InvalidArgumentError("prefill chunk must be at least 1");
+  std::vector<float> scratch;
+  if (logits == nullptr) logits = &scratch;
+  for (size_t start = 0; start < tokens.size(); start += static_cast<size_t>(chunk)) {
+    const SequenceChunk c{seq, tokens.subspan(start, std::min(tokens.size() - start, static_cast<size_t>(chunk)))};
+    VC_RETURN_IF_ERROR(Forward({&c, 1}, cache, LogitsFor::kLastRows, logits));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Model::Forward(absl::Span<const SequenceChunk> chunks, AttentionCache& cache,
                             LogitsFor which, std::vector<float>* logits) const {
   const ModelConfig& c = config_;

@@ -54,6 +54,12 @@ class Model {
   absl::Status Forward(absl::Span<const SequenceChunk> chunks, AttentionCache& cache, LogitsFor which,
                        std::vector<float>* logits) const;
 
+  // Appends `tokens` to `seq` of `cache` in passes of at most `chunk` tokens (a prefill); the
+  // kernels are batch-invariant, so the chunking changes no bit of the K/V. `logits` (may be null)
+  // gets the last token's row. Errors as Forward; kInvalidArgument for chunk < 1.
+  absl::Status Prefill(absl::Span<const int32_t> tokens, SeqId seq, int chunk, AttentionCache& cache,
+                       std::vector<float>* logits) const;
+
  private:
   struct Layer {
     kernels::WeightView q, k, v, o, gate, up, down;
