@@ -35,25 +35,32 @@ void BM_MatMulBF16(benchmark::State& state) {
 }
 BENCHMARK(BM_MatMulBF16)->ArgsProduct({{0, 1}, {1, 17, 128}});
 
+// `n` query rows of one sequence over `ctx` positions (row r attends to ctx - n + 1 + r of them):
+// n = 1 is a decode step, n = k + 1 a verify pass. Bytes are the KV bytes of one pass.
 void BM_PagedAttention(benchmark::State& state) {
   const Backend* b = ByIndex(state.range(0));
   if (b == nullptr) return state.SkipWithError("backend not available");
   const int32_t ctx = static_cast<int32_t>(state.range(1));
+  const int n = static_cast<int>(state.range(2));
   const int heads = 8, kv_heads = 2, d = 32, block = 16;
   const int64_t blocks = (ctx + block - 1) / block, stride = int64_t{block} * kv_heads * d;
-  std::vector<float> k(blocks * stride, 0.1f), v(blocks * stride, 0.2f), q(heads * d, 0.3f), out(heads * d);
+  std::vector<float> k(blocks * stride, 0.1f), v(blocks * stride, 0.2f), q(n * heads * d, 0.3f), out(n * heads * d);
   std::vector<int32_t> table(blocks);
   for (int64_t i = 0; i < blocks; ++i) table[i] = static_cast<int32_t>((i * 7919) % blocks);
   const PagedKvLayer layer{k.data(), v.data(), stride, block, kv_heads, d};
-  const AttentionRow row{table.data(), ctx};
+  std::vector<AttentionRow> rows(n);
+  for (int r = 0; r < n; ++r) rows[r] = {table.data(), ctx - n + 1 + r};
   for (auto _ : state) {
-    b->PagedAttention(q.data(), 1, heads, &row, layer, 0.17f, out.data());
+    b->PagedAttention(q.data(), n, heads, rows.data(), layer, 0.17f, out.data());
     benchmark::DoNotOptimize(out.data());
   }
   state.SetLabel(std::string(b->name()));
   state.SetBytesProcessed(state.iterations() * int64_t{ctx} * kv_heads * d * 2 * 4);
 }
-BENCHMARK(BM_PagedAttention)->ArgsProduct({{0, 1, 2}, {1024, 8192, 32768}})->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_PagedAttention)
+    ->ArgsProduct({{0, 1, 2}, {1024, 8192, 32768}, {1}})
+    ->ArgsProduct({{1}, {16384}, {1, 5, 9}})
+    ->Unit(benchmark::kMicrosecond);
 
 // One decode row over a KIVI cache of `ctx` tokens (all but 32 quantized, group 32), 8 query heads
 // on 2 KV heads of 32 dims: the draft step's attention. Bytes are the cache bytes read.

@@ -37,6 +37,26 @@ inline float HSum(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
+// HSum of each of a[0..7], as lanes 0..7 of one vector: bitwise the same sums, 8 at a time.
+inline __m256 HSum8(const __m256* a) {
+  __m256 b[4];  // b[t] = low half + high half of a[t] | of a[t + 4]
+  for (int t = 0; t < 4; ++t) {
+    b[t] = _mm256_add_ps(_mm256_permute2f128_ps(a[t], a[t + 4], 0x20), _mm256_permute2f128_ps(a[t], a[t + 4], 0x31));
+  }
+  const auto pairs = [](__m256 x, __m256 y) {  // (x0 + x2, x1 + x3) of each 4-sum, two tokens per lane
+    const __m256d xd = _mm256_castps_pd(x), yd = _mm256_castps_pd(y);
+    return _mm256_add_ps(_mm256_castpd_ps(_mm256_unpacklo_pd(xd, yd)), _mm256_castpd_ps(_mm256_unpackhi_pd(xd, yd)));
+  };
+  return _mm256_hadd_ps(pairs(b[0], b[1]), pairs(b[2], b[3]));
+}
+
+inline float HMax(__m256 v) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_max_ss(m, _mm_movehdup_ps(m));
+  return _mm_cvtss_f32(m);
+}
+
 inline __m256 LoadBF16(const uint16_t* p) {
   const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
   return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
@@ -223,17 +243,36 @@ class Avx2 final : public Backend {
     const int32_t* table;
     const PagedKvLayer* kv;
     int g;
-    const float* At(const float* base, int64_t j) const {
-      return base + table[j / kv->block_size] * kv->block_stride +
-             (static_cast<int64_t>(j % kv->block_size) * kv->num_kv_heads + g) * kv->head_dim;
+    int64_t QuantizedTokens() const { return 0; }
+    // K and V rows of positions [j0, j0 + n), a block at a time.
+    void Rows(int64_t j0, int64_t n, const float** k, const float** v) const {
+      const int64_t bs = kv->block_size, row = int64_t{kv->num_kv_heads} * kv->head_dim;
+      for (int64_t i = 0; i < n;) {
+        const int64_t j = j0 + i, off = j % bs, run = std::min(n - i, bs - off);
+        const int64_t at = table[j / bs] * kv->block_stride + off * row + int64_t{g} * kv->head_dim;
+        for (int64_t u = 0; u < run; ++u, ++i) {
+          k[i] = kv->k + at + u * row;
+          v[i] = kv->v + at + u * row;
+        }
+      }
     }
-    const float* K(int64_t j, float*) const { return At(kv->k, j); }
-    const float* V(int64_t j, float*) const { return At(kv->v, j); }
   };
 
+  // A compressed cache's KV head: KIVI-quantized positions [0, QuantizedTokens()), then dense rows.
   struct CompressedSource {
     const CompressedKvHead* c;
     int d;
+    int64_t QuantizedTokens() const { return c->quant.tokens; }
+    // Dense rows of positions [j0, j0 + n), all at or past QuantizedTokens().
+    void Rows(int64_t j0, int64_t n, const float** k, const float** v) const {
+      const DenseKvHead& dn = c->dense;
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t at = dn.rows[j0 + i - c->quant.tokens] * dn.stride;
+        k[i] = dn.k + at;
+        v[i] = dn.v + at;
+      }
+    }
+
     // Codes i0..i0+7 of a packed run (i0 a multiple of 8, so they start on a byte), as floats.
     template <int B>
     static __m256 Codes8(const uint8_t* run, int i0) {
@@ -255,24 +294,22 @@ class Avx2 final : public Backend {
         return _mm256_cvtepi32_ps(v);
       }
     }
-    // Dense (float32) tokens; quantized ones go through QuantScores / QuantAccumulate.
-    const float* K(int64_t j, float*) const {
-      return c->dense.k + c->dense.rows[j - c->quant.tokens] * c->dense.stride;
-    }
-    const float* V(int64_t j, float*) const {
-      return c->dense.v + c->dense.rows[j - c->quant.tokens] * c->dense.stride;
-    }
 
     // Scores of quantized positions [t0, t1) (multiples of 8) for `group` query heads q [group, d]
-    // into s[h * len + (t - t0)]. Keys are min + code * scale per channel of each group, so
-    // q . k = sum(q * min) + sum((q * scale) * code): 8 tokens per FMA, no dequantized rows.
+    // into s[h * len + (t - t0)].
     void QuantScores(int64_t t0, int64_t t1, const float* q, int group, float scale, float* s, int64_t len) const {
-      switch (c->quant.bits) {
+      const QuantizedKvHead& qk = c->quant;
+      switch (qk.bits) {
         case 2: return QuantScoresB<2>(t0, t1, q, group, scale, s, len);
-        case 4: return QuantScoresB<4>(t0, t1, q, group, scale, s, len);
+        case 4:
+          if (qk.key_group == 32 && d % 32 == 0) return QuantScores4(t0, t1, q, group, scale, s, len);
+          return QuantScoresB<4>(t0, t1, q, group, scale, s, len);
         default: return QuantScoresB<8>(t0, t1, q, group, scale, s, len);
       }
     }
+
+    // Keys are min + code * scale per channel of each key group, so q . k = sum(q * min) +
+    // sum((q * scale) * code): 8 tokens per FMA, no dequantized rows.
     template <int B>
     void QuantScoresB(int64_t t0, int64_t t1, const float* q, int group, float scale, float* s, int64_t len) const {
       const QuantizedKvHead& qk = c->quant;
@@ -307,40 +344,136 @@ class Avx2 final : public Backend {
       }
     }
 
-    // o[h] += p[h][t] * v_t for quantized positions [t0, t1), with v_t = min + code * scale per
-    // value group: p * scale scales the codes; the p * min terms are summed per group and added once.
-    void QuantAccumulate(int64_t t0, int64_t t1, const float* s, int64_t len, int group, __m256 (*o)[32]) const {
-      switch (c->quant.bits) {
-        case 2: return QuantAccumulateB<2>(t0, t1, s, len, group, o);
-        case 4: return QuantAccumulateB<4>(t0, t1, s, len, group, o);
-        default: return QuantAccumulateB<8>(t0, t1, s, len, group, o);
+    // 4-bit keys in groups of 32 tokens, with integer products. Per key group and query head,
+    // q * scale is rounded to integers in [-63, 63] (step a = max |q * scale| / 63), and a score
+    // is a * sum(qi * code) + q . min: 16-bit multiply-adds of channel pairs for 32 tokens at once
+    // (32 channels x 15 x 63 < 2^15, so 32-channel partial sums cannot overflow). Draft-only: the
+    // rounding of q adds an error of at most a / 2 per channel to the 4-bit keys' own.
+    void QuantScores4(int64_t t0, int64_t t1, const float* q, int group, float scale, float* s, int64_t len) const {
+      const QuantizedKvHead& qk = c->quant;
+      const __m128i low4 = _mm_set1_epi8(0x0f);
+      alignas(32) int8_t qi[16][256];
+      alignas(32) float tok[16][32];
+      float step[16];
+      for (int64_t g0 = t0 / 32 * 32; g0 < t1; g0 += 32) {
+        const int64_t gi = g0 / 32;
+        const float* ks = qk.k_scale + gi * d;
+        const float* km = qk.k_min + gi * d;
+        for (int h = 0; h < group; ++h) {
+          const float* qh = q + h * d;
+          __m256 amax = _mm256_setzero_ps(), bias = _mm256_setzero_ps();
+          const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+          for (int ch = 0; ch < d; ch += 8) {
+            const __m256 qv = _mm256_loadu_ps(qh + ch);
+            amax = _mm256_max_ps(amax, _mm256_and_ps(_mm256_mul_ps(qv, _mm256_loadu_ps(ks + ch)), abs_mask));
+            bias = _mm256_fmadd_ps(qv, _mm256_loadu_ps(km + ch), bias);
+          }
+          const float m = HMax(amax);
+          const float a = m > 0.0f ? m / 63.0f : 1.0f;
+          const __m256 inv = _mm256_set1_ps(1.0f / a);
+          for (int ch = 0; ch < d; ch += 32) {
+            __m256i w[4];
+            for (int i = 0; i < 4; ++i) {
+              const int at = ch + 8 * i;
+              w[i] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(qh + at), _mm256_loadu_ps(ks + at)), inv));
+            }
+            const __m256i b8 = _mm256_packs_epi16(_mm256_packs_epi32(w[0], w[1]), _mm256_packs_epi32(w[2], w[3]));
+            _mm256_store_si256(reinterpret_cast<__m256i*>(&qi[h][ch]),
+                               _mm256_permutevar8x32_epi32(b8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+          }
+          step[h] = a * scale;
+          const __m256 b = _mm256_set1_ps(HSum(bias) * scale);
+          for (int i = 0; i < 4; ++i) _mm256_store_ps(&tok[h][8 * i], b);
+        }
+        const uint8_t* codes = qk.k_codes + gi * d * 16;  // 16 bytes (32 tokens) per channel
+        for (int cb = 0; cb < d; cb += 32) {
+          // Per channel, byte i holds tokens 2i (low nibble) and 2i + 1: split into a 256-bit row
+          // of even tokens | odd tokens, interleave two channels' rows byte by byte, and multiply
+          // by the pair (q_c, q_c+1). Lanes: x0 = tokens 0, 2, .., 14 | 1, 3, .., 15; x1 = 16.. | 17..
+          __m256i acc[16][2];
+          for (int h = 0; h < group; ++h) acc[h][0] = acc[h][1] = _mm256_setzero_si256();
+          for (int ch = cb; ch < cb + 32; ch += 2) {
+            const __m128i ra = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + ch * 16));
+            const __m128i rb = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + (ch + 1) * 16));
+            const __m256i a = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(ra, 4), low4), _mm_and_si128(ra, low4));
+            const __m256i b = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(rb, 4), low4), _mm_and_si128(rb, low4));
+            const __m256i x0 = _mm256_unpacklo_epi8(a, b), x1 = _mm256_unpackhi_epi8(a, b);
+            for (int h = 0; h < group; ++h) {
+              int16_t pair;
+              std::memcpy(&pair, &qi[h][ch], 2);
+              const __m256i w = _mm256_set1_epi16(pair);
+              acc[h][0] = _mm256_add_epi16(acc[h][0], _mm256_maddubs_epi16(x0, w));
+              acc[h][1] = _mm256_add_epi16(acc[h][1], _mm256_maddubs_epi16(x1, w));
+            }
+          }
+          for (int h = 0; h < group; ++h) {
+            const __m256 st = _mm256_set1_ps(step[h]);
+            for (int x = 0; x < 2; ++x) {
+              const __m256 even = _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(_mm256_castsi256_si128(acc[h][x])));
+              const __m256 odd = _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(_mm256_extracti128_si256(acc[h][x], 1)));
+              const __m256 lo = _mm256_unpacklo_ps(even, odd), hi = _mm256_unpackhi_ps(even, odd);
+              float* out = &tok[h][16 * x];
+              _mm256_store_ps(out, _mm256_fmadd_ps(_mm256_permute2f128_ps(lo, hi, 0x20), st, _mm256_load_ps(out)));
+              _mm256_store_ps(out + 8, _mm256_fmadd_ps(_mm256_permute2f128_ps(lo, hi, 0x31), st, _mm256_load_ps(out + 8)));
+            }
+          }
+        }
+        const int64_t from = std::max(g0, t0), to = std::min(g0 + 32, t1);
+        for (int h = 0; h < group; ++h) std::memcpy(s + h * len + (from - t0), &tok[h][from - g0], (to - from) * 4);
+      }
+    }
+
+    // Dequantizes the values of quantized positions [t0, t1) into rows [t1 - t0, d] of `out`.
+    void QuantValues(int64_t t0, int64_t t1, float* out) const {
+      const QuantizedKvHead& qk = c->quant;
+      switch (qk.bits) {
+        case 2: return QuantValuesB<2>(t0, t1, out);
+        case 4: return QuantValuesB<4>(t0, t1, out);
+        default: return QuantValuesB<8>(t0, t1, out);
       }
     }
     template <int B>
-    void QuantAccumulateB(int64_t t0, int64_t t1, const float* s, int64_t len, int group, __m256 (*o)[32]) const {
+    void QuantValuesB(int64_t t0, int64_t t1, float* out) const {
       const QuantizedKvHead& qk = c->quant;
-      const int dv = d / 8, groups = d / qk.value_group, per_group = qk.value_group / 8;
-      const int64_t row_bytes = int64_t{d} * qk.bits / 8;
-      float bias[16][32] = {};
-      __m256 cv[32];
-      for (int64_t t = t0; t < t1; ++t) {
+      const int groups = d / qk.value_group, per_group = qk.value_group / 8;
+      const int64_t row_bytes = int64_t{d} * B / 8;
+      const __m128i low4 = _mm_set1_epi8(0x0f);
+      for (int64_t t = t0; t < t1; ++t, out += d) {
         const uint8_t* row = qk.v_codes + t * row_bytes;
-        for (int i = 0; i < dv; ++i) cv[i] = Codes8<B>(row, 8 * i);
         const float* vs = qk.v_scale + t * groups;
         const float* vm = qk.v_min + t * groups;
-        for (int h = 0; h < group; ++h) {
-          const float p = s[h * len + (t - t0)];
-          for (int g = 0; g < groups; ++g) {
-            const __m256 w = _mm256_set1_ps(p * vs[g]);
-            for (int i = g * per_group; i < (g + 1) * per_group; ++i) o[h][i] = _mm256_fmadd_ps(w, cv[i], o[h][i]);
-            bias[h][g] += p * vm[g];
+        if constexpr (B == 4) {
+          if (per_group % 4 == 0) {
+            // 32 codes from 16 bytes: low nibbles are the even channels, high the odd ones.
+            for (int c0 = 0; c0 < d; c0 += 32) {
+              const __m128i r = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + c0 / 2));
+              const __m128i even = _mm_and_si128(r, low4), odd = _mm_and_si128(_mm_srli_epi16(r, 4), low4);
+              const __m128i lo = _mm_unpacklo_epi8(even, odd), hi = _mm_unpackhi_epi8(even, odd);
+              const __m256 sc = _mm256_set1_ps(vs[c0 / qk.value_group]), mn = _mm256_set1_ps(vm[c0 / qk.value_group]);
+              const __m128i parts[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
+              for (int i = 0; i < 4; ++i) {
+                const __m256 code = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(parts[i]));
+                _mm256_storeu_ps(out + c0 + 8 * i, _mm256_fmadd_ps(code, sc, mn));
+              }
+            }
+            continue;
+          }
+        }
+        for (int g = 0; g < groups; ++g) {
+          const __m256 sc = _mm256_set1_ps(vs[g]), mn = _mm256_set1_ps(vm[g]);
+          for (int i = g * per_group; i < (g + 1) * per_group; ++i) {
+            _mm256_storeu_ps(out + 8 * i, _mm256_fmadd_ps(Codes8<B>(row, 8 * i), sc, mn));
           }
         }
       }
-      for (int h = 0; h < group; ++h) {
-        for (int i = 0; i < dv; ++i) o[h][i] = _mm256_add_ps(o[h][i], _mm256_set1_ps(bias[h][i / per_group]));
-      }
     }
+  };
+
+  // What one thread's attention tasks reuse: scores, row pointers, dequantized values.
+  struct Scratch {
+    std::vector<float> s;
+    std::vector<const float*> k, v;
+    std::vector<float> values;
   };
 
   // Tasks are (row, KV head, chunk); partials are stored per task and merged per row and head in
@@ -367,15 +500,24 @@ class Avx2 final : public Backend {
     std::vector<Partial> part(static_cast<size_t>(tasks * group));
     std::vector<float> acc(static_cast<size_t>(tasks * group * d));
 
+    // Tasks run chunk-major: chunk c of every (row, KV head) pair, then chunk c + 1. The rows of a
+    // verify pass read the same KV, so each chunk is loaded from memory once and reused from cache
+    // by the other rows. The order changes which task runs when, never what a task computes.
+    std::vector<int64_t> order;
+    order.reserve(static_cast<size_t>(tasks));
+    for (int64_t c = 0; static_cast<int64_t>(order.size()) < tasks; ++c) {
+      for (int64_t i = 0; i < pairs; ++i) {
+        if (first_task[i] + c < first_task[i + 1]) order.push_back(i * (int64_t{1} << 40) + c);
+      }
+    }
     auto run = [&](int64_t t0, int64_t t1) {
-      std::vector<float> scores(static_cast<size_t>(group) * kKvSplit);
-      int64_t i = std::upper_bound(first_task.begin(), first_task.end(), t0) - first_task.begin() - 1;
-      for (int64_t t = t0; t < t1; ++t) {
-        while (t >= first_task[i + 1]) ++i;
+      Scratch scratch;
+      for (int64_t o = t0; o < t1; ++o) {
+        const int64_t i = order[o] >> 40, c = order[o] & ((int64_t{1} << 40) - 1), t = first_task[i] + c;
         const int64_t r = i / num_kv_heads;
         const int g = static_cast<int>(i % num_kv_heads);
-        const int64_t j0 = (t - first_task[i]) * split[i], j1 = std::min<int64_t>(length[i], j0 + split[i]);
-        ChunkAttention(q + (r * num_heads + g * group) * d, group, d, source_of(r, g), j0, j1, scale, &scores,
+        const int64_t j0 = c * split[i], j1 = std::min<int64_t>(length[i], j0 + split[i]);
+        ChunkAttention(q + (r * num_heads + g * group) * d, group, d, source_of(r, g), j0, j1, scale, &scratch,
                        &part[t * group], &acc[t * group * d]);
       }
     };
@@ -416,8 +558,21 @@ class Avx2 final : public Backend {
   // Attention of `group` query heads (q [group, d]) over the source's positions [j0, j1).
   template <typename Source>
   static void ChunkAttention(const float* q, int group, int d, const Source& src, int64_t j0, int64_t j1,
-                             float scale, std::vector<float>* scores_buf, Partial* part, float* acc) {
-    const int dv = d / 8;
+                             float scale, Scratch* sc, Partial* part, float* acc) {
+    switch (d) {
+      case 32: return ChunkAttentionD<4>(q, group, d, src, j0, j1, scale, sc, part, acc);
+      case 64: return ChunkAttentionD<8>(q, group, d, src, j0, j1, scale, sc, part, acc);
+      default: return ChunkAttentionD<0>(q, group, d, src, j0, j1, scale, sc, part, acc);
+    }
+  }
+
+  // DV = d / 8 when known at compile time (0: read from d). Every position's score is the same
+  // instruction sequence wherever the position sits in the chunk: (q . k) in 8 lanes, reduced as
+  // HSum, times scale; V is accumulated in position order.
+  template <int DV, typename Source>
+  static void ChunkAttentionD(const float* q, int group, int d, const Source& src, int64_t j0, int64_t j1,
+                              float scale, Scratch* sc, Partial* part, float* acc) {
+    const int dv = DV != 0 ? DV : d / 8;
     const int64_t len = j1 - j0;
     if (len <= 0) {
       for (int h = 0; h < group; ++h) {
@@ -426,33 +581,58 @@ class Avx2 final : public Backend {
       }
       return;
     }
-    if (static_cast<int64_t>(scores_buf->size()) < group * len) scores_buf->resize(static_cast<size_t>(group * len));
-    float* s = scores_buf->data();
-    alignas(32) float buf[256];
-    __m256 qv[16][32];
-    for (int h = 0; h < group; ++h) {
-      for (int i = 0; i < dv; ++i) qv[h][i] = _mm256_loadu_ps(q + h * d + 8 * i);
-    }
-    int64_t first_dense = 0;  // chunk-relative; positions before it are quantized
+    if (static_cast<int64_t>(sc->s.size()) < group * len) sc->s.resize(static_cast<size_t>(group * len));
+    if (static_cast<int64_t>(sc->k.size()) < len + 8) sc->k.resize(len + 8), sc->v.resize(len + 8);
+    float* s = sc->s.data();
+    const float** kp = sc->k.data();
+    const float** vp = sc->v.data();
+    // Positions before `first_dense` (chunk-relative) are quantized.
+    const int64_t first_dense = std::clamp<int64_t>(src.QuantizedTokens() - j0, 0, len);
     if constexpr (std::is_same_v<Source, CompressedSource>) {
-      first_dense = std::clamp<int64_t>(src.c->quant.tokens - j0, 0, len);
-      if (first_dense > 0) src.QuantScores(j0, j0 + first_dense, q, group, scale, s, len);
+      if (first_dense > 0) {
+        src.QuantScores(j0, j0 + first_dense, q, group, scale, s, len);
+        if (static_cast<int64_t>(sc->values.size()) < first_dense * d) sc->values.resize(first_dense * d);
+        src.QuantValues(j0, j0 + first_dense, sc->values.data());
+        for (int64_t j = 0; j < first_dense; ++j) vp[j] = sc->values.data() + j * d;
+      }
     }
-    for (int64_t j = first_dense; j < len; ++j) {
-      const float* k = src.K(j0 + j, buf);
-      for (int h = 0; h < group; ++h) {
-        __m256 a = _mm256_mul_ps(qv[h][0], _mm256_loadu_ps(k));
-        for (int i = 1; i < dv; ++i) a = _mm256_fmadd_ps(qv[h][i], _mm256_loadu_ps(k + 8 * i), a);
-        s[h * len + j] = HSum(a) * scale;
+    src.Rows(j0 + first_dense, len - first_dense, kp + first_dense, vp + first_dense);
+    alignas(32) static const float kZeros[256] = {};
+    for (int64_t j = len; j < len + 8; ++j) kp[j] = kZeros;  // pads the last group of 8
+
+    const __m256 scale_v = _mm256_set1_ps(scale);
+    for (int h = 0; h < group; ++h) {
+      __m256 qh[DV != 0 ? DV : 32];
+      for (int i = 0; i < dv; ++i) qh[i] = _mm256_loadu_ps(q + h * d + 8 * i);
+      float* sh = s + h * len;
+      for (int64_t j = first_dense; j < len; j += 8) {
+        __m256 a[8];
+        for (int u = 0; u < 8; ++u) {
+          const float* k = kp[j + u];
+          a[u] = _mm256_mul_ps(qh[0], _mm256_loadu_ps(k));
+          for (int i = 1; i < dv; ++i) a[u] = _mm256_fmadd_ps(qh[i], _mm256_loadu_ps(k + 8 * i), a[u]);
+        }
+        const __m256 r = _mm256_mul_ps(HSum8(a), scale_v);
+        if (j + 8 <= len) {
+          _mm256_storeu_ps(sh + j, r);
+        } else {
+          alignas(32) float tail[8];
+          _mm256_store_ps(tail, r);
+          std::memcpy(sh + j, tail, (len - j) * 4);
+        }
       }
     }
     for (int h = 0; h < group; ++h) {
       float* sh = s + h * len;
-      float m = -INFINITY;
-      for (int64_t j = 0; j < len; ++j) m = std::max(m, sh[j]);
+      // max is exact in any order.
+      __m256 m8 = _mm256_set1_ps(-INFINITY);
+      int64_t j = 0;
+      for (; j + 8 <= len; j += 8) m8 = _mm256_max_ps(m8, _mm256_loadu_ps(sh + j));
+      float m = HMax(m8);
+      for (; j < len; ++j) m = std::max(m, sh[j]);
       const __m256 mv = _mm256_set1_ps(m);
       __m256 lsum = _mm256_setzero_ps();
-      int64_t j = 0;
+      j = 0;
       for (; j + 8 <= len; j += 8) {
         const __m256 p = Exp256(_mm256_sub_ps(_mm256_loadu_ps(sh + j), mv));
         _mm256_storeu_ps(sh + j, p);
@@ -467,22 +647,31 @@ class Avx2 final : public Backend {
       }
       part[h] = {m, l};
     }
-    __m256 o[16][32];
-    for (int h = 0; h < group; ++h) {
-      for (int i = 0; i < dv; ++i) o[h][i] = _mm256_setzero_ps();
+    // Two heads per pass when rows are short, so 2 * dv independent accumulators hide FMA latency.
+    int h = 0;
+    if constexpr (DV != 0 && DV <= 4) {
+      for (; h + 2 <= group; h += 2) AccumulateV<DV, 2>(s + h * len, len, vp, acc + h * d);
     }
-    if constexpr (std::is_same_v<Source, CompressedSource>) {
-      if (first_dense > 0) src.QuantAccumulate(j0, j0 + first_dense, s, len, group, o);
+    for (; h < group; ++h) AccumulateV<DV, 1>(s + h * len, len, vp, acc + h * d, dv);
+  }
+
+  // acc[hb][d] = sum over positions j of p[hb * len + j] * v[j], in position order.
+  template <int DV, int HB>
+  static void AccumulateV(const float* p, int64_t len, const float* const* v, float* acc, int dv_runtime = DV) {
+    const int dv = DV != 0 ? DV : dv_runtime;
+    __m256 o[HB][DV != 0 ? DV : 32];
+    for (int hb = 0; hb < HB; ++hb) {
+      for (int i = 0; i < dv; ++i) o[hb][i] = _mm256_setzero_ps();
     }
-    for (int64_t j = first_dense; j < len; ++j) {
-      const float* v = src.V(j0 + j, buf);
-      for (int h = 0; h < group; ++h) {
-        const __m256 p = _mm256_set1_ps(s[h * len + j]);
-        for (int i = 0; i < dv; ++i) o[h][i] = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 8 * i), o[h][i]);
+    for (int64_t j = 0; j < len; ++j) {
+      const float* vj = v[j];
+      for (int hb = 0; hb < HB; ++hb) {
+        const __m256 pj = _mm256_set1_ps(p[hb * len + j]);
+        for (int i = 0; i < dv; ++i) o[hb][i] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vj + 8 * i), o[hb][i]);
       }
     }
-    for (int h = 0; h < group; ++h) {
-      for (int i = 0; i < dv; ++i) _mm256_storeu_ps(acc + h * d + 8 * i, o[h][i]);
+    for (int hb = 0; hb < HB; ++hb) {
+      for (int i = 0; i < dv; ++i) _mm256_storeu_ps(acc + hb * dv * 8 + 8 * i, o[hb][i]);
     }
   }
 

@@ -23,6 +23,10 @@ constexpr double kAttentionTol = 1e-5;
 // instead of dequantizing first, so score errors scale with sum |q_c * k_c| over channels (about
 // 1e3 here with random 8-bit codes): relative output error up to ~2e-4.
 constexpr double kCompressedTol = 5e-4;
+// 4-bit keys in groups of 32 take integer products: the kernel also rounds q * scale to 7 bits per
+// key group and head (a draft-only kernel), which adds up to 1/126 of max |q * scale| per channel
+// to each score: output errors of a few 1e-3 here.
+constexpr double kCompressedInt4Tol = 1e-2;
 
 std::vector<float> Random(size_t n, uint32_t seed, float scale = 1.0f) {
   std::mt19937 rng(seed);
@@ -190,7 +194,8 @@ TEST_F(FastBackendTest, CompressedAttentionMatchesReference) {
         ReferenceBackend().CompressedAttention(q.data(), n, heads, kv_heads, d, kv.data(), 0.15f, ref.data());
         fast_->CompressedAttention(q.data(), n, heads, kv_heads, d, kv.data(), 0.15f, fast.data());
         for (size_t i = 0; i < ref.size(); ++i) {
-          ASSERT_NEAR(ref[i], fast[i], kCompressedTol * (1 + std::fabs(ref[i])))
+          const double tol = bits == 4 && qtokens > 0 ? kCompressedInt4Tol : kCompressedTol;
+          ASSERT_NEAR(ref[i], fast[i], tol * (1 + std::fabs(ref[i])))
               << "d " << d << " bits " << bits << " quantized " << qtokens << " at " << i;
         }
       }
