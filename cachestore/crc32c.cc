@@ -71,44 +71,75 @@ struct ZerosTables {
   }
 };
 
-__attribute__((target("sse4.2"))) uint64_t Crc8(uint64_t crc, const unsigned char* p) {
+// Folds the 8 bytes at p into crc; when copying, also stores them at d (from the same load).
+template <bool kCopy>
+__attribute__((target("sse4.2"), always_inline)) inline uint64_t Crc8(uint64_t crc, const unsigned char* p,
+                                                                      unsigned char* d) {
   uint64_t v;
   std::memcpy(&v, p, 8);
+  if constexpr (kCopy) std::memcpy(d, &v, 8);
   return _mm_crc32_u64(crc, v);
 }
 
-// Three chains of `stretch` bytes each, as long as 3 * stretch bytes remain.
-__attribute__((target("sse4.2"))) uint64_t ThreeWay(uint64_t crc0, const unsigned char*& p, size_t& n,
-                                                    size_t stretch, const ZerosTables& zeros) {
+template <bool kCopy>
+__attribute__((target("sse4.2"), always_inline)) inline uint32_t Crc1(uint32_t crc, const unsigned char* p,
+                                                                      unsigned char* d) {
+  if constexpr (kCopy) *d = *p;
+  return _mm_crc32_u8(crc, *p);
+}
+
+// Three chains of `stretch` bytes each, as long as 3 * stretch bytes remain. When copying, `d`
+// advances with `p`.
+template <bool kCopy>
+__attribute__((target("sse4.2"))) uint64_t ThreeWay(uint64_t crc0, const unsigned char*& p, unsigned char*& d,
+                                                    size_t& n, size_t stretch, const ZerosTables& zeros) {
   while (n >= 3 * stretch) {
     uint64_t crc1 = 0, crc2 = 0;
     for (const unsigned char* end = p + stretch; p < end; p += 8) {
-      crc0 = Crc8(crc0, p);
-      crc1 = Crc8(crc1, p + stretch);
-      crc2 = Crc8(crc2, p + 2 * stretch);
+      crc0 = Crc8<kCopy>(crc0, p, d);
+      crc1 = Crc8<kCopy>(crc1, p + stretch, d + stretch);
+      crc2 = Crc8<kCopy>(crc2, p + 2 * stretch, d + 2 * stretch);
+      if constexpr (kCopy) d += 8;
     }
     crc0 = zeros.Shift(static_cast<uint32_t>(crc0)) ^ static_cast<uint32_t>(crc1);
     crc0 = zeros.Shift(static_cast<uint32_t>(crc0)) ^ static_cast<uint32_t>(crc2);
     p += 2 * stretch;
+    if constexpr (kCopy) d += 2 * stretch;
     n -= 3 * stretch;
   }
   return crc0;
 }
 
-__attribute__((target("sse4.2"))) uint32_t Crc32cSse42(absl::string_view data, uint32_t crc) {
+// CRC-32C of [p, p + n), continuing from crc; when copying, the bytes also go to d.
+template <bool kCopy>
+__attribute__((target("sse4.2"))) uint32_t Sse42(const unsigned char* p, unsigned char* d, size_t n, uint32_t crc) {
   static const ZerosTables* const long_zeros = new ZerosTables(kLong);
   static const ZerosTables* const short_zeros = new ZerosTables(kShort);
-  const unsigned char* p = reinterpret_cast<const unsigned char*>(data.data());
-  size_t n = data.size();
   uint64_t c = ~crc;
   for (; n > 0 && (reinterpret_cast<uintptr_t>(p) & 7) != 0; ++p, --n) {
-    c = _mm_crc32_u8(static_cast<uint32_t>(c), *p);
+    c = Crc1<kCopy>(static_cast<uint32_t>(c), p, d);
+    if constexpr (kCopy) ++d;
   }
-  c = ThreeWay(c, p, n, kLong, *long_zeros);
-  c = ThreeWay(c, p, n, kShort, *short_zeros);
-  for (; n >= 8; p += 8, n -= 8) c = Crc8(c, p);
-  for (; n > 0; ++p, --n) c = _mm_crc32_u8(static_cast<uint32_t>(c), *p);
+  c = ThreeWay<kCopy>(c, p, d, n, kLong, *long_zeros);
+  c = ThreeWay<kCopy>(c, p, d, n, kShort, *short_zeros);
+  for (; n >= 8; p += 8, n -= 8) {
+    c = Crc8<kCopy>(c, p, d);
+    if constexpr (kCopy) d += 8;
+  }
+  for (; n > 0; ++p, --n) {
+    c = Crc1<kCopy>(static_cast<uint32_t>(c), p, d);
+    if constexpr (kCopy) ++d;
+  }
   return ~static_cast<uint32_t>(c);
+}
+
+uint32_t Crc32cSse42(absl::string_view data, uint32_t crc) {
+  return Sse42<false>(reinterpret_cast<const unsigned char*>(data.data()), nullptr, data.size(), crc);
+}
+
+uint32_t CopyCrc32cSse42(char* dest, absl::string_view src, uint32_t crc) {
+  return Sse42<true>(reinterpret_cast<const unsigned char*>(src.data()), reinterpret_cast<unsigned char*>(dest),
+                     src.size(), crc);
 }
 
 bool HaveSse42() { return __builtin_cpu_supports("sse4.2"); }
@@ -116,6 +147,7 @@ bool HaveSse42() { return __builtin_cpu_supports("sse4.2"); }
 #else
 
 uint32_t Crc32cSse42(absl::string_view data, uint32_t crc) { return Crc32cPortable(data, crc); }
+uint32_t CopyCrc32cSse42(char* dest, absl::string_view src, uint32_t crc) { return CopyCrc32cPortable(dest, src, crc); }
 bool HaveSse42() { return false; }
 
 #endif
@@ -124,6 +156,13 @@ using CrcFn = uint32_t (*)(absl::string_view, uint32_t);
 
 CrcFn Chosen() {
   static const CrcFn fn = HaveSse42() ? &Crc32cSse42 : &Crc32cPortable;
+  return fn;
+}
+
+using CopyCrcFn = uint32_t (*)(char*, absl::string_view, uint32_t);
+
+CopyCrcFn ChosenCopy() {
+  static const CopyCrcFn fn = HaveSse42() ? &CopyCrc32cSse42 : &CopyCrc32cPortable;
   return fn;
 }
 
@@ -136,7 +175,20 @@ uint32_t Crc32cPortable(absl::string_view data, uint32_t crc) {
   return ~crc;
 }
 
+uint32_t CopyCrc32cPortable(char* dest, absl::string_view src, uint32_t crc) {
+  const std::array<uint32_t, 256>& t = ByteTable();
+  crc = ~crc;
+  for (size_t i = 0; i < src.size(); ++i) {
+    const unsigned char c = static_cast<unsigned char>(src[i]);
+    dest[i] = static_cast<char>(c);
+    crc = t[(crc ^ c) & 0xff] ^ (crc >> 8);
+  }
+  return ~crc;
+}
+
 uint32_t Crc32c(absl::string_view data, uint32_t crc) { return Chosen()(data, crc); }
+
+uint32_t CopyCrc32c(char* dest, absl::string_view src, uint32_t crc) { return ChosenCopy()(dest, src, crc); }
 
 absl::string_view Crc32cImplementation() { return Chosen() == &Crc32cPortable ? "portable" : "sse4.2"; }
 

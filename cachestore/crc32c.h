@@ -16,6 +16,15 @@ uint32_t Crc32c(absl::string_view data, uint32_t crc = 0);
 // The reference: one table lookup per byte (about 0.4 GB/s). Thread-safe.
 uint32_t Crc32cPortable(absl::string_view data, uint32_t crc = 0);
 
+// Copies `src` to `dest` (src.size() bytes; the two must not overlap) and returns the CRC-32C of
+// the bytes written, continuing from `crc` as Crc32c does. Each source byte is loaded once, and the
+// CRC is computed from the loaded value that is stored: it vouches for the bytes at `dest` even if
+// `src` changes during the copy (memory another process may write). Thread-safe.
+uint32_t CopyCrc32c(char* dest, absl::string_view src, uint32_t crc = 0);
+
+// CopyCrc32c on the reference implementation: a byte at a time. Thread-safe.
+uint32_t CopyCrc32cPortable(char* dest, absl::string_view src, uint32_t crc = 0);
+
 // The implementation Crc32c uses here: "sse4.2" or "portable".
 absl::string_view Crc32cImplementation();
 

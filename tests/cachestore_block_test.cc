@@ -47,6 +47,36 @@ TEST(Crc32c, FastMatchesReference) {
   std::cout << "Crc32c implementation: " << Crc32cImplementation() << "\n";
 }
 
+// The fused copy and checksum: the same CRC as the reference, the same bytes as the source, nothing
+// written outside the destination; random lengths, source and destination alignments, seeds.
+TEST(Crc32c, CopyMatchesReference) {
+  std::mt19937 rng(12);
+  std::string src(3 * 8192 * 3 + 64, '\0');
+  for (char& c : src) c = static_cast<char>(rng());
+  std::vector<size_t> lengths = {0, 1, 7, 8, 9, 255, 256, 767, 768, 769, 24575, 24576, 24577, 3 * 8192 * 3};
+  for (int i = 0; i < 300; ++i) lengths.push_back(rng() % (src.size() - 8));
+  std::string dest(src.size() + 32, '\0');
+  for (size_t len : lengths) {
+    const size_t from = rng() % 8, to = rng() % 16;
+    const uint32_t seed = static_cast<uint32_t>(rng());
+    std::fill(dest.begin(), dest.end(), '\x5a');
+    const absl::string_view s(src.data() + from, len);
+    ASSERT_EQ(CopyCrc32c(dest.data() + 8 + to, s, seed), Crc32cPortable(s, seed))
+        << "length " << len << ", source offset " << from << ", destination offset " << to;
+    ASSERT_EQ(absl::string_view(dest.data() + 8 + to, len), s) << "length " << len;
+    for (size_t i = 0; i < 8 + to; ++i) ASSERT_EQ(dest[i], '\x5a');
+    for (size_t i = 8 + to + len; i < dest.size(); ++i) ASSERT_EQ(dest[i], '\x5a');
+    std::fill(dest.begin(), dest.end(), '\x5a');
+    ASSERT_EQ(CopyCrc32cPortable(dest.data() + to, s, seed), Crc32cPortable(s, seed));
+    ASSERT_EQ(absl::string_view(dest.data() + to, len), s);
+  }
+  // Continued CRCs compose as Crc32c's do.
+  const absl::string_view all(src);
+  const uint32_t first = CopyCrc32c(dest.data(), all.substr(0, 1000));
+  EXPECT_EQ(CopyCrc32c(dest.data() + 1000, all.substr(1000), first), Crc32cPortable(all));
+  EXPECT_EQ(absl::string_view(dest.data(), all.size()), all);
+}
+
 TEST(BlockKeys, ChainPrefixAndIsolation) {
   KeyContext c{"model-a", "f32:bs4", "tenant-1", 4};
   std::vector<int32_t> t = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
