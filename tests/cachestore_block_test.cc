@@ -144,5 +144,46 @@ TEST(BlockFormat, RoundTripAndEveryCorruptionDetected) {
   EXPECT_FALSE(EncodeBlock(fp, layout, {layers[0], layers[1], "short"}).ok());
 }
 
+// The one-pass copy and check agrees with VerifyBlock on good, corrupted, truncated and padded
+// blocks, and a good block arrives intact.
+TEST(BlockFormat, CopyAndVerifyMatchesVerify) {
+  std::array<uint8_t, 32> fp{};
+  fp[0] = 7;
+  BlockLayout layout{3, 2, 8, 16};
+  std::vector<std::string> layers;
+  for (uint32_t l = 0; l < 3; ++l) layers.push_back(Payload(layout.layer_bytes(), 10 + l));
+  auto block = EncodeBlock(fp, layout, {layers[0], layers[1], layers[2]});
+  ASSERT_TRUE(block.ok());
+  std::string dest(block->size() + 64, '\0');
+  auto h = CopyAndVerifyBlock(block->data(), block->size(), dest.data(), &fp);
+  ASSERT_TRUE(h.ok()) << h.status();
+  EXPECT_EQ(dest.substr(0, block->size()), *block);
+  EXPECT_EQ(h->layer_crc, VerifyBlock(*block, fp)->layer_crc);
+  EXPECT_TRUE(CopyAndVerifyBlock(block->data(), block->size(), dest.data(), nullptr).ok());
+  std::array<uint8_t, 32> other = fp;
+  other[1] = 1;
+  EXPECT_EQ(CopyAndVerifyBlock(block->data(), block->size(), dest.data(), &other).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  std::vector<std::string> cases;
+  for (size_t at = 0; at < block->size(); at += 7) {
+    std::string bad = *block;
+    bad[at] = static_cast<char>(bad[at] ^ 0x01);
+    cases.push_back(bad);
+  }
+  for (size_t cut : {size_t{0}, size_t{10}, size_t{56}, BlockHeaderBytes(3) - 1, BlockHeaderBytes(3), block->size() - 1}) {
+    cases.push_back(block->substr(0, cut));
+  }
+  cases.push_back(*block + "x");
+  std::string many_layers = *block;
+  many_layers[40] = '\xff';  // a layer count far beyond the block's size
+  cases.push_back(many_layers);
+  for (const std::string& bad : cases) {
+    auto want = VerifyBlock(bad, fp);
+    auto got = CopyAndVerifyBlock(bad.data(), bad.size(), dest.data(), &fp);
+    ASSERT_FALSE(want.ok());
+    EXPECT_EQ(got.status().code(), want.status().code()) << got.status() << " vs " << want.status();
+  }
+}
+
 }  // namespace
 }  // namespace vc::cachestore
