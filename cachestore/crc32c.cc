@@ -32,8 +32,8 @@ const std::array<uint32_t, 256>& ByteTable() {
 // of A || B is the CRC of A advanced over len(B) zero bytes, xor the CRC of B. Advancing over a
 // fixed number of zeros is a linear map on the 32-bit CRC, applied a byte at a time from tables
 // (the method of Mark Adler's crc32c.c).
-constexpr size_t kLong = 8192;  // bytes per chain in big buffers
-constexpr size_t kShort = 256;  // and in what is left
+constexpr size_t kLong = 8192;  // buffers of 3 * kLong bytes or more: one pass of three long chains
+constexpr size_t kShort = 256;  // bytes per chain in what is left
 
 // A 32x32 matrix over GF(2), as 32 column words.
 using Gf2Matrix = std::array<uint32_t, 32>;
@@ -50,6 +50,39 @@ Gf2Matrix Square(const Gf2Matrix& m) {
   Gf2Matrix out;
   for (int i = 0; i < 32; ++i) out[i] = Times(m, m[i]);
   return out;
+}
+
+// Multiplication modulo the polynomial, in the reflected bit order (bit 31 is x^0): advancing a CRC
+// over zero bytes multiplies it by a power of x (the method of zlib's crc32_combine).
+uint32_t MultModP(uint32_t a, uint32_t b) {
+  uint32_t m = uint32_t{1} << 31, p = 0;
+  for (;;) {
+    if (a & m) {
+      p ^= b;
+      if ((a & (m - 1)) == 0) break;
+    }
+    m >>= 1;
+    b = (b & 1) ? (b >> 1) ^ kPoly : b >> 1;
+  }
+  return p;
+}
+
+// x^(8 * bytes) modulo the polynomial: the operator that advances a CRC over `bytes` zero bytes.
+uint32_t ZerosOperator(size_t bytes) {
+  static const std::array<uint32_t, 64> x2n = [] {  // x^(2^k)
+    std::array<uint32_t, 64> t{};
+    uint32_t p = uint32_t{1} << 30;  // x^1
+    for (uint32_t& v : t) {
+      v = p;
+      p = MultModP(p, p);
+    }
+    return t;
+  }();
+  uint32_t p = uint32_t{1} << 31;  // x^0
+  for (int k = 3; bytes != 0; bytes >>= 1, ++k) {
+    if (bytes & 1) p = MultModP(x2n[k & 63], p);
+  }
+  return p;
 }
 
 // Lookup tables advancing a CRC over `bytes` zero bytes (a power of two), one table per CRC byte.
@@ -91,8 +124,13 @@ __attribute__((target("sse4.2"), always_inline)) inline uint32_t Crc1(uint32_t c
 // Three chains of `stretch` bytes each, as long as 3 * stretch bytes remain. When copying, `d`
 // advances with `p`.
 template <bool kCopy>
-__attribute__((target("sse4.2"))) uint64_t ThreeWay(uint64_t crc0, const unsigned char*& p, unsigned char*& d,
-                                                    size_t& n, size_t stretch, const ZerosTables& zeros) {
+__attribute__((target("sse4.2"))) uint64_t ThreeWay(uint64_t crc0, const unsigned char*& p_io, unsigned char*& d_io,
+                                                    size_t& n_io, size_t stretch, const ZerosTables& zeros) {
+  // Locals, not the references: stores through `d` could alias them (unsigned char), which would
+  // make the compiler reload them from memory on every step.
+  const unsigned char* p = p_io;
+  unsigned char* d = d_io;
+  size_t n = n_io;
   while (n >= 3 * stretch) {
     uint64_t crc1 = 0, crc2 = 0;
     for (const unsigned char* end = p + stretch; p < end; p += 8) {
@@ -107,20 +145,54 @@ __attribute__((target("sse4.2"))) uint64_t ThreeWay(uint64_t crc0, const unsigne
     if constexpr (kCopy) d += 2 * stretch;
     n -= 3 * stretch;
   }
+  p_io = p;
+  d_io = d;
+  n_io = n;
+  return crc0;
+}
+
+// One three-way pass over the whole of a long buffer: three chains of a third of it each (whole
+// words), so each chain streams through memory in one long run (hardware prefetchers follow it; a
+// copy from memory runs near memcpy's speed). The operator that joins the chains is computed for
+// the length at hand and cached per thread.
+template <bool kCopy>
+__attribute__((target("sse4.2"))) uint64_t ThreeWayWhole(uint64_t crc0, const unsigned char*& p_io,
+                                                         unsigned char*& d_io, size_t& n_io) {
+  thread_local size_t cached_stretch = 0;
+  thread_local uint32_t cached_op = 0;
+  const unsigned char* p = p_io;
+  unsigned char* d = d_io;
+  const size_t stretch = (n_io / 3) & ~size_t{7};
+  if (stretch != cached_stretch) {
+    cached_op = ZerosOperator(stretch);
+    cached_stretch = stretch;
+  }
+  const uint32_t op = cached_op;
+  uint64_t crc1 = 0, crc2 = 0;
+  for (const unsigned char* end = p + stretch; p < end; p += 8) {
+    crc0 = Crc8<kCopy>(crc0, p, d);
+    crc1 = Crc8<kCopy>(crc1, p + stretch, d + stretch);
+    crc2 = Crc8<kCopy>(crc2, p + 2 * stretch, d + 2 * stretch);
+    if constexpr (kCopy) d += 8;
+  }
+  crc0 = MultModP(op, static_cast<uint32_t>(crc0)) ^ static_cast<uint32_t>(crc1);
+  crc0 = MultModP(op, static_cast<uint32_t>(crc0)) ^ static_cast<uint32_t>(crc2);
+  p_io = p + 2 * stretch;
+  if constexpr (kCopy) d_io = d + 2 * stretch;
+  n_io -= 3 * stretch;
   return crc0;
 }
 
 // CRC-32C of [p, p + n), continuing from crc; when copying, the bytes also go to d.
 template <bool kCopy>
 __attribute__((target("sse4.2"))) uint32_t Sse42(const unsigned char* p, unsigned char* d, size_t n, uint32_t crc) {
-  static const ZerosTables* const long_zeros = new ZerosTables(kLong);
   static const ZerosTables* const short_zeros = new ZerosTables(kShort);
   uint64_t c = ~crc;
   for (; n > 0 && (reinterpret_cast<uintptr_t>(p) & 7) != 0; ++p, --n) {
     c = Crc1<kCopy>(static_cast<uint32_t>(c), p, d);
     if constexpr (kCopy) ++d;
   }
-  c = ThreeWay<kCopy>(c, p, d, n, kLong, *long_zeros);
+  if (n >= 3 * kLong) c = ThreeWayWhole<kCopy>(c, p, d, n);
   c = ThreeWay<kCopy>(c, p, d, n, kShort, *short_zeros);
   for (; n >= 8; p += 8, n -= 8) {
     c = Crc8<kCopy>(c, p, d);
