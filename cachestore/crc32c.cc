@@ -4,6 +4,7 @@
 #include <cstring>
 
 #if defined(__x86_64__)
+#include <immintrin.h>
 #include <nmmintrin.h>
 #endif
 
@@ -205,6 +206,73 @@ __attribute__((target("sse4.2"))) uint32_t Sse42(const unsigned char* p, unsigne
   return ~static_cast<uint32_t>(c);
 }
 
+// With AVX-512 and VPCLMULQDQ: carry-less multiplication folds 256 bytes at a time (four 512-bit
+// accumulators of four 128-bit lanes each) into a 256-byte remainder with the same CRC, one
+// sequential pass at memory speed; crc32 instructions finish the remainder and the tail. Folding a
+// lane forward by 2048 bits multiplies its low half by x^(2048+32) and its high half by
+// x^(2048-32) modulo the polynomial (bit-reflected, as the Intel white paper on CRC computation
+// with PCLMULQDQ describes); the parity tests check the constants against the reference.
+constexpr size_t kFoldBytes = 256;
+constexpr uint64_t kFoldLow = 0xdcb17aa4;   // x^2080 mod P, reflected, shifted left by one
+constexpr uint64_t kFoldHigh = 0xb9e02b86;  // x^2016 mod P, likewise
+
+// 64 bytes at p + at, also stored at d + at when copying (from the same load).
+template <bool kCopy>
+__attribute__((target("avx512f,vpclmulqdq"), always_inline)) inline __m512i Load64(const unsigned char* p,
+                                                                                    unsigned char* d, size_t at) {
+  const __m512i v = _mm512_loadu_si512(p + at);
+  if constexpr (kCopy) _mm512_storeu_si512(d + at, v);
+  return v;
+}
+
+// Four lanes folded forward over 2048 bits, xor the next 64 bytes.
+__attribute__((target("avx512f,vpclmulqdq"), always_inline)) inline __m512i Fold(__m512i a, __m512i k,
+                                                                                 __m512i next) {
+  return _mm512_ternarylogic_epi64(_mm512_clmulepi64_epi128(a, k, 0x00), _mm512_clmulepi64_epi128(a, k, 0x11), next,
+                                   0x96);  // three-way xor
+}
+
+template <bool kCopy>
+__attribute__((target("avx512f,vpclmulqdq,sse4.2"))) uint32_t Vpclmul(const unsigned char* p, unsigned char* d,
+                                                                       size_t n, uint32_t crc) {
+  if (n < 2 * kFoldBytes) return Sse42<kCopy>(p, d, n, crc);
+  const __m512i k = _mm512_set_epi64(kFoldHigh, kFoldLow, kFoldHigh, kFoldLow, kFoldHigh, kFoldLow, kFoldHigh,
+                                     kFoldLow);
+  // The CRC so far enters as the first four bytes xor its (pre-inverted) state.
+  __m512i a0 = _mm512_xor_si512(Load64<kCopy>(p, d, 0),
+                                _mm512_zextsi128_si512(_mm_cvtsi32_si128(static_cast<int>(~crc))));
+  __m512i a1 = Load64<kCopy>(p, d, 64), a2 = Load64<kCopy>(p, d, 128), a3 = Load64<kCopy>(p, d, 192);
+  size_t at = kFoldBytes;
+  for (; at + kFoldBytes <= n; at += kFoldBytes) {
+    a0 = Fold(a0, k, Load64<kCopy>(p, d, at));
+    a1 = Fold(a1, k, Load64<kCopy>(p, d, at + 64));
+    a2 = Fold(a2, k, Load64<kCopy>(p, d, at + 128));
+    a3 = Fold(a3, k, Load64<kCopy>(p, d, at + 192));
+  }
+  alignas(64) unsigned char rest[kFoldBytes];
+  _mm512_store_si512(rest, a0);
+  _mm512_store_si512(rest + 64, a1);
+  _mm512_store_si512(rest + 128, a2);
+  _mm512_store_si512(rest + 192, a3);
+  // The remainder's CRC from a zero state, which Sse42 starts from when given ~0.
+  const uint32_t folded = Sse42<false>(rest, nullptr, kFoldBytes, ~uint32_t{0});
+  return Sse42<kCopy>(p + at, kCopy ? d + at : nullptr, n - at, folded);
+}
+
+uint32_t Crc32cVpclmul(absl::string_view data, uint32_t crc) {
+  return Vpclmul<false>(reinterpret_cast<const unsigned char*>(data.data()), nullptr, data.size(), crc);
+}
+
+uint32_t CopyCrc32cVpclmul(char* dest, absl::string_view src, uint32_t crc) {
+  return Vpclmul<true>(reinterpret_cast<const unsigned char*>(src.data()), reinterpret_cast<unsigned char*>(dest),
+                       src.size(), crc);
+}
+
+bool HaveVpclmul() {
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("vpclmulqdq") &&
+         __builtin_cpu_supports("sse4.2");
+}
+
 uint32_t Crc32cSse42(absl::string_view data, uint32_t crc) {
   return Sse42<false>(reinterpret_cast<const unsigned char*>(data.data()), nullptr, data.size(), crc);
 }
@@ -220,25 +288,39 @@ bool HaveSse42() { return __builtin_cpu_supports("sse4.2"); }
 
 uint32_t Crc32cSse42(absl::string_view data, uint32_t crc) { return Crc32cPortable(data, crc); }
 uint32_t CopyCrc32cSse42(char* dest, absl::string_view src, uint32_t crc) { return CopyCrc32cPortable(dest, src, crc); }
+uint32_t Crc32cVpclmul(absl::string_view data, uint32_t crc) { return Crc32cPortable(data, crc); }
+uint32_t CopyCrc32cVpclmul(char* dest, absl::string_view src, uint32_t crc) { return CopyCrc32cPortable(dest, src, crc); }
 bool HaveSse42() { return false; }
+bool HaveVpclmul() { return false; }
 
 #endif
 
 using CrcFn = uint32_t (*)(absl::string_view, uint32_t);
 
 CrcFn Chosen() {
-  static const CrcFn fn = HaveSse42() ? &Crc32cSse42 : &Crc32cPortable;
+  static const CrcFn fn = HaveVpclmul() ? &Crc32cVpclmul : HaveSse42() ? &Crc32cSse42 : &Crc32cPortable;
   return fn;
 }
 
 using CopyCrcFn = uint32_t (*)(char*, absl::string_view, uint32_t);
 
 CopyCrcFn ChosenCopy() {
-  static const CopyCrcFn fn = HaveSse42() ? &CopyCrc32cSse42 : &CopyCrc32cPortable;
+  static const CopyCrcFn fn = HaveVpclmul()  ? &CopyCrc32cVpclmul
+                              : HaveSse42() ? &CopyCrc32cSse42
+                                            : &CopyCrc32cPortable;
   return fn;
 }
 
 }  // namespace
+
+namespace crc32c_internal {
+uint32_t Crc32cSse42(absl::string_view data, uint32_t crc) {
+  return HaveSse42() ? cachestore::Crc32cSse42(data, crc) : Crc32cPortable(data, crc);
+}
+uint32_t CopyCrc32cSse42(char* dest, absl::string_view src, uint32_t crc) {
+  return HaveSse42() ? cachestore::CopyCrc32cSse42(dest, src, crc) : CopyCrc32cPortable(dest, src, crc);
+}
+}  // namespace crc32c_internal
 
 uint32_t Crc32cPortable(absl::string_view data, uint32_t crc) {
   const std::array<uint32_t, 256>& t = ByteTable();
@@ -262,6 +344,8 @@ uint32_t Crc32c(absl::string_view data, uint32_t crc) { return Chosen()(data, cr
 
 uint32_t CopyCrc32c(char* dest, absl::string_view src, uint32_t crc) { return ChosenCopy()(dest, src, crc); }
 
-absl::string_view Crc32cImplementation() { return Chosen() == &Crc32cPortable ? "portable" : "sse4.2"; }
+absl::string_view Crc32cImplementation() {
+  return Chosen() == &Crc32cVpclmul ? "avx512-vpclmulqdq" : Chosen() == &Crc32cSse42 ? "sse4.2" : "portable";
+}
 
 }  // namespace vc::cachestore

@@ -40,6 +40,7 @@ TEST(Crc32c, FastMatchesReference) {
       const absl::string_view d(buf.data() + align, len);
       const uint32_t seed = static_cast<uint32_t>(rng());
       ASSERT_EQ(Crc32c(d, seed), Crc32cPortable(d, seed)) << "length " << len << ", offset " << align;
+      ASSERT_EQ(crc32c_internal::Crc32cSse42(d, seed), Crc32cPortable(d, seed)) << "length " << len;
     }
   }
   const absl::string_view all(buf);
@@ -67,8 +68,25 @@ TEST(Crc32c, CopyMatchesReference) {
     for (size_t i = 0; i < 8 + to; ++i) ASSERT_EQ(dest[i], '\x5a');
     for (size_t i = 8 + to + len; i < dest.size(); ++i) ASSERT_EQ(dest[i], '\x5a');
     std::fill(dest.begin(), dest.end(), '\x5a');
+    ASSERT_EQ(crc32c_internal::CopyCrc32cSse42(dest.data() + to, s, seed), Crc32cPortable(s, seed)) << len;
+    ASSERT_EQ(absl::string_view(dest.data() + to, len), s);
+    for (size_t i = to + len; i < dest.size(); ++i) ASSERT_EQ(dest[i], '\x5a');
+    std::fill(dest.begin(), dest.end(), '\x5a');
     ASSERT_EQ(CopyCrc32cPortable(dest.data() + to, s, seed), Crc32cPortable(s, seed));
     ASSERT_EQ(absl::string_view(dest.data() + to, len), s);
+  }
+  // Block-sized buffers (the long passes and the fold loop at length).
+  std::string big((1 << 20) + 300, '\0');
+  for (char& c : big) c = static_cast<char>(rng());
+  std::string big_dest(big.size(), '\0');
+  for (size_t len : {size_t{1} << 18, (size_t{1} << 20) + 257, size_t{100003}}) {
+    const absl::string_view s(big.data() + 3, len);
+    const uint32_t want = Crc32cPortable(s, 5);
+    ASSERT_EQ(CopyCrc32c(big_dest.data(), s, 5), want) << len;
+    ASSERT_EQ(absl::string_view(big_dest.data(), len), s);
+    ASSERT_EQ(crc32c_internal::CopyCrc32cSse42(big_dest.data() + 1, s, 5), want) << len;
+    ASSERT_EQ(Crc32c(s, 5), want) << len;
+    ASSERT_EQ(crc32c_internal::Crc32cSse42(s, 5), want) << len;
   }
   // Continued CRCs compose as Crc32c's do.
   const absl::string_view all(src);
