@@ -7,8 +7,10 @@
 //                check, and a ReleaseLeases RPC that is not waited for, one block per call; puts
 //                are StoreClient::Put (checked by the store, written through to RocksDB and copied
 //                into RAM)
-//   store-batch  StoreClient::GetRemoteBatch: the same for up to --batch blocks (at most 16 MiB)
-//                per call, under one LeaseBlocks and one ReleaseLeases RPC
+//   store-batch  StoreClient::GetRemoteBatchInto: the same for up to --batch blocks (at most 16 MiB)
+//                per call, under one LeaseBlocks and one ReleaseLeases RPC, into the thread's
+//                reusable buffers (one per block of a batch; the region mapped and each block copied
+//                and checked in one pass where UCX shares memory, error mode none)
 //   redis        GET/SET of the same blocks over a unix socket to a redis-server this benchmark
 //                starts (persistence off), with hiredis
 // The BlockStore, its UCX region server and the gRPC service run in this process, as
@@ -149,6 +151,7 @@ struct ThreadClient {
   std::unique_ptr<cachestore::UcxReader> reader;
   std::unique_ptr<bench::RedisConnection> redis;  // null without Redis
   std::string buffer;
+  std::vector<std::string> batch_buffers;  // one per block of a batched get
 };
 
 std::string KeyBytes(const cachestore::BlockKey& k) {
@@ -344,7 +347,11 @@ int Run(std::map<std::string, std::string> flags) {
       }
     }
     const size_t actual = d.blocks[0].size();
-    for (ThreadClient& c : clients) c.buffer.assign(actual, '\0');
+    for (ThreadClient& c : clients) {
+      c.buffer.assign(actual, '\0');
+      c.batch_buffers.assign(std::min<int64_t>(Ints(flags["batch"]).at(0), std::max<int64_t>(1, (int64_t{16} << 20) / size)),
+                             std::string(actual, '\0'));
+    }
     // The raw transport reads where the store keeps the blocks, under leases taken once here.
     std::vector<vericache::v1::RemoteBlock> remote;
     for (const cachestore::BlockKey& k : d.keys) {
@@ -386,11 +393,16 @@ int Run(std::map<std::string, std::string> flags) {
       ok = ok && run("get", "store-batch", size, actual, threads, batch, INT64_MAX,
                      [&](int t, int64_t i) -> absl::Status {
                        std::vector<cachestore::BlockKey> keys;
-                       for (int64_t k = 0; k < batch; ++k) keys.push_back(d.keys[block_of(t, i * batch + k, threads)]);
-                       for (absl::StatusOr<std::string>& b :
-                            clients[t].store->GetRemoteBatch(keys, clients[t].reader.get())) {
+                       std::vector<absl::Span<char>> dest;
+                       for (int64_t k = 0; k < batch; ++k) {
+                         keys.push_back(d.keys[block_of(t, i * batch + k, threads)]);
+                         std::string& b = clients[t].batch_buffers[k];
+                         dest.emplace_back(b.data(), b.size());
+                       }
+                       for (const absl::StatusOr<size_t>& b :
+                            clients[t].store->GetRemoteBatchInto(keys, dest, clients[t].reader.get())) {
                          if (!b.ok()) return b.status();
-                         if (b->size() != actual) return absl::InternalError("store batched get: wrong size");
+                         if (*b != actual) return absl::InternalError("store batched get: wrong size");
                        }
                        return absl::OkStatus();
                      });
@@ -450,7 +462,7 @@ int Run(std::map<std::string, std::string> flags) {
     return pa == nullptr || pb == nullptr ? "-" : absl::StrFormat("%.2f", pa->gbps / pb->gbps);
   };
   std::cout << "Gets: GB/s (p50 / p99 latency of one call, us). store: GetRemote, one block per call; store, "
-               "batched: GetRemoteBatch of n blocks per call\n\n"
+               "batched: GetRemoteBatchInto of n blocks per call into reusable buffers\n\n"
                "| block | threads | memcpy | UCX | store | store, batched (n) | Redis | store / UCX | batched / UCX "
                "| store / Redis | batched / Redis |\n"
                "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";

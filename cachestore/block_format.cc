@@ -1,5 +1,6 @@
 #include "cachestore/block_format.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -91,6 +92,34 @@ absl::StatusOr<BlockHeader> VerifyBlock(absl::string_view b, const std::array<ui
   }
   for (uint32_t l = 0; l < h->layout.num_layers; ++l) {
     if (Crc32c(BlockLayerPayload(b, *h, l)) != h->layer_crc[l]) {
+      return absl::DataLossError(absl::StrCat("block layer ", l, " checksum mismatch"));
+    }
+  }
+  return h;
+}
+
+absl::StatusOr<BlockHeader> CopyAndVerifyBlock(const char* src, size_t size, char* dest,
+                                               const std::array<uint8_t, 32>* expect_fingerprint) {
+  // The header first, read from the copy: its fixed part says how long the rest of it is.
+  size_t copied = std::min(size, kFixedBytes);
+  std::memcpy(dest, src, copied);
+  if (copied == kFixedBytes) {
+    const auto layers = static_cast<uint32_t>(Get(absl::string_view(dest, copied), 40, 4));
+    copied = std::min<size_t>(size, BlockHeaderBytes(std::min(layers, kMaxLayers)));
+    std::memcpy(dest + kFixedBytes, src + kFixedBytes, copied - kFixedBytes);
+  }
+  absl::StatusOr<BlockHeader> h = DecodeBlockHeader(absl::string_view(dest, copied));
+  if (!h.ok()) return h.status();
+  if (expect_fingerprint != nullptr && h->fingerprint != *expect_fingerprint) {
+    return absl::FailedPreconditionError("block belongs to another model (fingerprint mismatch)");
+  }
+  const uint64_t want = BlockHeaderBytes(h->layout.num_layers) + h->layout.layer_bytes() * h->layout.num_layers;
+  if (size != want) return absl::DataLossError(absl::StrCat("block of ", size, " bytes, its header implies ", want));
+  // Then every layer, checked as it is copied.
+  for (uint32_t l = 0; l < h->layout.num_layers; ++l) {
+    const size_t at = copied + static_cast<size_t>(h->layout.layer_bytes()) * l;
+    const absl::string_view from(src + at, static_cast<size_t>(h->layout.layer_bytes()));
+    if (CopyCrc32c(dest + at, from) != h->layer_crc[l]) {
       return absl::DataLossError(absl::StrCat("block layer ", l, " checksum mismatch"));
     }
   }

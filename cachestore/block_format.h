@@ -52,6 +52,14 @@ absl::StatusOr<BlockHeader> DecodeBlockHeader(absl::string_view bytes);
 // total size and every layer checksum (kDataLoss). Returns the header.
 absl::StatusOr<BlockHeader> VerifyBlock(absl::string_view bytes, const std::array<uint8_t, 32>& expect_fingerprint);
 
+// Copies the block of `size` bytes at `src` to `dest` (at least `size` bytes, not overlapping) and
+// checks the copy as VerifyBlock does, in one pass: every layer's checksum is computed from the
+// bytes as they are written to `dest` (CopyCrc32c), so the result vouches for `dest` even when
+// `src` is memory another process may change meanwhile. `expect_fingerprint` null: any model's
+// block. On an error, `dest` holds an unspecified prefix of what was read and must not be used.
+absl::StatusOr<BlockHeader> CopyAndVerifyBlock(const char* src, size_t size, char* dest,
+                                               const std::array<uint8_t, 32>* expect_fingerprint);
+
 // The payload of `layer` inside a verified block.
 absl::string_view BlockLayerPayload(absl::string_view block, const BlockHeader& header, uint32_t layer);
 

@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 
+#include "absl/functional/function_ref.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "cachestore/block_format.h"
@@ -134,18 +136,72 @@ absl::Duration StoreClient::LeaseTrustWindow(absl::Duration lease_ttl) {
   return lease_ttl - std::max(lease_ttl / 5, absl::Seconds(1));
 }
 
+struct StoreClient::Sink {
+  // A buffer of at least `size` bytes for block i of the batch, or why there is none.
+  absl::FunctionRef<absl::StatusOr<char*>(size_t i, size_t size)> buffer;
+  // Takes block i as it came inline; its size, or why it cannot be taken.
+  absl::FunctionRef<absl::StatusOr<size_t>(size_t i, std::string block)> take;
+};
+
 std::vector<absl::StatusOr<std::string>> StoreClient::GetRemoteBatch(absl::Span<const BlockKey> keys,
                                                                      UcxReader* reader,
                                                                      const std::array<uint8_t, 32>* fp) {
-  std::vector<absl::StatusOr<std::string>> out(keys.size(), absl::UnknownError("not read"));
-  for (size_t at = 0; at < keys.size(); at += kMaxKeysPerLeaseCall) {
-    LeaseAndRead(keys.subspan(at, kMaxKeysPerLeaseCall), reader, fp, out.data() + at);
+  std::vector<std::string> blocks(keys.size());
+  const auto buffer = [&](size_t i, size_t size) -> absl::StatusOr<char*> {
+    blocks[i].resize(size);
+    return blocks[i].data();
+  };
+  const auto take = [&](size_t i, std::string block) -> absl::StatusOr<size_t> {
+    blocks[i] = std::move(block);
+    return blocks[i].size();
+  };
+  std::vector<absl::StatusOr<size_t>> sizes = ReadBatch(keys, reader, fp, Sink{buffer, take});
+  std::vector<absl::StatusOr<std::string>> out;
+  out.reserve(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (sizes[i].ok()) {
+      out.emplace_back(std::move(blocks[i]));
+    } else {
+      out.emplace_back(sizes[i].status());
+    }
   }
   return out;
 }
 
-void StoreClient::LeaseAndRead(absl::Span<const BlockKey> keys, UcxReader* reader,
-                               const std::array<uint8_t, 32>* fp, absl::StatusOr<std::string>* out) {
+std::vector<absl::StatusOr<size_t>> StoreClient::GetRemoteBatchInto(absl::Span<const BlockKey> keys,
+                                                                    absl::Span<const absl::Span<char>> dest,
+                                                                    UcxReader* reader,
+                                                                    const std::array<uint8_t, 32>* fp) {
+  if (dest.size() != keys.size()) {
+    return std::vector<absl::StatusOr<size_t>>(
+        keys.size(), absl::InvalidArgumentError(absl::StrCat(dest.size(), " buffers for ", keys.size(), " keys")));
+  }
+  const auto too_small = [&](size_t i, size_t size) {
+    return absl::OutOfRangeError(absl::StrCat("block of ", size, " bytes, buffer of ", dest[i].size()));
+  };
+  const auto buffer = [&](size_t i, size_t size) -> absl::StatusOr<char*> {
+    if (size > dest[i].size()) return too_small(i, size);
+    return dest[i].data();
+  };
+  const auto take = [&](size_t i, std::string block) -> absl::StatusOr<size_t> {
+    if (block.size() > dest[i].size()) return too_small(i, block.size());
+    std::memcpy(dest[i].data(), block.data(), block.size());
+    return block.size();
+  };
+  return ReadBatch(keys, reader, fp, Sink{buffer, take});
+}
+
+std::vector<absl::StatusOr<size_t>> StoreClient::ReadBatch(absl::Span<const BlockKey> keys, UcxReader* reader,
+                                                           const std::array<uint8_t, 32>* fp, const Sink& sink) {
+  std::vector<absl::StatusOr<size_t>> out(keys.size(), absl::UnknownError("not read"));
+  for (size_t at = 0; at < keys.size(); at += kMaxKeysPerLeaseCall) {
+    LeaseAndRead(keys.subspan(at, kMaxKeysPerLeaseCall), at, reader, fp, sink, out.data() + at);
+  }
+  return out;
+}
+
+void StoreClient::LeaseAndRead(absl::Span<const BlockKey> keys, size_t first, UcxReader* reader,
+                               const std::array<uint8_t, 32>* fp, const Sink& sink, absl::StatusOr<size_t>* out) {
   const size_t n = keys.size();
   vericache::v1::LeaseBlocksRequest req;
   for (const BlockKey& k : keys) req.add_keys(KeyBytes(k));
@@ -161,7 +217,7 @@ void StoreClient::LeaseAndRead(absl::Span<const BlockKey> keys, UcxReader* reade
       st.error_code() == grpc::StatusCode::UNIMPLEMENTED) {
     // No UCX data plane (or a store that predates LeaseBlocks): every block comes inline.
     for (size_t i = 0; i < n; ++i) inline_keys.push_back(i);
-    GetInline(keys, inline_keys, fp, out);
+    GetInline(keys, first, inline_keys, fp, sink, out);
     return;
   }
   if (st.ok() && resp.blocks_size() != static_cast<int>(n)) {
@@ -180,9 +236,13 @@ void StoreClient::LeaseAndRead(absl::Span<const BlockKey> keys, UcxReader* reade
   const absl::Duration trusted_until = sent + LeaseTrustWindow(absl::Milliseconds(resp.lease_ttl_ms()));
 
   // Read every leased block. A read that finished past the trust window counts only if the
-  // release finds its lease live (`confirm`, by its index in the release call).
+  // release finds its lease live (`confirm`, by its index in the release call). A block read from
+  // a mapped region is checked as it is copied (`checked`); one read with Get is checked in its
+  // buffer (`unchecked`) once it counts.
   std::vector<uint64_t> lease_ids;
   std::vector<int> confirm(n, -1);
+  std::vector<absl::Status> checked(n);
+  std::vector<char*> unchecked(n, nullptr);
   for (size_t i = 0; i < n; ++i) {
     const vericache::v1::LeasedBlock& b = resp.blocks(static_cast<int>(i));
     const auto code = static_cast<absl::StatusCode>(b.status_code());
@@ -197,18 +257,32 @@ void StoreClient::LeaseAndRead(absl::Span<const BlockKey> keys, UcxReader* reade
     }
     const vericache::v1::RemoteBlock& r = b.remote();
     lease_ids.push_back(r.lease_id());
-    std::string block(r.size_bytes(), '\0');
-    const absl::Status read = reader->Get(r.worker_address(), r.rkey(), r.address(), block.data(), block.size());
-    if (!read.ok()) {
-      out[i] = read;
+    const size_t size = r.size_bytes();
+    absl::StatusOr<char*> dest = sink.buffer(first + i, size);
+    if (!dest.ok()) {
+      out[i] = dest.status();
+      continue;
+    }
+    absl::StatusOr<const char*> mapped = reader->Map(r.worker_address(), r.rkey(), r.address(), size);
+    if (mapped.ok()) {
+      checked[i] = CopyAndVerifyBlock(*mapped, size, *dest, nullptr).status();
+    } else if (absl::IsUnimplemented(mapped.status())) {
+      const absl::Status read = reader->Get(r.worker_address(), r.rkey(), r.address(), *dest, size);
+      if (!read.ok()) {
+        out[i] = read;
+        continue;
+      }
+      unchecked[i] = *dest;
+    } else {
+      out[i] = mapped.status();
       continue;
     }
     if (clock_->Now() >= trusted_until) confirm[i] = static_cast<int>(lease_ids.size() - 1);
-    out[i] = std::move(block);
+    out[i] = size;
   }
   // The leases go back in one call; it is waited for only when a read needs its answer.
   std::shared_ptr<ReleaseCall> release = lease_ids.empty() ? nullptr : SendReleases(lease_ids);
-  if (!inline_keys.empty()) GetInline(keys, inline_keys, fp, out);
+  if (!inline_keys.empty()) GetInline(keys, first, inline_keys, fp, sink, out);
 
   for (size_t i = 0; i < n; ++i) {
     if (!out[i].ok()) continue;
@@ -225,8 +299,12 @@ void StoreClient::LeaseAndRead(absl::Span<const BlockKey> keys, UcxReader* reade
         continue;
       }
     }
-    absl::StatusOr<BlockHeader> h = DecodeBlockHeader(*out[i]);
-    const absl::Status check = h.ok() ? VerifyBlock(*out[i], h->fingerprint).status() : h.status();
+    absl::Status check = checked[i];
+    if (unchecked[i] != nullptr) {
+      const absl::string_view block(unchecked[i], *out[i]);
+      absl::StatusOr<BlockHeader> h = DecodeBlockHeader(block);
+      check = h.ok() ? VerifyBlock(block, h->fingerprint).status() : h.status();
+    }
     if (!check.ok()) {
       (void)Delete(keys[i]);
       out[i] = absl::DataLossError(
@@ -235,8 +313,8 @@ void StoreClient::LeaseAndRead(absl::Span<const BlockKey> keys, UcxReader* reade
   }
 }
 
-void StoreClient::GetInline(absl::Span<const BlockKey> keys, const std::vector<size_t>& which,
-                            const std::array<uint8_t, 32>* fp, absl::StatusOr<std::string>* out) {
+void StoreClient::GetInline(absl::Span<const BlockKey> keys, size_t first, const std::vector<size_t>& which,
+                            const std::array<uint8_t, 32>* fp, const Sink& sink, absl::StatusOr<size_t>* out) {
   using GetCall = AsyncCall<vericache::v1::GetRequest, vericache::v1::GetResponse>;
   std::vector<std::unique_ptr<GetCall>> gets(which.size());
   for (size_t j = 0; j < which.size(); ++j) {
@@ -253,7 +331,7 @@ void StoreClient::GetInline(absl::Span<const BlockKey> keys, const std::vector<s
     GetCall& g = *gets[j];
     g.done.WaitForNotification();
     if (g.status.ok()) {
-      out[which[j]] = std::move(*g.resp.mutable_block());
+      out[which[j]] = sink.take(first + which[j], std::move(*g.resp.mutable_block()));
     } else {
       out[which[j]] = FromGrpc(g.status);
     }

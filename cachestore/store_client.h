@@ -62,6 +62,17 @@ class StoreClient {
   // key's result.
   std::vector<absl::StatusOr<std::string>> GetRemoteBatch(absl::Span<const BlockKey> keys, UcxReader* reader,
                                                           const std::array<uint8_t, 32>* expect_fingerprint = nullptr);
+  // GetRemoteBatch into memory the caller owns, with no allocation per block: block i is written to
+  // dest[i] (dest.size() == keys.size()) and its result is the block's size in bytes. A block larger
+  // than its buffer is kOutOfRange (nothing is read; its lease goes back as usual). Where the
+  // store's region is shared memory on this host (error mode none; UcxReader::Map), each block is
+  // copied and checked in one pass, the checksums computed from the bytes as they are written to
+  // dest[i]; otherwise it is read with UcxReader::Get and then checked in dest[i]. Leases, trust
+  // window, kAborted, kDataLoss (the block is deleted) and the inline fallback are as in
+  // GetRemoteBatch. Where a result is not OK, dest[i] holds unspecified bytes.
+  std::vector<absl::StatusOr<size_t>> GetRemoteBatchInto(absl::Span<const BlockKey> keys,
+                                                         absl::Span<const absl::Span<char>> dest, UcxReader* reader,
+                                                         const std::array<uint8_t, 32>* expect_fingerprint = nullptr);
   absl::Status Delete(const BlockKey& key);
   absl::StatusOr<StoreStats> Stats();
 
@@ -73,6 +84,8 @@ class StoreClient {
 
  private:
   struct ReleaseCall;
+  // Where the blocks of a batch go (store_client.cc).
+  struct Sink;
   // The ReleaseLeases calls in flight, shared with their completion callbacks so a callback that
   // runs as the client is destroyed never touches freed memory.
   struct ReleaseTracker {
@@ -83,12 +96,18 @@ class StoreClient {
   StoreClient() = default;
   // Adds the bearer token and the deadline to a call.
   void Prepare(grpc::ClientContext* ctx) const;
-  // GetRemoteBatch for at most one LeaseBlocks call's worth of keys; fills out[0, keys.size()).
-  void LeaseAndRead(absl::Span<const BlockKey> keys, UcxReader* reader, const std::array<uint8_t, 32>* fp,
-                    absl::StatusOr<std::string>* out);
-  // Inline Gets of keys[i] for every i in `which`, in flight together, into out[i].
-  void GetInline(absl::Span<const BlockKey> keys, const std::vector<size_t>& which,
-                 const std::array<uint8_t, 32>* fp, absl::StatusOr<std::string>* out);
+  // The batched read for at most one LeaseBlocks call's worth of keys, which are keys first, first +
+  // 1, ... of the whole batch (as `sink` counts them): out[i] is the size of block first + i or why
+  // there is none; fills out[0, keys.size()).
+  void LeaseAndRead(absl::Span<const BlockKey> keys, size_t first, UcxReader* reader,
+                    const std::array<uint8_t, 32>* fp, const Sink& sink, absl::StatusOr<size_t>* out);
+  // GetRemoteBatch and GetRemoteBatchInto: LeaseAndRead over every key, in calls of at most the
+  // service's limit.
+  std::vector<absl::StatusOr<size_t>> ReadBatch(absl::Span<const BlockKey> keys, UcxReader* reader,
+                                                const std::array<uint8_t, 32>* fp, const Sink& sink);
+  // Inline Gets of keys[i] for every i in `which`, in flight together, handed to `sink`.
+  void GetInline(absl::Span<const BlockKey> keys, size_t first, const std::vector<size_t>& which,
+                 const std::array<uint8_t, 32>* fp, const Sink& sink, absl::StatusOr<size_t>* out);
   // Starts one ReleaseLeases call for `lease_ids` (not empty) and returns it without waiting; wait
   // on its `done` for the per-id answer.
   std::shared_ptr<ReleaseCall> SendReleases(const std::vector<uint64_t>& lease_ids);

@@ -167,9 +167,12 @@ absl::StatusOr<std::unique_ptr<UcxReader>> UcxReader::Create(UcxErrorMode mode) 
 
 UcxReader::~UcxReader() = default;
 
-absl::Status UcxReader::Get(const std::string& worker_address, const std::string& rkey, uint64_t remote, void* dest,
-                            size_t size) {
-  absl::MutexLock l(&mu_);
+struct UcxReader::Target {
+  ucp_ep_h ep;
+  ucp_rkey_h rkey;
+};
+
+absl::StatusOr<UcxReader::Target> UcxReader::Find(const std::string& worker_address, const std::string& rkey) {
   Impl& im = *impl_;
   auto peer = im.peers.find(worker_address);
   if (peer == im.peers.end()) {
@@ -189,15 +192,46 @@ absl::Status UcxReader::Get(const std::string& worker_address, const std::string
     if (s != UCS_OK) return UcxError("ucp_ep_rkey_unpack", s);
     rk = peer->second.rkeys.emplace(rkey, h).first;
   }
+  return Target{peer->second.ep, rk->second};
+}
+
+absl::Status UcxReader::Get(const std::string& worker_address, const std::string& rkey, uint64_t remote, void* dest,
+                            size_t size) {
+  absl::MutexLock l(&mu_);
+  absl::StatusOr<Target> t = Find(worker_address, rkey);
+  if (!t.ok()) return t.status();
   ucp_request_param_t rp{};
-  ucs_status_ptr_t req = ucp_get_nbx(peer->second.ep, dest, size, remote, rk->second, &rp);
+  ucs_status_ptr_t req = ucp_get_nbx(t->ep, dest, size, remote, t->rkey, &rp);
   if (UCS_PTR_IS_ERR(req)) return UcxError("ucp_get_nbx", UCS_PTR_STATUS(req));
   if (req == nullptr) return absl::OkStatus();  // completed in place
   ucs_status_t s;
-  while ((s = ucp_request_check_status(req)) == UCS_INPROGRESS) ucp_worker_progress(im.worker.get());
+  while ((s = ucp_request_check_status(req)) == UCS_INPROGRESS) ucp_worker_progress(impl_->worker.get());
   ucp_request_free(req);
   if (s != UCS_OK) return UcxError("get", s);
   return absl::OkStatus();
+}
+
+absl::StatusOr<const char*> UcxReader::Map(const std::string& worker_address, const std::string& rkey,
+                                           uint64_t remote, size_t size) {
+  if (impl_->mode == UcxErrorMode::kPeer) {
+    return absl::UnimplementedError("error mode peer reads through UCX only");
+  }
+  absl::MutexLock l(&mu_);
+  absl::StatusOr<Target> t = Find(worker_address, rkey);
+  if (!t.ok()) return t.status();
+  // Both ends of the range must map, and contiguously (one segment).
+  void* first = nullptr;
+  ucs_status_t s = ucp_rkey_ptr(t->rkey, remote, &first);
+  if (s != UCS_OK) return absl::UnimplementedError(absl::StrCat("ucp_rkey_ptr: ", ucs_status_string(s)));
+  if (size > 0) {
+    void* last = nullptr;
+    s = ucp_rkey_ptr(t->rkey, remote + size - 1, &last);
+    if (s != UCS_OK) return absl::UnimplementedError(absl::StrCat("ucp_rkey_ptr: ", ucs_status_string(s)));
+    if (static_cast<char*>(last) != static_cast<char*>(first) + (size - 1)) {
+      return absl::UnimplementedError("the range is not mapped contiguously");
+    }
+  }
+  return static_cast<const char*>(first);
 }
 
 }  // namespace vc::cachestore

@@ -81,9 +81,24 @@ class UcxReader {
   absl::Status Get(const std::string& worker_address, const std::string& rkey, uint64_t remote, void* dest,
                    size_t size);
 
+  // The same `size` bytes, mapped into this process, for a caller that copies them itself (and can
+  // checksum them on the way, which Get cannot): a pointer to the server's region at `remote`, when
+  // the region is shared memory on this host (ucp_rkey_ptr). kUnimplemented otherwise, and always in
+  // error mode kPeer, whose point is that UCX reports a dead peer; read with Get then. The mapping
+  // is UCX's attachment of the server's segment, cached with the rkey for as long as this reader
+  // lives: it stays readable after the server is gone (it then holds what the server last wrote).
+  // The bytes are the server's live memory, which the server may change at any time; a reader must
+  // copy and check them as Get's bytes are checked, never use them in place.
+  absl::StatusOr<const char*> Map(const std::string& worker_address, const std::string& rkey, uint64_t remote,
+                                  size_t size);
+
  private:
   struct Impl;
+  struct Target;
   UcxReader() = default;
+  // The endpoint and unpacked rkey for a server and key, made on first use and cached.
+  absl::StatusOr<Target> Find(const std::string& worker_address, const std::string& rkey)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::unique_ptr<Impl> impl_;
   absl::Mutex mu_;
 };

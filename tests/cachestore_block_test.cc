@@ -40,11 +40,59 @@ TEST(Crc32c, FastMatchesReference) {
       const absl::string_view d(buf.data() + align, len);
       const uint32_t seed = static_cast<uint32_t>(rng());
       ASSERT_EQ(Crc32c(d, seed), Crc32cPortable(d, seed)) << "length " << len << ", offset " << align;
+      ASSERT_EQ(crc32c_internal::Crc32cSse42(d, seed), Crc32cPortable(d, seed)) << "length " << len;
     }
   }
   const absl::string_view all(buf);
   EXPECT_EQ(Crc32c(all.substr(1000), Crc32c(all.substr(0, 1000))), Crc32cPortable(all));
   std::cout << "Crc32c implementation: " << Crc32cImplementation() << "\n";
+}
+
+// The fused copy and checksum: the same CRC as the reference, the same bytes as the source, nothing
+// written outside the destination; random lengths, source and destination alignments, seeds.
+TEST(Crc32c, CopyMatchesReference) {
+  std::mt19937 rng(12);
+  std::string src(3 * 8192 * 3 + 64, '\0');
+  for (char& c : src) c = static_cast<char>(rng());
+  std::vector<size_t> lengths = {0, 1, 7, 8, 9, 255, 256, 767, 768, 769, 24575, 24576, 24577, 3 * 8192 * 3};
+  for (int i = 0; i < 300; ++i) lengths.push_back(rng() % (src.size() - 8));
+  std::string dest(src.size() + 32, '\0');
+  for (size_t len : lengths) {
+    const size_t from = rng() % 8, to = rng() % 16;
+    const uint32_t seed = static_cast<uint32_t>(rng());
+    std::fill(dest.begin(), dest.end(), '\x5a');
+    const absl::string_view s(src.data() + from, len);
+    ASSERT_EQ(CopyCrc32c(dest.data() + 8 + to, s, seed), Crc32cPortable(s, seed))
+        << "length " << len << ", source offset " << from << ", destination offset " << to;
+    ASSERT_EQ(absl::string_view(dest.data() + 8 + to, len), s) << "length " << len;
+    for (size_t i = 0; i < 8 + to; ++i) ASSERT_EQ(dest[i], '\x5a');
+    for (size_t i = 8 + to + len; i < dest.size(); ++i) ASSERT_EQ(dest[i], '\x5a');
+    std::fill(dest.begin(), dest.end(), '\x5a');
+    ASSERT_EQ(crc32c_internal::CopyCrc32cSse42(dest.data() + to, s, seed), Crc32cPortable(s, seed)) << len;
+    ASSERT_EQ(absl::string_view(dest.data() + to, len), s);
+    for (size_t i = to + len; i < dest.size(); ++i) ASSERT_EQ(dest[i], '\x5a');
+    std::fill(dest.begin(), dest.end(), '\x5a');
+    ASSERT_EQ(CopyCrc32cPortable(dest.data() + to, s, seed), Crc32cPortable(s, seed));
+    ASSERT_EQ(absl::string_view(dest.data() + to, len), s);
+  }
+  // Block-sized buffers (the long passes and the fold loop at length).
+  std::string big((1 << 20) + 300, '\0');
+  for (char& c : big) c = static_cast<char>(rng());
+  std::string big_dest(big.size(), '\0');
+  for (size_t len : {size_t{1} << 18, (size_t{1} << 20) + 257, size_t{100003}}) {
+    const absl::string_view s(big.data() + 3, len);
+    const uint32_t want = Crc32cPortable(s, 5);
+    ASSERT_EQ(CopyCrc32c(big_dest.data(), s, 5), want) << len;
+    ASSERT_EQ(absl::string_view(big_dest.data(), len), s);
+    ASSERT_EQ(crc32c_internal::CopyCrc32cSse42(big_dest.data() + 1, s, 5), want) << len;
+    ASSERT_EQ(Crc32c(s, 5), want) << len;
+    ASSERT_EQ(crc32c_internal::Crc32cSse42(s, 5), want) << len;
+  }
+  // Continued CRCs compose as Crc32c's do.
+  const absl::string_view all(src);
+  const uint32_t first = CopyCrc32c(dest.data(), all.substr(0, 1000));
+  EXPECT_EQ(CopyCrc32c(dest.data() + 1000, all.substr(1000), first), Crc32cPortable(all));
+  EXPECT_EQ(absl::string_view(dest.data(), all.size()), all);
 }
 
 TEST(BlockKeys, ChainPrefixAndIsolation) {
@@ -112,6 +160,47 @@ TEST(BlockFormat, RoundTripAndEveryCorruptionDetected) {
   }
   EXPECT_FALSE(EncodeBlock(fp, layout, {layers[0], layers[1]}).ok());
   EXPECT_FALSE(EncodeBlock(fp, layout, {layers[0], layers[1], "short"}).ok());
+}
+
+// The one-pass copy and check agrees with VerifyBlock on good, corrupted, truncated and padded
+// blocks, and a good block arrives intact.
+TEST(BlockFormat, CopyAndVerifyMatchesVerify) {
+  std::array<uint8_t, 32> fp{};
+  fp[0] = 7;
+  BlockLayout layout{3, 2, 8, 16};
+  std::vector<std::string> layers;
+  for (uint32_t l = 0; l < 3; ++l) layers.push_back(Payload(layout.layer_bytes(), 10 + l));
+  auto block = EncodeBlock(fp, layout, {layers[0], layers[1], layers[2]});
+  ASSERT_TRUE(block.ok());
+  std::string dest(block->size() + 64, '\0');
+  auto h = CopyAndVerifyBlock(block->data(), block->size(), dest.data(), &fp);
+  ASSERT_TRUE(h.ok()) << h.status();
+  EXPECT_EQ(dest.substr(0, block->size()), *block);
+  EXPECT_EQ(h->layer_crc, VerifyBlock(*block, fp)->layer_crc);
+  EXPECT_TRUE(CopyAndVerifyBlock(block->data(), block->size(), dest.data(), nullptr).ok());
+  std::array<uint8_t, 32> other = fp;
+  other[1] = 1;
+  EXPECT_EQ(CopyAndVerifyBlock(block->data(), block->size(), dest.data(), &other).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  std::vector<std::string> cases;
+  for (size_t at = 0; at < block->size(); at += 7) {
+    std::string bad = *block;
+    bad[at] = static_cast<char>(bad[at] ^ 0x01);
+    cases.push_back(bad);
+  }
+  for (size_t cut : {size_t{0}, size_t{10}, size_t{56}, BlockHeaderBytes(3) - 1, BlockHeaderBytes(3), block->size() - 1}) {
+    cases.push_back(block->substr(0, cut));
+  }
+  cases.push_back(*block + "x");
+  std::string many_layers = *block;
+  many_layers[40] = '\xff';  // a layer count far beyond the block's size
+  cases.push_back(many_layers);
+  for (const std::string& bad : cases) {
+    auto want = VerifyBlock(bad, fp);
+    auto got = CopyAndVerifyBlock(bad.data(), bad.size(), dest.data(), &fp);
+    ASSERT_FALSE(want.ok());
+    EXPECT_EQ(got.status().code(), want.status().code()) << got.status() << " vs " << want.status();
+  }
 }
 
 }  // namespace

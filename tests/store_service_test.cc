@@ -30,18 +30,28 @@ std::string MakeBlock(uint32_t seed, std::array<uint8_t, 32>* fp_out = nullptr) 
   return *cachestore::EncodeBlock(fp, layout, {layers[0], layers[1]});
 }
 
+// Where the RAM tier lives: memory the tier allocated (UCX emulates gets from it), or a region UCX
+// allocated in shared memory (as `vericache store` runs it; read in place in error mode none).
+enum class Region { kTier, kUcx };
+
 class StoreServer {
  public:
   // `clock` (may be null: the steady clock) times the RAM tier's leases.
-  explicit StoreServer(const std::string& dir, const Clock* clock = nullptr) {
+  explicit StoreServer(const std::string& dir, const Clock* clock = nullptr, Region region = Region::kTier,
+                       cachestore::UcxErrorMode mode = cachestore::UcxErrorMode::kNone) {
     cachestore::StoreOptions o;
     o.ram.capacity_bytes = 8 << 20;
     o.ram.clock = clock;
     o.disk.path = dir;
     o.disk.capacity_bytes = 64 << 20;
+    if (region == Region::kUcx) {
+      ucx_ = *cachestore::UcxRegionServer::Allocate(o.ram.capacity_bytes, mode);
+      o.ram.region = ucx_->region();
+    }
     store_ = *cachestore::BlockStore::Open(o);
-    ucx_ = *cachestore::UcxRegionServer::Create(store_->ram().region(), store_->ram().region_bytes(),
-                                                cachestore::UcxErrorMode::kNone);
+    if (region == Region::kTier) {
+      ucx_ = *cachestore::UcxRegionServer::Create(store_->ram().region(), store_->ram().region_bytes(), mode);
+    }
     service_ = std::make_unique<CacheStoreService>(
         store_.get(), StoreServiceOptions{{{"token-a", "alice"}, {"token-b", "bob"}}, "secret", ucx_.get()});
     grpc::ServerBuilder b;
@@ -50,7 +60,10 @@ class StoreServer {
     b.RegisterService(service_.get());
     server_ = b.BuildAndStart();
   }
-  ~StoreServer() { server_->Shutdown(); }
+  ~StoreServer() {
+    server_->Shutdown();
+    store_.reset();  // before the region it may live in
+  }
   std::string target() const { return "127.0.0.1:" + std::to_string(port_); }
   // `clock` (may be null: the steady clock) times the client's trust in its leases.
   std::unique_ptr<StoreClient> Client(const std::string& token, const Clock* clock = nullptr) {
@@ -142,6 +155,119 @@ TEST(StoreService, BatchedRemoteReadsKeepOrderAndPerBlockOutcomes) {
   EXPECT_TRUE(a->GetRemoteBatch({}, reader.get()).empty());
 }
 
+// The key a tenant's block is stored under, and a bit of its stored copy in RAM flipped.
+void CorruptInRam(StoreServer& server, const std::string& tenant, const BlockKey& key, size_t from_end) {
+  auto lease = server.store().ram().Lease(cachestore::BlockStore::Scoped(
+      std::string(reinterpret_cast<const char*>(cachestore::Sha256("secret\n" + tenant).data()), 32), key));
+  ASSERT_TRUE(lease.ok()) << lease.status();
+  const_cast<char*>(server.store().ram().region())[lease->offset + lease->size - from_end] ^= 8;
+  (void)server.store().ram().Release(lease->id);  // may have expired already under a leaping clock
+}
+
+// Reads into caller buffers, on each data path: the tier's own memory (UCX gets), a UCX-allocated
+// region in error mode none (mapped, copied and checked in one pass) and in error mode peer (TCP
+// gets, never mapped).
+struct PathCase {
+  Region region;
+  cachestore::UcxErrorMode mode;
+  bool mapped;  // whether the reader can map the region
+};
+
+class StoreReadPaths : public ::testing::TestWithParam<PathCase> {};
+
+TEST_P(StoreReadPaths, BatchIntoCallerBuffersRoundTripsAndDropsCorruptBlocks) {
+  const PathCase& c = GetParam();
+  StoreServer server(testing::TempDir("store_into"), nullptr, c.region, c.mode);
+  auto a = server.Client("token-a");
+  auto reader = *cachestore::UcxReader::Create(c.mode);
+  const auto keys = Chain(6, 15);
+  std::array<uint8_t, 32> fp;
+  for (int i : {0, 1, 3, 4, 5}) ASSERT_TRUE(a->Put(keys[i], MakeBlock(100 + i, &fp)).ok());  // not 2
+
+  // The path under test is the one taken: the reader maps the leased block exactly when expected.
+  {
+    auto stub =
+        vericache::v1::CacheStore::NewStub(grpc::CreateChannel(server.target(), grpc::InsecureChannelCredentials()));
+    grpc::ClientContext ctx;
+    ctx.AddMetadata("authorization", "Bearer token-a");
+    vericache::v1::LeaseBlocksRequest req;
+    req.add_keys(std::string(reinterpret_cast<const char*>(keys[0].bytes.data()), 32));
+    vericache::v1::LeaseBlocksResponse resp;
+    ASSERT_TRUE(stub->LeaseBlocks(&ctx, req, &resp).ok());
+    ASSERT_TRUE(resp.blocks(0).has_remote());
+    const vericache::v1::RemoteBlock& r = resp.blocks(0).remote();
+    auto mapped = reader->Map(r.worker_address(), r.rkey(), r.address(), r.size_bytes());
+    EXPECT_EQ(mapped.ok(), c.mapped) << mapped.status();
+    if (mapped.ok()) {
+      EXPECT_EQ(std::string(*mapped, r.size_bytes()), MakeBlock(100));
+    }
+    grpc::ClientContext rctx;
+    rctx.AddMetadata("authorization", "Bearer token-a");
+    vericache::v1::ReleaseLeasesRequest rreq;
+    rreq.add_lease_ids(r.lease_id());
+    vericache::v1::ReleaseLeasesResponse rresp;
+    ASSERT_TRUE(stub->ReleaseLeases(&rctx, rreq, &rresp).ok());
+  }
+
+  const size_t block_bytes = MakeBlock(0).size();
+  std::vector<std::string> buffers(6, std::string(block_bytes + 100, '\0'));
+  std::vector<absl::Span<char>> dest;
+  for (std::string& b : buffers) dest.emplace_back(b.data(), b.size());
+  for (int round = 0; round < 2; ++round) {  // the same buffers, reused
+    for (std::string& b : buffers) std::fill(b.begin(), b.end(), '?');
+    auto got = a->GetRemoteBatchInto(keys, dest, reader.get(), &fp);
+    ASSERT_EQ(got.size(), 6u);
+    for (int i : {0, 1, 3, 4, 5}) {
+      ASSERT_TRUE(got[i].ok()) << i << ": " << got[i].status();
+      ASSERT_EQ(*got[i], block_bytes);
+      EXPECT_EQ(buffers[i].substr(0, block_bytes), MakeBlock(100 + i)) << i;
+    }
+    EXPECT_EQ(got[2].status().code(), absl::StatusCode::kNotFound);
+  }
+
+  // A corrupted stored copy is kDataLoss and is deleted; the rest of the batch is unaffected.
+  CorruptInRam(server, "alice", keys[4], 3);
+  CorruptInRam(server, "alice", keys[1], MakeBlock(0).size() - 20);  // in the header
+  auto got = a->GetRemoteBatchInto(keys, dest, reader.get());
+  EXPECT_EQ(got[1].status().code(), absl::StatusCode::kDataLoss) << got[1].status();
+  EXPECT_EQ(got[4].status().code(), absl::StatusCode::kDataLoss) << got[4].status();
+  for (int i : {0, 3, 5}) {
+    ASSERT_TRUE(got[i].ok()) << i << ": " << got[i].status();
+    EXPECT_EQ(buffers[i].substr(0, block_bytes), MakeBlock(100 + i)) << i;
+  }
+  EXPECT_EQ(a->Get(keys[1]).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(a->Get(keys[4]).status().code(), absl::StatusCode::kNotFound);
+
+  // A buffer too small for its block, and a buffer count that does not match the keys.
+  std::string small(block_bytes - 1, '\0');
+  std::vector<absl::Span<char>> mixed = {dest[0], absl::Span<char>(small.data(), small.size())};
+  auto two = a->GetRemoteBatchInto({keys[0], keys[3]}, mixed, reader.get());
+  ASSERT_TRUE(two[0].ok()) << two[0].status();
+  EXPECT_EQ(two[1].status().code(), absl::StatusCode::kOutOfRange);
+  for (const auto& r : a->GetRemoteBatchInto(keys, {dest[0]}, reader.get())) {
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  }
+  // GetRemoteBatch, the string-returning form, takes the same path.
+  auto strings = a->GetRemoteBatch({keys[5], keys[0]}, reader.get());
+  ASSERT_TRUE(strings[0].ok() && strings[1].ok());
+  EXPECT_EQ(*strings[0], MakeBlock(105));
+  // Every lease went back (the releases are asynchronous): all blocks can be deleted and freed.
+  a.reset();
+  auto b = server.Client("token-a");
+  for (const BlockKey& k : keys) (void)b->Delete(k);
+  EXPECT_EQ(server.store().ram().used_bytes(), 0u);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Paths, StoreReadPaths,
+    ::testing::Values(PathCase{Region::kTier, cachestore::UcxErrorMode::kNone, false},
+                      PathCase{Region::kUcx, cachestore::UcxErrorMode::kNone, true},
+                      PathCase{Region::kUcx, cachestore::UcxErrorMode::kPeer, false}),
+    [](const auto& info) {
+      return std::string(info.param.region == Region::kTier ? "TierMemory" : "UcxRegion") +
+             (info.param.mode == cachestore::UcxErrorMode::kNone ? "None" : "Peer");
+    });
+
 // A clock that jumps a minute, twice the default lease time, every time it is read: every lease
 // has expired by the store's next look at the clock.
 class LeapingClock final : public Clock {
@@ -168,6 +294,26 @@ TEST(StoreService, ReadsUnderAnExpiredLeaseAreDiscarded) {
   for (const auto& got : a->GetRemoteBatch(keys, reader.get())) {
     EXPECT_EQ(got.status().code(), absl::StatusCode::kAborted);
   }
+}
+
+// The same on the mapped path, where the check runs during the copy: a read that may have
+// outlived its lease is kAborted even when its bytes fail their check (the slot may have been
+// reused), and the stored block is kept.
+TEST(StoreService, MappedReadsUnderAnExpiredLeaseAreDiscardedNotDropped) {
+  LeapingClock clock;
+  StoreServer server(testing::TempDir("store_expiry_mapped"), &clock, Region::kUcx);
+  auto a = server.Client("token-a", &clock);
+  auto reader = *cachestore::UcxReader::Create(cachestore::UcxErrorMode::kNone);
+  const auto keys = Chain(2, 16);
+  for (int i = 0; i < 2; ++i) ASSERT_TRUE(a->Put(keys[i], MakeBlock(110 + i)).ok());
+  CorruptInRam(server, "alice", keys[1], 3);
+  std::vector<std::string> buffers(2, std::string(MakeBlock(0).size(), '\0'));
+  std::vector<absl::Span<char>> dest = {absl::Span<char>(buffers[0].data(), buffers[0].size()),
+                                        absl::Span<char>(buffers[1].data(), buffers[1].size())};
+  for (const auto& got : a->GetRemoteBatchInto(keys, dest, reader.get())) {
+    EXPECT_EQ(got.status().code(), absl::StatusCode::kAborted) << got.status();
+  }
+  EXPECT_EQ(a->Lookup(keys)->first, 2u);  // both still stored
 }
 
 TEST(StoreService, ReadsWithinTheLeaseTimeAreTrustedWithoutTheRelease) {

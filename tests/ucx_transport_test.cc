@@ -54,6 +54,43 @@ TEST_P(UcxTransport, GetsReadARegionUcxAllocated) {
   EXPECT_EQ(byte, (*server)->region()[7]);
 }
 
+// Map: a region UCX allocated in shared memory is readable in place in error mode none; peer mode
+// and memory UCX cannot share say kUnimplemented (the caller reads with Get instead).
+TEST_P(UcxTransport, MapsARegionUcxAllocatedInModeNone) {
+  auto server = UcxRegionServer::Allocate(3 << 20, GetParam());
+  ASSERT_TRUE(server.ok()) << server.status();
+  std::mt19937 rng(6);
+  for (size_t i = 0; i < (size_t{3} << 20); ++i) (*server)->region()[i] = static_cast<char>(rng());
+  auto reader = UcxReader::Create(GetParam());
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  const size_t off = 12345, size = size_t{1} << 20;
+  absl::StatusOr<const char*> p =
+      (*reader)->Map((*server)->worker_address(), (*server)->rkey(), (*server)->base() + off, size);
+  if (GetParam() == UcxErrorMode::kPeer) {
+    EXPECT_EQ(p.status().code(), absl::StatusCode::kUnimplemented) << p.status();
+    return;
+  }
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(0, std::memcmp(*p, (*server)->region() + off, size));
+  (*server)->region()[off + 7] ^= 1;  // the server's writes show through the mapping
+  EXPECT_EQ((*p)[7], (*server)->region()[off + 7]);
+  // The mapping is cached with the rkey: the same address maps to the same place.
+  EXPECT_EQ(*(*reader)->Map((*server)->worker_address(), (*server)->rkey(), (*server)->base() + off, 1), *p);
+}
+
+TEST(UcxMap, CallerMemoryIsNotMapped) {
+  std::vector<char> region(1 << 20, 'x');
+  auto server = UcxRegionServer::Create(region.data(), region.size(), UcxErrorMode::kNone);
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto reader = UcxReader::Create(UcxErrorMode::kNone);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  absl::StatusOr<const char*> p = (*reader)->Map((*server)->worker_address(), (*server)->rkey(), (*server)->base(), 4096);
+  EXPECT_EQ(p.status().code(), absl::StatusCode::kUnimplemented) << p.status();
+  char byte = 0;  // Get still works
+  ASSERT_TRUE((*reader)->Get((*server)->worker_address(), (*server)->rkey(), (*server)->base() + 3, &byte, 1).ok());
+  EXPECT_EQ(byte, 'x');
+}
+
 INSTANTIATE_TEST_SUITE_P(Modes, UcxTransport, ::testing::Values(UcxErrorMode::kNone, UcxErrorMode::kPeer),
                          [](const auto& info) { return info.param == UcxErrorMode::kNone ? "none" : "peer"; });
 
