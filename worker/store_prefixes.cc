@@ -118,23 +118,52 @@ absl::Status StorePrefixes::Read(absl::Span<const PrefixName> names, const Paged
   int64_t bytes = 0;
   absl::Status status;
   const auto start = std::chrono::steady_clock::now();
-  // One-sided reads go out as one batch (about two round trips for all the blocks); inline
-  // reads one block at a time.
+  // One-sided reads go out in batches (about two round trips per batch); inline reads one block
+  // at a time.
   std::vector<cachestore::BlockKey> keys;
   for (const PrefixName& n : names) keys.push_back(ToKey(n));
-  std::vector<absl::StatusOr<std::string>> blocks;
-  if (reader_ != nullptr) blocks = client_->GetRemoteBatch(keys, reader_.get(), &fingerprint_);
+  // Remote blocks land in this thread's reusable buffer, one slot per block of our layout (a
+  // block of another size does not fit and fails its read), at most 16 MiB of slots per batch.
+  cachestore::BlockLayout want;
+  want.num_layers = layout_.num_layers;
+  want.num_kv_heads = layout_.num_kv_heads;
+  want.head_dim = layout_.head_dim;
+  want.tokens = static_cast<uint32_t>(bt);
+  const size_t slot = cachestore::BlockHeaderBytes(want.num_layers) + want.layer_bytes() * want.num_layers;
+  const size_t per_batch = std::max<size_t>(1, (size_t{16} << 20) / slot);
+  thread_local std::vector<char> buffer;
+  std::vector<absl::StatusOr<size_t>> sizes;
   for (size_t b = 0; b < names.size() && status.ok(); ++b) {
     const cachestore::BlockKey& key = keys[b];
-    absl::StatusOr<std::string> block = reader_ != nullptr ? std::move(blocks[b]) : client_->Get(key, &fingerprint_);
-    if (!block.ok()) {
-      status = block.status();
-      break;
+    if (reader_ != nullptr && b % per_batch == 0) {
+      const size_t count = std::min(per_batch, names.size() - b);
+      if (buffer.size() < slot * count) buffer.resize(slot * count);
+      std::vector<absl::Span<char>> slots;
+      for (size_t i = 0; i < count; ++i) slots.emplace_back(buffer.data() + i * slot, slot);
+      sizes = client_->GetRemoteBatchInto(absl::MakeConstSpan(keys).subspan(b, count), slots, reader_.get(),
+                                          &fingerprint_);
     }
-    // GetRemote checked the checksums end to end; inline bytes are checked here. The model and
+    absl::StatusOr<std::string> inline_block;
+    absl::string_view block;
+    if (reader_ != nullptr) {
+      const absl::StatusOr<size_t>& size = sizes[b % per_batch];
+      if (!size.ok()) {
+        status = size.status();
+        break;
+      }
+      block = absl::string_view(buffer.data() + (b % per_batch) * slot, *size);
+    } else {
+      inline_block = client_->Get(key, &fingerprint_);
+      if (!inline_block.ok()) {
+        status = inline_block.status();
+        break;
+      }
+      block = *inline_block;
+    }
+    // Remote reads checked the checksums end to end; inline bytes are checked here. The model and
     // the layout are ours to check.
-    absl::StatusOr<cachestore::BlockHeader> h = reader_ != nullptr ? cachestore::DecodeBlockHeader(*block)
-                                                                   : cachestore::VerifyBlock(*block, fingerprint_);
+    absl::StatusOr<cachestore::BlockHeader> h = reader_ != nullptr ? cachestore::DecodeBlockHeader(block)
+                                                                   : cachestore::VerifyBlock(block, fingerprint_);
     if (h.ok() && h->fingerprint != fingerprint_) {
       h = absl::DataLossError(absl::StrCat("block ", key.Hex(), " belongs to another model"));
     }
@@ -150,7 +179,7 @@ absl::Status StorePrefixes::Read(absl::Span<const PrefixName> names, const Paged
       break;
     }
     for (int l = 0; l < layout_.num_layers; ++l) {
-      const absl::string_view payload = cachestore::BlockLayerPayload(*block, *h, l);
+      const absl::string_view payload = cachestore::BlockLayerPayload(block, *h, l);
       const float* k = reinterpret_cast<const float*>(payload.data());
       const float* v = k + bt * row;
       // Destination blocks hold layout_.block_size positions each, contiguous within a block.
@@ -160,7 +189,7 @@ absl::Status StorePrefixes::Read(absl::Span<const PrefixName> names, const Paged
         std::memcpy(dest.V(l, pos), v + t * row, layout_.block_size * row * 4);
       }
     }
-    bytes += static_cast<int64_t>(block->size());
+    bytes += static_cast<int64_t>(block.size());
   }
   if (options_.link != nullptr) options_.link->Transfer(bytes, start);
   absl::MutexLock l(&mu_);
