@@ -42,11 +42,12 @@ def plot_engine(rows, out):
     links = sorted({r["link_ratio"] for r in rows if r["mode"] in ("offload", "vericache")})
     fig, axes = plt.subplots(1, max(1, len(links)), figsize=(5 * max(1, len(links)), 4), squeeze=False)
     for ax, link in zip(axes[0], links):
-        for mode in ("full", "lossy", "offload", "vericache"):
+        local = ("full", "lossy", "vericache-resident")
+        for mode in ("full", "lossy", "vericache-resident", "offload", "vericache"):
             for batch in sorted({r["batch"] for r in rows}):
                 pts = sorted((r["context"], r["tokens_per_s"]) for r in rows
                              if r["mode"] == mode and r["batch"] == batch
-                             and (r["link_ratio"] == link or mode in ("full", "lossy")))
+                             and (r["link_ratio"] == link or mode in local))
                 if pts:
                     ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"{mode} b={batch}",
                             linestyle="--" if mode == "lossy" else "-")
