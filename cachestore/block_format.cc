@@ -8,10 +8,13 @@
 namespace vc::cachestore {
 namespace {
 
-// Fixed part: magic, version, reserved, fingerprint, 4 layout words; then a CRC per layer and the
-// header's own CRC.
+// Fixed part: magic, version, reserved, fingerprint, 4 layout words, and in version 2 one more word
+// (encoding, bits, group); then a CRC per layer and the header's own CRC.
 constexpr size_t kFixedBytes = 4 + 2 + 2 + 32 + 4 * 4;
+constexpr size_t kEncodingBytes = 4;
 constexpr uint32_t kMaxLayers = 4096;
+
+size_t FixedBytes(uint16_t version) { return kFixedBytes + (version == kEncodedBlockFormatVersion ? kEncodingBytes : 0); }
 
 void Put(std::string* out, uint64_t v, int bytes) {
   for (int i = 0; i < bytes; ++i) out->push_back(static_cast<char>((v >> (8 * i)) & 0xff));
@@ -25,7 +28,31 @@ uint64_t Get(absl::string_view in, size_t at, int bytes) {
 
 }  // namespace
 
+uint64_t BlockLayout::layer_bytes() const {
+  const uint64_t heads = num_kv_heads, d = head_dim, t = tokens;
+  if (encoding == BlockEncoding::kFloat32) return 2 * t * heads * d * 4;
+  if (!valid()) return 0;
+  const uint64_t vgroup = std::min<uint64_t>(group, d);
+  const uint64_t codes = t * d * bits / 8;                  // K or V codes
+  const uint64_t kscales = 2 * (t / group) * d * 4;         // K scale and min
+  const uint64_t vscales = 2 * t * (d / vgroup) * 4;        // V scale and min
+  return heads * (2 * codes + kscales + vscales);
+}
+
+bool BlockLayout::valid() const {
+  if (encoding == BlockEncoding::kFloat32) return bits == 0 && group == 0;
+  if (encoding != BlockEncoding::kKivi) return false;
+  if (bits != 2 && bits != 4 && bits != 8) return false;
+  if (group == 0 || tokens % group != 0 || group * bits % 8 != 0) return false;
+  const uint32_t vgroup = std::min<uint32_t>(group, head_dim);
+  return head_dim % vgroup == 0 && head_dim * bits % 8 == 0;
+}
+
 size_t BlockHeaderBytes(uint32_t num_layers) { return kFixedBytes + 4 * size_t{num_layers} + 4; }
+
+size_t BlockHeaderBytes(const BlockLayout& layout) {
+  return BlockHeaderBytes(layout.num_layers) + (layout.encoding == BlockEncoding::kFloat32 ? 0 : kEncodingBytes);
+}
 
 absl::StatusOr<std::string> EncodeBlock(const std::array<uint8_t, 32>& fingerprint, const BlockLayout& layout,
                                         const std::vector<absl::string_view>& layers) {
@@ -33,13 +60,20 @@ absl::StatusOr<std::string> EncodeBlock(const std::array<uint8_t, 32>& fingerpri
     return absl::InvalidArgumentError(
         absl::StrCat("block has ", layers.size(), " layer payloads, layout says ", layout.num_layers));
   }
+  if (!layout.valid()) return absl::InvalidArgumentError("block layout: encoding parameters do not fit the shape");
+  const bool f32 = layout.encoding == BlockEncoding::kFloat32;
   std::string out;
-  out.reserve(BlockHeaderBytes(layout.num_layers) + layout.layer_bytes() * layout.num_layers);
+  out.reserve(BlockHeaderBytes(layout) + layout.layer_bytes() * layout.num_layers);
   Put(&out, kBlockMagic, 4);
-  Put(&out, kBlockFormatVersion, 2);
+  Put(&out, f32 ? kBlockFormatVersion : kEncodedBlockFormatVersion, 2);
   Put(&out, 0, 2);
   out.append(reinterpret_cast<const char*>(fingerprint.data()), fingerprint.size());
   for (uint32_t v : {layout.num_layers, layout.num_kv_heads, layout.head_dim, layout.tokens}) Put(&out, v, 4);
+  if (!f32) {
+    Put(&out, static_cast<uint8_t>(layout.encoding), 1);
+    Put(&out, layout.bits, 1);
+    Put(&out, layout.group, 2);
+  }
   for (absl::string_view l : layers) {
     if (l.size() != layout.layer_bytes()) {
       return absl::InvalidArgumentError(
@@ -57,23 +91,31 @@ absl::StatusOr<BlockHeader> DecodeBlockHeader(absl::string_view b) {
   if (Get(b, 0, 4) != kBlockMagic) return absl::DataLossError("not a KV block (bad magic)");
   BlockHeader h;
   h.version = static_cast<uint16_t>(Get(b, 4, 2));
-  if (h.version != kBlockFormatVersion) {
+  if (h.version != kBlockFormatVersion && h.version != kEncodedBlockFormatVersion) {
     return absl::DataLossError(absl::StrCat("block format version ", h.version, " (this build reads ",
-                                            kBlockFormatVersion, ")"));
+                                            kBlockFormatVersion, " and ", kEncodedBlockFormatVersion, ")"));
   }
+  const size_t fixed = FixedBytes(h.version);
+  if (b.size() < fixed + 4) return absl::DataLossError(absl::StrCat("block of ", b.size(), " bytes is truncated"));
   std::memcpy(h.fingerprint.data(), b.data() + 8, 32);
   h.layout.num_layers = static_cast<uint32_t>(Get(b, 40, 4));
   h.layout.num_kv_heads = static_cast<uint32_t>(Get(b, 44, 4));
   h.layout.head_dim = static_cast<uint32_t>(Get(b, 48, 4));
   h.layout.tokens = static_cast<uint32_t>(Get(b, 52, 4));
+  if (h.version == kEncodedBlockFormatVersion) {
+    h.layout.encoding = static_cast<BlockEncoding>(Get(b, 56, 1));
+    h.layout.bits = static_cast<uint8_t>(Get(b, 57, 1));
+    h.layout.group = static_cast<uint16_t>(Get(b, 58, 2));
+    if (h.layout.encoding == BlockEncoding::kFloat32) return absl::DataLossError("version 2 block of float32 encoding");
+  }
   if (h.layout.num_layers == 0 || h.layout.num_layers > kMaxLayers || h.layout.num_kv_heads == 0 ||
       h.layout.num_kv_heads > 4096 || h.layout.head_dim == 0 || h.layout.head_dim > 4096 ||
-      h.layout.tokens > (1u << 20)) {
+      h.layout.tokens > (1u << 20) || !h.layout.valid()) {
     return absl::DataLossError("block header has an implausible layout");
   }
-  const size_t header_bytes = BlockHeaderBytes(h.layout.num_layers);
+  const size_t header_bytes = BlockHeaderBytes(h.layout);
   if (b.size() < header_bytes) return absl::DataLossError("block header is truncated");
-  for (uint32_t l = 0; l < h.layout.num_layers; ++l) h.layer_crc.push_back(static_cast<uint32_t>(Get(b, kFixedBytes + 4 * l, 4)));
+  for (uint32_t l = 0; l < h.layout.num_layers; ++l) h.layer_crc.push_back(static_cast<uint32_t>(Get(b, fixed + 4 * l, 4)));
   if (Crc32c(b.substr(0, header_bytes - 4)) != Get(b, header_bytes - 4, 4)) {
     return absl::DataLossError("block header checksum mismatch");
   }
@@ -86,7 +128,7 @@ absl::StatusOr<BlockHeader> VerifyBlock(absl::string_view b, const std::array<ui
   if (h->fingerprint != expect_fingerprint) {
     return absl::FailedPreconditionError("block belongs to another model (fingerprint mismatch)");
   }
-  const uint64_t want = BlockHeaderBytes(h->layout.num_layers) + h->layout.layer_bytes() * h->layout.num_layers;
+  const uint64_t want = BlockHeaderBytes(h->layout) + h->layout.layer_bytes() * h->layout.num_layers;
   if (b.size() != want) {
     return absl::DataLossError(absl::StrCat("block of ", b.size(), " bytes, its header implies ", want));
   }
@@ -104,8 +146,10 @@ absl::StatusOr<BlockHeader> CopyAndVerifyBlock(const char* src, size_t size, cha
   size_t copied = std::min(size, kFixedBytes);
   std::memcpy(dest, src, copied);
   if (copied == kFixedBytes) {
-    const auto layers = static_cast<uint32_t>(Get(absl::string_view(dest, copied), 40, 4));
-    copied = std::min<size_t>(size, BlockHeaderBytes(std::min(layers, kMaxLayers)));
+    const absl::string_view fixed(dest, copied);
+    const auto layers = static_cast<uint32_t>(Get(fixed, 40, 4));
+    const size_t extra = Get(fixed, 4, 2) == kEncodedBlockFormatVersion ? kEncodingBytes : 0;
+    copied = std::min<size_t>(size, BlockHeaderBytes(std::min(layers, kMaxLayers)) + extra);
     std::memcpy(dest + kFixedBytes, src + kFixedBytes, copied - kFixedBytes);
   }
   absl::StatusOr<BlockHeader> h = DecodeBlockHeader(absl::string_view(dest, copied));
@@ -113,7 +157,7 @@ absl::StatusOr<BlockHeader> CopyAndVerifyBlock(const char* src, size_t size, cha
   if (expect_fingerprint != nullptr && h->fingerprint != *expect_fingerprint) {
     return absl::FailedPreconditionError("block belongs to another model (fingerprint mismatch)");
   }
-  const uint64_t want = BlockHeaderBytes(h->layout.num_layers) + h->layout.layer_bytes() * h->layout.num_layers;
+  const uint64_t want = BlockHeaderBytes(h->layout) + h->layout.layer_bytes() * h->layout.num_layers;
   if (size != want) return absl::DataLossError(absl::StrCat("block of ", size, " bytes, its header implies ", want));
   // Then every layer, checked as it is copied.
   for (uint32_t l = 0; l < h->layout.num_layers; ++l) {
@@ -127,7 +171,7 @@ absl::StatusOr<BlockHeader> CopyAndVerifyBlock(const char* src, size_t size, cha
 }
 
 absl::string_view BlockLayerPayload(absl::string_view block, const BlockHeader& h, uint32_t layer) {
-  const uint64_t at = BlockHeaderBytes(h.layout.num_layers) + h.layout.layer_bytes() * layer;
+  const uint64_t at = BlockHeaderBytes(h.layout) + h.layout.layer_bytes() * layer;
   return block.substr(static_cast<size_t>(at), static_cast<size_t>(h.layout.layer_bytes()));
 }
 

@@ -1,8 +1,18 @@
-// The stored form of one KV block: a fixed header, then per layer K [tokens, kv_heads, head_dim]
-// and V of the same shape, float32, little-endian. The header carries the format version, the
-// model fingerprint, the layout, the token count and a CRC-32C of every layer's payload and of
-// itself, so a reader can stream and check the block layer by layer. A block that fails any check
-// is kDataLoss and must be dropped, never served.
+// The stored form of one KV block: a fixed header, then one payload per layer. The header carries
+// the format version, the model fingerprint, the layout (with the encoding of the payloads), the
+// token count and a CRC-32C of every layer's payload and of itself, so a reader can stream and
+// check the block layer by layer. A block that fails any check is kDataLoss and must be dropped,
+// never served.
+//
+// Encodings (BlockLayout::encoding):
+//  - kFloat32 (format version 1): per layer K [tokens, kv_heads, head_dim] then V of the same
+//    shape, float32, little-endian. The full KV a verify pass reads.
+//  - kKivi (format version 2): the compressed variant a worker drafts from. Per layer, per KV head
+//    in order: K codes [tokens / group, head_dim, group * bits / 8] (per channel over each group
+//    of `group` tokens), K scale and K min [tokens / group, head_dim] float32, V codes [tokens,
+//    head_dim * bits / 8] (per token over groups of min(group, head_dim) channels), V scale and V
+//    min [tokens, head_dim / min(group, head_dim)] float32. Codes are packed little-endian within
+//    bytes (code i at bit i * bits); a value is min + code * scale.
 #ifndef VC_CACHESTORE_BLOCK_FORMAT_H_
 #define VC_CACHESTORE_BLOCK_FORMAT_H_
 
@@ -18,15 +28,23 @@
 namespace vc::cachestore {
 
 inline constexpr uint32_t kBlockMagic = 0x564b4356;  // "VCKV"
-inline constexpr uint16_t kBlockFormatVersion = 1;
+inline constexpr uint16_t kBlockFormatVersion = 1;         // float32 blocks
+inline constexpr uint16_t kEncodedBlockFormatVersion = 2;  // blocks of another encoding
+
+enum class BlockEncoding : uint8_t { kFloat32 = 0, kKivi = 1 };
 
 struct BlockLayout {
   uint32_t num_layers = 0;
   uint32_t num_kv_heads = 0;
   uint32_t head_dim = 0;
   uint32_t tokens = 0;  // tokens in this block
-  // Bytes of one layer's K and V.
-  uint64_t layer_bytes() const { return uint64_t{2} * tokens * num_kv_heads * head_dim * 4; }
+  BlockEncoding encoding = BlockEncoding::kFloat32;
+  uint8_t bits = 0;     // kKivi: 2, 4 or 8
+  uint16_t group = 0;   // kKivi: tokens per key group; divides tokens
+  // Bytes of one layer's payload.
+  uint64_t layer_bytes() const;
+  // Whether the encoding's parameters fit the shape (a kKivi group divides the tokens, ...).
+  bool valid() const;
 };
 
 struct BlockHeader {
@@ -36,8 +54,10 @@ struct BlockHeader {
   std::vector<uint32_t> layer_crc;  // [num_layers]
 };
 
-// Serialized header size for `num_layers` layers.
+// Serialized header size of a float32 block of `num_layers` layers.
 size_t BlockHeaderBytes(uint32_t num_layers);
+// Serialized header size of a block of `layout`.
+size_t BlockHeaderBytes(const BlockLayout& layout);
 
 // Builds a block from per-layer payloads (each layout.layer_bytes() long). kInvalidArgument when a
 // payload has the wrong size.

@@ -205,3 +205,61 @@ TEST(BlockFormat, CopyAndVerifyMatchesVerify) {
 
 }  // namespace
 }  // namespace vc::cachestore
+
+namespace vc::cachestore {
+namespace {
+
+// The compressed (KIVI) variant: version 2 header, payload sizes from the encoding, the same
+// checks as float32 blocks, and parameters that do not fit the shape refused.
+TEST(BlockFormat, KiviVariantRoundTripsAndIsChecked) {
+  std::array<uint8_t, 32> fp{};
+  fp[3] = 9;
+  BlockLayout layout{2, 2, 32, 64, BlockEncoding::kKivi, 4, 32};
+  ASSERT_TRUE(layout.valid());
+  // Per head: K and V codes 64 * 32 / 2 bytes each, K scale+min 2 * 2 * 32 floats, V scale+min
+  // 2 * 64 * 1 floats.
+  EXPECT_EQ(layout.layer_bytes(), 2u * (2 * 1024 + 2 * 2 * 32 * 4 + 2 * 64 * 4));
+  std::vector<std::string> layers = {Payload(layout.layer_bytes(), 1), Payload(layout.layer_bytes(), 2)};
+  auto block = EncodeBlock(fp, layout, {layers[0], layers[1]});
+  ASSERT_TRUE(block.ok()) << block.status();
+  EXPECT_EQ(block->size(), BlockHeaderBytes(layout) + 2 * layout.layer_bytes());
+  auto h = VerifyBlock(*block, fp);
+  ASSERT_TRUE(h.ok()) << h.status();
+  EXPECT_EQ(h->version, kEncodedBlockFormatVersion);
+  EXPECT_EQ(h->layout.encoding, BlockEncoding::kKivi);
+  EXPECT_EQ(h->layout.bits, 4);
+  EXPECT_EQ(h->layout.group, 32);
+  EXPECT_EQ(BlockLayerPayload(*block, *h, 1), layers[1]);
+  std::string dest(block->size(), '\0');
+  auto copied = CopyAndVerifyBlock(block->data(), block->size(), dest.data(), &fp);
+  ASSERT_TRUE(copied.ok()) << copied.status();
+  EXPECT_EQ(dest, *block);
+  for (size_t at = 0; at < BlockHeaderBytes(layout); ++at) {
+    if (at >= 8 && at < 40) continue;  // the fingerprint: another model's block
+    std::string bad = *block;
+    bad[at] = static_cast<char>(bad[at] ^ 0x04);
+    EXPECT_EQ(VerifyBlock(bad, fp).status().code(), absl::StatusCode::kDataLoss) << "flip at " << at;
+  }
+  std::string bad = *block;
+  bad[block->size() - 3] ^= 1;
+  EXPECT_EQ(VerifyBlock(bad, fp).status().code(), absl::StatusCode::kDataLoss);
+
+  for (BlockLayout wrong : {BlockLayout{2, 2, 32, 64, BlockEncoding::kKivi, 3, 32},
+                            BlockLayout{2, 2, 32, 64, BlockEncoding::kKivi, 4, 0},
+                            BlockLayout{2, 2, 32, 48, BlockEncoding::kKivi, 4, 32},
+                            BlockLayout{2, 2, 32, 64, BlockEncoding::kFloat32, 4, 0},
+                            BlockLayout{2, 2, 32, 64, static_cast<BlockEncoding>(7), 4, 32}}) {
+    EXPECT_FALSE(wrong.valid());
+    EXPECT_EQ(EncodeBlock(fp, wrong, {layers[0], layers[1]}).status().code(), absl::StatusCode::kInvalidArgument);
+  }
+  // A float32 block keeps the version 1 header, byte for byte what earlier builds wrote.
+  BlockLayout f32{2, 2, 32, 64};
+  std::vector<std::string> fl = {Payload(f32.layer_bytes(), 3), Payload(f32.layer_bytes(), 4)};
+  auto old = EncodeBlock(fp, f32, {fl[0], fl[1]});
+  ASSERT_TRUE(old.ok());
+  EXPECT_EQ(VerifyBlock(*old, fp)->version, kBlockFormatVersion);
+  EXPECT_EQ(old->size(), BlockHeaderBytes(2) + 2 * f32.layer_bytes());
+}
+
+}  // namespace
+}  // namespace vc::cachestore

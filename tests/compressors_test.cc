@@ -613,3 +613,82 @@ TEST_F(CompressorsTest, CanonicalSpecsRoundTripAndDeclareTheirNeeds) {
 
 }  // namespace
 }  // namespace vc
+
+namespace vc {
+namespace {
+
+// A KIVI cache built from encoded blocks (what a worker reads from the cache store) and then
+// extended as usual reads exactly what a cache built from the full KV reads: the same codes, the
+// same float32 tail, bitwise the same attention outputs.
+TEST(KiviBlocks, AppendedBlocksAttendLikeABuiltCache) {
+  const KvLayout lay{2, 2, 32, 16};
+  const int heads = 8;
+  PagedKvCache full(lay, 64);
+  const SeqId fs = full.NewSequence();
+  const int64_t L = 600;
+  ASSERT_TRUE(full.Reserve(fs, L).ok());
+  std::mt19937 rng(11);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (int l = 0; l < lay.num_layers; ++l) {
+    for (int64_t p = 0; p < L; ++p) {
+      for (int c = 0; c < lay.num_kv_heads * lay.head_dim; ++c) full.K(l, fs, p)[c] = nd(rng), full.V(l, fs, p)[c] = nd(rng);
+    }
+  }
+  full.Commit(fs, L);
+  for (const char* spec : {"kivi:bits=4,group=32,residual=32", "kivi:bits=2,group=32,residual=64"}) {
+    auto built = MakeCompressedKvCache(spec, lay, heads);
+    auto appended = MakeCompressedKvCache(spec, lay, heads);
+    ASSERT_TRUE(built.ok() && appended.ok());
+    ASSERT_EQ((*appended)->block_codec().group, 32);
+    const SeqId b = (*built)->NewSequence();
+    ASSERT_TRUE((*built)->BuildFrom(b, full, fs, L, nullptr).ok());
+
+    const SeqId a = (*appended)->NewSequence();
+    for (int64_t first : {0, 256}) {
+      std::vector<std::string> layers;
+      ASSERT_TRUE((*appended)->EncodeBlock(full, fs, first, 256, &layers).ok());
+      ASSERT_EQ(layers.size(), 2u);
+      ASSERT_TRUE((*appended)->AppendBlock(a, 256, {layers[0], layers[1]}).ok());
+    }
+    EXPECT_EQ((*appended)->Length(a), 512);
+    ASSERT_TRUE((*appended)->Reserve(a, L).ok());
+    for (int l = 0; l < lay.num_layers; ++l) {
+      for (int64_t p = 512; p < L; ++p) (*appended)->Write(l, a, p, full.K(l, fs, p), full.V(l, fs, p));
+    }
+    (*appended)->Commit(a, L);
+
+    std::vector<float> q(heads * lay.head_dim), out_b(q.size()), out_a(q.size());
+    for (float& x : q) x = nd(rng);
+    for (int l = 0; l < lay.num_layers; ++l) {
+      for (int64_t pos : {int64_t{590}, L - 1}) {  // rows whose own view quantizes all 512 block tokens
+        const QueryRow rb{b, pos}, ra{a, pos};
+        (*built)->Attend(l, {&rb, 1}, q.data(), heads, 0.17f, kernels::DefaultBackend(), out_b.data());
+        (*appended)->Attend(l, {&ra, 1}, q.data(), heads, 0.17f, kernels::DefaultBackend(), out_a.data());
+        ASSERT_EQ(0, std::memcmp(out_a.data(), out_b.data(), out_a.size() * 4)) << spec << " layer " << l << " pos " << pos;
+      }
+    }
+    // Rollback stays within what was written after the blocks; blocks append only to blocks.
+    EXPECT_TRUE((*appended)->Truncate(a, L - 8).ok());
+    EXPECT_FALSE((*appended)->Truncate(a, 500).ok());
+    std::vector<std::string> layers;
+    ASSERT_TRUE((*appended)->EncodeBlock(full, fs, 0, 32, &layers).ok());
+    EXPECT_EQ((*appended)->AppendBlock(a, 32, {layers[0], layers[1]}).code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_EQ((*appended)->EncodeBlock(full, fs, 16, 32, &layers).code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ((*appended)->EncodeBlock(full, fs, 576, 64, &layers).code(), absl::StatusCode::kInvalidArgument);
+    const SeqId fresh = (*appended)->NewSequence();
+    EXPECT_EQ((*appended)->AppendBlock(fresh, 32, {layers[0]}).code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ((*appended)->AppendBlock(fresh, 32, {layers[0], layers[1].substr(1)}).code(),
+              absl::StatusCode::kInvalidArgument);
+  }
+  // Compressors that select tokens have no block form.
+  for (const char* spec : {"streaming:sinks=4,window=64", "snapkv:capacity=64+kivi:bits=4", "none"}) {
+    auto c = MakeCompressedKvCache(spec, lay, heads);
+    ASSERT_TRUE(c.ok()) << spec;
+    EXPECT_EQ((*c)->block_codec().bits, 0) << spec;
+    std::vector<std::string> layers;
+    EXPECT_EQ((*c)->EncodeBlock(full, fs, 0, 32, &layers).code(), absl::StatusCode::kUnimplemented) << spec;
+  }
+}
+
+}  // namespace
+}  // namespace vc

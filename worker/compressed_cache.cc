@@ -14,6 +14,15 @@
 
 namespace vc {
 
+absl::Status CompressedKvCache::EncodeBlock(const PagedKvCache&, SeqId, int64_t, int64_t,
+                                            std::vector<std::string>*) const {
+  return absl::UnimplementedError(absl::StrCat(spec(), " has no stored block form"));
+}
+
+absl::Status CompressedKvCache::AppendBlock(SeqId, int64_t, const std::vector<absl::string_view>&) {
+  return absl::UnimplementedError(absl::StrCat(spec(), " has no stored block form"));
+}
+
 absl::StatusOr<std::vector<MethodSpec>> ParseCompressorSpec(absl::string_view spec) {
   std::vector<MethodSpec> out;
   if (spec.empty()) return absl::InvalidArgumentError("empty compressor spec");

@@ -66,6 +66,22 @@ class CompressedKvCache : public AttentionCache {
   virtual int64_t prompt_query_window() const { return 0; }
   // The canonical spec, every parameter spelled out.
   virtual std::string spec() const = 0;
+
+  // Compressed blocks a cache store can hold (the store's compressed variant of a prefix, read by
+  // a worker that has no compressed copy of its own). bits 0: this compressor has none.
+  struct BlockCodec {
+    int bits = 0;   // KIVI code width
+    int group = 0;  // tokens per key group; blocks are whole groups
+  };
+  virtual BlockCodec block_codec() const { return {}; }
+  // The compressed form of positions [first, first + tokens) of `full_seq` in `full`, one payload
+  // per layer in the cache store's KIVI block layout (cachestore/block_format.h): every token
+  // quantized, exactly as this cache quantizes them. first and tokens are multiples of the group.
+  virtual absl::Status EncodeBlock(const PagedKvCache& full, SeqId full_seq, int64_t first, int64_t tokens,
+                                   std::vector<std::string>* layers) const;
+  // Appends an encoded block of `tokens` positions to `seq`, which must hold only appended blocks
+  // (a new sequence, or one that blocks were appended to). Truncate never goes below them.
+  virtual absl::Status AppendBlock(SeqId seq, int64_t tokens, const std::vector<absl::string_view>& layers);
 };
 
 // Builds a cache for `spec` and a model of `layout` with `num_heads` query heads. kInvalidArgument

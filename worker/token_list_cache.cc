@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <type_traits>
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
@@ -70,31 +72,40 @@ void TokenListCache::Append(HeadList& h, bool selective, int64_t pos, const floa
 }
 
 void TokenListCache::QuantizeNextGroup(HeadList& h) {
-  const int d = layout_.head_dim, g = kivi_.group, bits = kivi_.bits;
+  const int d = layout_.head_dim;
   const float* src_k = h.res_k.data() + static_cast<size_t>(h.q_tokens - h.f_start) * d;
   const float* src_v = h.res_v.data() + static_cast<size_t>(h.q_tokens - h.f_start) * d;
+  QuantizeGroup(src_k, src_v, &h.k_codes, &h.k_scale, &h.k_min, &h.v_codes, &h.v_scale, &h.v_min);
+  h.q_tokens += kivi_.group;
+}
+
+void TokenListCache::QuantizeGroup(const float* src_k, const float* src_v, std::vector<uint8_t>* k_codes,
+                                   std::vector<float>* k_scale, std::vector<float>* k_min,
+                                   std::vector<uint8_t>* v_codes, std::vector<float>* v_scale,
+                                   std::vector<float>* v_min) const {
+  const int d = layout_.head_dim, g = kivi_.group, bits = kivi_.bits;
   const size_t row_bytes = static_cast<size_t>(d * bits / 8);
-  const size_t old_codes = h.k_codes.size();
-  h.k_codes.resize(old_codes + g * row_bytes, 0);
-  h.v_codes.resize(old_codes + g * row_bytes, 0);
+  const size_t old_k = k_codes->size(), old_v = v_codes->size();
+  k_codes->resize(old_k + g * row_bytes, 0);
+  v_codes->resize(old_v + g * row_bytes, 0);
   // Keys: per channel over the group's tokens, stored channel-major ([channel][token codes]) so the
   // attention kernel scores 8 tokens per vector instruction.
   const size_t run = static_cast<size_t>(g * bits / 8);
   for (int c = 0; c < d; ++c) {
     float scale, mn;
-    QuantizeAsymmetric(src_k + c, d, g, bits, h.k_codes.data() + old_codes + c * run, &scale, &mn);
-    h.k_scale.push_back(scale);
-    h.k_min.push_back(mn);
+    QuantizeAsymmetric(src_k + c, d, g, bits, k_codes->data() + old_k + c * run, &scale, &mn);
+    k_scale->push_back(scale);
+    k_min->push_back(mn);
   }
   // Values: per token over groups of channels.
   for (int t = 0; t < g; ++t) {
-    uint8_t* row = h.v_codes.data() + old_codes + t * row_bytes;
+    uint8_t* row = v_codes->data() + old_v + t * row_bytes;
     for (int c0 = 0; c0 < d; c0 += value_group_) {
       std::vector<uint8_t> part(static_cast<size_t>((value_group_ * bits + 7) / 8), 0);
       float scale, mn;
       QuantizeAsymmetric(src_v + t * d + c0, 1, value_group_, bits, part.data(), &scale, &mn);
-      h.v_scale.push_back(scale);
-      h.v_min.push_back(mn);
+      v_scale->push_back(scale);
+      v_min->push_back(mn);
       for (int c = 0; c < value_group_; ++c) {
         const int code = kernels::UnpackCode(part.data(), bits, c);
         const int bit = (c0 + c) * bits;
@@ -102,7 +113,95 @@ void TokenListCache::QuantizeNextGroup(HeadList& h) {
       }
     }
   }
-  h.q_tokens += g;
+}
+
+CompressedKvCache::BlockCodec TokenListCache::block_codec() const {
+  if (selector_ != nullptr || kivi_.bits == 0) return {};
+  return {kivi_.bits, kivi_.group};
+}
+
+TokenListCache::BlockParts TokenListCache::Parts(int64_t tokens) const {
+  const size_t d = static_cast<size_t>(layout_.head_dim), t = static_cast<size_t>(tokens);
+  return {t * d * kivi_.bits / 8, t / kivi_.group * d * 4, t * (d / value_group_) * 4};
+}
+
+absl::Status TokenListCache::EncodeBlock(const PagedKvCache& full, SeqId full_seq, int64_t first, int64_t tokens,
+                                         std::vector<std::string>* layers) const {
+  if (block_codec().bits == 0) return CompressedKvCache::EncodeBlock(full, full_seq, first, tokens, layers);
+  const int g = kivi_.group, d = layout_.head_dim;
+  if (first < 0 || tokens <= 0 || first % g != 0 || tokens % g != 0 || first + tokens > full.Length(full_seq)) {
+    return absl::InvalidArgumentError(absl::StrCat("cannot encode positions [", first, ", ", first + tokens,
+                                                   ") of a sequence of ", full.Length(full_seq), " in groups of ", g));
+  }
+  layers->assign(layout_.num_layers, std::string());
+  std::vector<float> k(static_cast<size_t>(g) * d), v(k.size());
+  for (int l = 0; l < layout_.num_layers; ++l) {
+    std::string& out = (*layers)[l];
+    for (int h = 0; h < layout_.num_kv_heads; ++h) {
+      std::vector<uint8_t> k_codes, v_codes;
+      std::vector<float> k_scale, k_min, v_scale, v_min;
+      for (int64_t t0 = first; t0 < first + tokens; t0 += g) {
+        for (int t = 0; t < g; ++t) {
+          std::copy_n(full.K(l, full_seq, t0 + t) + h * d, d, k.data() + t * d);
+          std::copy_n(full.V(l, full_seq, t0 + t) + h * d, d, v.data() + t * d);
+        }
+        QuantizeGroup(k.data(), v.data(), &k_codes, &k_scale, &k_min, &v_codes, &v_scale, &v_min);
+      }
+      auto put = [&out](const void* p, size_t n) { out.append(static_cast<const char*>(p), n); };
+      put(k_codes.data(), k_codes.size());
+      put(k_scale.data(), k_scale.size() * 4);
+      put(k_min.data(), k_min.size() * 4);
+      put(v_codes.data(), v_codes.size());
+      put(v_scale.data(), v_scale.size() * 4);
+      put(v_min.data(), v_min.size() * 4);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status TokenListCache::AppendBlock(SeqId seq, int64_t tokens, const std::vector<absl::string_view>& layers) {
+  if (block_codec().bits == 0) return CompressedKvCache::AppendBlock(seq, tokens, layers);
+  Sequence& s = seqs_[seq];
+  const BlockParts parts = Parts(tokens);
+  const size_t head_bytes = 2 * parts.codes + 2 * parts.k_scales + 2 * parts.v_scales;
+  if (tokens <= 0 || tokens % kivi_.group != 0 || static_cast<int>(layers.size()) != layout_.num_layers) {
+    return absl::InvalidArgumentError(absl::StrCat("an encoded block of ", tokens, " tokens in ", layers.size(),
+                                                   " layers does not fit this cache"));
+  }
+  for (const absl::string_view l : layers) {
+    if (l.size() != head_bytes * layout_.num_kv_heads) {
+      return absl::InvalidArgumentError(absl::StrCat("encoded layer of ", l.size(), " bytes, expected ",
+                                                     head_bytes * layout_.num_kv_heads));
+    }
+  }
+  for (const HeadList& h : s.heads) {
+    if (s.selective || h.appended != h.q_tokens || h.f_start != h.q_tokens || !h.res_k.empty()) {
+      return absl::FailedPreconditionError("encoded blocks append only to a sequence of appended blocks");
+    }
+  }
+  auto take = [](absl::string_view* in, size_t n, auto* vec) {
+    using T = typename std::remove_reference_t<decltype(*vec)>::value_type;
+    const size_t old = vec->size();
+    vec->resize(old + n / sizeof(T));
+    std::memcpy(vec->data() + old, in->data(), n);
+    in->remove_prefix(n);
+  };
+  for (int l = 0; l < layout_.num_layers; ++l) {
+    absl::string_view in = layers[l];
+    for (int g = 0; g < layout_.num_kv_heads; ++g) {
+      HeadList& h = s.heads[l * layout_.num_kv_heads + g];
+      take(&in, parts.codes, &h.k_codes);
+      take(&in, parts.k_scales, &h.k_scale);
+      take(&in, parts.k_scales, &h.k_min);
+      take(&in, parts.codes, &h.v_codes);
+      take(&in, parts.v_scales, &h.v_scale);
+      take(&in, parts.v_scales, &h.v_min);
+      h.q_tokens += static_cast<int32_t>(tokens);
+      h.f_start = h.appended = h.q_tokens;
+    }
+  }
+  s.length += tokens;
+  return absl::OkStatus();
 }
 
 absl::Status TokenListCache::BuildFrom(SeqId seq, const PagedKvCache& full, SeqId full_seq, int64_t length,
@@ -222,7 +321,10 @@ absl::Status TokenListCache::Truncate(SeqId seq, int64_t length) {
   std::vector<int32_t> keep(s.heads.size());
   for (size_t i = 0; i < s.heads.size(); ++i) {
     keep[i] = VisibleCount(s, s.heads[i], length - 1);
-    if (QuantizedCount(keep[i]) < s.heads[i].f_start) {
+    if (keep[i] < s.heads[i].appended) {
+      return absl::FailedPreconditionError(absl::StrCat("cannot roll back to ", length, " into appended blocks"));
+    }
+    if (std::max(QuantizedCount(keep[i]), s.heads[i].appended) < s.heads[i].f_start) {
       return absl::FailedPreconditionError(absl::StrCat("cannot roll back to ", length, ": the float32 copies of ",
                                                         "its tokens are gone (at most ", MaxRollback(),
                                                         " positions back from the longest length)"));
@@ -234,7 +336,7 @@ absl::Status TokenListCache::Truncate(SeqId seq, int64_t length) {
     HeadList& h = s.heads[i];
     if (s.selective) h.positions.resize(keep[i]);
     // Codes of groups the view at `length` reads in float32 go; they are rebuilt when needed.
-    h.q_tokens = std::min(h.q_tokens, QuantizedCount(keep[i]));
+    h.q_tokens = std::min(h.q_tokens, std::max(QuantizedCount(keep[i]), h.appended));
     h.k_codes.resize(static_cast<size_t>(h.q_tokens) * row_bytes);
     h.v_codes.resize(static_cast<size_t>(h.q_tokens) * row_bytes);
     const size_t groups = kivi_.bits == 0 ? 0 : static_cast<size_t>(h.q_tokens / kivi_.group);

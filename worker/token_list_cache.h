@@ -54,6 +54,11 @@ class TokenListCache final : public CompressedKvCache {
   CompressorNeeds needs() const override;
   int64_t prompt_query_window() const override { return selector_ != nullptr ? selector_->window() : 0; }
   std::string spec() const override;
+  // KIVI without token selection: blocks of whole key groups.
+  BlockCodec block_codec() const override;
+  absl::Status EncodeBlock(const PagedKvCache& full, SeqId full_seq, int64_t first, int64_t tokens,
+                           std::vector<std::string>* layers) const override;
+  absl::Status AppendBlock(SeqId seq, int64_t tokens, const std::vector<absl::string_view>& layers) override;
 
   int64_t Length(SeqId seq) const override { return seqs_[seq].length; }
   absl::Status Reserve(SeqId seq, int64_t length) override;
@@ -68,6 +73,7 @@ class TokenListCache final : public CompressedKvCache {
     std::vector<int32_t> positions;  // of every token; empty when every position is kept
     int32_t q_tokens = 0;            // quantized tokens (the oldest)
     int32_t f_start = 0;             // first token held in float32; <= q_tokens
+    int32_t appended = 0;            // leading tokens from AppendBlock: quantized, never in float32
     std::vector<uint8_t> k_codes, v_codes;
     std::vector<float> k_scale, k_min, v_scale, v_min;
     std::vector<float> res_k, res_v;  // float32 tokens [f_start, Tokens): [n, head_dim]
@@ -85,6 +91,15 @@ class TokenListCache final : public CompressedKvCache {
   void Append(HeadList& h, bool selective, int64_t pos, const float* k, const float* v);
   // Quantizes the group of tokens that follows the quantized ones; their float32 copies stay.
   void QuantizeNextGroup(HeadList& h);
+  // Quantizes one group of tokens (k, v: [group, head_dim]) and appends the codes and scales.
+  void QuantizeGroup(const float* k, const float* v, std::vector<uint8_t>* k_codes, std::vector<float>* k_scale,
+                     std::vector<float>* k_min, std::vector<uint8_t>* v_codes, std::vector<float>* v_scale,
+                     std::vector<float>* v_min) const;
+  // Bytes of one KV head's share of an encoded block of `tokens` positions, and its parts.
+  struct BlockParts {
+    size_t codes, k_scales, v_scales;
+  };
+  BlockParts Parts(int64_t tokens) const;
 
   const KvLayout layout_;
   const int num_heads_;
