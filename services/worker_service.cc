@@ -189,6 +189,7 @@ void FillStats(const EngineStats& s, v1::Mode mode, v1::GenerateStats* out) {
   out->set_generated_tokens(static_cast<uint32_t>(s.emitted));
   out->set_prefix_store_tokens(static_cast<uint32_t>(s.prefix_store_tokens));
   out->set_prefix_compressed_tokens(static_cast<uint32_t>(s.prefix_compressed_tokens));
+  out->set_prefix_compressed_store_tokens(static_cast<uint32_t>(s.prefix_compressed_store_tokens));
   out->set_recomputed_tokens(static_cast<uint32_t>(s.recomputed_tokens));
   out->set_drafted_tokens(static_cast<uint32_t>(s.drafted));
   out->set_accepted_drafts(static_cast<uint32_t>(s.accepted_drafts));

@@ -5,6 +5,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "cachestore/block_format.h"
 #include "cachestore/block_key.h"
 #include "gtest/gtest.h"
 #include "services/inference_client.h"
@@ -47,8 +48,8 @@ class WorkerServiceTest : public ::testing::Test {
     o.store_token = "tok";
     o.store_timeout_ms = 300;
     o.block_tokens = 32;
-    o.staging_bytes = 8 << 20;
-    o.full_kv_bytes = 4 << 20;
+    if (o.staging_bytes == WorkerServerOptions().staging_bytes) o.staging_bytes = 8 << 20;
+    if (o.full_kv_bytes == WorkerServerOptions().full_kv_bytes) o.full_kv_bytes = 4 << 20;
     auto w = WorkerServer::Start(o);
     EXPECT_TRUE(w.ok()) << w.status();
     return w.ok() ? std::move(*w) : nullptr;
@@ -97,7 +98,7 @@ TEST_F(WorkerServiceTest, CorruptStoredBlocksAreRecomputedNotTrusted) {
   ASSERT_TRUE(first.status.ok()) << first.status;
   EXPECT_EQ(first.tokens, Want(a, 20));
   worker->prefixes()->Flush();
-  ASSERT_EQ(store->store().Stats().ram_blocks, 5u);
+  ASSERT_EQ(store->store().Stats().ram_blocks, 10u);  // 5 full blocks and their compressed variants
   GenerateReply warm = CallGenerate(*stub, Request(b, 20, 7));
   ASSERT_TRUE(warm.status.ok()) << warm.status;
   EXPECT_EQ(warm.tokens, Want(b, 20, 7));
@@ -121,6 +122,56 @@ TEST_F(WorkerServiceTest, CorruptStoredBlocksAreRecomputedNotTrusted) {
   EXPECT_EQ(bad.tokens, Want(b, 20, 7));
   EXPECT_GT(bad.stats.recomputed_tokens(), 0u);
   EXPECT_GT(worker->prefixes()->stats().read_failures, 0);
+}
+
+// A worker that never saw a prefix drafts from the store's compressed variant of it while the
+// full blocks stream in; a compressed block that fails its checks is dropped, not trusted, and
+// the worker waits for the full blocks instead. Output is identical either way.
+TEST_F(WorkerServiceTest, AnotherWorkerDraftsFromTheStoresCompressedPrefix) {
+  auto store = StartStore();
+  const auto a = Prompt(170, 1), b = Prompt(170, 2), c = Prompt(170, 3);
+  {
+    auto first = StartWorker(store->target());
+    GenerateReply r = CallGenerate(*InferenceStub(first->target()), Request(a, 12));
+    ASSERT_TRUE(r.status.ok()) << r.status;
+    EXPECT_EQ(r.stats.prefix_compressed_store_tokens(), 0u);
+    first->prefixes()->Flush();
+    EXPECT_EQ(first->prefixes()->stats().blocks_published, 10);
+  }
+  auto second = StartWorker(store->target());
+  GenerateReply warm = CallGenerate(*InferenceStub(second->target()), Request(b, 20, 5));
+  ASSERT_TRUE(warm.status.ok()) << warm.status;
+  EXPECT_EQ(warm.tokens, Want(b, 20, 5));
+  EXPECT_EQ(warm.stats.prefix_store_tokens(), 160u);
+  EXPECT_EQ(warm.stats.prefix_compressed_store_tokens(), 160u);
+  EXPECT_EQ(warm.stats.prefix_compressed_tokens(), 0u);
+  EXPECT_GT(warm.stats.drafted_tokens(), 0u);
+
+  // Corrupt the compressed variant's third block in the store's RAM.
+  const auto digest = cachestore::Sha256("s\ntenant");
+  const std::string salt(reinterpret_cast<const char*>(digest.data()), digest.size());
+  const auto cnames = second->prefixes()->CompressedNames(absl::MakeConstSpan(c).first(160), {4, 32});
+  ASSERT_EQ(cnames.size(), 5u);
+  cachestore::BlockKey key;
+  key.bytes = cnames[2];
+  auto lease = store->store().ram().Lease(cachestore::BlockStore::Scoped(salt, key));
+  ASSERT_TRUE(lease.ok()) << lease.status();
+  const_cast<char*>(store->store().ram().region())[lease->offset + lease->size - 5] ^= 0x08;
+  ASSERT_TRUE(store->store().ram().Release(lease->id).ok());
+  auto third = StartWorker(store->target());
+  GenerateReply bad = CallGenerate(*InferenceStub(third->target()), Request(c, 20));
+  ASSERT_TRUE(bad.status.ok()) << bad.status;
+  EXPECT_EQ(bad.tokens, Want(c, 20));
+  EXPECT_EQ(bad.stats.prefix_store_tokens(), 160u);
+  EXPECT_EQ(bad.stats.prefix_compressed_store_tokens(), 0u);
+  EXPECT_GT(third->prefixes()->stats().read_failures, 0);
+  // The reader deleted the bad copy and the worker shared its own once it had verified the prompt.
+  third->prefixes()->Flush();
+  auto fresh = store->store().ram().Lease(cachestore::BlockStore::Scoped(salt, key));
+  ASSERT_TRUE(fresh.ok()) << fresh.status();
+  const absl::string_view stored(store->store().ram().region() + fresh->offset, fresh->size);
+  EXPECT_TRUE(cachestore::VerifyBlock(stored, cachestore::DecodeBlockHeader(stored)->fingerprint).ok());
+  ASSERT_TRUE(store->store().ram().Release(fresh->id).ok());
 }
 
 TEST_F(WorkerServiceTest, NoStoreMeansComputeEverything) {
@@ -164,6 +215,7 @@ TEST_F(WorkerServiceTest, OverloadCancellationAndAuthentication) {
   o.service.max_requests = 1;
   o.service.client_tokens = {"client-token"};
   o.model_dir = VC_SOURCE_DIR "/models/vc-code-4m";  // slow enough that a long request stays in flight
+  o.staging_bytes = o.full_kv_bytes = int64_t{96} << 20;  // room for all 20060 positions: only the deadline ends it
   auto worker = StartWorker("", o);
   auto stub = InferenceStub(worker->target());
   auto model = Model::Load(o.model_dir);

@@ -27,6 +27,9 @@ struct VeriCacheEngine::Sequence {
   int64_t full_len = 0;
   std::vector<PrefixName> names;  // of the prompt's full blocks, with a PrefixStore
   int publish_from = -1;          // blocks [publish_from, names.size()) to share after a verify
+  // The compressed variants' names (empty when the compressor has none) and those to share.
+  std::vector<PrefixName> cnames;
+  int cpublish_from = -1;
   int generated = 0;
   int k = -1;  // current window; -1 between windows
   int first_window = -1;  // >= 0: the first window's size, chosen at admission
@@ -150,6 +153,12 @@ void VeriCacheEngine::SharePrefix(Sequence& s, int from, SeqId seq) {
     prefixes_->Publish(s.names, from, to, *staging_, seq);
     s.result.stats.published_blocks += to - from;
   }
+  const int cto = std::min(to, static_cast<int>(s.cnames.size()));
+  if (s.cpublish_from >= 0 && s.cpublish_from < cto) {
+    prefixes_->PublishCompressed(s.cnames, s.cpublish_from, cto, *compressed_, *staging_, seq);
+    s.result.stats.published_compressed_blocks += cto - s.cpublish_from;
+  }
+  s.cpublish_from = -1;
   CachePrefix(s.names, seq);
 }
 
@@ -159,6 +168,8 @@ absl::Status VeriCacheEngine::AdmitWithPrefix(Sequence& s, bool* admitted) {
   const int bt = prefixes_->block_tokens();
   s.names = prefixes_->Names(absl::MakeConstSpan(s.tokens).subspan(0, n));
   if (s.names.empty()) return absl::OkStatus();
+  s.cnames = prefixes_->CompressedNames(absl::MakeConstSpan(s.tokens).subspan(0, n), compressed_->block_codec());
+  s.cpublish_from = 0;
   const int hit = prefixes_->Lookup(s.names);
   if (hit == 0) return absl::OkStatus();  // the cold path prefills and then publishes
   const int64_t p = int64_t{hit} * bt;
@@ -172,20 +183,50 @@ absl::Status VeriCacheEngine::AdmitWithPrefix(Sequence& s, bool* admitted) {
   int local = static_cast<int>(s.names.size());
   while (local > 0 && !prefix_index_.contains(s.names[local - 1])) --local;
   const double fetch_seconds = costs_.fetch(static_cast<double>(p * bytes_per_token_));
-  const int64_t rest = n - int64_t{local} * bt;
-  if (local == 0 || (fetch_seconds > 0 && fetch_seconds < static_cast<double>(rest + 1) * costs_.draft_step())) {
-    // No compressed copy here, or the full prefix arrives before the copy could be brought up to
-    // date and draft: the first window has no drafts. Its verify pass computes the rest of the
-    // prompt exactly from the fetched prefix, and the compressed copy is built from that.
+  // Drafting first pays when the full prefix takes longer to arrive than bringing a compressed
+  // copy of `have` positions up to date and drafting once.
+  auto worth_drafting = [&](int64_t have) {
+    return !(fetch_seconds > 0 && fetch_seconds < static_cast<double>(n - have + 1) * costs_.draft_step());
+  };
+  // The store's compressed variant of the prefix: read when it reaches further than the copy here
+  // (a worker that never saw the prefix drafts at once instead of waiting for the full blocks).
+  SeqId stored = -1;
+  int64_t stored_len = 0;
+  if (!s.cnames.empty()) {
+    s.cnames.resize(std::min(s.cnames.size(), s.names.size()));
+    const int chit = prefixes_->Lookup(s.cnames);
+    s.cpublish_from = chit;
+    if (chit > local && worth_drafting(int64_t{chit} * bt)) {
+      stored = compressed_->NewSequence();
+      if (prefixes_->ReadCompressed(absl::MakeConstSpan(s.cnames).first(chit), *compressed_, stored).ok()) {
+        stored_len = int64_t{chit} * bt;
+      } else {
+        compressed_->FreeSequence(stored);
+        stored = -1;
+        s.cpublish_from = 0;  // a bad block is gone from the store: share ours
+      }
+    }
+  }
+  const int64_t have = stored >= 0 ? stored_len : int64_t{local} * bt;
+  if (have == 0 || !worth_drafting(have)) {
+    // No compressed copy, or the full prefix arrives before the copy could be brought up to date
+    // and draft: the first window has no drafts. Its verify pass computes the rest of the prompt
+    // exactly from the fetched prefix, and the compressed copy is built from that.
+    if (stored >= 0) compressed_->FreeSequence(stored);
     s.cseq = compressed_->NewSequence();
     s.first_window = 0;
   } else {
     // Draft at once from the compressed prefix; the first verify pass computes the rest exactly.
-    CachedPrefix& c = prefix_index_[s.names[local - 1]];
-    prefix_lru_.splice(prefix_lru_.begin(), prefix_lru_, c.lru);
-    s.cseq = compressed_->Fork(c.seq);
-    st.prefix_compressed_tokens = c.length;
-    VC_RETURN_IF_ERROR(model_.Prefill(absl::MakeConstSpan(s.tokens).subspan(c.length, n - c.length), s.cseq,
+    if (stored >= 0) {
+      s.cseq = stored;
+      st.prefix_compressed_store_tokens = stored_len;
+    } else {
+      CachedPrefix& c = prefix_index_[s.names[local - 1]];
+      prefix_lru_.splice(prefix_lru_.begin(), prefix_lru_, c.lru);
+      s.cseq = compressed_->Fork(c.seq);
+      st.prefix_compressed_tokens = c.length;
+    }
+    VC_RETURN_IF_ERROR(model_.Prefill(absl::MakeConstSpan(s.tokens).subspan(have, n - have), s.cseq,
                                       s.request.options.prefill_chunk, *compressed_, nullptr));
   }
   *admitted = true;
@@ -490,6 +531,7 @@ absl::Status VeriCacheEngine::Step() {
       s.result.stats.prompt_tokens = s.v();
       s.full_len = 0;
       s.publish_from = -1;
+      s.cpublish_from = -1;
       break;
     }
     std::unique_ptr<Sequence> owned = std::move(pending_.front());

@@ -112,9 +112,26 @@ int StorePrefixes::Lookup(absl::Span<const PrefixName> names) {
   return static_cast<int>(std::min<size_t>(got->first, names.size()));
 }
 
-absl::Status StorePrefixes::Read(absl::Span<const PrefixName> names, const PagedDest& dest) {
-  const int64_t bt = options_.block_tokens;
-  const int64_t row = int64_t{layout_.num_kv_heads} * layout_.head_dim;
+cachestore::BlockLayout StorePrefixes::FullLayout() const {
+  cachestore::BlockLayout bl;
+  bl.num_layers = layout_.num_layers;
+  bl.num_kv_heads = layout_.num_kv_heads;
+  bl.head_dim = layout_.head_dim;
+  bl.tokens = static_cast<uint32_t>(options_.block_tokens);
+  return bl;
+}
+
+cachestore::BlockLayout StorePrefixes::CompressedLayout(const CompressedKvCache::BlockCodec& codec) const {
+  cachestore::BlockLayout bl = FullLayout();
+  bl.encoding = cachestore::BlockEncoding::kKivi;
+  bl.bits = static_cast<uint8_t>(codec.bits);
+  bl.group = static_cast<uint16_t>(codec.group);
+  return bl;
+}
+
+absl::Status StorePrefixes::ReadBlocks(absl::Span<const PrefixName> names, const cachestore::BlockLayout& want,
+                                       const std::function<absl::Status(size_t, absl::string_view,
+                                                                        const cachestore::BlockHeader&)>& use) {
   int64_t bytes = 0;
   absl::Status status;
   const auto start = std::chrono::steady_clock::now();
@@ -122,14 +139,9 @@ absl::Status StorePrefixes::Read(absl::Span<const PrefixName> names, const Paged
   // at a time.
   std::vector<cachestore::BlockKey> keys;
   for (const PrefixName& n : names) keys.push_back(ToKey(n));
-  // Remote blocks land in this thread's reusable buffer, one slot per block of our layout (a
-  // block of another size does not fit and fails its read), at most 16 MiB of slots per batch.
-  cachestore::BlockLayout want;
-  want.num_layers = layout_.num_layers;
-  want.num_kv_heads = layout_.num_kv_heads;
-  want.head_dim = layout_.head_dim;
-  want.tokens = static_cast<uint32_t>(bt);
-  const size_t slot = cachestore::BlockHeaderBytes(want.num_layers) + want.layer_bytes() * want.num_layers;
+  // Remote blocks land in this thread's reusable buffer, one slot per block of the layout we want
+  // (a block of another size does not fit and fails its read), at most 16 MiB of slots per batch.
+  const size_t slot = cachestore::BlockHeaderBytes(want) + want.layer_bytes() * want.num_layers;
   const size_t per_batch = std::max<size_t>(1, (size_t{16} << 20) / slot);
   thread_local std::vector<char> buffer;
   std::vector<absl::StatusOr<size_t>> sizes;
@@ -172,23 +184,12 @@ absl::Status StorePrefixes::Read(absl::Span<const PrefixName> names, const Paged
       break;
     }
     const cachestore::BlockLayout& bl = h->layout;
-    if (bl.num_layers != static_cast<uint32_t>(layout_.num_layers) ||
-        bl.num_kv_heads != static_cast<uint32_t>(layout_.num_kv_heads) ||
-        bl.head_dim != static_cast<uint32_t>(layout_.head_dim) || bl.tokens != static_cast<uint32_t>(bt)) {
+    if (bl.num_layers != want.num_layers || bl.num_kv_heads != want.num_kv_heads || bl.head_dim != want.head_dim ||
+        bl.tokens != want.tokens || bl.encoding != want.encoding || bl.bits != want.bits || bl.group != want.group) {
       status = absl::DataLossError(absl::StrCat("block ", key.Hex(), " has another KV layout"));
       break;
     }
-    for (int l = 0; l < layout_.num_layers; ++l) {
-      const absl::string_view payload = cachestore::BlockLayerPayload(block, *h, l);
-      const float* k = reinterpret_cast<const float*>(payload.data());
-      const float* v = k + bt * row;
-      // Destination blocks hold layout_.block_size positions each, contiguous within a block.
-      for (int64_t t = 0; t < bt; t += layout_.block_size) {
-        const int64_t pos = static_cast<int64_t>(b) * bt + t;
-        std::memcpy(dest.K(l, pos), k + t * row, layout_.block_size * row * 4);
-        std::memcpy(dest.V(l, pos), v + t * row, layout_.block_size * row * 4);
-      }
-    }
+    status = use(b, block, *h);
     bytes += static_cast<int64_t>(block.size());
   }
   if (options_.link != nullptr) options_.link->Transfer(bytes, start);
@@ -202,15 +203,80 @@ absl::Status StorePrefixes::Read(absl::Span<const PrefixName> names, const Paged
   return status;
 }
 
+absl::Status StorePrefixes::Read(absl::Span<const PrefixName> names, const PagedDest& dest) {
+  const int64_t bt = options_.block_tokens;
+  const int64_t row = int64_t{layout_.num_kv_heads} * layout_.head_dim;
+  return ReadBlocks(names, FullLayout(), [&](size_t b, absl::string_view block, const cachestore::BlockHeader& h) {
+    for (int l = 0; l < layout_.num_layers; ++l) {
+      const absl::string_view payload = cachestore::BlockLayerPayload(block, h, l);
+      const float* k = reinterpret_cast<const float*>(payload.data());
+      const float* v = k + bt * row;
+      // Destination blocks hold layout_.block_size positions each, contiguous within a block.
+      for (int64_t t = 0; t < bt; t += layout_.block_size) {
+        const int64_t pos = static_cast<int64_t>(b) * bt + t;
+        std::memcpy(dest.K(l, pos), k + t * row, layout_.block_size * row * 4);
+        std::memcpy(dest.V(l, pos), v + t * row, layout_.block_size * row * 4);
+      }
+    }
+    return absl::OkStatus();
+  });
+}
+
+std::vector<PrefixName> StorePrefixes::CompressedNames(absl::Span<const int32_t> tokens,
+                                                       const CompressedKvCache::BlockCodec& codec) const {
+  if (codec.bits == 0 || options_.block_tokens % codec.group != 0) return {};
+  cachestore::KeyContext k = keys_;
+  k.layout = absl::StrCat(keys_.layout, "/kivi", codec.bits, "g", codec.group);
+  std::vector<PrefixName> out;
+  for (const cachestore::BlockKey& key : cachestore::ChainBlockKeys(k, tokens)) out.push_back(key.bytes);
+  return out;
+}
+
+absl::Status StorePrefixes::ReadCompressed(absl::Span<const PrefixName> names, CompressedKvCache& cache, SeqId seq) {
+  const CompressedKvCache::BlockCodec codec = cache.block_codec();
+  if (codec.bits == 0) return absl::FailedPreconditionError(absl::StrCat(cache.spec(), " has no stored block form"));
+  const cachestore::BlockLayout want = CompressedLayout(codec);
+  return ReadBlocks(names, want, [&](size_t, absl::string_view block, const cachestore::BlockHeader& h) {
+    std::vector<absl::string_view> layers;
+    for (int l = 0; l < layout_.num_layers; ++l) layers.push_back(cachestore::BlockLayerPayload(block, h, l));
+    return cache.AppendBlock(seq, options_.block_tokens, layers);
+  });
+}
+
+void StorePrefixes::PublishCompressed(absl::Span<const PrefixName> names, int from, int to,
+                                      const CompressedKvCache& codec, const PagedKvCache& full, SeqId seq) {
+  const CompressedKvCache::BlockCodec c = codec.block_codec();
+  if (c.bits == 0) return;
+  const cachestore::BlockLayout bl = CompressedLayout(c);
+  std::vector<std::string> layers;
+  for (int b = from; b < to; ++b) {
+    {
+      absl::MutexLock l(&mu_);
+      if (queued_bytes_ > options_.max_publish_queue_bytes) {
+        stats_.publish_dropped += to - b;
+        return;
+      }
+    }
+    const absl::Status encoded =
+        codec.EncodeBlock(full, seq, int64_t{b} * options_.block_tokens, options_.block_tokens, &layers);
+    absl::StatusOr<std::string> block =
+        encoded.ok() ? cachestore::EncodeBlock(fingerprint_, bl, std::vector<absl::string_view>(layers.begin(), layers.end()))
+                     : absl::StatusOr<std::string>(encoded);
+    absl::MutexLock l(&mu_);
+    if (!block.ok()) {
+      stats_.publish_failures++;
+      continue;
+    }
+    queued_bytes_ += static_cast<int64_t>(block->size());
+    queue_.emplace_back(ToKey(names[b]), std::move(*block));
+  }
+}
+
 void StorePrefixes::Publish(absl::Span<const PrefixName> names, int from, int to, const PagedKvCache& cache,
                             SeqId seq) {
   const int64_t bt = options_.block_tokens;
   const int64_t row = int64_t{layout_.num_kv_heads} * layout_.head_dim;
-  cachestore::BlockLayout bl;
-  bl.num_layers = layout_.num_layers;
-  bl.num_kv_heads = layout_.num_kv_heads;
-  bl.head_dim = layout_.head_dim;
-  bl.tokens = static_cast<uint32_t>(bt);
+  const cachestore::BlockLayout bl = FullLayout();
   std::vector<std::string> layers(layout_.num_layers);
   for (int b = from; b < to; ++b) {
     {

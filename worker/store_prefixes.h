@@ -13,6 +13,7 @@
 #include <atomic>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -21,6 +22,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "cachestore/block_format.h"
 #include "cachestore/store_client.h"
 #include "cachestore/ucx_transport.h"
 #include "worker/kv_cache.h"
@@ -62,6 +64,11 @@ class StorePrefixes final : public PrefixStore {
   int Lookup(absl::Span<const PrefixName> names) override;
   absl::Status Read(absl::Span<const PrefixName> names, const PagedDest& dest) override;
   void Publish(absl::Span<const PrefixName> names, int from, int to, const PagedKvCache& cache, SeqId seq) override;
+  std::vector<PrefixName> CompressedNames(absl::Span<const int32_t> tokens,
+                                          const CompressedKvCache::BlockCodec& codec) const override;
+  absl::Status ReadCompressed(absl::Span<const PrefixName> names, CompressedKvCache& cache, SeqId seq) override;
+  void PublishCompressed(absl::Span<const PrefixName> names, int from, int to, const CompressedKvCache& codec,
+                         const PagedKvCache& full, SeqId seq) override;
 
   // Waits until every block published so far has been put (or failed).
   void Flush();
@@ -70,6 +77,12 @@ class StorePrefixes final : public PrefixStore {
  private:
   StorePrefixes(const StorePrefixOptions& options, const std::array<uint8_t, 32>& fingerprint, const KvLayout& layout);
   void PublishLoop();
+  cachestore::BlockLayout FullLayout() const;
+  cachestore::BlockLayout CompressedLayout(const CompressedKvCache::BlockCodec& codec) const;
+  // Reads blocks names[0..n) of layout `want`, checks them, and hands each to `use` (block index,
+  // bytes, header), stopping at the first error.
+  absl::Status ReadBlocks(absl::Span<const PrefixName> names, const cachestore::BlockLayout& want,
+                          const std::function<absl::Status(size_t, absl::string_view, const cachestore::BlockHeader&)>& use);
 
   const StorePrefixOptions options_;
   const std::array<uint8_t, 32> fingerprint_;

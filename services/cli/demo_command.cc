@@ -159,6 +159,9 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
         << (r.stats.prefix_compressed_tokens() > 0
                 ? absl::StrCat("drafting began from the worker's compressed copy of ", r.stats.prefix_compressed_tokens(),
                                " of them before they arrived")
+            : r.stats.prefix_compressed_store_tokens() > 0
+                ? absl::StrCat("drafting began from the store's compressed copy of ",
+                               r.stats.prefix_compressed_store_tokens(), " of them before they arrived")
                 : std::string("they arrived before drafting could start, so the rest of the prompt was verified at once"))
         << ")\n..." << kSuffixes[i + 1] + 2
         << r.text << "\n["

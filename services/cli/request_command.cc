@@ -59,9 +59,11 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
   const auto& s = r.stats;
   out << r.text << "\n"
       << absl::StrFormat(
-             "[%d prompt tokens (%d of full KV from the store, %d of compressed KV reused, %d recomputed), %d "
-             "generated; %d drafts, %d accepted, %d verify passes; first token %.1f ms, total %.1f ms]\n",
-             s.prompt_tokens(), s.prefix_store_tokens(), s.prefix_compressed_tokens(), s.recomputed_tokens(),
+             "[%d prompt tokens (%d of full KV from the store, %d of compressed KV reused, %d of compressed KV "
+             "from the store, %d recomputed), %d generated; %d drafts, %d accepted, %d verify passes; first token "
+             "%.1f ms, total %.1f ms]\n",
+             s.prompt_tokens(), s.prefix_store_tokens(), s.prefix_compressed_tokens(),
+             s.prefix_compressed_store_tokens(), s.recomputed_tokens(),
              s.generated_tokens(), s.drafted_tokens(), s.accepted_drafts(), s.verify_passes(),
              1e3 * r.first_token_seconds, 1e3 * r.total_seconds);
   return absl::OkStatus();
