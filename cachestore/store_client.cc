@@ -145,6 +145,8 @@ struct StoreClient::Sink {
   absl::FunctionRef<absl::StatusOr<char*>(size_t i, size_t size)> buffer;
   // Takes block i as it came inline; its size, or why it cannot be taken.
   absl::FunctionRef<absl::StatusOr<size_t>(size_t i, std::string block)> take;
+  // Whether blocks copied from a mapped region go to their buffers by non-temporal stores.
+  bool streaming = false;
 };
 
 std::vector<absl::StatusOr<std::string>> StoreClient::GetRemoteBatch(absl::Span<const BlockKey> keys,
@@ -199,9 +201,10 @@ std::vector<absl::StatusOr<size_t>> StoreClient::GetRemoteBatchInto(absl::Span<c
   // Rounds of about lease_round_bytes of buffers: a block is at most its buffer, so a round moves
   // at most that much (more only when one buffer alone is larger).
   std::vector<size_t> ends;
-  size_t round_bytes = 0;
+  size_t round_bytes = 0, total_bytes = 0;
   for (size_t i = 0, in_round = 0; i < keys.size(); ++i) {
     round_bytes += dest[i].size();
+    total_bytes += dest[i].size();
     ++in_round;
     if (round_bytes >= options_.lease_round_bytes || in_round == kMaxKeysPerLeaseCall || i + 1 == keys.size()) {
       ends.push_back(i + 1);
@@ -209,7 +212,7 @@ std::vector<absl::StatusOr<size_t>> StoreClient::GetRemoteBatchInto(absl::Span<c
       in_round = 0;
     }
   }
-  return ReadBatch(keys, ends, reader, fp, Sink{buffer, take});
+  return ReadBatch(keys, ends, reader, fp, Sink{buffer, take, total_bytes >= options_.streaming_copy_bytes});
 }
 
 std::vector<absl::StatusOr<size_t>> StoreClient::ReadBatch(absl::Span<const BlockKey> keys,
@@ -310,7 +313,7 @@ void StoreClient::ReadRound(absl::Span<const BlockKey> keys, size_t first, UcxRe
     }
     absl::StatusOr<const char*> mapped = reader->Map(r.worker_address(), r.rkey(), r.address(), size);
     if (mapped.ok()) {
-      checked[i] = CopyAndVerifyBlock(*mapped, size, *dest, nullptr).status();
+      checked[i] = CopyAndVerifyBlock(*mapped, size, *dest, nullptr, sink.streaming).status();
     } else if (absl::IsUnimplemented(mapped.status())) {
       const absl::Status read = reader->Get(r.worker_address(), r.rkey(), r.address(), *dest, size);
       if (!read.ok()) {

@@ -36,6 +36,10 @@ struct StoreClientOptions {
   // (at least one block a round), each round's LeaseBlocks call sent while the round before is
   // read; 0: one round per LeaseBlocks call the service accepts.
   size_t lease_round_bytes = size_t{4} << 20;
+  // GetRemoteBatchInto copies the blocks of a call whose buffers total at least this many bytes
+  // (more than the caches keep) from a mapped region with non-temporal stores
+  // (CopyCrc32cStreaming), which skip reading each destination line before overwriting it.
+  size_t streaming_copy_bytes = size_t{8} << 20;
 };
 
 class StoreClient {
