@@ -34,8 +34,10 @@ struct StoreClientOptions {
   const Clock* clock = nullptr;
   // GetRemoteBatchInto leases a batch in rounds of about this many bytes of destination buffers
   // (at least one block a round), each round's LeaseBlocks call sent while the round before is
-  // read; 0: one round per LeaseBlocks call the service accepts.
-  size_t lease_round_bytes = size_t{4} << 20;
+  // read; 0: one round per LeaseBlocks call the service accepts. (Rounds of 4 MiB measured no
+  // faster than 16 MiB for 64 MiB calls of 1 MiB blocks on a 2-core host: each round's call costs
+  // about as much as copying 4 MiB.)
+  size_t lease_round_bytes = size_t{16} << 20;
   // GetRemoteBatchInto copies the blocks of a call whose buffers total at least this many bytes
   // (more than the caches keep) from a mapped region with non-temporal stores
   // (CopyCrc32cStreaming), which skip reading each destination line before overwriting it.

@@ -303,10 +303,10 @@ TEST_P(StoreReadPaths, PipelinedRoundsKeepEveryRoundsResults) {
   }
   EXPECT_EQ(a->Get(keys[4]).status().code(), absl::StatusCode::kNotFound);
 
-  // Rounds sized from the buffers under the default (about 4 MiB a round): 1 MiB buffers, rounds
-  // of four blocks; and the same keys in one call of one block a round.
+  // Rounds sized from the buffers under the default (about 16 MiB a round): 2 MiB buffers, rounds
+  // of eight blocks; and the same keys in one call of one block a round.
   auto d = server.Client("token-a");
-  std::vector<std::string> big(11, std::string(size_t{1} << 20, '?'));
+  std::vector<std::string> big(11, std::string(size_t{2} << 20, '?'));
   std::vector<absl::Span<char>> big_dest;
   for (std::string& b : big) big_dest.emplace_back(b.data(), b.size());
   options.lease_round_bytes = 1;
