@@ -70,6 +70,7 @@ def plot_store(run, out):
               "ucx": ("tab:orange", "--", "raw UCX get", None),
               "store": ("tab:green", "-", "store GetRemote", "store Put"),
               "store-batch": ("tab:red", "-", "store GetRemoteBatch", None),
+              "store-stream": ("tab:brown", "-", "store GetRemoteBatchInto, streamed", None),
               "redis": ("tab:purple", "-.", "Redis GET", "Redis SET")}
     fig, axes = plt.subplots(2, len(threads), figsize=(4.5 * len(threads), 7.5), squeeze=False)
     for col, t in enumerate(threads):

@@ -11,6 +11,11 @@
 //                per call, under one LeaseBlocks and one ReleaseLeases RPC, into the thread's
 //                reusable buffers (one per block of a batch; the region mapped and each block copied
 //                and checked in one pass where UCX shares memory, error mode none)
+//   store-stream StoreClient::GetRemoteBatchInto of --stream-mib MiB (as many blocks as fit, at
+//                least one, at most the working set) per call into the thread's reusable buffers,
+//                leased in rounds of --lease-round-mib MiB, each round's LeaseBlocks call in flight
+//                while the round before is read (--streaming-copy-mib: the client's
+//                streaming_copy_bytes in MiB, its default when not given)
 //   redis        GET/SET of the same blocks over a unix socket to a redis-server this benchmark
 //                starts (persistence off), with hiredis
 // The BlockStore, its UCX region server and the gRPC service run in this process, as
@@ -20,7 +25,8 @@
 // Each point is the best of --reps runs (other work on the machine only slows a run down).
 //
 //   store_bench [--sizes 65536,262144,1048576,4194304,16777216] [--threads 1,2,4] [--ucx none|peer]
-//               [--region ucx|heap] [--systems memcpy,ucx,store,store-batch,redis] [--batch 8]
+//               [--region ucx|heap] [--systems memcpy,ucx,store,store-batch,store-stream,redis]
+//               [--batch 8] [--stream-mib 64] [--lease-round-mib 16] [--streaming-copy-mib N]
 //               [--ops get,put] [--seconds 0.25] [--reps 3] [--working-set-mib 64]
 //               [--redis-server /usr/bin/redis-server] [--redis on|off] [--json FILE]
 #include <malloc.h>
@@ -151,7 +157,8 @@ struct ThreadClient {
   std::unique_ptr<cachestore::UcxReader> reader;
   std::unique_ptr<bench::RedisConnection> redis;  // null without Redis
   std::string buffer;
-  std::vector<std::string> batch_buffers;  // one per block of a batched get
+  std::vector<std::string> batch_buffers;   // one per block of a batched get
+  std::vector<std::string> stream_buffers;  // one per block of a streamed get
 };
 
 std::string KeyBytes(const cachestore::BlockKey& k) {
@@ -253,8 +260,18 @@ int Run(std::map<std::string, std::string> flags) {
   const std::string target = absl::StrFormat("127.0.0.1:%d", port);
 
   std::vector<ThreadClient> clients(max_threads);
+  int64_t round_mib = 0;
+  if (!absl::SimpleAtoi(flags["lease-round-mib"], &round_mib) || round_mib < 0) {
+    std::cerr << "bad --lease-round-mib\n";
+    return 2;
+  }
   for (ThreadClient& c : clients) {
-    c.store = *cachestore::StoreClient::Create({target, "bench-token", 30000, ""});
+    cachestore::StoreClientOptions client_options{target, "bench-token", 30000, ""};
+    client_options.lease_round_bytes = static_cast<size_t>(round_mib) << 20;
+    if (flags["streaming-copy-mib"] != "") {
+      client_options.streaming_copy_bytes = static_cast<size_t>(Ints(flags["streaming-copy-mib"]).at(0)) << 20;
+    }
+    c.store = *cachestore::StoreClient::Create(client_options);
     absl::StatusOr<std::unique_ptr<cachestore::UcxReader>> r = cachestore::UcxReader::Create(*mode);
     if (!r.ok()) {
       std::cerr << r.status() << "\n";
@@ -312,7 +329,7 @@ int Run(std::map<std::string, std::string> flags) {
     rows.push_back({{"op", op}, {"system", system}, {"block_bytes", size}, {"stored_bytes", actual},
                     {"threads", threads}, {"blocks_per_call", per_call}, {"gbps", p->gbps}, {"p50_us", p->p50_us},
                     {"p99_us", p->p99_us}, {"calls", p->ops}});
-    std::cerr << absl::StrFormat("  %s %-11s %6s x%d (%d per call): %6.2f GB/s, p50 %8.1f us, p99 %8.1f us (%d calls)\n",
+    std::cerr << absl::StrFormat("  %s %-12s %6s x%d (%d per call): %6.2f GB/s, p50 %8.1f us, p99 %8.1f us (%d calls)\n",
                                  op, system, SizeName(size), threads, per_call, p->gbps, p->p50_us, p->p99_us,
                                  p->ops);
     return true;
@@ -323,7 +340,8 @@ int Run(std::map<std::string, std::string> flags) {
     std::vector<cachestore::BlockKey> keys;
   };
   std::map<int64_t, SizeData> data;
-  std::map<int64_t, std::map<int64_t, int64_t>> batch_of;  // [size][threads] -> blocks per batched get
+  std::map<int64_t, std::map<int64_t, int64_t>> batch_of;   // [size][threads] -> blocks per batched get
+  std::map<int64_t, std::map<int64_t, int64_t>> stream_of;  // [size][threads] -> blocks per streamed get
   const int64_t put_cap = int64_t{256} << 20;  // bytes per put point: bounds RocksDB's work
 
   // ----- gets
@@ -351,6 +369,12 @@ int Run(std::map<std::string, std::string> flags) {
       c.buffer.assign(actual, '\0');
       c.batch_buffers.assign(std::min<int64_t>(Ints(flags["batch"]).at(0), std::max<int64_t>(1, (int64_t{16} << 20) / size)),
                              std::string(actual, '\0'));
+      // Blocks of a streamed get: --stream-mib of them, at least one, at most the working set.
+      c.stream_buffers.clear();
+      if (want("get", "store-stream")) {
+        c.stream_buffers.assign(std::clamp<int64_t>((Ints(flags["stream-mib"]).at(0) << 20) / size, 1, n),
+                                std::string(actual, '\0'));
+      }
     }
     // The raw transport reads where the store keeps the blocks, under leases taken once here.
     std::vector<vericache::v1::RemoteBlock> remote;
@@ -403,6 +427,24 @@ int Run(std::map<std::string, std::string> flags) {
                             clients[t].store->GetRemoteBatchInto(keys, dest, clients[t].reader.get())) {
                          if (!b.ok()) return b.status();
                          if (*b != actual) return absl::InternalError("store batched get: wrong size");
+                       }
+                       return absl::OkStatus();
+                     });
+      const auto stream = static_cast<int64_t>(clients[0].stream_buffers.size());
+      stream_of[size][threads] = stream;
+      ok = ok && run("get", "store-stream", size, actual, threads, stream, INT64_MAX,
+                     [&](int t, int64_t i) -> absl::Status {
+                       std::vector<cachestore::BlockKey> keys;
+                       std::vector<absl::Span<char>> dest;
+                       for (int64_t k = 0; k < stream; ++k) {
+                         keys.push_back(d.keys[block_of(t, i * stream + k, threads)]);
+                         std::string& b = clients[t].stream_buffers[k];
+                         dest.emplace_back(b.data(), b.size());
+                       }
+                       for (const absl::StatusOr<size_t>& b :
+                            clients[t].store->GetRemoteBatchInto(keys, dest, clients[t].reader.get())) {
+                         if (!b.ok()) return b.status();
+                         if (*b != actual) return absl::InternalError("store streamed get: wrong size");
                        }
                        return absl::OkStatus();
                      });
@@ -462,18 +504,21 @@ int Run(std::map<std::string, std::string> flags) {
     return pa == nullptr || pb == nullptr ? "-" : absl::StrFormat("%.2f", pa->gbps / pb->gbps);
   };
   std::cout << "Gets: GB/s (p50 / p99 latency of one call, us). store: GetRemote, one block per call; store, "
-               "batched: GetRemoteBatchInto of n blocks per call into reusable buffers\n\n"
-               "| block | threads | memcpy | UCX | store | store, batched (n) | Redis | store / UCX | batched / UCX "
-               "| store / Redis | batched / Redis |\n"
-               "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+               "batched: GetRemoteBatchInto of n blocks per call into reusable buffers; store, streamed: "
+               "GetRemoteBatchInto of n blocks per call, leased in pipelined rounds\n\n"
+               "| block | threads | memcpy | UCX | store | store, batched (n) | store, streamed (n) | Redis "
+               "| store / UCX | batched / UCX | streamed / UCX | store / Redis | batched / Redis | streamed / Redis |\n"
+               "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
   for (int64_t size : sizes) {
     for (int64_t threads : thread_counts) {
       std::cout << absl::StrFormat(
-          "| %s | %d | %s | %s | %s | %s (%d) | %s | %s | %s | %s | %s |\n", SizeName(size), threads,
-          cell("get", "memcpy", size, threads), cell("get", "ucx", size, threads), cell("get", "store", size, threads),
-          cell("get", "store-batch", size, threads), batch_of[size][threads], cell("get", "redis", size, threads),
+          "| %s | %d | %s | %s | %s | %s (%d) | %s (%d) | %s | %s | %s | %s | %s | %s | %s |\n", SizeName(size),
+          threads, cell("get", "memcpy", size, threads), cell("get", "ucx", size, threads),
+          cell("get", "store", size, threads), cell("get", "store-batch", size, threads), batch_of[size][threads],
+          cell("get", "store-stream", size, threads), stream_of[size][threads], cell("get", "redis", size, threads),
           ratio("get", "store", "ucx", size, threads), ratio("get", "store-batch", "ucx", size, threads),
-          ratio("get", "store", "redis", size, threads), ratio("get", "store-batch", "redis", size, threads));
+          ratio("get", "store-stream", "ucx", size, threads), ratio("get", "store", "redis", size, threads),
+          ratio("get", "store-batch", "redis", size, threads), ratio("get", "store-stream", "redis", size, threads));
     }
   }
   std::cout << "\nPuts: GB/s (p50 / p99 latency, us)\n\n"
@@ -488,13 +533,13 @@ int Run(std::map<std::string, std::string> flags) {
   // The targets, at 1 MiB gets.
   const int64_t mib = 1 << 20;
   std::cout << "\nTargets at 1 MiB gets: store >= 60% of raw UCX and >= 5x Redis\n";
-  for (const char* system : {"store", "store-batch"}) {
+  for (const char* system : {"store", "store-batch", "store-stream"}) {
     for (int64_t threads : thread_counts) {
       const Point* s = find("get", system, mib, threads);
       const Point* u = find("get", "ucx", mib, threads);
       const Point* r = find("get", "redis", mib, threads);
       if (s == nullptr || u == nullptr) continue;
-      std::cout << absl::StrFormat("  %-11s %d thread(s): %.2f GB/s = %.0f%% of UCX (%s)", system, threads, s->gbps,
+      std::cout << absl::StrFormat("  %-12s %d thread(s): %.2f GB/s = %.0f%% of UCX (%s)", system, threads, s->gbps,
                                    100 * s->gbps / u->gbps, s->gbps >= 0.6 * u->gbps ? "met" : "missed");
       if (r != nullptr) {
         std::cout << absl::StrFormat(", %.1fx Redis (%s)", s->gbps / r->gbps,
@@ -510,6 +555,7 @@ int Run(std::map<std::string, std::string> flags) {
                           {"crc32c", std::string(cachestore::Crc32cImplementation())},
                           {"hardware_threads", std::thread::hardware_concurrency()},
                           {"seconds_per_run", seconds}, {"runs_per_point", reps},
+                          {"stream_mib", Ints(flags["stream-mib"]).at(0)}, {"lease_round_mib", round_mib},
                           {"rows", rows}};
     std::ofstream(flags["json"]) << out.dump(1) << "\n";
   }
@@ -529,8 +575,11 @@ int main(int argc, char** argv) {
                                               {"threads", "1,2,4"},
                                               {"ucx", "none"},
                                               {"region", "ucx"},
-                                              {"systems", "memcpy,ucx,store,store-batch,redis"},
+                                              {"systems", "memcpy,ucx,store,store-batch,store-stream,redis"},
                                               {"batch", "8"},
+                                              {"stream-mib", "64"},
+                                              {"lease-round-mib", "16"},
+                                              {"streaming-copy-mib", ""},
                                               {"ops", "get,put"},
                                               {"seconds", "0.25"},
                                               {"reps", "3"},

@@ -141,7 +141,7 @@ absl::StatusOr<BlockHeader> VerifyBlock(absl::string_view b, const std::array<ui
 }
 
 absl::StatusOr<BlockHeader> CopyAndVerifyBlock(const char* src, size_t size, char* dest,
-                                               const std::array<uint8_t, 32>* expect_fingerprint) {
+                                               const std::array<uint8_t, 32>* expect_fingerprint, bool streaming) {
   // The header first, read from the copy: its fixed part says how long the rest of it is.
   size_t copied = std::min(size, kFixedBytes);
   std::memcpy(dest, src, copied);
@@ -163,7 +163,8 @@ absl::StatusOr<BlockHeader> CopyAndVerifyBlock(const char* src, size_t size, cha
   for (uint32_t l = 0; l < h->layout.num_layers; ++l) {
     const size_t at = copied + static_cast<size_t>(h->layout.layer_bytes()) * l;
     const absl::string_view from(src + at, static_cast<size_t>(h->layout.layer_bytes()));
-    if (CopyCrc32c(dest + at, from) != h->layer_crc[l]) {
+    const uint32_t crc = streaming ? CopyCrc32cStreaming(dest + at, from) : CopyCrc32c(dest + at, from);
+    if (crc != h->layer_crc[l]) {
       return absl::DataLossError(absl::StrCat("block layer ", l, " checksum mismatch"));
     }
   }

@@ -77,8 +77,11 @@ absl::StatusOr<BlockHeader> VerifyBlock(absl::string_view bytes, const std::arra
 // bytes as they are written to `dest` (CopyCrc32c), so the result vouches for `dest` even when
 // `src` is memory another process may change meanwhile. `expect_fingerprint` null: any model's
 // block. On an error, `dest` holds an unspecified prefix of what was read and must not be used.
+// `streaming`: the layers are copied with CopyCrc32cStreaming (for a copy that is part of more
+// than the caches hold, whose destination is not read again right away).
 absl::StatusOr<BlockHeader> CopyAndVerifyBlock(const char* src, size_t size, char* dest,
-                                               const std::array<uint8_t, 32>* expect_fingerprint);
+                                               const std::array<uint8_t, 32>* expect_fingerprint,
+                                               bool streaming = false);
 
 // The payload of `layer` inside a verified block.
 absl::string_view BlockLayerPayload(absl::string_view block, const BlockHeader& header, uint32_t layer);

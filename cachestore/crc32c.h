@@ -23,6 +23,13 @@ uint32_t Crc32cPortable(absl::string_view data, uint32_t crc = 0);
 // `src` changes during the copy (memory another process may write). Thread-safe.
 uint32_t CopyCrc32c(char* dest, absl::string_view src, uint32_t crc = 0);
 
+// CopyCrc32c for copies whose destination will not be read again soon (more than the caches
+// hold is being written): where the AVX-512 version runs, it writes `dest` with non-temporal
+// stores, which do not read each destination line into the cache first, leaving `dest` in memory
+// rather than in cache; elsewhere it is CopyCrc32c. The CRC vouches for the bytes written, as
+// CopyCrc32c's does. Thread-safe.
+uint32_t CopyCrc32cStreaming(char* dest, absl::string_view src, uint32_t crc = 0);
+
 // CopyCrc32c on the reference implementation: a byte at a time. Thread-safe.
 uint32_t CopyCrc32cPortable(char* dest, absl::string_view src, uint32_t crc = 0);
 

@@ -46,6 +46,10 @@ std::string FingerprintBytes(const std::array<uint8_t, 32>& fp) {
 struct StoreClient::ReleaseCall
     : AsyncCall<vericache::v1::ReleaseLeasesRequest, vericache::v1::ReleaseLeasesResponse> {};
 
+struct StoreClient::LeaseCall : AsyncCall<vericache::v1::LeaseBlocksRequest, vericache::v1::LeaseBlocksResponse> {
+  absl::Duration sent;  // by the client's clock, before the call went out
+};
+
 StoreClient::~StoreClient() {
   // Releases are small and usually answered within a millisecond; give them a moment, then
   // cancel the rest (cancelled calls complete promptly) and wait for every callback.
@@ -141,6 +145,8 @@ struct StoreClient::Sink {
   absl::FunctionRef<absl::StatusOr<char*>(size_t i, size_t size)> buffer;
   // Takes block i as it came inline; its size, or why it cannot be taken.
   absl::FunctionRef<absl::StatusOr<size_t>(size_t i, std::string block)> take;
+  // Whether blocks copied from a mapped region go to their buffers by non-temporal stores.
+  bool streaming = false;
 };
 
 std::vector<absl::StatusOr<std::string>> StoreClient::GetRemoteBatch(absl::Span<const BlockKey> keys,
@@ -155,7 +161,11 @@ std::vector<absl::StatusOr<std::string>> StoreClient::GetRemoteBatch(absl::Span<
     blocks[i] = std::move(block);
     return blocks[i].size();
   };
-  std::vector<absl::StatusOr<size_t>> sizes = ReadBatch(keys, reader, fp, Sink{buffer, take});
+  std::vector<size_t> ends;
+  for (size_t at = 0; at < keys.size(); at += kMaxKeysPerLeaseCall) {
+    ends.push_back(std::min(keys.size(), at + kMaxKeysPerLeaseCall));
+  }
+  std::vector<absl::StatusOr<size_t>> sizes = ReadBatch(keys, ends, reader, fp, Sink{buffer, take});
   std::vector<absl::StatusOr<std::string>> out;
   out.reserve(keys.size());
   for (size_t i = 0; i < keys.size(); ++i) {
@@ -188,38 +198,75 @@ std::vector<absl::StatusOr<size_t>> StoreClient::GetRemoteBatchInto(absl::Span<c
     std::memcpy(dest[i].data(), block.data(), block.size());
     return block.size();
   };
-  return ReadBatch(keys, reader, fp, Sink{buffer, take});
+  // Rounds of about lease_round_bytes of buffers: a block is at most its buffer, so a round moves
+  // at most that much (more only when one buffer alone is larger).
+  std::vector<size_t> ends;
+  size_t round_bytes = 0, total_bytes = 0;
+  for (size_t i = 0, in_round = 0; i < keys.size(); ++i) {
+    round_bytes += dest[i].size();
+    total_bytes += dest[i].size();
+    ++in_round;
+    if (round_bytes >= options_.lease_round_bytes || in_round == kMaxKeysPerLeaseCall || i + 1 == keys.size()) {
+      ends.push_back(i + 1);
+      round_bytes = 0;
+      in_round = 0;
+    }
+  }
+  return ReadBatch(keys, ends, reader, fp, Sink{buffer, take, total_bytes >= options_.streaming_copy_bytes});
 }
 
-std::vector<absl::StatusOr<size_t>> StoreClient::ReadBatch(absl::Span<const BlockKey> keys, UcxReader* reader,
+std::vector<absl::StatusOr<size_t>> StoreClient::ReadBatch(absl::Span<const BlockKey> keys,
+                                                           const std::vector<size_t>& ends, UcxReader* reader,
                                                            const std::array<uint8_t, 32>* fp, const Sink& sink) {
   std::vector<absl::StatusOr<size_t>> out(keys.size(), absl::UnknownError("not read"));
-  for (size_t at = 0; at < keys.size(); at += kMaxKeysPerLeaseCall) {
-    LeaseAndRead(keys.subspan(at, kMaxKeysPerLeaseCall), at, reader, fp, sink, out.data() + at);
+  if (keys.empty()) return out;
+  // Round r + 1's LeaseBlocks call goes out as soon as round r's is answered, and is in flight
+  // while round r is read. Every call sent is waited for below, whatever any round's outcome, so
+  // none is left in flight (or points into freed memory) when this returns.
+  std::unique_ptr<LeaseCall> next = SendLease(keys.subspan(0, ends[0]), fp);
+  for (size_t r = 0, first = 0; r < ends.size(); first = ends[r], ++r) {
+    std::unique_ptr<LeaseCall> lease = std::move(next);
+    if (lease != nullptr) lease->done.WaitForNotification();
+    // A store without a UCX data plane (or one that predates LeaseBlocks) leases nothing: the
+    // rounds after this one are not offered to it.
+    const bool leasing = lease != nullptr && lease->status.error_code() != grpc::StatusCode::FAILED_PRECONDITION &&
+                         lease->status.error_code() != grpc::StatusCode::UNIMPLEMENTED;
+    if (leasing && r + 1 < ends.size()) next = SendLease(keys.subspan(ends[r], ends[r + 1] - ends[r]), fp);
+    ReadRound(keys.subspan(first, ends[r] - first), first, reader, fp, sink, lease.get(), out.data() + first);
   }
   return out;
 }
 
-void StoreClient::LeaseAndRead(absl::Span<const BlockKey> keys, size_t first, UcxReader* reader,
-                               const std::array<uint8_t, 32>* fp, const Sink& sink, absl::StatusOr<size_t>* out) {
-  const size_t n = keys.size();
-  vericache::v1::LeaseBlocksRequest req;
-  for (const BlockKey& k : keys) req.add_keys(KeyBytes(k));
-  if (fp != nullptr) req.set_expect_fingerprint(FingerprintBytes(*fp));
-  vericache::v1::LeaseBlocksResponse resp;
-  grpc::ClientContext ctx;
-  Prepare(&ctx);
+std::unique_ptr<StoreClient::LeaseCall> StoreClient::SendLease(absl::Span<const BlockKey> keys,
+                                                               const std::array<uint8_t, 32>* fp) {
+  auto call = std::make_unique<LeaseCall>();
+  LeaseCall* c = call.get();
+  for (const BlockKey& k : keys) c->req.add_keys(KeyBytes(k));
+  if (fp != nullptr) c->req.set_expect_fingerprint(FingerprintBytes(*fp));
+  Prepare(&c->ctx);
   // Read before the call goes out: the store grants every lease after this moment.
-  const absl::Duration sent = clock_->Now();
-  const grpc::Status st = stub_->LeaseBlocks(&ctx, req, &resp);
+  c->sent = clock_->Now();
+  stub_->async()->LeaseBlocks(&c->ctx, &c->req, &c->resp, [c](grpc::Status st) {
+    c->status = std::move(st);
+    c->done.Notify();
+  });
+  return call;
+}
+
+void StoreClient::ReadRound(absl::Span<const BlockKey> keys, size_t first, UcxReader* reader,
+                            const std::array<uint8_t, 32>* fp, const Sink& sink, const LeaseCall* lease,
+                            absl::StatusOr<size_t>* out) {
+  const size_t n = keys.size();
   std::vector<size_t> inline_keys;
-  if (st.error_code() == grpc::StatusCode::FAILED_PRECONDITION ||
-      st.error_code() == grpc::StatusCode::UNIMPLEMENTED) {
+  if (lease == nullptr || lease->status.error_code() == grpc::StatusCode::FAILED_PRECONDITION ||
+      lease->status.error_code() == grpc::StatusCode::UNIMPLEMENTED) {
     // No UCX data plane (or a store that predates LeaseBlocks): every block comes inline.
     for (size_t i = 0; i < n; ++i) inline_keys.push_back(i);
     GetInline(keys, first, inline_keys, fp, sink, out);
     return;
   }
+  const grpc::Status& st = lease->status;
+  const vericache::v1::LeaseBlocksResponse& resp = lease->resp;
   if (st.ok() && resp.blocks_size() != static_cast<int>(n)) {
     for (const vericache::v1::LeasedBlock& b : resp.blocks()) {
       if (b.has_remote()) (void)SendReleases({b.remote().lease_id()});
@@ -233,6 +280,7 @@ void StoreClient::LeaseAndRead(absl::Span<const BlockKey> keys, size_t first, Uc
     for (size_t i = 0; i < n; ++i) out[i] = FromGrpc(st);
     return;
   }
+  const absl::Duration sent = lease->sent;
   const absl::Duration trusted_until = sent + LeaseTrustWindow(absl::Milliseconds(resp.lease_ttl_ms()));
 
   // Read every leased block. A read that finished past the trust window counts only if the
@@ -265,7 +313,7 @@ void StoreClient::LeaseAndRead(absl::Span<const BlockKey> keys, size_t first, Uc
     }
     absl::StatusOr<const char*> mapped = reader->Map(r.worker_address(), r.rkey(), r.address(), size);
     if (mapped.ok()) {
-      checked[i] = CopyAndVerifyBlock(*mapped, size, *dest, nullptr).status();
+      checked[i] = CopyAndVerifyBlock(*mapped, size, *dest, nullptr, sink.streaming).status();
     } else if (absl::IsUnimplemented(mapped.status())) {
       const absl::Status read = reader->Get(r.worker_address(), r.rkey(), r.address(), *dest, size);
       if (!read.ok()) {

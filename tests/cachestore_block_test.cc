@@ -72,6 +72,11 @@ TEST(Crc32c, CopyMatchesReference) {
     ASSERT_EQ(absl::string_view(dest.data() + to, len), s);
     for (size_t i = to + len; i < dest.size(); ++i) ASSERT_EQ(dest[i], '\x5a');
     std::fill(dest.begin(), dest.end(), '\x5a');
+    ASSERT_EQ(CopyCrc32cStreaming(dest.data() + 8 + to, s, seed), Crc32cPortable(s, seed)) << len;
+    ASSERT_EQ(absl::string_view(dest.data() + 8 + to, len), s) << "length " << len;
+    for (size_t i = 0; i < 8 + to; ++i) ASSERT_EQ(dest[i], '\x5a');
+    for (size_t i = 8 + to + len; i < dest.size(); ++i) ASSERT_EQ(dest[i], '\x5a');
+    std::fill(dest.begin(), dest.end(), '\x5a');
     ASSERT_EQ(CopyCrc32cPortable(dest.data() + to, s, seed), Crc32cPortable(s, seed));
     ASSERT_EQ(absl::string_view(dest.data() + to, len), s);
   }
@@ -85,6 +90,12 @@ TEST(Crc32c, CopyMatchesReference) {
     ASSERT_EQ(CopyCrc32c(big_dest.data(), s, 5), want) << len;
     ASSERT_EQ(absl::string_view(big_dest.data(), len), s);
     ASSERT_EQ(crc32c_internal::CopyCrc32cSse42(big_dest.data() + 1, s, 5), want) << len;
+    for (size_t to : {0, 5, 64}) {
+      std::fill(big_dest.begin(), big_dest.end(), '\0');
+      ASSERT_EQ(CopyCrc32cStreaming(big_dest.data() + to, s.substr(0, len - to), 5),
+                Crc32cPortable(s.substr(0, len - to), 5)) << len;
+      ASSERT_EQ(absl::string_view(big_dest.data() + to, len - to), s.substr(0, len - to));
+    }
     ASSERT_EQ(Crc32c(s, 5), want) << len;
     ASSERT_EQ(crc32c_internal::Crc32cSse42(s, 5), want) << len;
   }
@@ -178,6 +189,9 @@ TEST(BlockFormat, CopyAndVerifyMatchesVerify) {
   EXPECT_EQ(dest.substr(0, block->size()), *block);
   EXPECT_EQ(h->layer_crc, VerifyBlock(*block, fp)->layer_crc);
   EXPECT_TRUE(CopyAndVerifyBlock(block->data(), block->size(), dest.data(), nullptr).ok());
+  std::fill(dest.begin(), dest.end(), '\0');
+  ASSERT_TRUE(CopyAndVerifyBlock(block->data(), block->size(), dest.data() + 3, &fp, /*streaming=*/true).ok());
+  EXPECT_EQ(dest.substr(3, block->size()), *block);
   std::array<uint8_t, 32> other = fp;
   other[1] = 1;
   EXPECT_EQ(CopyAndVerifyBlock(block->data(), block->size(), dest.data(), &other).status().code(),
@@ -200,6 +214,8 @@ TEST(BlockFormat, CopyAndVerifyMatchesVerify) {
     auto got = CopyAndVerifyBlock(bad.data(), bad.size(), dest.data(), &fp);
     ASSERT_FALSE(want.ok());
     EXPECT_EQ(got.status().code(), want.status().code()) << got.status() << " vs " << want.status();
+    EXPECT_EQ(CopyAndVerifyBlock(bad.data(), bad.size(), dest.data(), &fp, true).status().code(),
+              want.status().code());
   }
 }
 

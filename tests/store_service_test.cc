@@ -16,6 +16,7 @@ namespace {
 
 using cachestore::BlockKey;
 using cachestore::StoreClient;
+using cachestore::StoreClientOptions;
 
 std::string MakeBlock(uint32_t seed, std::array<uint8_t, 32>* fp_out = nullptr) {
   std::array<uint8_t, 32> fp{};
@@ -258,6 +259,80 @@ TEST_P(StoreReadPaths, BatchIntoCallerBuffersRoundTripsAndDropsCorruptBlocks) {
   EXPECT_EQ(server.store().ram().used_bytes(), 0u);
 }
 
+// A batch leased in several rounds, each round's LeaseBlocks call in flight while the round before
+// is read: every round's blocks land in their own buffers, and one round's failures (a missing key,
+// a corrupt block) stay that round's blocks' own.
+TEST_P(StoreReadPaths, PipelinedRoundsKeepEveryRoundsResults) {
+  const PathCase& c = GetParam();
+  StoreServer server(testing::TempDir("store_rounds"), nullptr, c.region, c.mode);
+  const size_t block_bytes = MakeBlock(0).size();
+  const size_t buffer_bytes = block_bytes + 100;
+  // Rounds of three blocks: [0, 3), [3, 6), [6, 9), [9, 11).
+  StoreClientOptions options{server.target(), "token-a", 5000, ""};
+  options.lease_round_bytes = 3 * buffer_bytes;
+  auto a = *StoreClient::Create(options);
+  auto reader = *cachestore::UcxReader::Create(c.mode);
+  const auto keys = Chain(11, 23);
+  std::array<uint8_t, 32> fp;
+  for (int i = 0; i < 11; ++i) {
+    if (i != 7) ASSERT_TRUE(a->Put(keys[i], MakeBlock(200 + i, &fp)).ok());  // 7: missing, in the third round
+  }
+  std::vector<std::string> buffers(11, std::string(buffer_bytes, '?'));
+  std::vector<absl::Span<char>> dest;
+  for (std::string& b : buffers) dest.emplace_back(b.data(), b.size());
+  auto got = a->GetRemoteBatchInto(keys, dest, reader.get(), &fp);
+  ASSERT_EQ(got.size(), 11u);
+  for (int i = 0; i < 11; ++i) {
+    if (i == 7) continue;
+    ASSERT_TRUE(got[i].ok()) << i << ": " << got[i].status();
+    ASSERT_EQ(*got[i], block_bytes);
+    EXPECT_EQ(buffers[i].substr(0, block_bytes), MakeBlock(200 + i)) << i;
+  }
+  EXPECT_EQ(got[7].status().code(), absl::StatusCode::kNotFound) << got[7].status();
+
+  // A corrupt block in the second round is kDataLoss and deleted; every other round is unaffected.
+  CorruptInRam(server, "alice", keys[4], 3);
+  for (std::string& b : buffers) std::fill(b.begin(), b.end(), '?');
+  got = a->GetRemoteBatchInto(keys, dest, reader.get(), &fp);
+  EXPECT_EQ(got[4].status().code(), absl::StatusCode::kDataLoss) << got[4].status();
+  EXPECT_EQ(got[7].status().code(), absl::StatusCode::kNotFound) << got[7].status();
+  for (int i = 0; i < 11; ++i) {
+    if (i == 4 || i == 7) continue;
+    ASSERT_TRUE(got[i].ok()) << i << ": " << got[i].status();
+    EXPECT_EQ(buffers[i].substr(0, block_bytes), MakeBlock(200 + i)) << i;
+  }
+  EXPECT_EQ(a->Get(keys[4]).status().code(), absl::StatusCode::kNotFound);
+
+  // Rounds sized from the buffers under the default (about 16 MiB a round): 2 MiB buffers, rounds
+  // of eight blocks; and the same keys in one call of one block a round.
+  auto d = server.Client("token-a");
+  std::vector<std::string> big(11, std::string(size_t{2} << 20, '?'));
+  std::vector<absl::Span<char>> big_dest;
+  for (std::string& b : big) big_dest.emplace_back(b.data(), b.size());
+  options.lease_round_bytes = 1;
+  auto one = *StoreClient::Create(options);
+  for (StoreClient* client : {d.get(), one.get()}) {
+    got = client->GetRemoteBatchInto(keys, big_dest, reader.get());
+    for (int i = 0; i < 11; ++i) {
+      if (i == 4 || i == 7) {
+        EXPECT_EQ(got[i].status().code(), absl::StatusCode::kNotFound) << i << ": " << got[i].status();
+        continue;
+      }
+      ASSERT_TRUE(got[i].ok()) << i << ": " << got[i].status();
+      EXPECT_EQ(big[i].substr(0, block_bytes), MakeBlock(200 + i)) << i;
+    }
+  }
+
+  // Every round's leases went back: once the clients are gone (they wait for their releases), all
+  // blocks can be deleted and their RAM freed.
+  a.reset();
+  d.reset();
+  one.reset();
+  auto b = server.Client("token-a");
+  for (const BlockKey& k : keys) (void)b->Delete(k);
+  EXPECT_EQ(server.store().ram().used_bytes(), 0u);
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Paths, StoreReadPaths,
     ::testing::Values(PathCase{Region::kTier, cachestore::UcxErrorMode::kNone, false},
@@ -314,6 +389,26 @@ TEST(StoreService, MappedReadsUnderAnExpiredLeaseAreDiscardedNotDropped) {
     EXPECT_EQ(got.status().code(), absl::StatusCode::kAborted) << got.status();
   }
   EXPECT_EQ(a->Lookup(keys)->first, 2u);  // both still stored
+}
+
+// Every round has its own trust window and release: under a clock that outruns every lease, each
+// round's reads are kAborted on the release's answer, and nothing is dropped.
+TEST(StoreService, PipelinedRoundsUnderExpiredLeasesAreDiscarded) {
+  LeapingClock clock;
+  StoreServer server(testing::TempDir("store_expiry_rounds"), &clock, Region::kUcx);
+  StoreClientOptions options{server.target(), "token-a", 5000, "", &clock};
+  options.lease_round_bytes = 1;  // a round per block
+  auto a = *StoreClient::Create(options);
+  auto reader = *cachestore::UcxReader::Create(cachestore::UcxErrorMode::kNone);
+  const auto keys = Chain(3, 17);
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(a->Put(keys[i], MakeBlock(120 + i)).ok());
+  std::vector<std::string> buffers(3, std::string(MakeBlock(0).size(), '\0'));
+  std::vector<absl::Span<char>> dest;
+  for (std::string& b : buffers) dest.emplace_back(b.data(), b.size());
+  for (const auto& got : a->GetRemoteBatchInto(keys, dest, reader.get())) {
+    EXPECT_EQ(got.status().code(), absl::StatusCode::kAborted) << got.status();
+  }
+  EXPECT_EQ(a->Lookup(keys)->first, 3u);
 }
 
 TEST(StoreService, ReadsWithinTheLeaseTimeAreTrustedWithoutTheRelease) {
