@@ -98,7 +98,7 @@ TEST_F(WorkerServiceTest, CorruptStoredBlocksAreRecomputedNotTrusted) {
   ASSERT_TRUE(first.status.ok()) << first.status;
   EXPECT_EQ(first.tokens, Want(a, 20));
   worker->prefixes()->Flush();
-  ASSERT_EQ(store->store().Stats().ram_blocks, 10u);  // 5 full blocks and their compressed variants
+  ASSERT_EQ(store->store().Stats().ram_blocks, 5u);
   GenerateReply warm = CallGenerate(*stub, Request(b, 20, 7));
   ASSERT_TRUE(warm.status.ok()) << warm.status;
   EXPECT_EQ(warm.tokens, Want(b, 20, 7));
@@ -130,15 +130,17 @@ TEST_F(WorkerServiceTest, CorruptStoredBlocksAreRecomputedNotTrusted) {
 TEST_F(WorkerServiceTest, AnotherWorkerDraftsFromTheStoresCompressedPrefix) {
   auto store = StartStore();
   const auto a = Prompt(170, 1), b = Prompt(170, 2), c = Prompt(170, 3);
+  WorkerServerOptions o;
+  o.service.engine.stored_compressed_prefixes = true;
   {
-    auto first = StartWorker(store->target());
+    auto first = StartWorker(store->target(), o);
     GenerateReply r = CallGenerate(*InferenceStub(first->target()), Request(a, 12));
     ASSERT_TRUE(r.status.ok()) << r.status;
     EXPECT_EQ(r.stats.prefix_compressed_store_tokens(), 0u);
     first->prefixes()->Flush();
     EXPECT_EQ(first->prefixes()->stats().blocks_published, 10);
   }
-  auto second = StartWorker(store->target());
+  auto second = StartWorker(store->target(), o);
   GenerateReply warm = CallGenerate(*InferenceStub(second->target()), Request(b, 20, 5));
   ASSERT_TRUE(warm.status.ok()) << warm.status;
   EXPECT_EQ(warm.tokens, Want(b, 20, 5));
@@ -158,7 +160,7 @@ TEST_F(WorkerServiceTest, AnotherWorkerDraftsFromTheStoresCompressedPrefix) {
   ASSERT_TRUE(lease.ok()) << lease.status();
   const_cast<char*>(store->store().ram().region())[lease->offset + lease->size - 5] ^= 0x08;
   ASSERT_TRUE(store->store().ram().Release(lease->id).ok());
-  auto third = StartWorker(store->target());
+  auto third = StartWorker(store->target(), o);
   GenerateReply bad = CallGenerate(*InferenceStub(third->target()), Request(c, 20));
   ASSERT_TRUE(bad.status.ok()) << bad.status;
   EXPECT_EQ(bad.tokens, Want(c, 20));

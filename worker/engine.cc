@@ -168,8 +168,10 @@ absl::Status VeriCacheEngine::AdmitWithPrefix(Sequence& s, bool* admitted) {
   const int bt = prefixes_->block_tokens();
   s.names = prefixes_->Names(absl::MakeConstSpan(s.tokens).subspan(0, n));
   if (s.names.empty()) return absl::OkStatus();
-  s.cnames = prefixes_->CompressedNames(absl::MakeConstSpan(s.tokens).subspan(0, n), compressed_->block_codec());
-  s.cpublish_from = 0;
+  if (options_.stored_compressed_prefixes) {
+    s.cnames = prefixes_->CompressedNames(absl::MakeConstSpan(s.tokens).subspan(0, n), compressed_->block_codec());
+    s.cpublish_from = 0;
+  }
   const int hit = prefixes_->Lookup(s.names);
   if (hit == 0) return absl::OkStatus();  // the cold path prefills and then publishes
   const int64_t p = int64_t{hit} * bt;

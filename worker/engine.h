@@ -64,6 +64,12 @@ struct EngineOptions {
   bool keep_staged = true;
   // Bytes of compressed prefixes kept for reuse by later requests (with a PrefixStore).
   int64_t prefix_cache_bytes = int64_t{256} << 20;
+  // With a PrefixStore and a compressor that has a block form: publish each prefix's compressed
+  // variant too, and admit a prompt whose prefix the store holds in compressed form, but this
+  // engine does not, by reading that variant and drafting at once. Off by default: the read runs
+  // on the scheduling thread and shares the link with the full blocks, which the first verify
+  // pass needs anyway (measured in README: it lengthened time to first token on a slow link).
+  bool stored_compressed_prefixes = false;
 };
 
 struct EngineStats {

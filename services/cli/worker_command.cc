@@ -20,6 +20,7 @@ constexpr char kUsage[] =
     "                        [--ucx none|peer|off] [--block-tokens N] [--compressor SPEC] [--max-batch N]\n"
     "                        [--staging-mib N] [--full-kv-mib N] [--prefix-cache-mib N] [--max-requests N]\n"
     "                        [--client-tokens FILE] [--store-timeout-ms N] [--draft-window K] [--keep-staged 0|1]\n"
+    "                        [--stored-compressed 0|1]\n"
     "  --store HOST:PORT       the cache store: prompts' prefixes are looked up there, their full KV\n"
     "                          read over UCX while the worker drafts, and prefixes it lacked published\n"
     "  --store-token-file FILE the bearer token the worker presents to the store (one line)\n"
@@ -31,7 +32,10 @@ constexpr char kUsage[] =
     "  --prefix-cache-mib N    compressed prefixes kept for reuse (default 256)\n"
     "  --client-tokens FILE    bearer tokens accepted from clients, one per line (default: no auth)\n"
     "  --keep-staged 0|1       keep a sequence's full KV staged between verify passes while no other\n"
-    "                          sequence needs the room (default 1); 0 fetches it for every verify\n";
+    "                          sequence needs the room (default 1); 0 fetches it for every verify\n"
+    "  --stored-compressed 0|1 also publish prefixes' compressed (KIVI) variants, and draft from the\n"
+    "                          store's variant of a prefix this worker has no compressed copy of\n"
+    "                          (default 0)\n";
 
 absl::StatusOr<std::string> ReadFirstLine(const std::string& path) {
   std::ifstream in(path);
@@ -61,7 +65,7 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
       Args a, Args::Parse(argv,
                           {"model", "listen", "store", "store-token-file", "ucx", "block-tokens", "compressor",
                            "max-batch", "staging-mib", "full-kv-mib", "prefix-cache-mib", "max-requests",
-                           "client-tokens", "store-timeout-ms", "draft-window", "keep-staged"},
+                           "client-tokens", "store-timeout-ms", "draft-window", "keep-staged", "stored-compressed"},
                           {}));
   for (const char* req : {"model", "listen"}) {
     if (!a.Has(req)) return absl::InvalidArgumentError(absl::StrCat("--", req, " is required"));
@@ -96,6 +100,8 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
   eo.draft_window = static_cast<int>(window);
   VC_ASSIGN_OR_RETURN(int64_t keep, a.Int("keep-staged", 1, 0, 1));
   eo.keep_staged = keep != 0;
+  VC_ASSIGN_OR_RETURN(int64_t stored_compressed, a.Int("stored-compressed", 0, 0, 1));
+  eo.stored_compressed_prefixes = stored_compressed != 0;
   o.service.full_max_batch = eo.max_batch;
   VC_ASSIGN_OR_RETURN(int64_t max_requests, a.Int("max-requests", 256, 1, 1 << 20));
   o.service.max_requests = static_cast<int>(max_requests);
