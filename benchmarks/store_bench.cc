@@ -4,11 +4,13 @@
 //   ucx          one-sided UCX gets of the same stored bytes from the store's RAM region, leased once
 //                up front: the transport alone, no gRPC, no lease per get, no checks
 //   store        StoreClient::GetRemote: a LeaseBlocks RPC, the UCX get, the end-to-end block
-//                check, and a ReleaseLeases RPC that is not waited for, one block per call; puts
+//                check, and the lease's release, carried by the next call's LeaseBlocks RPC (or,
+//                with --release-delay-ms 0, a ReleaseLeases RPC that is not waited for), one block
+//                per call; puts
 //                are StoreClient::Put (checked by the store, written through to RocksDB and copied
 //                into RAM)
 //   store-batch  StoreClient::GetRemoteBatchInto: the same for up to --batch blocks (at most 16 MiB)
-//                per call, under one LeaseBlocks and one ReleaseLeases RPC, into the thread's
+//                per call, under one LeaseBlocks RPC (releases as for store), into the thread's
 //                reusable buffers (one per block of a batch; the region mapped and each block copied
 //                and checked in one pass where UCX shares memory, error mode none)
 //   store-stream StoreClient::GetRemoteBatchInto of --stream-mib MiB (as many blocks as fit, at
@@ -27,7 +29,7 @@
 //   store_bench [--sizes 65536,262144,1048576,4194304,16777216] [--threads 1,2,4] [--ucx none|peer]
 //               [--region ucx|heap] [--systems memcpy,ucx,store,store-batch,store-stream,redis]
 //               [--batch 8] [--stream-mib 64] [--lease-round-mib 16] [--streaming-copy-mib N]
-//               [--ops get,put] [--seconds 0.25] [--reps 3] [--working-set-mib 64]
+//               [--release-delay-ms N] [--ops get,put] [--seconds 0.25] [--reps 3] [--working-set-mib 64]
 //               [--redis-server /usr/bin/redis-server] [--redis on|off] [--json FILE]
 #include <malloc.h>
 #include <signal.h>
@@ -271,6 +273,8 @@ int Run(std::map<std::string, std::string> flags) {
     if (flags["streaming-copy-mib"] != "") {
       client_options.streaming_copy_bytes = static_cast<size_t>(Ints(flags["streaming-copy-mib"]).at(0)) << 20;
     }
+    // The client's release_delay_ms; 0: every round's leases go back in a ReleaseLeases call.
+    if (flags["release-delay-ms"] != "") client_options.release_delay_ms = Ints(flags["release-delay-ms"]).at(0);
     c.store = *cachestore::StoreClient::Create(client_options);
     absl::StatusOr<std::unique_ptr<cachestore::UcxReader>> r = cachestore::UcxReader::Create(*mode);
     if (!r.ok()) {
@@ -580,6 +584,7 @@ int main(int argc, char** argv) {
                                               {"stream-mib", "64"},
                                               {"lease-round-mib", "16"},
                                               {"streaming-copy-mib", ""},
+                                              {"release-delay-ms", ""},
                                               {"ops", "get,put"},
                                               {"seconds", "0.25"},
                                               {"reps", "3"},

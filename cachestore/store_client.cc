@@ -51,6 +51,18 @@ struct StoreClient::LeaseCall : AsyncCall<vericache::v1::LeaseBlocksRequest, ver
 };
 
 StoreClient::~StoreClient() {
+  // The flush thread stops first; the leases still waiting for a LeaseBlocks call go back now.
+  {
+    absl::MutexLock l(&pending_mu_);
+    stopping_ = true;
+  }
+  if (flusher_.joinable()) flusher_.join();
+  std::vector<uint64_t> waiting;
+  {
+    absl::MutexLock l(&pending_mu_);
+    waiting.swap(pending_ids_);
+  }
+  if (!waiting.empty()) (void)SendReleases(waiting);
   // Releases are small and usually answered within a millisecond; give them a moment, then
   // cancel the rest (cancelled calls complete promptly) and wait for every callback.
   const auto none_in_flight = [](ReleaseTracker* t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(t->mu) {
@@ -90,6 +102,8 @@ absl::StatusOr<std::unique_ptr<StoreClient>> StoreClient::Create(const StoreClie
   c->options_ = options;
   c->clock_ = options.clock != nullptr ? options.clock : SteadyClock();
   c->stub_ = vericache::v1::CacheStore::NewStub(grpc::CreateCustomChannel(options.target, creds, args));
+  c->options_.max_pending_releases = std::min(options.max_pending_releases, kMaxKeysPerLeaseCall);
+  if (options.release_delay_ms > 0) c->flusher_ = std::thread([p = c.get()] { p->FlushLoop(); });
   return c;
 }
 
@@ -226,7 +240,10 @@ std::vector<absl::StatusOr<size_t>> StoreClient::ReadBatch(absl::Span<const Bloc
   std::unique_ptr<LeaseCall> next = SendLease(keys.subspan(0, ends[0]), fp);
   for (size_t r = 0, first = 0; r < ends.size(); first = ends[r], ++r) {
     std::unique_ptr<LeaseCall> lease = std::move(next);
-    if (lease != nullptr) lease->done.WaitForNotification();
+    if (lease != nullptr) {
+      lease->done.WaitForNotification();
+      SettleCarriedReleases(*lease);
+    }
     // A store without a UCX data plane (or one that predates LeaseBlocks) leases nothing: the
     // rounds after this one are not offered to it.
     const bool leasing = lease != nullptr && lease->status.error_code() != grpc::StatusCode::FAILED_PRECONDITION &&
@@ -243,6 +260,12 @@ std::unique_ptr<StoreClient::LeaseCall> StoreClient::SendLease(absl::Span<const 
   LeaseCall* c = call.get();
   for (const BlockKey& k : keys) c->req.add_keys(KeyBytes(k));
   if (fp != nullptr) c->req.set_expect_fingerprint(FingerprintBytes(*fp));
+  {
+    // The leases this client is done with ride along (at most max_pending_releases of them).
+    absl::MutexLock l(&pending_mu_);
+    c->req.mutable_release_lease_ids()->Add(pending_ids_.begin(), pending_ids_.end());
+    pending_ids_.clear();
+  }
   Prepare(&c->ctx);
   // Read before the call goes out: the store grants every lease after this moment.
   c->sent = clock_->Now();
@@ -328,8 +351,17 @@ void StoreClient::ReadRound(absl::Span<const BlockKey> keys, size_t first, UcxRe
     if (clock_->Now() >= trusted_until) confirm[i] = static_cast<int>(lease_ids.size() - 1);
     out[i] = size;
   }
-  // The leases go back in one call; it is waited for only when a read needs its answer.
-  std::shared_ptr<ReleaseCall> release = lease_ids.empty() ? nullptr : SendReleases(lease_ids);
+  // When a read needs the release's answer, the round's leases go back at once in one call, which
+  // is waited for below; otherwise they ride on a later LeaseBlocks call.
+  std::shared_ptr<ReleaseCall> release;
+  if (!lease_ids.empty()) {
+    const bool need_answer = std::any_of(confirm.begin(), confirm.end(), [](int c) { return c >= 0; });
+    if (need_answer || options_.release_delay_ms <= 0) {
+      release = SendReleases(lease_ids);
+    } else {
+      DeferReleases(lease_ids);
+    }
+  }
   if (!inline_keys.empty()) GetInline(keys, first, inline_keys, fp, sink, out);
 
   for (size_t i = 0; i < n; ++i) {
@@ -407,6 +439,54 @@ std::shared_ptr<StoreClient::ReleaseCall> StoreClient::SendReleases(const std::v
     c->done.Notify();
   });
   return call;
+}
+
+void StoreClient::DeferReleases(const std::vector<uint64_t>& lease_ids) {
+  if (lease_ids.size() > options_.max_pending_releases) {
+    (void)SendReleases(lease_ids);
+    return;
+  }
+  std::vector<uint64_t> now;
+  {
+    absl::MutexLock l(&pending_mu_);
+    if (pending_ids_.size() + lease_ids.size() > options_.max_pending_releases) now.swap(pending_ids_);
+    if (pending_ids_.empty()) pending_since_ = SteadyClock()->Now();
+    pending_ids_.insert(pending_ids_.end(), lease_ids.begin(), lease_ids.end());
+  }
+  if (!now.empty()) (void)SendReleases(now);
+}
+
+void StoreClient::SettleCarriedReleases(const LeaseCall& call) {
+  const auto& carried = call.req.release_lease_ids();
+  if (carried.empty() || (call.status.ok() && call.resp.has_released_leases())) return;
+  // The store did not take them: the call failed (a call whose answer was lost may have ended
+  // them; releasing again is harmless), or the store predates release_lease_ids.
+  (void)SendReleases(std::vector<uint64_t>(carried.begin(), carried.end()));
+}
+
+void StoreClient::FlushLoop() {
+  const absl::Duration delay = absl::Milliseconds(options_.release_delay_ms);
+  const auto woken = [](StoreClient* c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(c->pending_mu_) {
+    return c->stopping_ || !c->pending_ids_.empty();
+  };
+  pending_mu_.Lock();
+  while (true) {
+    pending_mu_.Await(absl::Condition(+woken, this));
+    if (stopping_) break;
+    // Sleeps until the oldest waiting id is due, woken early only to stop. Ids taken by a
+    // LeaseBlocks call meanwhile leave newer ones (or none), so the deadline is looked at again.
+    const absl::Duration left = pending_since_ + delay - SteadyClock()->Now();
+    if (left > absl::ZeroDuration()) {
+      pending_mu_.AwaitWithTimeout(absl::Condition(&stopping_), left);
+      continue;
+    }
+    std::vector<uint64_t> due;
+    due.swap(pending_ids_);
+    pending_mu_.Unlock();
+    (void)SendReleases(due);
+    pending_mu_.Lock();
+  }
+  pending_mu_.Unlock();
 }
 
 absl::Status StoreClient::Delete(const BlockKey& key) {

@@ -1,6 +1,7 @@
 // The client workers use to reach a cache store's control plane. Thread-safe (gRPC stubs are).
-// Destroying a client waits briefly for its ReleaseLeases calls in flight, then cancels the rest
-// (their leases simply expire).
+// Destroying a client sends the lease releases still waiting for a LeaseBlocks call to ride on
+// (StoreClientOptions::release_delay_ms), waits briefly for its ReleaseLeases calls in flight, then
+// cancels the rest (their leases simply expire).
 #ifndef VC_CACHESTORE_STORE_CLIENT_H_
 #define VC_CACHESTORE_STORE_CLIENT_H_
 
@@ -8,6 +9,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -42,6 +44,20 @@ struct StoreClientOptions {
   // (more than the caches keep) from a mapped region with non-temporal stores
   // (CopyCrc32cStreaming), which skip reading each destination line before overwriting it.
   size_t streaming_copy_bytes = size_t{8} << 20;
+  // A round of GetRemoteBatch(Into) whose reads all finished within the lease trust window needs
+  // no answer about its leases, so they are not released at once: their ids wait for this
+  // client's next LeaseBlocks call (any thread's) and ride on it (release_lease_ids), which saves
+  // a ReleaseLeases call per round. An id waits at most about this many milliseconds of real time
+  // (the steady clock, not `clock`): a thread of the client sends the ids that waited that long
+  // in a ReleaseLeases call, and the destructor sends those still waiting. Until then their blocks
+  // stay pinned (the store cannot evict them), so keep it far below the store's lease time to live
+  // (30 s by default); a lease the client never releases only expires. 0: every round's leases go
+  // back at once in a ReleaseLeases call of their own, and the client runs no thread.
+  int64_t release_delay_ms = 50;
+  // At most this many lease ids wait (at most 4096, what one call carries): a round that would
+  // make more sends the waiting ones in a ReleaseLeases call first, and a round of more than this
+  // many leases sends its own at once.
+  size_t max_pending_releases = 1024;
 };
 
 class StoreClient {
@@ -64,10 +80,12 @@ class StoreClient {
                                         const std::array<uint8_t, 32>* expect_fingerprint = nullptr);
   // GetRemote for several blocks in one control-plane round trip: one LeaseBlocks call leases them
   // all (up to the service's limit of keys per call; more go in further rounds, each leased while
-  // the one before is read), each is read over UCX, and the leases go back in one ReleaseLeases
-  // call per round that is not waited for. A read counts when it finished, by options.clock, before the moment LeaseBlocks was sent
+  // the one before is read), each is read over UCX, and each round's leases go back without being
+  // waited for: on a later LeaseBlocks call of this client, or in a ReleaseLeases call of their own
+  // (see StoreClientOptions::release_delay_ms). A read counts when it finished, by options.clock, before the moment LeaseBlocks was sent
   // plus the lease's time to live less a margin (LeaseTrustWindow); a read that finished later
-  // counts only if the release then finds its lease still live, and is kAborted otherwise. Blocks
+  // counts only if the release then finds its lease still live, and is kAborted otherwise (such a
+  // round's leases go back at once in a ReleaseLeases call, whose answer is waited for). Blocks
   // the store cannot lease (RAM full, or no UCX data plane) are fetched inline with Get. One result
   // per key, in order, each what GetRemote would have returned; a failed LeaseBlocks call is the
   // result of every key of its round.
@@ -77,8 +95,8 @@ class StoreClient {
   // dest[i] (dest.size() == keys.size()) and its result is the block's size in bytes. The keys are
   // leased in rounds of about options.lease_round_bytes of buffers: the LeaseBlocks call of the next
   // round is in flight while a round is read, each round has its own trust window (from when its
-  // call was sent) and its own ReleaseLeases call, and every round's call has finished by the
-  // time this returns (releases aside). A block larger
+  // call was sent) and its leases go back as in GetRemoteBatch, and every round's call has
+  // finished by the time this returns (releases aside). A block larger
   // than its buffer is kOutOfRange (nothing is read; its lease goes back as usual). Where the
   // store's region is shared memory on this host (error mode none; UcxReader::Map), each block is
   // copied and checked in one pass, the checksums computed from the bytes as they are written to
@@ -133,12 +151,28 @@ class StoreClient {
   // Starts one ReleaseLeases call for `lease_ids` (not empty) and returns it without waiting; wait
   // on its `done` for the per-id answer.
   std::shared_ptr<ReleaseCall> SendReleases(const std::vector<uint64_t>& lease_ids);
+  // Queues `lease_ids` (leases whose release needs no answer) to ride on the next LeaseBlocks
+  // call, within the bounds of options_.max_pending_releases.
+  void DeferReleases(const std::vector<uint64_t>& lease_ids);
+  // Once `call` (a LeaseBlocks call) is answered: sends its release_lease_ids again in a
+  // ReleaseLeases call unless the store took them (a failed call, or a store that predates them).
+  void SettleCarriedReleases(const LeaseCall& call);
+  // The flush thread: sends the ids that have waited options_.release_delay_ms, until stopping_.
+  void FlushLoop();
 
   // Constant after construction.
   StoreClientOptions options_;
   const Clock* clock_ = nullptr;
   std::unique_ptr<vericache::v1::CacheStore::Stub> stub_;
   std::shared_ptr<ReleaseTracker> releases_ = std::make_shared<ReleaseTracker>();
+
+  // Leases waiting to ride on the next LeaseBlocks call (options_.release_delay_ms).
+  absl::Mutex pending_mu_;
+  std::vector<uint64_t> pending_ids_ ABSL_GUARDED_BY(pending_mu_);
+  // When the oldest of pending_ids_ was queued, by SteadyClock().
+  absl::Duration pending_since_ ABSL_GUARDED_BY(pending_mu_);
+  bool stopping_ ABSL_GUARDED_BY(pending_mu_) = false;  // set by the destructor
+  std::thread flusher_;  // runs FlushLoop; not started when release_delay_ms is 0
 };
 
 }  // namespace vc::cachestore

@@ -28,7 +28,8 @@ grpc::Status ToGrpcStatus(const absl::Status& s) {
 
 namespace {
 
-// The most keys or lease ids one LeaseBlocks or ReleaseLeases call may carry.
+// The most keys or lease ids one LeaseBlocks or ReleaseLeases call may carry (a LeaseBlocks call
+// as many of each).
 constexpr int kMaxKeysPerCall = 4096;
 
 grpc::ServerUnaryReactor* Done(grpc::CallbackServerContext* ctx, const absl::Status& s) {
@@ -151,6 +152,10 @@ grpc::ServerUnaryReactor* CacheStoreService::LeaseBlocks(grpc::CallbackServerCon
   if (req->keys_size() > kMaxKeysPerCall) {
     return Done(ctx, absl::InvalidArgumentError(absl::StrCat("more than ", kMaxKeysPerCall, " keys in one call")));
   }
+  if (req->release_lease_ids_size() > kMaxKeysPerCall) {
+    return Done(ctx, absl::InvalidArgumentError(
+                         absl::StrCat("more than ", kMaxKeysPerCall, " leases to release in one call")));
+  }
   if (!req->expect_fingerprint().empty() && req->expect_fingerprint().size() != 32) {
     return Done(ctx, absl::InvalidArgumentError("expect_fingerprint must be 32 bytes or empty"));
   }
@@ -165,6 +170,11 @@ grpc::ServerUnaryReactor* CacheStoreService::LeaseBlocks(grpc::CallbackServerCon
     if (!sk.ok()) return Done(ctx, sk.status());
     keys.push_back(*sk);
   }
+  // The caller's finished leases end first, so their blocks are no longer pinned when this call's
+  // are leased. As in ReleaseLeases, only the tenant's own leases end; any other id is left alone.
+  uint32_t released = 0;
+  for (uint64_t id : req->release_lease_ids()) released += store_->Release(id, *salt).ok() ? 1 : 0;
+  resp->set_released_leases(released);
   resp->set_lease_ttl_ms(static_cast<uint64_t>(store_->ram().lease_ttl_ms()));
   for (const cachestore::BlockKey& key : keys) {
     vericache::v1::LeasedBlock* out = resp->add_blocks();

@@ -30,7 +30,8 @@ struct StoreServiceOptions {
 // Leases from Get and LeaseBlocks are owned by the caller's tenant and expire after the RAM tier's
 // lease_ttl_ms (which LeaseBlocks reports). ReleaseLease answers OK only for a lease of the caller's
 // tenant that was still live, and NOT_FOUND otherwise (released, expired, another tenant's);
-// ReleaseLeases reports the same per id. A client must discard bytes it read under a lease unless
+// ReleaseLeases reports the same per id, and LeaseBlocks ends the leases in its release_lease_ids
+// by the same rule (reporting only how many were live). A client must discard bytes it read under a lease unless
 // the read finished within the lease's time to live by its own clock, or the release said the
 // lease was live (see cachestore/tiers.h).
 class CacheStoreService final : public vericache::v1::CacheStore::CallbackService {

@@ -3,6 +3,7 @@
 #include <random>
 #include <thread>
 
+#include "absl/time/clock.h"
 #include "cachestore/block_format.h"
 #include "cachestore/store_client.h"
 #include "common/clock.h"
@@ -507,6 +508,143 @@ TEST(StoreService, LeaseBlocksAndReleaseLeases) {
   ASSERT_EQ(release("token-a", ids, &rel), grpc::StatusCode::OK);
   EXPECT_EQ(rel.live_leases(), 0u);
   EXPECT_EQ(*a->Get(keys[0]), MakeBlock(80));  // the blocks themselves are untouched
+}
+
+// LeaseBlocks ends the caller's finished leases it carries before leasing, by ReleaseLeases' rules.
+TEST(StoreService, LeaseBlocksEndsTheLeasesItCarries) {
+  StoreServer server(testing::TempDir("store_lease_carry"));
+  auto a = server.Client("token-a");
+  const auto keys = Chain(2, 18);
+  for (int i = 0; i < 2; ++i) ASSERT_TRUE(a->Put(keys[i], MakeBlock(130 + i)).ok());
+  auto stub =
+      vericache::v1::CacheStore::NewStub(grpc::CreateChannel(server.target(), grpc::InsecureChannelCredentials()));
+  auto lease = [&](const std::string& token, const BlockKey& key, const std::vector<uint64_t>& release_ids,
+                   vericache::v1::LeaseBlocksResponse* resp) {
+    grpc::ClientContext ctx;
+    ctx.AddMetadata("authorization", "Bearer " + token);
+    vericache::v1::LeaseBlocksRequest req;
+    req.add_keys(std::string(reinterpret_cast<const char*>(key.bytes.data()), 32));
+    for (uint64_t id : release_ids) req.add_release_lease_ids(id);
+    return stub->LeaseBlocks(&ctx, req, resp).error_code();
+  };
+  auto live_after_release = [&](uint64_t id) {
+    grpc::ClientContext ctx;
+    ctx.AddMetadata("authorization", "Bearer token-a");
+    vericache::v1::ReleaseLeasesRequest req;
+    req.add_lease_ids(id);
+    vericache::v1::ReleaseLeasesResponse resp;
+    EXPECT_TRUE(stub->ReleaseLeases(&ctx, req, &resp).ok());
+    return resp.live_leases() == 1;
+  };
+
+  vericache::v1::LeaseBlocksResponse first;
+  ASSERT_EQ(lease("token-a", keys[0], {}, &first), grpc::StatusCode::OK);
+  ASSERT_TRUE(first.has_released_leases());  // a store that takes release_lease_ids says so
+  EXPECT_EQ(first.released_leases(), 0u);
+  ASSERT_TRUE(first.blocks(0).has_remote());
+  const uint64_t id0 = first.blocks(0).remote().lease_id();
+
+  // Bob's call carrying Alice's lease (and an unknown id) is answered as usual and ends nothing.
+  vericache::v1::LeaseBlocksResponse bobs;
+  ASSERT_EQ(lease("token-b", keys[1], {id0, 999'999}, &bobs), grpc::StatusCode::OK);
+  EXPECT_EQ(bobs.released_leases(), 0u);
+  ASSERT_EQ(bobs.blocks_size(), 1);
+  EXPECT_EQ(bobs.blocks(0).status_code(), static_cast<int>(grpc::StatusCode::NOT_FOUND));
+
+  // Alice's next call carries it, with ids that are not live: hers ends (it was still live after
+  // Bob's call), the others change nothing, and the new lease is granted.
+  vericache::v1::LeaseBlocksResponse second;
+  ASSERT_EQ(lease("token-a", keys[1], {id0, 999'999, id0}, &second), grpc::StatusCode::OK);
+  EXPECT_EQ(second.released_leases(), 1u);
+  ASSERT_EQ(second.blocks(0).status_code(), 0) << second.blocks(0).status_message();
+  ASSERT_TRUE(second.blocks(0).has_remote());
+  const uint64_t id1 = second.blocks(0).remote().lease_id();
+  EXPECT_FALSE(live_after_release(id0));
+  // Too many ids make a malformed call: it leases nothing and ends nothing.
+  vericache::v1::LeaseBlocksResponse too_many;
+  EXPECT_EQ(lease("token-a", keys[0], std::vector<uint64_t>(4097, id1), &too_many),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(too_many.blocks_size(), 0);
+  EXPECT_TRUE(live_after_release(id1));
+  // No lease is left: the blocks can be deleted and freed at once.
+  for (const BlockKey& k : keys) ASSERT_TRUE(a->Delete(k).ok());
+  EXPECT_EQ(server.store().ram().used_bytes(), 0u);
+}
+
+// A client's trusted reads release their leases on its next LeaseBlocks call (any thread's), and
+// its destructor sends the ones still waiting.
+TEST(StoreService, ClientReleasesRideOnItsNextLeaseCall) {
+  StoreServer server(testing::TempDir("store_release_ride"));
+  StoreClientOptions options{server.target(), "token-a", 5000, ""};
+  options.release_delay_ms = 600'000;  // never due here: only a LeaseBlocks call or the destructor sends them
+  auto a = *StoreClient::Create(options);
+  auto b = server.Client("token-a");
+  auto reader = *cachestore::UcxReader::Create(cachestore::UcxErrorMode::kNone);
+  const auto keys = Chain(3, 19);
+  ASSERT_TRUE(b->Put(keys[2], MakeBlock(142)).ok());
+  const uint64_t one_block = server.store().ram().used_bytes();
+  ASSERT_GT(one_block, 0u);
+  for (int i = 0; i < 2; ++i) ASSERT_TRUE(b->Put(keys[i], MakeBlock(140 + i)).ok());
+  const uint64_t three_blocks = server.store().ram().used_bytes();
+
+  for (const auto& got : a->GetRemoteBatch({keys[0], keys[1]}, reader.get())) ASSERT_TRUE(got.ok()) << got.status();
+  // Their leases wait for the next call: deleted, the blocks stay pinned and keep their RAM.
+  for (int i = 0; i < 2; ++i) ASSERT_TRUE(b->Delete(keys[i]).ok());
+  EXPECT_EQ(server.store().ram().used_bytes(), three_blocks);
+  // Another thread's read carries them: they are freed by the time it returns.
+  std::thread([&] {
+    auto got = a->GetRemoteBatch({keys[2]}, reader.get());
+    ASSERT_TRUE(got[0].ok()) << got[0].status();
+    EXPECT_EQ(*got[0], MakeBlock(142));
+  }).join();
+  EXPECT_EQ(server.store().ram().used_bytes(), one_block);
+  // That read's lease waits in turn; the destructor sends it.
+  ASSERT_TRUE(b->Delete(keys[2]).ok());
+  EXPECT_EQ(server.store().ram().used_bytes(), one_block);
+  a.reset();
+  EXPECT_EQ(server.store().ram().used_bytes(), 0u);
+}
+
+// A client that reads no more still releases within release_delay_ms.
+TEST(StoreService, WaitingReleasesAreFlushedAfterTheDelay) {
+  StoreServer server(testing::TempDir("store_release_flush"));
+  StoreClientOptions options{server.target(), "token-a", 5000, ""};
+  options.release_delay_ms = 20;
+  auto a = *StoreClient::Create(options);
+  auto reader = *cachestore::UcxReader::Create(cachestore::UcxErrorMode::kNone);
+  const auto keys = Chain(2, 20);
+  for (int i = 0; i < 2; ++i) ASSERT_TRUE(a->Put(keys[i], MakeBlock(150 + i)).ok());
+  for (const auto& got : a->GetRemoteBatch(keys, reader.get())) ASSERT_TRUE(got.ok()) << got.status();
+  auto b = server.Client("token-a");
+  for (const BlockKey& k : keys) ASSERT_TRUE(b->Delete(k).ok());
+  // The client lives on, idle: its flush thread sends the releases.
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (server.store().ram().used_bytes() != 0 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(5));
+  EXPECT_EQ(server.store().ram().used_bytes(), 0u);
+}
+
+// A read that finished past its trust window needs the release's answer: its round's leases go
+// back at once and the answer is waited for, whatever release_delay_ms says.
+TEST(StoreService, ReadsPastTheTrustWindowReleaseAtOnce) {
+  // The store's clock is steady, so its leases stay live; the client's leaps a minute a read, so
+  // every read ends past the trust window by its clock.
+  StoreServer server(testing::TempDir("store_release_confirm"));
+  LeapingClock client_clock;
+  StoreClientOptions options{server.target(), "token-a", 5000, "", &client_clock};
+  options.release_delay_ms = 600'000;
+  auto a = *StoreClient::Create(options);
+  auto reader = *cachestore::UcxReader::Create(cachestore::UcxErrorMode::kNone);
+  const auto keys = Chain(2, 21);
+  for (int i = 0; i < 2; ++i) ASSERT_TRUE(a->Put(keys[i], MakeBlock(160 + i)).ok());
+  auto got = a->GetRemoteBatch(keys, reader.get());
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_TRUE(got[i].ok()) << got[i].status();  // the release found the lease live
+    EXPECT_EQ(*got[i], MakeBlock(160 + i));
+  }
+  // Nothing waits for a later call: the blocks are unpinned while the client lives.
+  auto b = server.Client("token-a");
+  for (const BlockKey& k : keys) ASSERT_TRUE(b->Delete(k).ok());
+  EXPECT_EQ(server.store().ram().used_bytes(), 0u);
 }
 
 TEST(StoreService, ClientsDestroyedWithReleasesInFlightAreSafe) {
