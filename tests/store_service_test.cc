@@ -276,7 +276,9 @@ TEST_P(StoreReadPaths, PipelinedRoundsKeepEveryRoundsResults) {
   const auto keys = Chain(11, 23);
   std::array<uint8_t, 32> fp;
   for (int i = 0; i < 11; ++i) {
-    if (i != 7) ASSERT_TRUE(a->Put(keys[i], MakeBlock(200 + i, &fp)).ok());  // 7: missing, in the third round
+    if (i != 7) {  // 7: missing, in the third round
+      ASSERT_TRUE(a->Put(keys[i], MakeBlock(200 + i, &fp)).ok());
+    }
   }
   std::vector<std::string> buffers(11, std::string(buffer_bytes, '?'));
   std::vector<absl::Span<char>> dest;
