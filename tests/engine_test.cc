@@ -1,6 +1,5 @@
 // The exactness contract: every VeriCache generation equals sequential full-KV decoding token for
 // token, for every compressor, draft window, batch size, greedy and sampled.
-#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -160,42 +159,6 @@ TEST(EngineOnTestModel, LongCodeContextsGreedyAndSampled) {
     std::cout << "temperature " << temp << ": " << total.accepted_drafts << "/" << total.drafted
               << " drafts accepted over " << total.verifies << " verifies\n";
   }
-}
-
-}  // namespace
-}  // namespace vc
-
-namespace vc {
-namespace {
-
-// The window policy: it drafts where drafting pays (a fetch to hide, or verify rows that cost
-// little), decodes plainly (k = 0) where a verify pass costs a step per row and nothing needs
-// hiding, and then still drafts every ninth window to keep its estimates current.
-TEST(DraftWindow, DecodesPlainlyWhereDraftingDoesNotPay) {
-  DraftCostModel cheap_rows, costly_rows;
-  for (int i = 0; i < 20; ++i) {
-    cheap_rows.ObserveDraftStep(1e-3);
-    costly_rows.ObserveDraftStep(1e-3);
-    for (int rows : {1, 3, 5}) {
-      cheap_rows.ObserveVerify(rows, 3e-3 + rows * 1e-4);  // one read of the KV scores every row
-      costly_rows.ObserveVerify(rows, rows * 3e-3);         // every row costs a full step
-    }
-  }
-  DraftWindow w(0, 8);
-  for (int i = 0; i < 20; ++i) w.Observe(4, 4);  // drafts nearly always accepted
-  EXPECT_GE(w.Choose(cheap_rows, 0, 100), 4);
-  std::vector<int> chosen;
-  for (int i = 0; i < 18; ++i) chosen.push_back(w.Choose(costly_rows, 0, 100));
-  EXPECT_EQ(std::count(chosen.begin(), chosen.end(), 0), 16);
-  EXPECT_GT(chosen[8], 0);  // the ninth window drafts
-  EXPECT_GT(chosen[17], 0);
-  // With a fetch to hide, drafting pays again.
-  costly_rows.ObserveFetch(1e6, 0.05);
-  EXPECT_GT(w.Choose(costly_rows, 1e6, 100), 0);
-  // A fixed window stays fixed; the last token needs none.
-  DraftWindow fixed(3, 8);
-  EXPECT_EQ(fixed.Choose(costly_rows, 0, 100), 3);
-  EXPECT_EQ(fixed.Choose(costly_rows, 0, 1), 0);
 }
 
 }  // namespace

@@ -42,31 +42,20 @@ void DraftWindow::Observe(int drafted, int accepted) {
   acceptance_ = std::clamp((1 - w) * acceptance_ + w * estimate, 0.02, 0.995);
 }
 
-int DraftWindow::Choose(const DraftCostModel& costs, double fetch_bytes, int remaining) {
+int DraftWindow::Choose(const DraftCostModel& costs, double fetch_bytes, int remaining) const {
   const int cap = std::min(max_k_, remaining - 1);
   if (cap <= 0) return 0;
   if (fixed_k_ > 0) return std::min(fixed_k_, cap);
   const double a = acceptance_, f = costs.fetch(fetch_bytes), cd = costs.draft_step();
-  // k = 0 is plain decoding: one verified token per pass of one row, no drafts.
-  int best = 0;
-  double best_rate = 1.0 / (f + costs.verify(1));
-  int best_drafting = 1;
-  double best_drafting_rate = -1;
+  int best = 1;
+  double best_rate = -1;
   for (int k = 1; k <= cap; ++k) {
     const double tokens = (1 - std::pow(a, k + 1)) / (1 - a);
     const double time = std::max(k * cd, f) + costs.verify(k + 1);
-    if (tokens / time > best_drafting_rate) {
-      best_drafting_rate = tokens / time;
-      best_drafting = k;
+    if (tokens / time > best_rate) {
+      best_rate = tokens / time;
+      best = k;
     }
-  }
-  if (best_drafting_rate > best_rate) {
-    best = best_drafting;
-    undrafted_ = 0;
-  } else if (++undrafted_ > kExploreEvery) {
-    // Draft once in a while anyway, so the acceptance estimate and the costs stay current.
-    best = best_drafting;
-    undrafted_ = 0;
   }
   return best;
 }

@@ -2,8 +2,6 @@
 // a and a cost model measured at run time (draft step c_d, verify pass c_v(k) = v0 + v1 * (k+1),
 // fetch time f, which overlaps the drafting), maximizing expected verified tokens per second:
 //   E[tokens](k) = (1 - a^(k+1)) / (1 - a),   T(k) = max(k * c_d, f) + c_v(k).
-// k = 0 is plain decoding (E = 1, T = f + c_v(0)): where verifying k + 1 positions costs about
-// k + 1 decode steps and nothing needs hiding, drafting does not pay and the sequence decodes.
 #ifndef VC_WORKER_DRAFT_WINDOW_H_
 #define VC_WORKER_DRAFT_WINDOW_H_
 
@@ -35,17 +33,14 @@ class DraftWindow {
 
   // After a verification: `accepted` of `drafted` drafts matched.
   void Observe(int drafted, int accepted);
-  // The window for the next draft, in [0, max_k] (never more than `remaining` - 1): 0 when only
-  // one token remains or when plain decoding is expected to be faster; then every kExploreEvery + 1
-  // windows drafts anyway, to keep the estimates current. A fixed window is never 0 unless forced.
-  int Choose(const DraftCostModel& costs, double fetch_bytes, int remaining);
+  // The window for the next draft, in [1, max_k] (never more than `remaining` - 1, and 0 when only
+  // one token remains).
+  int Choose(const DraftCostModel& costs, double fetch_bytes, int remaining) const;
   double acceptance() const { return acceptance_; }
 
  private:
-  static constexpr int kExploreEvery = 8;
   int fixed_k_, max_k_;
   double acceptance_ = 0.7;  // prior
-  int undrafted_ = 0;        // windows in a row chosen without drafts
 };
 
 }  // namespace vc

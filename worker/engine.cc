@@ -310,8 +310,7 @@ absl::Status VeriCacheEngine::StartWindow(Sequence& s) {
     s.drafts.clear();
   } else if (s.k < 0) {
     const int remaining = s.request.options.max_tokens - s.generated;
-    // A resident sequence's next verify needs no fetch.
-    s.k = s.window.Choose(costs_, s.resident ? 0.0 : static_cast<double>((s.v() - 1) * bytes_per_token_),
+    s.k = s.window.Choose(costs_, static_cast<double>((s.v() - 1) * bytes_per_token_),
                           remaining);
     s.drafts.clear();
   }
