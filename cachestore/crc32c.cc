@@ -123,6 +123,20 @@ __attribute__((target("sse4.2"), always_inline)) inline uint32_t Crc1(uint32_t c
   return _mm_crc32_u8(crc, *p);
 }
 
+// Runs three chains over [p, p + stretch), [p + stretch, ...) and [p + 2 * stretch, ...) (whole
+// words), copying to the same offsets of `d` when kCopy; advances p (and d) by one stretch.
+template <bool kCopy>
+__attribute__((target("sse4.2"), always_inline)) inline void Chains(uint64_t& crc0, uint64_t& crc1, uint64_t& crc2,
+                                                                    const unsigned char*& p, unsigned char*& d,
+                                                                    size_t stretch) {
+  for (const unsigned char* end = p + stretch; p < end; p += 8) {
+    crc0 = Crc8<kCopy>(crc0, p, d);
+    crc1 = Crc8<kCopy>(crc1, p + stretch, d + stretch);
+    crc2 = Crc8<kCopy>(crc2, p + 2 * stretch, d + 2 * stretch);
+    if constexpr (kCopy) d += 8;
+  }
+}
+
 // Three chains of `stretch` bytes each, as long as 3 * stretch bytes remain. When copying, `d`
 // advances with `p`.
 template <bool kCopy>
@@ -135,12 +149,7 @@ __attribute__((target("sse4.2"))) uint64_t ThreeWay(uint64_t crc0, const unsigne
   size_t n = n_io;
   while (n >= 3 * stretch) {
     uint64_t crc1 = 0, crc2 = 0;
-    for (const unsigned char* end = p + stretch; p < end; p += 8) {
-      crc0 = Crc8<kCopy>(crc0, p, d);
-      crc1 = Crc8<kCopy>(crc1, p + stretch, d + stretch);
-      crc2 = Crc8<kCopy>(crc2, p + 2 * stretch, d + 2 * stretch);
-      if constexpr (kCopy) d += 8;
-    }
+    Chains<kCopy>(crc0, crc1, crc2, p, d, stretch);
     crc0 = zeros.Shift(static_cast<uint32_t>(crc0)) ^ static_cast<uint32_t>(crc1);
     crc0 = zeros.Shift(static_cast<uint32_t>(crc0)) ^ static_cast<uint32_t>(crc2);
     p += 2 * stretch;
@@ -171,12 +180,7 @@ __attribute__((target("sse4.2"))) uint64_t ThreeWayWhole(uint64_t crc0, const un
   }
   const uint32_t op = cached_op;
   uint64_t crc1 = 0, crc2 = 0;
-  for (const unsigned char* end = p + stretch; p < end; p += 8) {
-    crc0 = Crc8<kCopy>(crc0, p, d);
-    crc1 = Crc8<kCopy>(crc1, p + stretch, d + stretch);
-    crc2 = Crc8<kCopy>(crc2, p + 2 * stretch, d + 2 * stretch);
-    if constexpr (kCopy) d += 8;
-  }
+  Chains<kCopy>(crc0, crc1, crc2, p, d, stretch);
   crc0 = MultModP(op, static_cast<uint32_t>(crc0)) ^ static_cast<uint32_t>(crc1);
   crc0 = MultModP(op, static_cast<uint32_t>(crc0)) ^ static_cast<uint32_t>(crc2);
   p_io = p + 2 * stretch;

@@ -249,27 +249,11 @@ void StorePrefixes::PublishCompressed(absl::Span<const PrefixName> names, int fr
   if (c.bits == 0) return;
   const cachestore::BlockLayout bl = CompressedLayout(c);
   std::vector<std::string> layers;
-  for (int b = from; b < to; ++b) {
-    {
-      absl::MutexLock l(&mu_);
-      if (queued_bytes_ > options_.max_publish_queue_bytes) {
-        stats_.publish_dropped += to - b;
-        return;
-      }
-    }
-    const absl::Status encoded =
-        codec.EncodeBlock(full, seq, int64_t{b} * options_.block_tokens, options_.block_tokens, &layers);
-    absl::StatusOr<std::string> block =
-        encoded.ok() ? cachestore::EncodeBlock(fingerprint_, bl, std::vector<absl::string_view>(layers.begin(), layers.end()))
-                     : absl::StatusOr<std::string>(encoded);
-    absl::MutexLock l(&mu_);
-    if (!block.ok()) {
-      stats_.publish_failures++;
-      continue;
-    }
-    queued_bytes_ += static_cast<int64_t>(block->size());
-    queue_.emplace_back(ToKey(names[b]), std::move(*block));
-  }
+  Enqueue(names, from, to, [&](int b) -> absl::StatusOr<std::string> {
+    VC_RETURN_IF_ERROR(
+        codec.EncodeBlock(full, seq, int64_t{b} * options_.block_tokens, options_.block_tokens, &layers));
+    return cachestore::EncodeBlock(fingerprint_, bl, std::vector<absl::string_view>(layers.begin(), layers.end()));
+  });
 }
 
 void StorePrefixes::Publish(absl::Span<const PrefixName> names, int from, int to, const PagedKvCache& cache,
@@ -278,14 +262,7 @@ void StorePrefixes::Publish(absl::Span<const PrefixName> names, int from, int to
   const int64_t row = int64_t{layout_.num_kv_heads} * layout_.head_dim;
   const cachestore::BlockLayout bl = FullLayout();
   std::vector<std::string> layers(layout_.num_layers);
-  for (int b = from; b < to; ++b) {
-    {
-      absl::MutexLock l(&mu_);
-      if (queued_bytes_ > options_.max_publish_queue_bytes) {
-        stats_.publish_dropped += to - b;
-        return;
-      }
-    }
+  Enqueue(names, from, to, [&](int b) {
     std::vector<absl::string_view> views;
     for (int l = 0; l < layout_.num_layers; ++l) {
       std::string& s = layers[l];
@@ -299,7 +276,21 @@ void StorePrefixes::Publish(absl::Span<const PrefixName> names, int from, int to
       }
       views.push_back(s);
     }
-    absl::StatusOr<std::string> block = cachestore::EncodeBlock(fingerprint_, bl, views);
+    return cachestore::EncodeBlock(fingerprint_, bl, views);
+  });
+}
+
+void StorePrefixes::Enqueue(absl::Span<const PrefixName> names, int from, int to,
+                            const std::function<absl::StatusOr<std::string>(int)>& encode) {
+  for (int b = from; b < to; ++b) {
+    {
+      absl::MutexLock l(&mu_);
+      if (queued_bytes_ > options_.max_publish_queue_bytes) {
+        stats_.publish_dropped += to - b;
+        return;
+      }
+    }
+    absl::StatusOr<std::string> block = encode(b);
     absl::MutexLock l(&mu_);
     if (!block.ok()) {
       stats_.publish_failures++;

@@ -77,6 +77,10 @@ class StorePrefixes final : public PrefixStore {
  private:
   StorePrefixes(const StorePrefixOptions& options, const std::array<uint8_t, 32>& fingerprint, const KvLayout& layout);
   void PublishLoop();
+  // Encodes blocks [from, to) with `encode` (block index -> bytes) and queues their puts; stops,
+  // counting the rest as dropped, while the queue is over its byte limit.
+  void Enqueue(absl::Span<const PrefixName> names, int from, int to,
+               const std::function<absl::StatusOr<std::string>(int)>& encode);
   cachestore::BlockLayout FullLayout() const;
   cachestore::BlockLayout CompressedLayout(const CompressedKvCache::BlockCodec& codec) const;
   // Reads blocks names[0..n) of layout `want`, checks them, and hands each to `use` (block index,
