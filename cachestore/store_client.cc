@@ -220,7 +220,8 @@ std::vector<absl::StatusOr<size_t>> StoreClient::GetRemoteBatchInto(absl::Span<c
     round_bytes += dest[i].size();
     total_bytes += dest[i].size();
     ++in_round;
-    if (round_bytes >= options_.lease_round_bytes || in_round == kMaxKeysPerLeaseCall || i + 1 == keys.size()) {
+    const bool full = options_.lease_round_bytes > 0 && round_bytes >= options_.lease_round_bytes;
+    if (full || in_round == kMaxKeysPerLeaseCall || i + 1 == keys.size()) {
       ends.push_back(i + 1);
       round_bytes = 0;
       in_round = 0;

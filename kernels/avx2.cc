@@ -227,7 +227,10 @@ class Avx2 final : public Backend {
     bool vector_ok = d % 8 == 0 && d <= 256 && num_heads / num_kv_heads <= 16;
     for (int64_t i = 0; i < n * num_kv_heads && vector_ok; ++i) {
       const QuantizedKvHead& qk = kv[i].quant;
-      vector_ok = qk.tokens == 0 || qk.bits == 2 || qk.bits == 4 || qk.bits == 8;
+      // Quantized runs of whole key groups of whole vectors, as kernels.h requires: the float path
+      // scores 8 positions per store.
+      vector_ok = qk.tokens == 0 || ((qk.bits == 2 || qk.bits == 4 || qk.bits == 8) && qk.key_group % 8 == 0 &&
+                                     qk.tokens % qk.key_group == 0);
     }
     if (!vector_ok) return ReferenceBackend().CompressedAttention(q, n, num_heads, num_kv_heads, d, kv, scale, out);
     RunAttention(q, n, num_heads, num_kv_heads, d, scale, out,

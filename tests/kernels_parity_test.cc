@@ -166,6 +166,25 @@ TEST_F(FastBackendTest, AttentionMatchesReferenceAndIsBatchAndThreadInvariant) {
   }
 }
 
+// Key groups shorter than a vector (here 4 tokens, 12 quantized, nothing dense) are valid input;
+// the fast backend hands them to the reference rather than scoring 8 tokens per store.
+TEST_F(FastBackendTest, ShortKeyGroupsMatchTheReference) {
+  const int heads = 4, kv_heads = 1, d = 32, bits = 2, group = 4, qtokens = 12;
+  std::mt19937 rng(9);
+  std::vector<uint8_t> kc(qtokens * d * bits / 8), vc(kc.size());
+  for (auto& b : kc) b = static_cast<uint8_t>(rng());
+  for (auto& b : vc) b = static_cast<uint8_t>(rng());
+  const auto ks = Random(qtokens / group * d, 1, 0.05f), km = Random(qtokens / group * d, 2);
+  const auto vs = Random(qtokens * (d / 32), 3, 0.05f), vm = Random(qtokens * (d / 32), 4);
+  CompressedKvHead kv;
+  kv.quant = {bits, group, 32, qtokens, kc.data(), ks.data(), km.data(), vc.data(), vs.data(), vm.data()};
+  const auto q = Random(heads * d, 8);
+  std::vector<float> ref(heads * d), fast(heads * d);
+  ReferenceBackend().CompressedAttention(q.data(), 1, heads, kv_heads, d, &kv, 0.15f, ref.data());
+  fast_->CompressedAttention(q.data(), 1, heads, kv_heads, d, &kv, 0.15f, fast.data());
+  for (size_t i = 0; i < ref.size(); ++i) ASSERT_NEAR(ref[i], fast[i], kCompressedTol * (1 + std::fabs(ref[i]))) << i;
+}
+
 TEST_F(FastBackendTest, CompressedAttentionMatchesReference) {
   // Random KIVI codes and scales plus float32 rows, per (row, KV head), against the reference.
   const int heads = 8, kv_heads = 2;

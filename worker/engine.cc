@@ -200,12 +200,13 @@ absl::Status VeriCacheEngine::AdmitWithPrefix(Sequence& s, bool* admitted) {
     s.cpublish_from = chit;
     if (chit > local && worth_drafting(int64_t{chit} * bt)) {
       stored = compressed_->NewSequence();
-      if (prefixes_->ReadCompressed(absl::MakeConstSpan(s.cnames).first(chit), *compressed_, stored).ok()) {
+      const absl::Status read = prefixes_->ReadCompressed(absl::MakeConstSpan(s.cnames).first(chit), *compressed_, stored);
+      if (read.ok()) {
         stored_len = int64_t{chit} * bt;
       } else {
         compressed_->FreeSequence(stored);
         stored = -1;
-        s.cpublish_from = 0;  // a bad block is gone from the store: share ours
+        if (absl::IsDataLoss(read)) s.cpublish_from = 0;  // the reader deleted a bad block: share ours
       }
     }
   }
