@@ -10,11 +10,7 @@
 
 namespace vc {
 
-struct VeriCacheEngine::Sequence {
-  RequestId id = 0;
-  EngineRequest request;
-  DoneCallback on_done;
-  absl::Time submitted;
+struct VeriCacheEngine::Sequence : QueuedRequest {
   TierKey key = 0;
   SeqId cseq = -1;  // in the compressed cache
   SeqId sseq = -1;  // in staging, while a fetch or verify needs it, or while resident
@@ -37,10 +33,6 @@ struct VeriCacheEngine::Sequence {
   std::shared_ptr<FetchHandle> fetch;
   absl::Time fetch_start;
   DraftWindow window{0, 1};
-  EngineResult result;
-  bool done = false;
-  bool cancelled = false;
-  bool checked = false;  // passed ValidateGenerate while queued
   int64_t v() const { return static_cast<int64_t>(tokens.size()); }
 };
 
@@ -50,7 +42,7 @@ VeriCacheEngine::VeriCacheEngine(const Model& model, FullKvTier* tier, const Eng
 
 VeriCacheEngine::~VeriCacheEngine() {
   // Fetches in flight write into staging: let them land before it goes.
-  for (auto& s : active_) {
+  for (auto& s : requests_.active) {
     if (s->fetch != nullptr) s->fetch->Wait().IgnoreError();
   }
 }
@@ -77,33 +69,14 @@ absl::StatusOr<std::unique_ptr<VeriCacheEngine>> VeriCacheEngine::Create(const M
 }
 
 VeriCacheEngine::RequestId VeriCacheEngine::Submit(EngineRequest request, DoneCallback on_done) {
-  auto s = std::make_unique<Sequence>();
-  s->id = next_id_++;
-  s->request = std::move(request);
-  s->on_done = std::move(on_done);
-  s->submitted = absl::Now();
-  s->key = next_key_++;
-  s->tokens = s->request.prompt;
-  s->window = DraftWindow(options_.draft_window, max_k_);
-  s->result.stats.prompt_tokens = static_cast<int64_t>(s->tokens.size());
-  pending_.push_back(std::move(s));
-  return pending_.back()->id;
+  Sequence& s = requests_.Add(std::move(request), std::move(on_done));
+  s.key = next_key_++;
+  s.tokens = s.request.prompt;
+  s.window = DraftWindow(options_.draft_window, max_k_);
+  return s.id;
 }
 
-void VeriCacheEngine::Cancel(RequestId id) {
-  for (auto& s : pending_) {
-    if (s->id == id) s->cancelled = true;
-  }
-  for (auto& s : active_) {
-    if (s->id == id) s->cancelled = true;
-  }
-}
-
-void VeriCacheEngine::Finish(Sequence& s, absl::Status status) {
-  s.result.stats.total_seconds = absl::ToDoubleSeconds(absl::Now() - s.submitted);
-  if (s.on_done) s.on_done(std::move(status), std::move(s.result));
-  s.on_done = nullptr;
-}
+void VeriCacheEngine::Cancel(RequestId id) { requests_.Cancel(id); }
 
 void VeriCacheEngine::Release(Sequence& s) {
   if (s.fetch != nullptr) s.fetch->Wait().IgnoreError();  // it writes into staging
@@ -284,7 +257,7 @@ absl::Status VeriCacheEngine::Admit(Sequence& s) {
 
 bool VeriCacheEngine::EvictResident(const Sequence* except) {
   Sequence* victim = nullptr;
-  for (auto& sp : active_) {
+  for (auto& sp : requests_.active) {
     Sequence* o = sp.get();
     if (o == except || !o->resident) continue;
     victim = o;
@@ -499,36 +472,16 @@ absl::Status VeriCacheEngine::Verify(std::vector<Sequence*>& ready) {
 
 absl::Status VeriCacheEngine::Step() {
   if (staging_ == nullptr) return absl::FailedPreconditionError("the engine has no staging memory (staging_blocks)");
-  const absl::Time now = absl::Now();
-  for (auto it = pending_.begin(); it != pending_.end();) {
-    Sequence& s = **it;
-    absl::Status why = s.cancelled                ? absl::CancelledError("request cancelled")
-                       : now > s.request.deadline ? absl::DeadlineExceededError("deadline passed while queued")
-                       : s.checked                ? absl::OkStatus()
-                                                  : ValidateGenerate(model_, s.request.prompt, s.request.options);
-    if (why.ok()) {
-      s.checked = true;
-      ++it;
-      continue;
-    }
-    Finish(s, std::move(why));
-    it = pending_.erase(it);
-  }
-  for (auto it = active_.begin(); it != active_.end();) {
-    Sequence& s = **it;
-    if (!s.cancelled && now <= s.request.deadline) {
-      ++it;
-      continue;
-    }
-    Release(s);
-    Finish(s, s.cancelled ? absl::CancelledError("request cancelled")
-                          : absl::DeadlineExceededError("deadline passed while generating"));
-    it = active_.erase(it);
-  }
-  while (!pending_.empty() && static_cast<int>(active_.size()) < options_.max_batch) {
-    Sequence& s = *pending_.front();
+  std::vector<RequestQueue<Sequence>::Ended> ended = requests_.TakeEnded(
+      absl::Now(), [&](const Sequence& s) { return ValidateGenerate(model_, s.request.prompt, s.request.options); },
+      [&](Sequence& s) { Release(s); });
+  RequestQueue<Sequence>::TellAll(ended);
+  auto& pending = requests_.pending;
+  auto& active = requests_.active;
+  while (!pending.empty() && static_cast<int>(active.size()) < options_.max_batch) {
+    Sequence& s = *pending.front();
     absl::Status st = Admit(s);
-    if (absl::IsResourceExhausted(st) && !active_.empty()) {  // wait for staging to free up
+    if (absl::IsResourceExhausted(st) && !active.empty()) {  // wait for staging to free up
       Release(s);
       s.result.stats = EngineStats{};
       s.result.stats.prompt_tokens = s.v();
@@ -537,19 +490,19 @@ absl::Status VeriCacheEngine::Step() {
       s.cpublish_from = -1;
       break;
     }
-    std::unique_ptr<Sequence> owned = std::move(pending_.front());
-    pending_.pop_front();
+    std::unique_ptr<Sequence> owned = std::move(pending.front());
+    pending.pop_front();
     if (!st.ok()) {
       Release(s);
-      Finish(s, std::move(st));
+      RequestQueue<Sequence>::Tell(s, std::move(st));
       continue;
     }
-    active_.push_back(std::move(owned));
+    active.push_back(std::move(owned));
   }
 
   // Sequences still waiting for their first token claim staging first (time to first token).
   std::vector<Sequence*> order;
-  for (auto& sp : active_) order.push_back(sp.get());
+  for (auto& sp : active) order.push_back(sp.get());
   std::stable_partition(order.begin(), order.end(), [](const Sequence* s) { return s->generated == 0; });
   std::vector<Sequence*> drafting, ready, waiting, stuck;
   absl::Status status;
@@ -594,29 +547,15 @@ absl::Status VeriCacheEngine::Step() {
       // Nothing holds staging now, so this one can never fit: end it alone.
       Sequence& s = *stuck.front();
       Release(s);
-      Finish(s, absl::ResourceExhaustedError(absl::StrCat("staging memory (", staging_->num_blocks(),
-                                                          " blocks) cannot hold this sequence's full KV")));
-      s.done = true;  // leaves the batch below; Finish has spent its callback
+      RequestQueue<Sequence>::Tell(s, absl::ResourceExhaustedError(absl::StrCat(
+                                          "staging memory (", staging_->num_blocks(),
+                                          " blocks) cannot hold this sequence's full KV")));
+      s.done = true;  // leaves the batch below; its callback is spent
     }
   }
-  if (!status.ok()) {
-    for (auto& s : active_) {
-      Release(*s);
-      Finish(*s, status);
-    }
-    active_.clear();
-    return status;
-  }
-  for (auto it = active_.begin(); it != active_.end();) {
-    if ((*it)->done) {
-      Release(**it);
-      Finish(**it, absl::OkStatus());
-      it = active_.erase(it);
-    } else {
-      ++it;
-    }
-  }
-  return absl::OkStatus();
+  ended = requests_.TakeFinished(status, [&](Sequence& s) { Release(s); });
+  RequestQueue<Sequence>::TellAll(ended);
+  return status;
 }
 
 absl::StatusOr<std::vector<EngineResult>> VeriCacheEngine::Generate(absl::Span<const EngineRequest> requests) {

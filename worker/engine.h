@@ -46,6 +46,7 @@
 #include "worker/full_kv_tier.h"
 #include "worker/model.h"
 #include "worker/prefix_store.h"
+#include "worker/requests.h"
 
 namespace vc {
 
@@ -72,72 +73,11 @@ struct EngineOptions {
   bool stored_compressed_prefixes = false;
 };
 
-struct EngineStats {
-  int64_t prompt_tokens = 0;
-  int64_t drafted = 0;
-  int64_t accepted_drafts = 0;
-  int64_t verifies = 0;
-  int64_t emitted = 0;
-  int64_t bytes_fetched = 0;
-  int64_t compressed_bytes = 0;  // held for the sequence at its end
-  // The remote-prefix scene: prompt positions whose full KV came from the store, whose
-  // compressed KV came from the engine's prefix cache, and that were recomputed because a store
-  // read failed; blocks this sequence published.
-  int64_t prefix_store_tokens = 0;
-  int64_t prefix_compressed_tokens = 0;
-  int64_t prefix_compressed_store_tokens = 0;  // compressed KV read from the store's variant
-  int64_t recomputed_tokens = 0;
-  int64_t published_blocks = 0;
-  int64_t published_compressed_blocks = 0;
-  double queue_seconds = 0;        // submit to admission
-  double first_token_seconds = 0;  // submit to the first verified token
-  double total_seconds = 0;        // submit to the end
-  double prefill_seconds = 0;
-  double draft_seconds = 0;   // this sequence's share of batched draft passes
-  double verify_seconds = 0;  // its share of batched verify passes
-  double fetch_wait_seconds = 0;
-  double acceptance_rate() const { return drafted ? double(accepted_drafts) / drafted : 0.0; }
-  double tokens_per_verify() const { return verifies ? double(emitted) / verifies : 0.0; }
-};
-
-// Full KV computed elsewhere for positions [0, prompt.size() - 1) of a request (a benchmark's
-// shared prefill). Must stay valid until the request ends.
-struct PrefilledKv {
-  const PagedKvCache* cache = nullptr;
-  SeqId seq = 0;
-};
-
-struct EngineRequest {
-  std::vector<int32_t> prompt;
-  GenerateOptions options;  // max_tokens, sampling, stop_at_eos, prefill_chunk
-  PrefilledKv prefilled;    // optional: skips the prefill compute
-  absl::Time deadline = absl::InfiniteFuture();
-  // Optional: verified tokens as they are emitted, on the thread that runs Step.
-  std::function<void(absl::Span<const int32_t>)> on_tokens;
-};
-
-inline EngineRequest MakeRequest(std::vector<int32_t> prompt, const GenerateOptions& options,
-                                 PrefilledKv prefilled = {}) {
-  EngineRequest r;
-  r.prompt = std::move(prompt);
-  r.options = options;
-  r.prefilled = prefilled;
-  return r;
-}
-
-struct EngineResult {
-  std::vector<int32_t> tokens;
-  EngineStats stats;
-};
-
 // Not thread-safe: one thread calls Submit, Cancel and Step (or Generate).
 class VeriCacheEngine {
  public:
-  using RequestId = int64_t;
-  // Called once per request, on the thread that runs Step: OK with every token, or why it ended
-  // (kInvalidArgument, kCancelled, kDeadlineExceeded, kResourceExhausted, or an engine error),
-  // with the tokens emitted until then.
-  using DoneCallback = std::function<void(absl::Status, EngineResult)>;
+  using RequestId = vc::RequestId;
+  using DoneCallback = vc::DoneCallback;
 
   // `model`, `tier` and `prefixes` (optional) must outlive the engine.
   static absl::StatusOr<std::unique_ptr<VeriCacheEngine>> Create(const Model& model, FullKvTier* tier,
@@ -153,9 +93,9 @@ class VeriCacheEngine {
   // room, then runs one batched draft step or verify pass (or waits for a fetch). An error is the
   // engine's own (a failed pass); every request in flight has been ended with it.
   absl::Status Step();
-  bool Idle() const { return pending_.empty() && active_.empty(); }
-  size_t queued() const { return pending_.size(); }
-  size_t active() const { return active_.size(); }
+  bool Idle() const { return requests_.Idle(); }
+  size_t queued() const { return requests_.pending.size(); }
+  size_t active() const { return requests_.active.size(); }
 
   // Generates for every request and returns their results in request order. kInvalidArgument
   // for a bad request (see ValidateGenerate); kResourceExhausted if staging memory cannot hold
@@ -191,7 +131,6 @@ class VeriCacheEngine {
   // of `seq` in staging.
   void SharePrefix(Sequence& s, int from, SeqId seq);
   void CachePrefix(absl::Span<const PrefixName> names, SeqId staging_seq);
-  void Finish(Sequence& s, absl::Status status);
   void Release(Sequence& s);
 
   const Model& model_;
@@ -203,43 +142,16 @@ class VeriCacheEngine {
   int max_k_ = 1;
   int64_t bytes_per_token_ = 0;  // full K/V of one position
   uint64_t next_key_ = 1;
-  RequestId next_id_ = 1;
   std::unique_ptr<CompressedKvCache> compressed_;
   std::unique_ptr<PagedKvCache> staging_;
   DraftCostModel costs_;
-  std::deque<std::unique_ptr<Sequence>> pending_;
-  std::vector<std::unique_ptr<Sequence>> active_;
+  RequestQueue<Sequence> requests_;
   // Compressed prefixes by the name of their last block; front of the list = most recent.
   absl::flat_hash_map<PrefixName, CachedPrefix> prefix_index_;
   std::list<PrefixName> prefix_lru_;
   int64_t prefix_bytes_ = 0;
 };
 
-// Submits every request to `engine` (a VeriCacheEngine or a FullKvEngine) and steps it until it
-// is idle. Returns the results in request order, or the first error a request ended with, or the
-// engine's own (the requests still queued then end with kCancelled).
-template <typename Engine>
-absl::StatusOr<std::vector<EngineResult>> RunToCompletion(Engine& engine, absl::Span<const EngineRequest> requests) {
-  std::vector<EngineResult> out(requests.size());
-  absl::Status first_error;
-  std::vector<int64_t> ids;
-  for (size_t i = 0; i < requests.size(); ++i) {
-    ids.push_back(engine.Submit(requests[i], [&out, &first_error, i](absl::Status st, EngineResult r) {
-      if (!st.ok() && first_error.ok()) first_error = st;
-      out[i] = std::move(r);
-    }));
-  }
-  while (!engine.Idle()) {
-    absl::Status st = engine.Step();
-    if (!st.ok()) {
-      for (int64_t id : ids) engine.Cancel(id);
-      while (!engine.Idle()) engine.Step().IgnoreError();
-      return st;
-    }
-  }
-  if (!first_error.ok()) return first_error;
-  return out;
-}
 
 }  // namespace vc
 

@@ -11,14 +11,9 @@
 
 namespace vc {
 
-struct FullKvEngine::Sequence {
-  RequestId id = 0;
-  EngineRequest request;
-  DoneCallback on_done;
-  absl::Time submitted;
+struct FullKvEngine::Sequence : QueuedRequest {
   absl::Time admitted;
-  bool checked = false;  // passed Check while queued
-  SeqId seq = -1;        // in cache_, once admitted
+  SeqId seq = -1;  // in cache_, once admitted
   // prompt + emitted. Positions [0, cache_.Length(seq)) have their K/V; a decoding sequence
   // lacks only the last token's, which the next pass feeds.
   std::vector<int32_t> tokens;
@@ -26,9 +21,6 @@ struct FullKvEngine::Sequence {
   std::vector<PrefixName> names;  // of the prompt's full blocks, with a PrefixStore
   int publish_from = -1;          // blocks [publish_from, names.size()) to publish; -1: none
   int generated = 0;
-  EngineResult result;
-  bool done = false;
-  bool cancelled = false;
 };
 
 FullKvEngine::FullKvEngine(const Model& model, const FullEngineOptions& options, PrefixStore* prefixes)
@@ -79,34 +71,19 @@ absl::Status FullKvEngine::Check(const EngineRequest& r) const {
 }
 
 FullKvEngine::RequestId FullKvEngine::Submit(EngineRequest request, DoneCallback on_done) {
-  auto s = std::make_unique<Sequence>();
-  s->id = next_id_++;
-  s->request = std::move(request);
-  s->on_done = std::move(on_done);
-  s->submitted = absl::Now();
-  s->tokens = s->request.prompt;
-  s->prompt_len = static_cast<int64_t>(s->tokens.size());
-  s->result.stats.prompt_tokens = s->prompt_len;
-  pending_.push_back(std::move(s));
-  return pending_.back()->id;
+  Sequence& s = requests_.Add(std::move(request), std::move(on_done));
+  s.tokens = s.request.prompt;
+  s.prompt_len = static_cast<int64_t>(s.tokens.size());
+  return s.id;
 }
 
-void FullKvEngine::Cancel(RequestId id) {
-  for (auto& s : pending_) {
-    if (s->id == id) s->cancelled = true;
-  }
-  for (auto& s : active_) {
-    if (s->id == id) s->cancelled = true;
-  }
-}
+void FullKvEngine::Cancel(RequestId id) { requests_.Cancel(id); }
 
-void FullKvEngine::Finish(Sequence& s, absl::Status status) {
+void FullKvEngine::Leave(Sequence& s) {
   if (s.seq >= 0) cache_.FreeSequence(s.seq);
   s.seq = -1;
-  s.result.stats.total_seconds = absl::ToDoubleSeconds(absl::Now() - s.submitted);
-  if (s.on_done) s.on_done(std::move(status), std::move(s.result));
-  s.on_done = nullptr;
 }
+
 
 void FullKvEngine::FetchPrefix(Sequence& s) {
   const int64_t n = s.prompt_len - 1;  // the last prompt token is always computed: it yields logits
@@ -160,7 +137,7 @@ void FullKvEngine::PromptDone(Sequence& s) {
 absl::Status FullKvEngine::Pass() {
   std::vector<SequenceChunk> chunks;
   std::vector<bool> prefilling;
-  for (auto& sp : active_) {
+  for (auto& sp : requests_.active) {
     Sequence& s = *sp;
     const int64_t len = cache_.Length(s.seq);
     const bool in_prompt = len < s.prompt_len;
@@ -174,8 +151,8 @@ absl::Status FullKvEngine::Pass() {
 
   const int vocab = model_.config().vocab_size;
   const int32_t eos = model_.tokenizer().eos();
-  for (size_t i = 0; i < active_.size(); ++i) {
-    Sequence& s = *active_[i];
+  for (size_t i = 0; i < requests_.active.size(); ++i) {
+    Sequence& s = *requests_.active[i];
     const int64_t position = cache_.Length(s.seq);
     if (position < static_cast<int64_t>(s.tokens.size())) continue;  // more of the prompt to go
     if (prefilling[i]) PromptDone(s);
@@ -193,68 +170,23 @@ absl::Status FullKvEngine::Pass() {
 }
 
 absl::Status FullKvEngine::Step() {
-  // Requests that end are set aside and told only at the end of the step, so a callback that
-  // submits or cancels does not disturb the queues being walked.
-  std::vector<std::pair<std::unique_ptr<Sequence>, absl::Status>> ended;
-  auto finish_ended = [&] {
-    for (auto& [s, status] : ended) Finish(*s, std::move(status));
-    ended.clear();
-  };
-  const absl::Time now = absl::Now();
-  for (auto it = pending_.begin(); it != pending_.end();) {
-    Sequence& s = **it;
-    absl::Status why = s.cancelled                  ? absl::CancelledError("request cancelled")
-                       : now > s.request.deadline   ? absl::DeadlineExceededError("deadline passed while queued")
-                       : s.checked                  ? absl::OkStatus()
-                                                    : Check(s.request);
-    if (why.ok()) {
-      s.checked = true;
-      ++it;
-      continue;
-    }
-    ended.emplace_back(std::move(*it), std::move(why));
-    it = pending_.erase(it);
-  }
-  for (auto it = active_.begin(); it != active_.end();) {
-    Sequence& s = **it;
-    if (!s.cancelled && now <= s.request.deadline) {
-      ++it;
-      continue;
-    }
-    absl::Status why = s.cancelled ? absl::CancelledError("request cancelled")
-                                   : absl::DeadlineExceededError("deadline passed while generating");
-    cache_.FreeSequence(s.seq);  // now, so that admission below can use the blocks
-    s.seq = -1;
-    ended.emplace_back(std::move(*it), std::move(why));
-    it = active_.erase(it);
-  }
+  // Requests that end are told only at the end of the step; what they held is freed at once, so
+  // that admission below can use it.
+  std::vector<RequestQueue<Sequence>::Ended> ended = requests_.TakeEnded(
+      absl::Now(), [&](const Sequence& s) { return Check(s.request); }, [&](Sequence& s) { Leave(s); });
+  auto& pending = requests_.pending;
+  auto& active = requests_.active;
   // First come, first served: the head of the queue waits for room rather than being overtaken.
-  while (!pending_.empty() && static_cast<int>(active_.size()) < options_.max_batch &&
-         cache_.free_blocks() >= BlocksFor(pending_.front()->request)) {
-    Admit(*pending_.front());
-    active_.push_back(std::move(pending_.front()));
-    pending_.pop_front();
+  while (!pending.empty() && static_cast<int>(active.size()) < options_.max_batch &&
+         cache_.free_blocks() >= BlocksFor(pending.front()->request)) {
+    Admit(*pending.front());
+    active.push_back(std::move(pending.front()));
+    pending.pop_front();
   }
-
-  if (!active_.empty()) {
-    absl::Status status = Pass();
-    if (!status.ok()) {
-      for (auto& s : active_) ended.emplace_back(std::move(s), status);
-      active_.clear();
-      finish_ended();
-      return status;
-    }
-  }
-  for (auto it = active_.begin(); it != active_.end();) {
-    if ((*it)->done) {
-      ended.emplace_back(std::move(*it), absl::OkStatus());
-      it = active_.erase(it);
-    } else {
-      ++it;
-    }
-  }
-  finish_ended();
-  return absl::OkStatus();
+  const absl::Status status = active.empty() ? absl::OkStatus() : Pass();
+  for (auto& e : requests_.TakeFinished(status, [&](Sequence& s) { Leave(s); })) ended.push_back(std::move(e));
+  RequestQueue<Sequence>::TellAll(ended);
+  return status;
 }
 
 absl::StatusOr<std::vector<EngineResult>> FullKvEngine::Generate(absl::Span<const EngineRequest> requests) {

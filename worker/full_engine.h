@@ -49,11 +49,8 @@ struct FullEngineOptions {
 // Not thread-safe: one thread calls Submit, Cancel and Step (or Generate).
 class FullKvEngine {
  public:
-  using RequestId = int64_t;
-  // Called once per request, on the thread that runs Step: OK with every token, or why it ended
-  // (kInvalidArgument, kCancelled, kDeadlineExceeded, kResourceExhausted, or an engine error),
-  // with the tokens emitted until then.
-  using DoneCallback = VeriCacheEngine::DoneCallback;
+  using RequestId = vc::RequestId;
+  using DoneCallback = vc::DoneCallback;
 
   // kInvalidArgument for options out of range (kv_blocks, block_size, max_batch < 1). `model` and
   // `prefixes` (optional) must outlive the engine.
@@ -74,9 +71,9 @@ class FullKvEngine {
   // sequence in flight. An error is the engine's own (a failed pass); every request in flight has
   // been ended with it.
   absl::Status Step();
-  bool Idle() const { return pending_.empty() && active_.empty(); }
-  size_t queued() const { return pending_.size(); }
-  size_t active() const { return active_.size(); }
+  bool Idle() const { return requests_.Idle(); }
+  size_t queued() const { return requests_.pending.size(); }
+  size_t active() const { return requests_.active.size(); }
 
   // Generates for every request and returns their results in request order. kInvalidArgument
   // for a bad request (see ValidateGenerate) and kResourceExhausted for one the pool can never
@@ -101,17 +98,16 @@ class FullKvEngine {
   absl::Status Pass();
   // After the pass that completed the prompt of `s`: shares the blocks the store lacked.
   void PromptDone(Sequence& s);
-  void Finish(Sequence& s, absl::Status status);
+  // Frees what a sequence holds in the pool as it leaves the batch.
+  void Leave(Sequence& s);
 
   // Constant after construction.
   const Model& model_;
   PrefixStore* const prefixes_;
   const FullEngineOptions options_;
 
-  RequestId next_id_ = 1;
   PagedKvCache cache_;
-  std::deque<std::unique_ptr<Sequence>> pending_;
-  std::vector<std::unique_ptr<Sequence>> active_;
+  RequestQueue<Sequence> requests_;
 };
 
 }  // namespace vc
