@@ -38,6 +38,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "benchmarks/flags.h"
 #include "nlohmann/json.hpp"
 #include "worker/compressed_cache.h"
 #include "worker/model.h"
@@ -139,14 +140,7 @@ int main(int argc, char** argv) {
                                               {"max_context", "8192"},
                                               {"methods", kDefaultMethods},
                                               {"json", ""}};
-  for (int i = 1; i < argc; i += 2) {
-    const std::string k = argv[i];
-    if (k.rfind("--", 0) != 0 || !flags.count(k.substr(2)) || i + 1 >= argc) {
-      std::cerr << "unknown option or missing value: " << k << "\n";
-      return 2;
-    }
-    flags[k.substr(2)] = argv[i + 1];
-  }
+  if (!vc::bench::ParseFlags(argc, argv, &flags)) return 2;
   int num_prompts = 0, tokens = 0;
   int64_t min_ctx = 0, max_ctx = 0;
   if (!absl::SimpleAtoi(flags["prompts"], &num_prompts) || !absl::SimpleAtoi(flags["tokens"], &tokens) ||

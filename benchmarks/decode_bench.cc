@@ -17,6 +17,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "benchmarks/bandwidth.h"
+#include "benchmarks/flags.h"
 #include "kernels/backends.h"
 #include "kernels/thread_pool.h"
 #include "nlohmann/json.hpp"
@@ -24,14 +25,7 @@
 
 namespace {
 
-std::vector<int64_t> Ints(const std::string& s) {
-  std::vector<int64_t> out;
-  for (absl::string_view p : absl::StrSplit(s, ',')) {
-    int64_t v;
-    if (absl::SimpleAtoi(p, &v)) out.push_back(v);
-  }
-  return out;
-}
+using vc::bench::Ints;
 
 int64_t WeightBytes(const vc::ModelConfig& c) {
   const int64_t d = c.hidden_size, f = c.intermediate_size, hd = c.head_dim;
@@ -48,14 +42,7 @@ int main(int argc, char** argv) {
                                               {"backends", "avx2,avx2-variable-split"},
                                               {"steps", "8"},
                                               {"json", ""}};
-  for (int i = 1; i + 1 < argc; i += 2) {
-    std::string k = argv[i];
-    if (k.rfind("--", 0) != 0 || !flags.count(k.substr(2))) {
-      std::cerr << "unknown option " << k << "\n";
-      return 2;
-    }
-    flags[k.substr(2)] = argv[i + 1];
-  }
+  if (!vc::bench::ParseFlags(argc, argv, &flags)) return 2;
   const int steps = static_cast<int>(Ints(flags["steps"]).at(0));
   const double bw = vc::bench::MeasureMemcpyBandwidth();
   std::cout << absl::StrFormat("memcpy bandwidth: %.2f GB/s, kernel threads: %d\n", bw / 1e9,

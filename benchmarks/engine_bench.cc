@@ -27,6 +27,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "benchmarks/bandwidth.h"
+#include "benchmarks/flags.h"
 #include "nlohmann/json.hpp"
 #include "worker/compressed_cache.h"
 #include "worker/engine.h"
@@ -36,14 +37,7 @@
 namespace vc {
 namespace {
 
-std::vector<int64_t> Ints(const std::string& s) {
-  std::vector<int64_t> out;
-  for (absl::string_view p : absl::StrSplit(s, ',', absl::SkipEmpty())) {
-    int64_t v;
-    if (absl::SimpleAtoi(p, &v)) out.push_back(v);
-  }
-  return out;
-}
+using bench::Ints;
 
 // Deterministic held-out code: the corpus's .py files in sorted order, concatenated.
 std::string LoadCorpus(const std::string& dir, size_t want) {
@@ -290,14 +284,7 @@ int main(int argc, char** argv) {
       {"compressor", "kivi:bits=4,group=32,residual=32"}, {"draft-window", "0"},
       {"link-ratios", "0,60,250"}, {"modes", "full,offload,lossy,vericache,resident"}, {"json", ""},
       {"budget-mib", "0"}, {"budget-context", "16384"}};
-  for (int i = 1; i + 1 < argc; i += 2) {
-    std::string k = argv[i];
-    if (k.rfind("--", 0) != 0 || !flags.count(k.substr(2))) {
-      std::cerr << "unknown option " << k << "\n";
-      return 2;
-    }
-    flags[k.substr(2)] = argv[i + 1];
-  }
+  if (!vc::bench::ParseFlags(argc, argv, &flags)) return 2;
   auto model = Model::Load(flags["model"]);
   if (!model.ok()) {
     std::cerr << model.status() << "\n";

@@ -36,6 +36,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "benchmarks/flags.h"
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
 #include "services/inference_client.h"
@@ -458,14 +459,7 @@ int main(int argc, char** argv) {
       {"json", ""},
       {"md", ""},
   };
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string k = argv[i];
-    if (k.rfind("--", 0) != 0 || flags.count(k.substr(2)) == 0) {
-      std::cerr << "unknown flag " << k << "\n";
-      return 2;
-    }
-    flags[k.substr(2)] = argv[i + 1];
-  }
+  if (!vc::bench::ParseFlags(argc, argv, &flags)) return 2;
   const absl::Status s = vc::Main(flags);
   if (!s.ok()) {
     std::cerr << s << "\n";

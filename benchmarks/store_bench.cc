@@ -53,6 +53,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "benchmarks/bandwidth.h"
+#include "benchmarks/flags.h"
 #include "benchmarks/redis_baseline.h"
 #include "cachestore/block_format.h"
 #include "cachestore/store_client.h"
@@ -63,16 +64,9 @@
 namespace vc {
 namespace {
 
-using BenchClock = std::chrono::steady_clock;
+using bench::Ints;
 
-std::vector<int64_t> Ints(const std::string& s) {
-  std::vector<int64_t> out;
-  for (absl::string_view p : absl::StrSplit(s, ',', absl::SkipEmpty())) {
-    int64_t v;
-    if (absl::SimpleAtoi(p, &v)) out.push_back(v);
-  }
-  return out;
-}
+using BenchClock = std::chrono::steady_clock;
 
 std::string SizeName(int64_t bytes) {
   if (bytes >= (1 << 20) && bytes % (1 << 20) == 0) return absl::StrFormat("%d MiB", bytes >> 20);
@@ -592,17 +586,6 @@ int main(int argc, char** argv) {
                                               {"redis-server", "/usr/bin/redis-server"},
                                               {"redis", "on"},
                                               {"json", ""}};
-  for (int i = 1; i + 1 < argc; i += 2) {
-    std::string k = argv[i];
-    if (k.rfind("--", 0) != 0 || !flags.count(k.substr(2))) {
-      std::cerr << "unknown option " << k << "\n";
-      return 2;
-    }
-    flags[k.substr(2)] = argv[i + 1];
-  }
-  if (argc % 2 == 0) {
-    std::cerr << "option " << argv[argc - 1] << " has no value\n";
-    return 2;
-  }
+  if (!vc::bench::ParseFlags(argc, argv, &flags)) return 2;
   return vc::Run(flags);
 }
