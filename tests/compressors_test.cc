@@ -34,12 +34,7 @@ std::vector<int32_t> Tokens(int n, uint32_t seed) {
 class CompressorsTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    testing::TinyModelSpec spec;
-    spec.hidden = 128;
-    spec.intermediate = 344;
-    spec.layers = 2;
-    spec.heads = 4;
-    spec.kv_heads = 2;
+    testing::TinyModelSpec spec = testing::SmallGqaSpec();
     spec.seed = 11;
     const std::string dir = testing::TempDir("compressors_model");
     testing::WriteTinyModel(dir, spec);

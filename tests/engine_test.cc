@@ -24,11 +24,7 @@ class EngineExactness : public ::testing::Test {
  public:
   static void SetUpTestSuite() {
     const std::string dir = testing::TempDir("engine_tiny");
-    testing::TinyModelSpec spec;
-    spec.hidden = 128;
-    spec.intermediate = 344;
-    spec.heads = 4;
-    spec.kv_heads = 2;
+    testing::TinyModelSpec spec = testing::SmallGqaSpec();
     spec.weight_scale = 0.15f;
     testing::WriteTinyModel(dir, spec);
     model_ = Model::Load(dir)->release();

@@ -12,21 +12,13 @@
 #include "cachestore/block_format.h"
 #include "cachestore/store_client.h"
 #include "gtest/gtest.h"
+#include "tests/testing/blocks.h"
 #include "tests/testing/tiny_model.h"
 
 namespace vc {
 namespace {
 
-std::string MakeBlock(uint32_t seed) {
-  std::array<uint8_t, 32> fp{};
-  cachestore::BlockLayout layout{2, 2, 8, 16};
-  std::mt19937 rng(seed);
-  std::vector<std::string> layers(2, std::string(layout.layer_bytes(), '\0'));
-  for (auto& l : layers) {
-    for (char& c : l) c = static_cast<char>(rng());
-  }
-  return *cachestore::EncodeBlock(fp, layout, {layers[0], layers[1]});
-}
+std::string MakeBlock(uint32_t seed) { return testing::RandomBlock(seed, 0); }
 
 // Waits up to 20 s for the store to answer; false if it exited or never answered.
 bool WaitUp(pid_t pid, const std::string& target) {

@@ -10,6 +10,7 @@
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "services/store_service.h"
+#include "tests/testing/blocks.h"
 #include "tests/testing/tiny_model.h"
 
 namespace vc {
@@ -19,17 +20,8 @@ using cachestore::BlockKey;
 using cachestore::StoreClient;
 using cachestore::StoreClientOptions;
 
-std::string MakeBlock(uint32_t seed, std::array<uint8_t, 32>* fp_out = nullptr) {
-  std::array<uint8_t, 32> fp{};
-  fp[0] = 42;
-  if (fp_out) *fp_out = fp;
-  cachestore::BlockLayout layout{2, 2, 8, 16};
-  std::mt19937 rng(seed);
-  std::vector<std::string> layers(2, std::string(layout.layer_bytes(), '\0'));
-  for (auto& l : layers) {
-    for (char& c : l) c = static_cast<char>(rng());
-  }
-  return *cachestore::EncodeBlock(fp, layout, {layers[0], layers[1]});
+std::string MakeBlock(uint32_t seed, std::array<uint8_t, 32>* fp = nullptr) {
+  return testing::RandomBlock(seed, 42, fp);
 }
 
 // Where the RAM tier lives: memory the tier allocated (UCX emulates gets from it), or a region UCX

@@ -14,6 +14,7 @@
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "services/store_service.h"
+#include "tests/testing/blocks.h"
 #include "tests/testing/tiny_model.h"
 
 namespace vc {
@@ -76,17 +77,7 @@ CertAndKey SelfSignedCert(const std::string& common_name) {
   return {BioString(cert_bio.get()), BioString(key_bio.get())};
 }
 
-std::string MakeBlock(uint32_t seed) {
-  std::array<uint8_t, 32> fp{};
-  fp[0] = 7;
-  cachestore::BlockLayout layout{2, 2, 8, 16};
-  std::mt19937 rng(seed);
-  std::vector<std::string> layers(2, std::string(layout.layer_bytes(), '\0'));
-  for (auto& l : layers) {
-    for (char& c : l) c = static_cast<char>(rng());
-  }
-  return *cachestore::EncodeBlock(fp, layout, {layers[0], layers[1]});
-}
+std::string MakeBlock(uint32_t seed) { return testing::RandomBlock(seed, 7); }
 
 std::vector<BlockKey> Chain(int n) {
   std::vector<int32_t> tokens(n * 16);

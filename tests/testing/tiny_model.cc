@@ -117,4 +117,13 @@ std::string TempDir(const std::string& name) {
   return p.string();
 }
 
+TinyModelSpec SmallGqaSpec() {
+  TinyModelSpec spec;
+  spec.hidden = 128;
+  spec.intermediate = 344;
+  spec.heads = 4;
+  spec.kv_heads = 2;
+  return spec;
+}
+
 }  // namespace vc::testing

@@ -38,6 +38,9 @@ struct TinyModelSpec {
   float weight_scale = 0.2f;
 };
 
+// The shape most engine and compressor tests use: 128 wide, 4 query heads on 2 KV heads.
+TinyModelSpec SmallGqaSpec();
+
 // The config.json object of `spec`.
 nlohmann::json TinyConfig(const TinyModelSpec& spec);
 // Random weights under Hugging Face names for `spec`.

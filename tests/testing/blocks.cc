@@ -1,0 +1,23 @@
+#include "tests/testing/blocks.h"
+
+#include <random>
+#include <vector>
+
+#include "cachestore/block_format.h"
+
+namespace vc::testing {
+
+std::string RandomBlock(uint32_t seed, uint8_t fingerprint_byte, std::array<uint8_t, 32>* fingerprint) {
+  std::array<uint8_t, 32> fp{};
+  fp[0] = fingerprint_byte;
+  if (fingerprint != nullptr) *fingerprint = fp;
+  const cachestore::BlockLayout layout{2, 2, 8, 16};
+  std::mt19937 rng(seed);
+  std::vector<std::string> layers(2, std::string(layout.layer_bytes(), '\0'));
+  for (auto& l : layers) {
+    for (char& c : l) c = static_cast<char>(rng());
+  }
+  return *cachestore::EncodeBlock(fp, layout, {layers[0], layers[1]});
+}
+
+}  // namespace vc::testing
