@@ -45,6 +45,7 @@ struct BlockLayout {
   uint64_t layer_bytes() const;
   // Whether the encoding's parameters fit the shape (a kKivi group divides the tokens, ...).
   bool valid() const;
+  bool operator==(const BlockLayout&) const = default;
 };
 
 struct BlockHeader {

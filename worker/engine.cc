@@ -126,10 +126,9 @@ void VeriCacheEngine::SharePrefix(Sequence& s, int from, SeqId seq) {
     prefixes_->Publish(s.names, from, to, *staging_, seq);
     s.result.stats.published_blocks += to - from;
   }
-  const int cto = std::min(to, static_cast<int>(s.cnames.size()));
-  if (s.cpublish_from >= 0 && s.cpublish_from < cto) {
-    prefixes_->PublishCompressed(s.cnames, s.cpublish_from, cto, *compressed_, *staging_, seq);
-    s.result.stats.published_compressed_blocks += cto - s.cpublish_from;
+  // cnames, when there are any, name the same blocks as names.
+  if (!s.cnames.empty() && s.cpublish_from >= 0 && s.cpublish_from < to) {
+    prefixes_->PublishCompressed(s.cnames, s.cpublish_from, to, *compressed_, *staging_, seq);
   }
   s.cpublish_from = -1;
   CachePrefix(s.names, seq);
@@ -168,7 +167,6 @@ absl::Status VeriCacheEngine::AdmitWithPrefix(Sequence& s, bool* admitted) {
   SeqId stored = -1;
   int64_t stored_len = 0;
   if (!s.cnames.empty()) {
-    s.cnames.resize(std::min(s.cnames.size(), s.names.size()));
     const int chit = prefixes_->Lookup(s.cnames);
     s.cpublish_from = chit;
     if (chit > local && worth_drafting(int64_t{chit} * bt)) {
@@ -187,8 +185,8 @@ absl::Status VeriCacheEngine::AdmitWithPrefix(Sequence& s, bool* admitted) {
   if (have == 0 || !worth_drafting(have)) {
     // No compressed copy, or the full prefix arrives before the copy could be brought up to date
     // and draft: the first window has no drafts. Its verify pass computes the rest of the prompt
-    // exactly from the fetched prefix, and the compressed copy is built from that.
-    if (stored >= 0) compressed_->FreeSequence(stored);
+    // exactly from the fetched prefix, and the compressed copy is built from that. (A stored copy
+    // is only read when drafting from it pays.)
     s.cseq = compressed_->NewSequence();
     s.first_window = 0;
   } else {

@@ -37,7 +37,6 @@ struct EngineStats {
   int64_t prefix_compressed_store_tokens = 0;  // compressed KV read from the store's variant
   int64_t recomputed_tokens = 0;
   int64_t published_blocks = 0;
-  int64_t published_compressed_blocks = 0;
   double queue_seconds = 0;        // submit to admission
   double first_token_seconds = 0;  // submit to the first verified token
   double total_seconds = 0;        // submit to the end

@@ -183,9 +183,7 @@ absl::Status StorePrefixes::ReadBlocks(absl::Span<const PrefixName> names, const
       status = h.status();
       break;
     }
-    const cachestore::BlockLayout& bl = h->layout;
-    if (bl.num_layers != want.num_layers || bl.num_kv_heads != want.num_kv_heads || bl.head_dim != want.head_dim ||
-        bl.tokens != want.tokens || bl.encoding != want.encoding || bl.bits != want.bits || bl.group != want.group) {
+    if (h->layout != want) {
       status = absl::DataLossError(absl::StrCat("block ", key.Hex(), " has another KV layout"));
       break;
     }
