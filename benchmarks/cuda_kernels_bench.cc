@@ -215,8 +215,54 @@ void BM_PagedAttention32K(benchmark::State& state) {
   });
 }
 
-BENCHMARK(BM_MatMulBf16)->Arg(1)->Arg(16)->UseManualTime()->Unit(benchmark::kMicrosecond);
+// A verify pass: n rows of one sequence, row r attending to the first kKvLen - n + 1 + r positions of
+// one shared block table. GB/s counts the KV once, as a pass needs it read once; us/launch against
+// n = 1 is what verifying n - 1 drafts costs over one decode step.
+void BM_VerifyAttention32K(benchmark::State& state) {
+  constexpr int kHeads = 32, kKvHeads = 8, kHeadDim = 128, kBlock = 16;
+  constexpr int32_t kKvLen = 32768;
+  constexpr int64_t kBlocks = kKvLen / kBlock;
+  const int64_t n = state.range(0);
+  Timer timer;
+  if (!timer.Init(state)) return;
+  std::mt19937 rng(3);
+  const int64_t block_floats = static_cast<int64_t>(kBlock) * kKvHeads * kHeadDim;
+  const size_t side_bytes = static_cast<size_t>(kBlocks * block_floats) * sizeof(float);
+  DevicePtr k, v;
+  if (!Alloc(state, side_bytes, &k) || !Alloc(state, side_bytes, &v) ||
+      !Ok(state, cudaMemset(k.get(), 0x3c, side_bytes), "cudaMemset") ||
+      !Ok(state, cudaMemset(v.get(), 0x3c, side_bytes), "cudaMemset")) {
+    return;
+  }
+  std::vector<int32_t> table(static_cast<size_t>(kBlocks));
+  std::iota(table.begin(), table.end(), 0);
+  std::shuffle(table.begin(), table.end(), rng);
+  std::vector<int32_t> tables, lens;
+  for (int64_t r = 0; r < n; ++r) {
+    tables.insert(tables.end(), table.begin(), table.end());
+    lens.push_back(static_cast<int32_t>(kKvLen - n + 1 + r));
+  }
+  DevicePtr dtables, dlens, q, out, workspace;
+  const size_t ws_bytes = AttentionWorkspaceBytes(n, kHeads, kHeadDim, kKvLen);
+  const size_t q_floats = static_cast<size_t>(n * kHeads * kHeadDim);
+  if (!Upload(state, tables, &dtables) || !Upload(state, lens, &dlens) ||
+      !Upload(state, RandomFloats(q_floats, rng), &q) || !Alloc(state, q_floats * sizeof(float), &out) ||
+      !Alloc(state, ws_bytes, &workspace)) {
+    return;
+  }
+  const PagedKvLayer kv{Get<float>(k), Get<float>(v), block_floats, kBlock, kKvHeads, kHeadDim};
+  const DeviceAttentionRows rows{Get<int32_t>(dtables), Get<int32_t>(dlens), kBlocks, kKvLen};
+  const float scale = 1.0f / std::sqrt(static_cast<float>(kHeadDim));
+  const double bytes = 2.0 * static_cast<double>(side_bytes) + 2.0 * q_floats * sizeof(float);
+  timer.Loop(state, bytes, [&](int64_t) {
+    return LaunchPagedAttention(Get<float>(q), n, kHeads, rows, kv, scale, workspace.get(), ws_bytes, Get<float>(out),
+                                timer.stream());
+  });
+}
+
+BENCHMARK(BM_MatMulBf16)->Arg(1)->Arg(5)->Arg(16)->UseManualTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_PagedAttention32K)->Arg(1)->Arg(4)->UseManualTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_VerifyAttention32K)->Arg(1)->Arg(5)->Arg(9)->UseManualTime()->Unit(benchmark::kMicrosecond);
 
 }  // namespace
 }  // namespace vc::kernels::cuda

@@ -88,32 +88,39 @@ __device__ __forceinline__ void LoadWeightVec(const void* w, int64_t i, float* o
   }
 }
 
-// One warp per output element o and tile of up to kTile rows. Lane l owns, in order, the columns
-// [s + l*V, s + l*V + V) for s = 0, 32V, 64V, ... (kVec: cols % V == 0, 16-byte loads) or the
-// columns l, l + 32, ... (otherwise), folding them into one fma chain per row; the lanes then meet
-// in WarpSum. Each row's chain is the same whatever kTile, the tile the row is in, n or the grid;
-// kTile (chosen from n) only sets how many rows share the weight loads and the registers.
-template <DType T, bool kVec, int kTile>
+// One warp per kOut consecutive output elements and tile of up to kTile rows. For each output o,
+// lane l owns, in order, the columns [s + l*V, s + l*V + V) for s = 0, 32V, 64V, ... (kVec: cols % V
+// == 0, 16-byte loads) or the columns l, l + 32, ... (otherwise), folding them into one fma chain per
+// row; the lanes then meet in WarpSum. Each (row, output) chain is the same whatever kTile, kOut, the
+// tile the row is in, n or the grid: kTile and kOut (chosen from n) only set how many rows share the
+// weight loads and how many outputs share the loads of x.
+template <DType T, bool kVec, int kTile, int kOut>
 __global__ void __launch_bounds__(kMatMulWarps* kWarp)
     MatMulKernel(const float* __restrict__ x, int64_t n, const void* __restrict__ w, int64_t rows, int64_t cols,
                  float* __restrict__ y) {
   constexpr int V = VecWidth<T>();
   const int lane = threadIdx.x % kWarp;
-  const int64_t o = static_cast<int64_t>(blockIdx.x) * kMatMulWarps + threadIdx.x / kWarp;
-  if (o >= rows) return;  // whole warps only
-  const int64_t wrow = o * cols;
+  const int64_t o0 = (static_cast<int64_t>(blockIdx.x) * kMatMulWarps + threadIdx.x / kWarp) * kOut;
+  if (o0 >= rows) return;  // whole warps only
+  const int outs = static_cast<int>(min(static_cast<int64_t>(kOut), rows - o0));  // uniform across the warp
   for (int64_t r0 = static_cast<int64_t>(blockIdx.y) * kTile; r0 < n;
        r0 += static_cast<int64_t>(gridDim.y) * kTile) {
     const int tile = static_cast<int>(min(static_cast<int64_t>(kTile), n - r0));
     const float* xt = x + r0 * cols;
-    float acc[kTile];
+    float acc[kOut][kTile];
 #pragma unroll
-    for (int r = 0; r < kTile; ++r) acc[r] = 0.0f;
+    for (int u = 0; u < kOut; ++u) {
+#pragma unroll
+      for (int r = 0; r < kTile; ++r) acc[u][r] = 0.0f;
+    }
     if constexpr (kVec) {
-#pragma unroll 4
+#pragma unroll 2
       for (int64_t c = static_cast<int64_t>(lane) * V; c < cols; c += kWarp * V) {
-        float wv[V];
-        LoadWeightVec<T>(w, wrow + c, wv);
+        float wv[kOut][V];
+#pragma unroll
+        for (int u = 0; u < kOut; ++u) {
+          if (u < outs) LoadWeightVec<T>(w, (o0 + u) * cols + c, wv[u]);
+        }
 #pragma unroll
         for (int r = 0; r < kTile; ++r) {
           if (r < tile) {
@@ -121,28 +128,40 @@ __global__ void __launch_bounds__(kMatMulWarps* kWarp)
 #pragma unroll
             for (int q = 0; q < V / 4; ++q) {
               const float4 xv = __ldg(xr + q);
-              acc[r] = fmaf(xv.x, wv[4 * q + 0], acc[r]);
-              acc[r] = fmaf(xv.y, wv[4 * q + 1], acc[r]);
-              acc[r] = fmaf(xv.z, wv[4 * q + 2], acc[r]);
-              acc[r] = fmaf(xv.w, wv[4 * q + 3], acc[r]);
+#pragma unroll
+              for (int u = 0; u < kOut; ++u) {
+                acc[u][r] = fmaf(xv.x, wv[u][4 * q + 0], acc[u][r]);
+                acc[u][r] = fmaf(xv.y, wv[u][4 * q + 1], acc[u][r]);
+                acc[u][r] = fmaf(xv.z, wv[u][4 * q + 2], acc[u][r]);
+                acc[u][r] = fmaf(xv.w, wv[u][4 * q + 3], acc[u][r]);
+              }
             }
           }
         }
       }
     } else {
       for (int64_t c = lane; c < cols; c += kWarp) {
-        const float wv = LoadWeight<T>(w, wrow + c);
+        float wv[kOut];
+#pragma unroll
+        for (int u = 0; u < kOut; ++u) wv[u] = u < outs ? LoadWeight<T>(w, (o0 + u) * cols + c) : 0.0f;
 #pragma unroll
         for (int r = 0; r < kTile; ++r) {
-          if (r < tile) acc[r] = fmaf(__ldg(xt + r * cols + c), wv, acc[r]);
+          if (r < tile) {
+            const float xv = __ldg(xt + r * cols + c);
+#pragma unroll
+            for (int u = 0; u < kOut; ++u) acc[u][r] = fmaf(xv, wv[u], acc[u][r]);
+          }
         }
       }
     }
 #pragma unroll
-    for (int r = 0; r < kTile; ++r) {
-      if (r < tile) {  // uniform across the warp
-        const float sum = WarpSum(acc[r]);
-        if (lane == 0) y[(r0 + r) * rows + o] = sum;
+    for (int u = 0; u < kOut; ++u) {
+#pragma unroll
+      for (int r = 0; r < kTile; ++r) {
+        if (u < outs && r < tile) {  // uniform across the warp
+          const float sum = WarpSum(acc[u][r]);
+          if (lane == 0) y[(r0 + r) * rows + o0 + u] = sum;
+        }
       }
     }
   }
@@ -151,8 +170,6 @@ __global__ void __launch_bounds__(kMatMulWarps* kWarp)
 template <DType T>
 absl::Status LaunchMatMulTyped(const float* x, int64_t n, const WeightView& w, float* y, cudaStream_t stream) {
   constexpr int V = VecWidth<T>();
-  const int64_t bx = (w.rows + kMatMulWarps - 1) / kMatMulWarps;
-  if (bx > kMaxGridX) return absl::InvalidArgumentError(absl::StrCat("MatMul: too many rows: ", w.rows));
   const bool vec = w.cols % V == 0;
   if (vec) {
     const auto misaligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 != 0; };
@@ -160,27 +177,27 @@ absl::Status LaunchMatMulTyped(const float* x, int64_t n, const WeightView& w, f
       return absl::InvalidArgumentError("MatMul: x and w.data must be 16-byte aligned");
     }
   }
-  const auto launch = [&](auto tile) {
-    constexpr int kTile = decltype(tile)::value;
+  const auto launch = [&](auto tile, auto outs) -> absl::Status {
+    constexpr int kTile = decltype(tile)::value, kOut = decltype(outs)::value;
+    const int64_t per_block = int64_t{kMatMulWarps} * kOut;
+    const int64_t bx = (w.rows + per_block - 1) / per_block;
+    if (bx > kMaxGridX) return absl::InvalidArgumentError(absl::StrCat("MatMul: too many rows: ", w.rows));
     const int64_t tiles = (n + kTile - 1) / kTile;
     const dim3 grid(static_cast<unsigned>(bx), static_cast<unsigned>(std::min<int64_t>(tiles, kMaxGridY)));
     if (vec) {
-      MatMulKernel<T, true, kTile><<<grid, kMatMulWarps * kWarp, 0, stream>>>(x, n, w.data, w.rows, w.cols, y);
+      MatMulKernel<T, true, kTile, kOut><<<grid, kMatMulWarps * kWarp, 0, stream>>>(x, n, w.data, w.rows, w.cols, y);
     } else {
-      MatMulKernel<T, false, kTile><<<grid, kMatMulWarps * kWarp, 0, stream>>>(x, n, w.data, w.rows, w.cols, y);
+      MatMulKernel<T, false, kTile, kOut><<<grid, kMatMulWarps * kWarp, 0, stream>>>(x, n, w.data, w.rows, w.cols, y);
     }
+    return LastLaunchStatus("MatMul launch");
   };
-  // Small n gets a small tile, so a decode step does not pay for registers it does not use.
-  if (n == 1) {
-    launch(std::integral_constant<int, 1>());
-  } else if (n == 2) {
-    launch(std::integral_constant<int, 2>());
-  } else if (n <= 4) {
-    launch(std::integral_constant<int, 4>());
-  } else {
-    launch(std::integral_constant<int, kMatMulRowTile>());
-  }
-  return LastLaunchStatus("MatMul launch");
+  // Small n gets a small tile, so a decode step does not pay for registers it does not use; with
+  // several rows, the loads of x outnumber the weight loads, and four outputs per warp share them.
+  using std::integral_constant;
+  if (n == 1) return launch(integral_constant<int, 1>(), integral_constant<int, 1>());
+  if (n == 2) return launch(integral_constant<int, 2>(), integral_constant<int, 2>());
+  if (n <= 4) return launch(integral_constant<int, 4>(), integral_constant<int, 4>());
+  return launch(integral_constant<int, kMatMulRowTile>(), integral_constant<int, 4>());
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -302,7 +319,9 @@ struct ChunkSmem {
   static size_t Bytes(int group, int d) { return kOffsetBytes + ScoreBytes(group) + QBytes(group, d); }
 };
 
-// One block per (chunk, KV head g, row r), flattened into blockIdx.x. Computes, for the `group`
+// One block per (row r, KV head g, chunk), flattened into blockIdx.x with the row fastest: the rows of
+// a verify pass read the same KV chunk, and adjacent blocks run together, so the chunk comes from HBM
+// once and from L2 for the other rows. The order decides only where a block runs. Computes, for the `group`
 // query heads sharing KV head g, over positions [j0, j0 + clen) of (r, g):
 //   scores: one warp per position; lane l owns dimensions l, l + 32, ... (fma chain), then WarpSum.
 //   softmax: one warp per head; lane l owns positions l, l + 32, ... (max, then a sum chain of the
@@ -315,7 +334,7 @@ template <typename Positions>
 __global__ void __launch_bounds__(kAttnThreads)
     AttentionChunkKernel(const float* __restrict__ q, int num_heads, int num_kv_heads, int d, Positions pos,
                          const float* __restrict__ kbase, const float* __restrict__ vbase, float scale,
-                         int64_t max_chunks, Partials part) {
+                         int64_t n, int64_t max_chunks, Partials part) {
   extern __shared__ __align__(16) unsigned char smem[];
   const int group = num_heads / num_kv_heads;
   int64_t* offs = reinterpret_cast<int64_t*>(smem);                     // [kAttentionChunk]
@@ -323,10 +342,10 @@ __global__ void __launch_bounds__(kAttnThreads)
   float* qs = reinterpret_cast<float*>(smem + ChunkSmem::kOffsetBytes + ChunkSmem::ScoreBytes(group));
   // qs: [group, d], later [slices, group, d]
 
-  const int64_t chunk = blockIdx.x % max_chunks;
-  const int64_t rest = blockIdx.x / max_chunks;
+  const int64_t r = blockIdx.x % n;
+  const int64_t rest = blockIdx.x / n;
   const int g = static_cast<int>(rest % num_kv_heads);
-  const int64_t r = rest / num_kv_heads;
+  const int64_t chunk = rest / num_kv_heads;
   const int32_t len = pos.Len(r, g);
   const int64_t j0 = chunk * kAttentionChunk;
   if (j0 >= len) return;  // whole block; the merge reads only chunks that exist
@@ -461,7 +480,7 @@ absl::Status LaunchAttention(const float* q, int64_t n, int num_heads, int num_k
                       reinterpret_cast<float*>(static_cast<unsigned char*>(workspace) + AccOffsetBytes(count))};
   const int group = num_heads / num_kv_heads;
   AttentionChunkKernel<<<static_cast<unsigned>(chunk_blocks), kAttnThreads, ChunkSmem::Bytes(group, d), stream>>>(
-      q, num_heads, num_kv_heads, d, pos, k, v, scale, max_chunks, part);
+      q, num_heads, num_kv_heads, d, pos, k, v, scale, n, max_chunks, part);
   if (absl::Status s = LastLaunchStatus("attention chunk launch"); !s.ok()) return s;
   const int merge_threads = std::min(kMaxHeadDim, (d + kWarp - 1) / kWarp * kWarp);
   AttentionMergeKernel<<<static_cast<unsigned>(n * num_heads), merge_threads, 0, stream>>>(

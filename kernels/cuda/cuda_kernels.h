@@ -5,10 +5,11 @@
 //
 // Batch invariance, as in kernels.h: each output is reduced in an order fixed by the model's shapes
 // (cols, dim, head_dim, group size), never by the row count, the grid size or where KV blocks sit.
-//  - MatMul: one warp per output element. Lane l accumulates its own fixed slice of the columns
-//    sequentially, then the 32 lane sums meet in a fixed xor-butterfly tree. A warp handles up to
-//    kMatMulRowTile rows of x against one weight row to reuse the weight loads (fewer when n is
-//    smaller), but each row runs the same chain of operations, so the tile does not matter.
+//  - MatMul: a warp owns up to four output elements. For each, lane l accumulates its own fixed
+//    slice of the columns sequentially, then the 32 lane sums meet in a fixed xor-butterfly tree. A
+//    warp handles up to kMatMulRowTile rows of x against its weight rows to reuse the weight loads,
+//    and its outputs share the loads of x (tile and outputs chosen from n), but each (row, output)
+//    runs the same chain of operations, so neither choice matters.
 //  - RmsNorm: one block of fixed size per row; fixed per-thread strides and a fixed block tree.
 //  - PagedAttention, ListAttention: the positions of a row are cut into chunks of kAttentionChunk
 //    positions (a function of the row's length alone). One block per (row, KV head, chunk)
