@@ -1,5 +1,6 @@
 // Micro-benchmarks of the CPU kernels: matrix products at the test model's shapes for 1-token
-// decode, a 17-row verify pass and a 128-row prefill chunk; attention at 1K-32K positions.
+// decode, a 17-row verify pass and a 128-row prefill chunk; attention at 1K-32K positions. The first
+// argument picks the backend: 0 reference, 1 avx2, 2 avx2-variable-split, 3 avx512vl.
 #include <random>
 #include <vector>
 
@@ -13,7 +14,8 @@ const Backend* ByIndex(int64_t i) {
   switch (i) {
     case 0: return &ReferenceBackend();
     case 1: return Avx2BackendIfSupported();
-    default: return Avx2VariableSplitBackendIfSupported();
+    case 2: return Avx2VariableSplitBackendIfSupported();
+    default: return Avx512vlBackendIfSupported();
   }
 }
 
@@ -33,7 +35,7 @@ void BM_MatMulBF16(benchmark::State& state) {
   state.counters["GFLOP/s"] = benchmark::Counter(static_cast<double>(state.iterations()) * 2 * n * rows * cols / 1e9,
                                                  benchmark::Counter::kIsRate);
 }
-BENCHMARK(BM_MatMulBF16)->ArgsProduct({{0, 1}, {1, 17, 128}});
+BENCHMARK(BM_MatMulBF16)->ArgsProduct({{0, 1, 3}, {1, 17, 128}});
 
 // `n` query rows of one sequence over `ctx` positions (row r attends to ctx - n + 1 + r of them):
 // n = 1 is a decode step, n = k + 1 a verify pass. Bytes are the KV bytes of one pass.
@@ -58,8 +60,8 @@ void BM_PagedAttention(benchmark::State& state) {
   state.SetBytesProcessed(state.iterations() * int64_t{ctx} * kv_heads * d * 2 * 4);
 }
 BENCHMARK(BM_PagedAttention)
-    ->ArgsProduct({{0, 1, 2}, {1024, 8192, 32768}, {1}})
-    ->ArgsProduct({{1}, {16384}, {1, 5, 9}})
+    ->ArgsProduct({{0, 1, 2, 3}, {1024, 8192, 32768}, {1}})
+    ->ArgsProduct({{1, 3}, {16384}, {1, 5, 9}})
     ->Unit(benchmark::kMicrosecond);
 
 // One decode row over a KIVI cache of `ctx` tokens (all but 32 quantized, group 32), 8 query heads
@@ -90,7 +92,7 @@ void BM_KiviAttention(benchmark::State& state) {
   state.SetBytesProcessed(state.iterations() * kv_heads * (2 * int64_t{qt} * row_bytes + int64_t{qt} * 8 +
                                                           int64_t{qt} / group * d * 8 + int64_t{dense} * d * 8));
 }
-BENCHMARK(BM_KiviAttention)->ArgsProduct({{1}, {1024, 16384}, {2, 4, 8}})->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_KiviAttention)->ArgsProduct({{1, 3}, {1024, 16384}, {2, 4, 8}})->Unit(benchmark::kMicrosecond);
 
 }  // namespace
 }  // namespace vc::kernels

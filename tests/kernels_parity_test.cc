@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -58,17 +59,18 @@ Weights MakeWeights(DType t, int64_t rows, int64_t cols, uint32_t seed) {
   return w;
 }
 
-class FastBackendTest : public ::testing::Test {
+// Every test runs for each fast backend ("avx2", "avx512vl"), skipped where the CPU lacks it.
+class FastBackendTest : public ::testing::TestWithParam<const char*> {
  protected:
   void SetUp() override {
-    fast_ = Avx2BackendIfSupported();
-    if (fast_ == nullptr) GTEST_SKIP() << "this CPU has no AVX2/FMA/F16C";
+    fast_ = BackendByName(GetParam());
+    if (fast_ == nullptr) GTEST_SKIP() << "this CPU cannot run the " << GetParam() << " backend";
   }
   void TearDown() override { SetKernelThreadCount(2); }
   const Backend* fast_ = nullptr;
 };
 
-TEST_F(FastBackendTest, MatMulMatchesReferenceAndIsRowCountInvariant) {
+TEST_P(FastBackendTest, MatMulMatchesReferenceAndIsRowCountInvariant) {
   for (DType t : {DType::kF32, DType::kBF16, DType::kF16}) {
     for (int64_t cols : {8, 40, 256, 688}) {
       const int64_t rows = 300, n = 17;
@@ -94,7 +96,7 @@ TEST_F(FastBackendTest, MatMulMatchesReferenceAndIsRowCountInvariant) {
   }
 }
 
-TEST_F(FastBackendTest, ElementwiseOpsMatchReference) {
+TEST_P(FastBackendTest, ElementwiseOpsMatchReference) {
   const int64_t n = 5, dim = 256;
   const auto x = Random(n * dim, 1), w = Random(dim, 2);
   std::vector<float> a(n * dim), b(n * dim);
@@ -142,33 +144,40 @@ Pool MakePool(int block, int kv_heads, int d, const std::vector<int32_t>& lens, 
   return p;
 }
 
-TEST_F(FastBackendTest, AttentionMatchesReferenceAndIsBatchAndThreadInvariant) {
-  const int heads = 8, kv_heads = 2, d = 32;
-  const std::vector<int32_t> lens = {1, 7, 255, 256, 257, 1000, 3000};
-  Pool p = MakePool(16, kv_heads, d, lens, 11);
-  const int64_t n = static_cast<int64_t>(lens.size());
-  const auto q = Random(n * heads * d, 12);
-  std::vector<AttentionRow> rows;
-  for (int64_t r = 0; r < n; ++r) rows.push_back({p.tables[r].data(), lens[r]});
-  std::vector<float> ref(n * heads * d), all(n * heads * d);
-  ReferenceBackend().PagedAttention(q.data(), n, heads, rows.data(), p.layer, 0.17f, ref.data());
-  fast_->PagedAttention(q.data(), n, heads, rows.data(), p.layer, 0.17f, all.data());
-  for (size_t i = 0; i < ref.size(); ++i) EXPECT_NEAR(ref[i], all[i], kAttentionTol * 4) << i;
+TEST_P(FastBackendTest, AttentionMatchesReferenceAndIsBatchAndThreadInvariant) {
+  // Groups of 4, 3 and 1 query heads per KV head take the kernel's four-, two- and one-head paths.
+  struct Shape {
+    int heads, kv_heads, d;
+  };
+  for (const Shape& s : {Shape{8, 2, 32}, Shape{6, 2, 32}, Shape{2, 2, 32}, Shape{8, 2, 64}}) {
+    const int heads = s.heads, kv_heads = s.kv_heads, d = s.d;
+    const std::vector<int32_t> lens = {1, 7, 255, 256, 257, 1000, 3000};
+    Pool p = MakePool(16, kv_heads, d, lens, 11);
+    const int64_t n = static_cast<int64_t>(lens.size());
+    const auto q = Random(n * heads * d, 12);
+    std::vector<AttentionRow> rows;
+    for (int64_t r = 0; r < n; ++r) rows.push_back({p.tables[r].data(), lens[r]});
+    std::vector<float> ref(n * heads * d), all(n * heads * d);
+    ReferenceBackend().PagedAttention(q.data(), n, heads, rows.data(), p.layer, 0.17f, ref.data());
+    fast_->PagedAttention(q.data(), n, heads, rows.data(), p.layer, 0.17f, all.data());
+    for (size_t i = 0; i < ref.size(); ++i) ASSERT_NEAR(ref[i], all[i], kAttentionTol * 4) << i << " heads " << heads;
 
-  for (int threads : {1, 2, 3}) {
-    SetKernelThreadCount(threads);
-    for (int64_t r = 0; r < n; ++r) {
-      std::vector<float> one(heads * d);
-      fast_->PagedAttention(q.data() + r * heads * d, 1, heads, &rows[r], p.layer, 0.17f, one.data());
-      ASSERT_EQ(0, std::memcmp(one.data(), all.data() + r * heads * d, one.size() * 4))
-          << "row " << r << " threads " << threads;
+    for (int threads : {1, 2, 3}) {
+      SetKernelThreadCount(threads);
+      for (int64_t r = 0; r < n; ++r) {
+        std::vector<float> one(heads * d);
+        fast_->PagedAttention(q.data() + r * heads * d, 1, heads, &rows[r], p.layer, 0.17f, one.data());
+        ASSERT_EQ(0, std::memcmp(one.data(), all.data() + r * heads * d, one.size() * 4))
+            << "row " << r << " threads " << threads << " heads " << heads << " d " << d;
+      }
     }
+    SetKernelThreadCount(2);
   }
 }
 
 // Key groups shorter than a vector (here 4 tokens, 12 quantized, nothing dense) are valid input;
 // the fast backend hands them to the reference rather than scoring 8 tokens per store.
-TEST_F(FastBackendTest, ShortKeyGroupsMatchTheReference) {
+TEST_P(FastBackendTest, ShortKeyGroupsMatchTheReference) {
   const int heads = 4, kv_heads = 1, d = 32, bits = 2, group = 4, qtokens = 12;
   std::mt19937 rng(9);
   std::vector<uint8_t> kc(qtokens * d * bits / 8), vc(kc.size());
@@ -185,7 +194,7 @@ TEST_F(FastBackendTest, ShortKeyGroupsMatchTheReference) {
   for (size_t i = 0; i < ref.size(); ++i) ASSERT_NEAR(ref[i], fast[i], kCompressedTol * (1 + std::fabs(ref[i]))) << i;
 }
 
-TEST_F(FastBackendTest, CompressedAttentionMatchesReference) {
+TEST_P(FastBackendTest, CompressedAttentionMatchesReference) {
   // Random KIVI codes and scales plus float32 rows, per (row, KV head), against the reference.
   const int heads = 8, kv_heads = 2;
   std::mt19937 rng(5);
@@ -219,6 +228,64 @@ TEST_F(FastBackendTest, CompressedAttentionMatchesReference) {
         }
       }
     }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, FastBackendTest, ::testing::Values("avx2", "avx512vl"),
+                         [](const auto& info) { return std::string(info.param); });
+
+// The avx512vl build runs avx2's instructions with more registers: its results are the same bits,
+// so workers on CPUs with and without AVX-512 produce the same KV and the same tokens.
+TEST(Avx512vlBackend, EqualsAvx2Bitwise) {
+  const Backend* wide = Avx512vlBackendIfSupported();
+  const Backend* avx2 = Avx2BackendIfSupported();
+  if (wide == nullptr || avx2 == nullptr) GTEST_SKIP() << "this CPU has no AVX-512VL";
+  const auto same = [](const std::vector<float>& a, const std::vector<float>& b) {
+    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
+  };
+  for (DType t : {DType::kF32, DType::kBF16, DType::kF16}) {
+    const int64_t rows = 300, cols = 688, n = 5;
+    Weights w = MakeWeights(t, rows, cols, 7);
+    const auto x = Random(static_cast<size_t>(n * cols), 9);
+    std::vector<float> a(n * rows), b(n * rows);
+    avx2->MatMul(x.data(), n, w.view, a.data());
+    wide->MatMul(x.data(), n, w.view, b.data());
+    EXPECT_TRUE(same(a, b)) << "MatMul " << static_cast<int>(t);
+  }
+  for (int heads : {8, 6}) {
+    const int kv_heads = 2, d = 32;
+    const std::vector<int32_t> lens = {1, 255, 257, 3000};
+    Pool p = MakePool(16, kv_heads, d, lens, 11);
+    const int64_t n = static_cast<int64_t>(lens.size());
+    const auto q = Random(n * heads * d, 12);
+    std::vector<AttentionRow> rows;
+    for (int64_t r = 0; r < n; ++r) rows.push_back({p.tables[r].data(), lens[r]});
+    std::vector<float> a(n * heads * d), b(n * heads * d);
+    avx2->PagedAttention(q.data(), n, heads, rows.data(), p.layer, 0.17f, a.data());
+    wide->PagedAttention(q.data(), n, heads, rows.data(), p.layer, 0.17f, b.data());
+    EXPECT_TRUE(same(a, b)) << "PagedAttention heads " << heads;
+  }
+  {
+    const int heads = 8, kv_heads = 2, d = 32, bits = 4, qtokens = 288, dense = 45;
+    std::mt19937 rng(5);
+    std::vector<uint8_t> kc(qtokens * d * bits / 8), vc(kc.size());
+    for (auto& c : kc) c = static_cast<uint8_t>(rng());
+    for (auto& c : vc) c = static_cast<uint8_t>(rng());
+    const auto ks = Random(qtokens / 32 * d, 1, 0.05f), km = Random(qtokens / 32 * d, 2);
+    const auto vs = Random(qtokens, 3, 0.05f), vm = Random(qtokens, 4);
+    const auto dk = Random(dense * d, 6), dv = Random(dense * d, 7);
+    std::vector<int32_t> order(dense);
+    for (int i = 0; i < dense; ++i) order[i] = (i * 7) % dense;
+    std::vector<CompressedKvHead> kv(kv_heads);
+    for (CompressedKvHead& h : kv) {
+      h.quant = {bits, 32, 32, qtokens, kc.data(), ks.data(), km.data(), vc.data(), vs.data(), vm.data()};
+      h.dense = {dk.data(), dv.data(), d, order.data(), dense};
+    }
+    const auto q = Random(heads * d, 8);
+    std::vector<float> a(heads * d), b(heads * d);
+    avx2->CompressedAttention(q.data(), 1, heads, kv_heads, d, kv.data(), 0.15f, a.data());
+    wide->CompressedAttention(q.data(), 1, heads, kv_heads, d, kv.data(), 0.15f, b.data());
+    EXPECT_TRUE(same(a, b)) << "CompressedAttention";
   }
 }
 

@@ -205,7 +205,7 @@ testing::TinyModelSpec TiedF32() {
 
 std::vector<ModelCase> Cases() {
   std::vector<ModelCase> out;
-  for (const char* backend : {"reference", "avx2"}) {
+  for (const char* backend : {"reference", "avx2", "avx512vl"}) {
     for (const auto& spec : {testing::TinyModelSpec{}, HeadDim32(), Qwen(), TiedF32()}) out.push_back({spec, backend});
   }
   return out;
