@@ -7,7 +7,7 @@
 // weights once plus every sequence's KV once at the memcpy bandwidth measured in this run.
 //
 //   decode_bench --model models/vc-code-4m [--contexts 1024,8192,32768] [--batches 1,16]
-//                [--backends avx2,avx2-variable-split] [--steps 8] [--json FILE]
+//                [--backends avx512vl,avx2,avx2-variable-split] [--steps 8] [--json FILE]
 #include <chrono>
 #include <fstream>
 #include <iostream>
@@ -39,7 +39,7 @@ int main(int argc, char** argv) {
   std::map<std::string, std::string> flags = {{"model", "models/vc-code-4m"},
                                               {"contexts", "1024,8192,32768"},
                                               {"batches", "1,16"},
-                                              {"backends", "avx2,avx2-variable-split"},
+                                              {"backends", "avx512vl,avx2,avx2-variable-split"},
                                               {"steps", "8"},
                                               {"json", ""}};
   if (!vc::bench::ParseFlags(argc, argv, &flags)) return 2;
