@@ -174,17 +174,18 @@ void BM_MatMulBf16(benchmark::State& state) {
 
 // Decode attention at 32K context: n rows, each its own sequence of 32768 positions on scattered
 // blocks; 32 query heads over 8 KV heads of dimension 128, float32 KV, blocks of 16 positions.
-void BM_PagedAttention32K(benchmark::State& state) {
-  constexpr int kHeads = 32, kKvHeads = 8, kHeadDim = 128, kBlock = 16;
-  constexpr int32_t kKvLen = 32768;
-  constexpr int64_t kBlocksPerRow = kKvLen / kBlock;
-  const int64_t n = state.range(0);
-  Timer timer;
-  if (!timer.Init(state)) return;
-  std::mt19937 rng(2);
+// The attention shape of both benchmarks below: a Llama-style 32-head, 8-KV-head layer at 32K.
+constexpr int kAttnHeads = 32, kAttnKvHeads = 8, kAttnHeadDim = 128, kAttnBlock = 16;
+constexpr int32_t kAttnKvLen = 32768;
+constexpr int64_t kAttnBlocksPerRow = kAttnKvLen / kAttnBlock;
 
-  const int64_t blocks = n * kBlocksPerRow;
-  const int64_t block_floats = static_cast<int64_t>(kBlock) * kKvHeads * kHeadDim;
+// Times one LaunchPagedAttention over a pool of `blocks` KV blocks, row r reading the kAttnBlocksPerRow
+// entries of `tables` from r * kAttnBlocksPerRow and attending to lens[r] positions. GB/s counts the
+// pool once (each block must be read at least once) plus the queries and outputs.
+void RunPagedAttention(benchmark::State& state, Timer& timer, int64_t blocks, const std::vector<int32_t>& tables,
+                       const std::vector<int32_t>& lens, std::mt19937& rng) {
+  const int64_t n = static_cast<int64_t>(lens.size());
+  const int64_t block_floats = static_cast<int64_t>(kAttnBlock) * kAttnKvHeads * kAttnHeadDim;
   const size_t side_bytes = static_cast<size_t>(blocks * block_floats) * sizeof(float);
   DevicePtr k, v;
   // Timing does not depend on the values; any finite pattern will do.
@@ -193,71 +194,54 @@ void BM_PagedAttention32K(benchmark::State& state) {
       !Ok(state, cudaMemset(v.get(), 0x3c, side_bytes), "cudaMemset")) {
     return;
   }
-  std::vector<int32_t> tables(static_cast<size_t>(blocks));
-  std::iota(tables.begin(), tables.end(), 0);
-  std::shuffle(tables.begin(), tables.end(), rng);
-  const std::vector<int32_t> lens(static_cast<size_t>(n), kKvLen);
   DevicePtr dtables, dlens, q, out, workspace;
-  const size_t ws_bytes = AttentionWorkspaceBytes(n, kHeads, kHeadDim, kKvLen);
-  const size_t q_floats = static_cast<size_t>(n * kHeads * kHeadDim);
+  const size_t ws_bytes = AttentionWorkspaceBytes(n, kAttnHeads, kAttnHeadDim, kAttnKvLen);
+  const size_t q_floats = static_cast<size_t>(n * kAttnHeads * kAttnHeadDim);
   if (!Upload(state, tables, &dtables) || !Upload(state, lens, &dlens) ||
       !Upload(state, RandomFloats(q_floats, rng), &q) || !Alloc(state, q_floats * sizeof(float), &out) ||
       !Alloc(state, ws_bytes, &workspace)) {
     return;
   }
-  const PagedKvLayer kv{Get<float>(k), Get<float>(v), block_floats, kBlock, kKvHeads, kHeadDim};
-  const DeviceAttentionRows rows{Get<int32_t>(dtables), Get<int32_t>(dlens), kBlocksPerRow, kKvLen};
-  const float scale = 1.0f / std::sqrt(static_cast<float>(kHeadDim));
+  const PagedKvLayer kv{Get<float>(k), Get<float>(v), block_floats, kAttnBlock, kAttnKvHeads, kAttnHeadDim};
+  const DeviceAttentionRows rows{Get<int32_t>(dtables), Get<int32_t>(dlens), kAttnBlocksPerRow, kAttnKvLen};
+  const float scale = 1.0f / std::sqrt(static_cast<float>(kAttnHeadDim));
   const double bytes = 2.0 * static_cast<double>(side_bytes) + 2.0 * q_floats * sizeof(float);
   timer.Loop(state, bytes, [&](int64_t) {
-    return LaunchPagedAttention(Get<float>(q), n, kHeads, rows, kv, scale, workspace.get(), ws_bytes, Get<float>(out),
-                                timer.stream());
+    return LaunchPagedAttention(Get<float>(q), n, kAttnHeads, rows, kv, scale, workspace.get(), ws_bytes,
+                                Get<float>(out), timer.stream());
   });
 }
 
-// A verify pass: n rows of one sequence, row r attending to the first kKvLen - n + 1 + r positions of
-// one shared block table. GB/s counts the KV once, as a pass needs it read once; us/launch against
+// n independent sequences of 32K positions, each in its own shuffled blocks.
+void BM_PagedAttention32K(benchmark::State& state) {
+  const int64_t n = state.range(0);
+  Timer timer;
+  if (!timer.Init(state)) return;
+  std::mt19937 rng(2);
+  const int64_t blocks = n * kAttnBlocksPerRow;
+  std::vector<int32_t> tables(static_cast<size_t>(blocks));
+  std::iota(tables.begin(), tables.end(), 0);
+  std::shuffle(tables.begin(), tables.end(), rng);
+  RunPagedAttention(state, timer, blocks, tables, std::vector<int32_t>(static_cast<size_t>(n), kAttnKvLen), rng);
+}
+
+// A verify pass: n rows of one sequence, row r attending to the first kAttnKvLen - n + 1 + r positions
+// of one shared block table. GB/s counts the KV once, as a pass needs it read once; us/launch against
 // n = 1 is what verifying n - 1 drafts costs over one decode step.
 void BM_VerifyAttention32K(benchmark::State& state) {
-  constexpr int kHeads = 32, kKvHeads = 8, kHeadDim = 128, kBlock = 16;
-  constexpr int32_t kKvLen = 32768;
-  constexpr int64_t kBlocks = kKvLen / kBlock;
   const int64_t n = state.range(0);
   Timer timer;
   if (!timer.Init(state)) return;
   std::mt19937 rng(3);
-  const int64_t block_floats = static_cast<int64_t>(kBlock) * kKvHeads * kHeadDim;
-  const size_t side_bytes = static_cast<size_t>(kBlocks * block_floats) * sizeof(float);
-  DevicePtr k, v;
-  if (!Alloc(state, side_bytes, &k) || !Alloc(state, side_bytes, &v) ||
-      !Ok(state, cudaMemset(k.get(), 0x3c, side_bytes), "cudaMemset") ||
-      !Ok(state, cudaMemset(v.get(), 0x3c, side_bytes), "cudaMemset")) {
-    return;
-  }
-  std::vector<int32_t> table(static_cast<size_t>(kBlocks));
+  std::vector<int32_t> table(static_cast<size_t>(kAttnBlocksPerRow));
   std::iota(table.begin(), table.end(), 0);
   std::shuffle(table.begin(), table.end(), rng);
   std::vector<int32_t> tables, lens;
   for (int64_t r = 0; r < n; ++r) {
     tables.insert(tables.end(), table.begin(), table.end());
-    lens.push_back(static_cast<int32_t>(kKvLen - n + 1 + r));
+    lens.push_back(static_cast<int32_t>(kAttnKvLen - n + 1 + r));
   }
-  DevicePtr dtables, dlens, q, out, workspace;
-  const size_t ws_bytes = AttentionWorkspaceBytes(n, kHeads, kHeadDim, kKvLen);
-  const size_t q_floats = static_cast<size_t>(n * kHeads * kHeadDim);
-  if (!Upload(state, tables, &dtables) || !Upload(state, lens, &dlens) ||
-      !Upload(state, RandomFloats(q_floats, rng), &q) || !Alloc(state, q_floats * sizeof(float), &out) ||
-      !Alloc(state, ws_bytes, &workspace)) {
-    return;
-  }
-  const PagedKvLayer kv{Get<float>(k), Get<float>(v), block_floats, kBlock, kKvHeads, kHeadDim};
-  const DeviceAttentionRows rows{Get<int32_t>(dtables), Get<int32_t>(dlens), kBlocks, kKvLen};
-  const float scale = 1.0f / std::sqrt(static_cast<float>(kHeadDim));
-  const double bytes = 2.0 * static_cast<double>(side_bytes) + 2.0 * q_floats * sizeof(float);
-  timer.Loop(state, bytes, [&](int64_t) {
-    return LaunchPagedAttention(Get<float>(q), n, kHeads, rows, kv, scale, workspace.get(), ws_bytes, Get<float>(out),
-                                timer.stream());
-  });
+  RunPagedAttention(state, timer, kAttnBlocksPerRow, tables, lens, rng);
 }
 
 BENCHMARK(BM_MatMulBf16)->Arg(1)->Arg(5)->Arg(16)->UseManualTime()->Unit(benchmark::kMicrosecond);

@@ -117,15 +117,24 @@ TEST_P(FastBackendTest, ElementwiseOpsMatchReference) {
   for (size_t i = 0; i < q1.size(); ++i) EXPECT_NEAR(q1[i], q2[i], kElementwiseTol * (1 + std::fabs(q1[i])));
 }
 
-// A paged pool with blocks handed out in a shuffled order.
+// A paged pool with blocks handed out in a shuffled order: row r attends to lens[r] positions
+// through tables[r].
 struct Pool {
   std::vector<float> k, v;
+  std::vector<int32_t> lens;
   std::vector<std::vector<int32_t>> tables;
   PagedKvLayer layer;
+
+  std::vector<AttentionRow> Rows() const {
+    std::vector<AttentionRow> rows;
+    for (size_t r = 0; r < lens.size(); ++r) rows.push_back({tables[r].data(), lens[r]});
+    return rows;
+  }
 };
 
 Pool MakePool(int block, int kv_heads, int d, const std::vector<int32_t>& lens, uint32_t seed) {
   Pool p;
+  p.lens = lens;
   int64_t blocks = 0;
   for (int32_t l : lens) blocks += (l + block - 1) / block;
   std::vector<int32_t> order(blocks);
@@ -155,8 +164,7 @@ TEST_P(FastBackendTest, AttentionMatchesReferenceAndIsBatchAndThreadInvariant) {
     Pool p = MakePool(16, kv_heads, d, lens, 11);
     const int64_t n = static_cast<int64_t>(lens.size());
     const auto q = Random(n * heads * d, 12);
-    std::vector<AttentionRow> rows;
-    for (int64_t r = 0; r < n; ++r) rows.push_back({p.tables[r].data(), lens[r]});
+    const std::vector<AttentionRow> rows = p.Rows();
     std::vector<float> ref(n * heads * d), all(n * heads * d);
     ReferenceBackend().PagedAttention(q.data(), n, heads, rows.data(), p.layer, 0.17f, ref.data());
     fast_->PagedAttention(q.data(), n, heads, rows.data(), p.layer, 0.17f, all.data());
@@ -258,8 +266,7 @@ TEST(Avx512vlBackend, EqualsAvx2Bitwise) {
     Pool p = MakePool(16, kv_heads, d, lens, 11);
     const int64_t n = static_cast<int64_t>(lens.size());
     const auto q = Random(n * heads * d, 12);
-    std::vector<AttentionRow> rows;
-    for (int64_t r = 0; r < n; ++r) rows.push_back({p.tables[r].data(), lens[r]});
+    const std::vector<AttentionRow> rows = p.Rows();
     std::vector<float> a(n * heads * d), b(n * heads * d);
     avx2->PagedAttention(q.data(), n, heads, rows.data(), p.layer, 0.17f, a.data());
     wide->PagedAttention(q.data(), n, heads, rows.data(), p.layer, 0.17f, b.data());
