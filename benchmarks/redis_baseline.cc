@@ -121,6 +121,4 @@ absl::StatusOr<size_t> RedisConnection::Get(absl::string_view key) {
   return static_cast<size_t>((*r)->len);
 }
 
-absl::Status RedisConnection::Clear() { return Command(impl_->ctx.get(), {"FLUSHALL"}).status(); }
-
 }  // namespace vc::bench

@@ -45,8 +45,6 @@ class RedisConnection {
   // Fetches the value and returns its size (the reply is received whole, then dropped);
   // kNotFound when the key is absent.
   absl::StatusOr<size_t> Get(absl::string_view key);
-  // Drops every key (FLUSHALL).
-  absl::Status Clear();
 
  private:
   struct Impl;

@@ -26,6 +26,4 @@ absl::Status RedisConnection::Set(absl::string_view, absl::string_view) { return
 
 absl::StatusOr<size_t> RedisConnection::Get(absl::string_view) { return NoHiredis(); }
 
-absl::Status RedisConnection::Clear() { return NoHiredis(); }
-
 }  // namespace vc::bench

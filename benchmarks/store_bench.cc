@@ -49,6 +49,7 @@
 #include <thread>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
@@ -363,10 +364,11 @@ int Run(std::map<std::string, std::string> flags) {
       }
     }
     const size_t actual = d.blocks[0].size();
+    // Blocks per batched get: at most --batch and 16 MiB.
+    const int64_t max_batch = std::min<int64_t>(Ints(flags["batch"]).at(0), std::max<int64_t>(1, (int64_t{16} << 20) / size));
     for (ThreadClient& c : clients) {
       c.buffer.assign(actual, '\0');
-      c.batch_buffers.assign(std::min<int64_t>(Ints(flags["batch"]).at(0), std::max<int64_t>(1, (int64_t{16} << 20) / size)),
-                             std::string(actual, '\0'));
+      c.batch_buffers.assign(max_batch, std::string(actual, '\0'));
       // Blocks of a streamed get: --stream-mib of them, at least one, at most the working set.
       c.stream_buffers.clear();
       if (want("get", "store-stream")) {
@@ -392,9 +394,8 @@ int Run(std::map<std::string, std::string> flags) {
     // Thread t of `threads` starts at its own share of the blocks.
     auto block_of = [&](int t, int64_t i, int64_t threads) { return (t * n / threads + i) % n; };
     for (int64_t threads : thread_counts) {
-      // Batches of distinct blocks, at most `batch` blocks and 16 MiB.
-      const int64_t batch = std::max<int64_t>(
-          1, std::min({Ints(flags["batch"]).at(0), n / threads, std::max<int64_t>(1, (int64_t{16} << 20) / size)}));
+      // Batches of distinct blocks: at most max_batch, and each thread's share of the blocks.
+      const int64_t batch = std::max<int64_t>(1, std::min(max_batch, n / threads));
       batch_of[size][threads] = batch;
       bool ok = run("get", "memcpy", size, actual, threads, 1, INT64_MAX, [&](int t, int64_t i) {
         const std::string& b = d.blocks[block_of(t, i, threads)];
@@ -412,40 +413,33 @@ int Run(std::map<std::string, std::string> flags) {
         if (!b.ok()) return b.status();
         return b->size() == actual ? absl::OkStatus() : absl::InternalError("store get: wrong size");
       });
+      // One GetRemoteBatchInto of `per_call` distinct blocks into the thread's `buffers`.
+      const auto batched_get = [&](int64_t per_call, std::vector<std::string> ThreadClient::*buffers,
+                                   absl::string_view what) {
+        return [&, per_call, buffers, what](int t, int64_t i) -> absl::Status {
+          std::vector<cachestore::BlockKey> keys;
+          std::vector<absl::Span<char>> dest;
+          keys.reserve(per_call);
+          dest.reserve(per_call);
+          for (int64_t k = 0; k < per_call; ++k) {
+            keys.push_back(d.keys[block_of(t, i * per_call + k, threads)]);
+            std::string& b = (clients[t].*buffers)[k];
+            dest.emplace_back(b.data(), b.size());
+          }
+          for (const absl::StatusOr<size_t>& b :
+               clients[t].store->GetRemoteBatchInto(keys, dest, clients[t].reader.get())) {
+            if (!b.ok()) return b.status();
+            if (*b != actual) return absl::InternalError(absl::StrCat(what, ": wrong size"));
+          }
+          return absl::OkStatus();
+        };
+      };
       ok = ok && run("get", "store-batch", size, actual, threads, batch, INT64_MAX,
-                     [&](int t, int64_t i) -> absl::Status {
-                       std::vector<cachestore::BlockKey> keys;
-                       std::vector<absl::Span<char>> dest;
-                       for (int64_t k = 0; k < batch; ++k) {
-                         keys.push_back(d.keys[block_of(t, i * batch + k, threads)]);
-                         std::string& b = clients[t].batch_buffers[k];
-                         dest.emplace_back(b.data(), b.size());
-                       }
-                       for (const absl::StatusOr<size_t>& b :
-                            clients[t].store->GetRemoteBatchInto(keys, dest, clients[t].reader.get())) {
-                         if (!b.ok()) return b.status();
-                         if (*b != actual) return absl::InternalError("store batched get: wrong size");
-                       }
-                       return absl::OkStatus();
-                     });
+                     batched_get(batch, &ThreadClient::batch_buffers, "store batched get"));
       const auto stream = static_cast<int64_t>(clients[0].stream_buffers.size());
       stream_of[size][threads] = stream;
       ok = ok && run("get", "store-stream", size, actual, threads, stream, INT64_MAX,
-                     [&](int t, int64_t i) -> absl::Status {
-                       std::vector<cachestore::BlockKey> keys;
-                       std::vector<absl::Span<char>> dest;
-                       for (int64_t k = 0; k < stream; ++k) {
-                         keys.push_back(d.keys[block_of(t, i * stream + k, threads)]);
-                         std::string& b = clients[t].stream_buffers[k];
-                         dest.emplace_back(b.data(), b.size());
-                       }
-                       for (const absl::StatusOr<size_t>& b :
-                            clients[t].store->GetRemoteBatchInto(keys, dest, clients[t].reader.get())) {
-                         if (!b.ok()) return b.status();
-                         if (*b != actual) return absl::InternalError("store streamed get: wrong size");
-                       }
-                       return absl::OkStatus();
-                     });
+                     batched_get(stream, &ThreadClient::stream_buffers, "store streamed get"));
       ok = ok && run("get", "redis", size, actual, threads, 1, INT64_MAX, [&](int t, int64_t i) -> absl::Status {
         absl::StatusOr<size_t> got = clients[t].redis->Get(KeyBytes(d.keys[block_of(t, i, threads)]));
         if (!got.ok()) return got.status();

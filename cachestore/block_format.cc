@@ -16,6 +16,9 @@ constexpr uint32_t kMaxLayers = 4096;
 
 size_t FixedBytes(uint16_t version) { return kFixedBytes + (version == kEncodedBlockFormatVersion ? kEncodingBytes : 0); }
 
+// The whole header: the fixed part, a CRC per layer, the header's CRC.
+size_t HeaderBytes(uint16_t version, uint32_t num_layers) { return FixedBytes(version) + 4 * size_t{num_layers} + 4; }
+
 void Put(std::string* out, uint64_t v, int bytes) {
   for (int i = 0; i < bytes; ++i) out->push_back(static_cast<char>((v >> (8 * i)) & 0xff));
 }
@@ -48,10 +51,11 @@ bool BlockLayout::valid() const {
   return head_dim % vgroup == 0 && head_dim * bits % 8 == 0;
 }
 
-size_t BlockHeaderBytes(uint32_t num_layers) { return kFixedBytes + 4 * size_t{num_layers} + 4; }
+size_t BlockHeaderBytes(uint32_t num_layers) { return HeaderBytes(kBlockFormatVersion, num_layers); }
 
 size_t BlockHeaderBytes(const BlockLayout& layout) {
-  return BlockHeaderBytes(layout.num_layers) + (layout.encoding == BlockEncoding::kFloat32 ? 0 : kEncodingBytes);
+  return HeaderBytes(layout.encoding == BlockEncoding::kFloat32 ? kBlockFormatVersion : kEncodedBlockFormatVersion,
+                     layout.num_layers);
 }
 
 absl::StatusOr<std::string> EncodeBlock(const std::array<uint8_t, 32>& fingerprint, const BlockLayout& layout,
@@ -122,23 +126,40 @@ absl::StatusOr<BlockHeader> DecodeBlockHeader(absl::string_view b) {
   return h;
 }
 
-absl::StatusOr<BlockHeader> VerifyBlock(absl::string_view b, const std::array<uint8_t, 32>& expect_fingerprint) {
-  absl::StatusOr<BlockHeader> h = DecodeBlockHeader(b);
-  if (!h.ok()) return h.status();
-  if (h->fingerprint != expect_fingerprint) {
+namespace {
+
+// What VerifyBlock and CopyAndVerifyBlock check once the header is decoded: the fingerprint (null:
+// any) and that the block is exactly as long as its header says.
+absl::Status CheckFingerprintAndSize(const BlockHeader& h, size_t size, const std::array<uint8_t, 32>* expect) {
+  if (expect != nullptr && h.fingerprint != *expect) {
     return absl::FailedPreconditionError("block belongs to another model (fingerprint mismatch)");
   }
-  const uint64_t want = BlockHeaderBytes(h->layout) + h->layout.layer_bytes() * h->layout.num_layers;
-  if (b.size() != want) {
-    return absl::DataLossError(absl::StrCat("block of ", b.size(), " bytes, its header implies ", want));
-  }
+  const uint64_t want = BlockHeaderBytes(h.layout) + h.layout.layer_bytes() * h.layout.num_layers;
+  if (size != want) return absl::DataLossError(absl::StrCat("block of ", size, " bytes, its header implies ", want));
+  return absl::OkStatus();
+}
+
+absl::Status LayerChecksumMismatch(uint32_t layer) {
+  return absl::DataLossError(absl::StrCat("block layer ", layer, " checksum mismatch"));
+}
+
+absl::StatusOr<BlockHeader> Verify(absl::string_view b, const std::array<uint8_t, 32>* expect_fingerprint) {
+  absl::StatusOr<BlockHeader> h = DecodeBlockHeader(b);
+  if (!h.ok()) return h.status();
+  if (absl::Status s = CheckFingerprintAndSize(*h, b.size(), expect_fingerprint); !s.ok()) return s;
   for (uint32_t l = 0; l < h->layout.num_layers; ++l) {
-    if (Crc32c(BlockLayerPayload(b, *h, l)) != h->layer_crc[l]) {
-      return absl::DataLossError(absl::StrCat("block layer ", l, " checksum mismatch"));
-    }
+    if (Crc32c(BlockLayerPayload(b, *h, l)) != h->layer_crc[l]) return LayerChecksumMismatch(l);
   }
   return h;
 }
+
+}  // namespace
+
+absl::StatusOr<BlockHeader> VerifyBlock(absl::string_view b, const std::array<uint8_t, 32>& expect_fingerprint) {
+  return Verify(b, &expect_fingerprint);
+}
+
+absl::StatusOr<BlockHeader> VerifyBlock(absl::string_view b) { return Verify(b, nullptr); }
 
 absl::StatusOr<BlockHeader> CopyAndVerifyBlock(const char* src, size_t size, char* dest,
                                                const std::array<uint8_t, 32>* expect_fingerprint, bool streaming) {
@@ -147,26 +168,20 @@ absl::StatusOr<BlockHeader> CopyAndVerifyBlock(const char* src, size_t size, cha
   std::memcpy(dest, src, copied);
   if (copied == kFixedBytes) {
     const absl::string_view fixed(dest, copied);
+    const auto version = static_cast<uint16_t>(Get(fixed, 4, 2));
     const auto layers = static_cast<uint32_t>(Get(fixed, 40, 4));
-    const size_t extra = Get(fixed, 4, 2) == kEncodedBlockFormatVersion ? kEncodingBytes : 0;
-    copied = std::min<size_t>(size, BlockHeaderBytes(std::min(layers, kMaxLayers)) + extra);
+    copied = std::min<size_t>(size, HeaderBytes(version, std::min(layers, kMaxLayers)));
     std::memcpy(dest + kFixedBytes, src + kFixedBytes, copied - kFixedBytes);
   }
   absl::StatusOr<BlockHeader> h = DecodeBlockHeader(absl::string_view(dest, copied));
   if (!h.ok()) return h.status();
-  if (expect_fingerprint != nullptr && h->fingerprint != *expect_fingerprint) {
-    return absl::FailedPreconditionError("block belongs to another model (fingerprint mismatch)");
-  }
-  const uint64_t want = BlockHeaderBytes(h->layout) + h->layout.layer_bytes() * h->layout.num_layers;
-  if (size != want) return absl::DataLossError(absl::StrCat("block of ", size, " bytes, its header implies ", want));
+  if (absl::Status s = CheckFingerprintAndSize(*h, size, expect_fingerprint); !s.ok()) return s;
   // Then every layer, checked as it is copied.
   for (uint32_t l = 0; l < h->layout.num_layers; ++l) {
     const size_t at = copied + static_cast<size_t>(h->layout.layer_bytes()) * l;
     const absl::string_view from(src + at, static_cast<size_t>(h->layout.layer_bytes()));
     const uint32_t crc = streaming ? CopyCrc32cStreaming(dest + at, from) : CopyCrc32c(dest + at, from);
-    if (crc != h->layer_crc[l]) {
-      return absl::DataLossError(absl::StrCat("block layer ", l, " checksum mismatch"));
-    }
+    if (crc != h->layer_crc[l]) return LayerChecksumMismatch(l);
   }
   return h;
 }

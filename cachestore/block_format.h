@@ -72,6 +72,8 @@ absl::StatusOr<BlockHeader> DecodeBlockHeader(absl::string_view bytes);
 // Checks a whole block: header, `expect_fingerprint` (kFailedPrecondition when another model's),
 // total size and every layer checksum (kDataLoss). Returns the header.
 absl::StatusOr<BlockHeader> VerifyBlock(absl::string_view bytes, const std::array<uint8_t, 32>& expect_fingerprint);
+// The same checks for a block of any model (against its own fingerprint).
+absl::StatusOr<BlockHeader> VerifyBlock(absl::string_view bytes);
 
 // Copies the block of `size` bytes at `src` to `dest` (at least `size` bytes, not overlapping) and
 // checks the copy as VerifyBlock does, in one pass: every layer's checksum is computed from the

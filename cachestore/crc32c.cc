@@ -32,27 +32,10 @@ const std::array<uint32_t, 256>& ByteTable() {
 // The hardware version runs three independent crc32 chains (the instruction's latency is three
 // times its issue interval) over three adjacent stretches of a buffer, then joins them: the CRC
 // of A || B is the CRC of A advanced over len(B) zero bytes, xor the CRC of B. Advancing over a
-// fixed number of zeros is a linear map on the 32-bit CRC, applied a byte at a time from tables
-// (the method of Mark Adler's crc32c.c).
+// fixed number of zeros multiplies the CRC by a power of x modulo the polynomial; for the short
+// chains that product is applied a byte at a time from tables (the method of Mark Adler's crc32c.c).
 constexpr size_t kLong = 8192;  // buffers of 3 * kLong bytes or more: one pass of three long chains
 constexpr size_t kShort = 256;  // bytes per chain in what is left
-
-// A 32x32 matrix over GF(2), as 32 column words.
-using Gf2Matrix = std::array<uint32_t, 32>;
-
-uint32_t Times(const Gf2Matrix& m, uint32_t v) {
-  uint32_t sum = 0;
-  for (int i = 0; v != 0; ++i, v >>= 1) {
-    if (v & 1) sum ^= m[i];
-  }
-  return sum;
-}
-
-Gf2Matrix Square(const Gf2Matrix& m) {
-  Gf2Matrix out;
-  for (int i = 0; i < 32; ++i) out[i] = Times(m, m[i]);
-  return out;
-}
 
 // Multiplication modulo the polynomial, in the reflected bit order (bit 31 is x^0): advancing a CRC
 // over zero bytes multiplies it by a power of x (the method of zlib's crc32_combine).
@@ -87,17 +70,15 @@ uint32_t ZerosOperator(size_t bytes) {
   return p;
 }
 
-// Lookup tables advancing a CRC over `bytes` zero bytes (a power of two), one table per CRC byte.
+// Lookup tables advancing a CRC over `bytes` zero bytes, one table per CRC byte.
 struct ZerosTables {
   std::array<std::array<uint32_t, 256>, 4> t;
 
+  // The operator is linear: its value on each byte of the CRC, tabulated.
   explicit ZerosTables(size_t bytes) {
-    Gf2Matrix op;  // one zero bit
-    op[0] = kPoly;
-    for (int i = 1; i < 32; ++i) op[i] = uint32_t{1} << (i - 1);
-    for (size_t bits = 1; bits < 8 * bytes; bits *= 2) op = Square(op);
+    const uint32_t op = ZerosOperator(bytes);
     for (uint32_t n = 0; n < 256; ++n) {
-      for (int b = 0; b < 4; ++b) t[b][n] = Times(op, n << (8 * b));
+      for (int b = 0; b < 4; ++b) t[b][n] = MultModP(op, n << (8 * b));
     }
   }
 

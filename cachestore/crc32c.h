@@ -33,7 +33,7 @@ uint32_t CopyCrc32cStreaming(char* dest, absl::string_view src, uint32_t crc = 0
 // CopyCrc32c on the reference implementation: a byte at a time. Thread-safe.
 uint32_t CopyCrc32cPortable(char* dest, absl::string_view src, uint32_t crc = 0);
 
-// The implementation Crc32c uses here: "sse4.2" or "portable".
+// The implementation Crc32c uses here: "avx512-vpclmulqdq", "sse4.2" or "portable".
 absl::string_view Crc32cImplementation();
 
 // The SSE4.2 version alone (where Crc32c picks a faster one, tests check this one too); the

@@ -8,8 +8,7 @@ namespace {
 
 // Header, size and checksums against the block's own fingerprint.
 absl::Status CheckBlock(absl::string_view block) {
-  VC_ASSIGN_OR_RETURN(BlockHeader h, DecodeBlockHeader(block));
-  return VerifyBlock(block, h.fingerprint).status();
+  return VerifyBlock(block).status();
 }
 
 }  // namespace

@@ -18,6 +18,10 @@
 
 namespace vc::cachestore {
 
+// The most keys, or lease ids, one LeaseBlocks or ReleaseLeases call of the store service may carry
+// (a LeaseBlocks call as many of each).
+inline constexpr int kMaxKeysPerLeaseCall = 4096;
+
 struct StoreStats {
   uint64_t ram_used_bytes = 0, ram_capacity_bytes = 0, ram_blocks = 0;
   uint64_t disk_used_bytes = 0, disk_capacity_bytes = 0, disk_blocks = 0;

@@ -24,9 +24,6 @@ std::string KeyBytes(const BlockKey& k) { return std::string(reinterpret_cast<co
 
 namespace {
 
-// The most keys one LeaseBlocks call carries (the service's limit).
-constexpr size_t kMaxKeysPerLeaseCall = 4096;
-
 // One unary call in flight on the callback API: what it sends, what comes back, and when.
 template <typename Request, typename Response>
 struct AsyncCall {
@@ -48,6 +45,13 @@ struct StoreClient::ReleaseCall
 
 struct StoreClient::LeaseCall : AsyncCall<vericache::v1::LeaseBlocksRequest, vericache::v1::LeaseBlocksResponse> {
   absl::Duration sent;  // by the client's clock, before the call went out
+
+  // Once answered: whether the store leases at all. One without a UCX data plane (or one that
+  // predates LeaseBlocks) answers FAILED_PRECONDITION or UNIMPLEMENTED, and serves blocks inline.
+  bool StoreLeases() const {
+    return status.error_code() != grpc::StatusCode::FAILED_PRECONDITION &&
+           status.error_code() != grpc::StatusCode::UNIMPLEMENTED;
+  }
 };
 
 StoreClient::~StoreClient() {
@@ -100,9 +104,9 @@ absl::StatusOr<std::unique_ptr<StoreClient>> StoreClient::Create(const StoreClie
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
   std::unique_ptr<StoreClient> c(new StoreClient());
   c->options_ = options;
-  c->clock_ = options.clock != nullptr ? options.clock : SteadyClock();
+  if (c->options_.clock == nullptr) c->options_.clock = SteadyClock();
   c->stub_ = vericache::v1::CacheStore::NewStub(grpc::CreateCustomChannel(options.target, creds, args));
-  c->options_.max_pending_releases = std::min(options.max_pending_releases, kMaxKeysPerLeaseCall);
+  c->options_.max_pending_releases = std::min<size_t>(options.max_pending_releases, kMaxKeysPerLeaseCall);
   if (options.release_delay_ms > 0) c->flusher_ = std::thread([p = c.get()] { p->FlushLoop(); });
   return c;
 }
@@ -138,7 +142,7 @@ absl::StatusOr<std::string> StoreClient::Get(const BlockKey& key, const std::arr
   Prepare(&ctx);
   vericache::v1::GetRequest req;
   req.set_key(KeyBytes(key));
-  if (fp != nullptr) req.set_expect_fingerprint(std::string(reinterpret_cast<const char*>(fp->data()), 32));
+  if (fp != nullptr) req.set_expect_fingerprint(FingerprintBytes(*fp));
   vericache::v1::GetResponse resp;
   absl::Status s = FromGrpc(stub_->Get(&ctx, req, &resp));
   if (!s.ok()) return s;
@@ -176,7 +180,7 @@ std::vector<absl::StatusOr<std::string>> StoreClient::GetRemoteBatch(absl::Span<
     return blocks[i].size();
   };
   std::vector<size_t> ends;
-  for (size_t at = 0; at < keys.size(); at += kMaxKeysPerLeaseCall) {
+  for (size_t at = 0; at < keys.size(); at += static_cast<size_t>(kMaxKeysPerLeaseCall)) {
     ends.push_back(std::min(keys.size(), at + kMaxKeysPerLeaseCall));
   }
   std::vector<absl::StatusOr<size_t>> sizes = ReadBatch(keys, ends, reader, fp, Sink{buffer, take});
@@ -245,10 +249,8 @@ std::vector<absl::StatusOr<size_t>> StoreClient::ReadBatch(absl::Span<const Bloc
       lease->done.WaitForNotification();
       SettleCarriedReleases(*lease);
     }
-    // A store without a UCX data plane (or one that predates LeaseBlocks) leases nothing: the
-    // rounds after this one are not offered to it.
-    const bool leasing = lease != nullptr && lease->status.error_code() != grpc::StatusCode::FAILED_PRECONDITION &&
-                         lease->status.error_code() != grpc::StatusCode::UNIMPLEMENTED;
+    // A store that leases nothing is not offered the rounds after this one.
+    const bool leasing = lease != nullptr && lease->StoreLeases();
     if (leasing && r + 1 < ends.size()) next = SendLease(keys.subspan(ends[r], ends[r + 1] - ends[r]), fp);
     ReadRound(keys.subspan(first, ends[r] - first), first, reader, fp, sink, lease.get(), out.data() + first);
   }
@@ -269,7 +271,7 @@ std::unique_ptr<StoreClient::LeaseCall> StoreClient::SendLease(absl::Span<const 
   }
   Prepare(&c->ctx);
   // Read before the call goes out: the store grants every lease after this moment.
-  c->sent = clock_->Now();
+  c->sent = options_.clock->Now();
   stub_->async()->LeaseBlocks(&c->ctx, &c->req, &c->resp, [c](grpc::Status st) {
     c->status = std::move(st);
     c->done.Notify();
@@ -282,8 +284,7 @@ void StoreClient::ReadRound(absl::Span<const BlockKey> keys, size_t first, UcxRe
                             absl::StatusOr<size_t>* out) {
   const size_t n = keys.size();
   std::vector<size_t> inline_keys;
-  if (lease == nullptr || lease->status.error_code() == grpc::StatusCode::FAILED_PRECONDITION ||
-      lease->status.error_code() == grpc::StatusCode::UNIMPLEMENTED) {
+  if (lease == nullptr || !lease->StoreLeases()) {
     // No UCX data plane (or a store that predates LeaseBlocks): every block comes inline.
     for (size_t i = 0; i < n; ++i) inline_keys.push_back(i);
     GetInline(keys, first, inline_keys, fp, sink, out);
@@ -292,9 +293,11 @@ void StoreClient::ReadRound(absl::Span<const BlockKey> keys, size_t first, UcxRe
   const grpc::Status& st = lease->status;
   const vericache::v1::LeaseBlocksResponse& resp = lease->resp;
   if (st.ok() && resp.blocks_size() != static_cast<int>(n)) {
+    std::vector<uint64_t> granted;
     for (const vericache::v1::LeasedBlock& b : resp.blocks()) {
-      if (b.has_remote()) (void)SendReleases({b.remote().lease_id()});
+      if (b.has_remote()) granted.push_back(b.remote().lease_id());
     }
+    if (!granted.empty()) (void)SendReleases(granted);
     for (size_t i = 0; i < n; ++i) {
       out[i] = absl::InternalError(absl::StrCat("LeaseBlocks answered ", resp.blocks_size(), " outcomes for ", n, " keys"));
     }
@@ -349,7 +352,7 @@ void StoreClient::ReadRound(absl::Span<const BlockKey> keys, size_t first, UcxRe
       out[i] = mapped.status();
       continue;
     }
-    if (clock_->Now() >= trusted_until) confirm[i] = static_cast<int>(lease_ids.size() - 1);
+    if (options_.clock->Now() >= trusted_until) confirm[i] = static_cast<int>(lease_ids.size() - 1);
     out[i] = size;
   }
   // When a read needs the release's answer, the round's leases go back at once in one call, which
@@ -382,9 +385,7 @@ void StoreClient::ReadRound(absl::Span<const BlockKey> keys, size_t first, UcxRe
     }
     absl::Status check = checked[i];
     if (unchecked[i] != nullptr) {
-      const absl::string_view block(unchecked[i], *out[i]);
-      absl::StatusOr<BlockHeader> h = DecodeBlockHeader(block);
-      check = h.ok() ? VerifyBlock(block, h->fingerprint).status() : h.status();
+      check = VerifyBlock(absl::string_view(unchecked[i], *out[i])).status();
     }
     if (!check.ok()) {
       (void)Delete(keys[i]);

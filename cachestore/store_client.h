@@ -162,7 +162,6 @@ class StoreClient {
 
   // Constant after construction.
   StoreClientOptions options_;
-  const Clock* clock_ = nullptr;
   std::unique_ptr<vericache::v1::CacheStore::Stub> stub_;
   std::shared_ptr<ReleaseTracker> releases_ = std::make_shared<ReleaseTracker>();
 

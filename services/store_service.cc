@@ -28,9 +28,7 @@ grpc::Status ToGrpcStatus(const absl::Status& s) {
 
 namespace {
 
-// The most keys or lease ids one LeaseBlocks or ReleaseLeases call may carry (a LeaseBlocks call
-// as many of each).
-constexpr int kMaxKeysPerCall = 4096;
+using cachestore::kMaxKeysPerLeaseCall;
 
 grpc::ServerUnaryReactor* Done(grpc::CallbackServerContext* ctx, const absl::Status& s) {
   grpc::ServerUnaryReactor* r = ctx->DefaultReactor();
@@ -104,24 +102,13 @@ grpc::ServerUnaryReactor* CacheStoreService::Get(grpc::CallbackServerContext* ct
     return Done(ctx, absl::InvalidArgumentError("expect_fingerprint must be 32 bytes or empty"));
   }
   if (req->remote() && options_.ucx != nullptr) {
-    // The tenant owns the lease: only its own ReleaseLease ends it early.
-    absl::StatusOr<cachestore::BlockLease> lease = store_->Lease(*key, *salt);
-    if (lease.ok()) {
-      const char* at = store_->ram().region() + lease->offset;
-      if (!req->expect_fingerprint().empty() && std::memcmp(at + 8, req->expect_fingerprint().data(), 32) != 0) {
-        (void)store_->Release(lease->id, *salt);
-        return Done(ctx, absl::FailedPreconditionError("block belongs to another model"));
-      }
-      vericache::v1::RemoteBlock* r = resp->mutable_remote();
-      r->set_lease_id(lease->id);
-      r->set_worker_address(options_.ucx->worker_address());
-      r->set_rkey(options_.ucx->rkey());
-      r->set_address(options_.ucx->base() + lease->offset);
-      r->set_size_bytes(lease->size);
+    absl::Status s = LeaseRemote(*key, *salt, req->expect_fingerprint(), resp->mutable_remote());
+    if (s.ok()) {
       resp->set_from_ram(true);
       return Done(ctx, absl::OkStatus());
     }
-    if (!absl::IsResourceExhausted(lease.status())) return Done(ctx, lease.status());
+    resp->clear_remote();
+    if (!absl::IsResourceExhausted(s)) return Done(ctx, s);
     // RAM cannot take it now: serve it inline below.
   }
   bool from_ram = false;
@@ -134,6 +121,23 @@ grpc::ServerUnaryReactor* CacheStoreService::Get(grpc::CallbackServerContext* ct
   resp->set_block(std::move(*block));
   resp->set_from_ram(from_ram);
   return Done(ctx, absl::OkStatus());
+}
+
+absl::Status CacheStoreService::LeaseRemote(const cachestore::BlockKey& key, const std::string& salt,
+                                            const std::string& expect_fingerprint, vericache::v1::RemoteBlock* out) {
+  absl::StatusOr<cachestore::BlockLease> lease = store_->Lease(key, salt);
+  if (!lease.ok()) return lease.status();
+  const char* at = store_->ram().region() + lease->offset;
+  if (!expect_fingerprint.empty() && std::memcmp(at + 8, expect_fingerprint.data(), 32) != 0) {
+    (void)store_->Release(lease->id, salt);
+    return absl::FailedPreconditionError("block belongs to another model");
+  }
+  out->set_lease_id(lease->id);
+  out->set_worker_address(options_.ucx->worker_address());
+  out->set_rkey(options_.ucx->rkey());
+  out->set_address(options_.ucx->base() + lease->offset);
+  out->set_size_bytes(lease->size);
+  return absl::OkStatus();
 }
 
 grpc::ServerUnaryReactor* CacheStoreService::ReleaseLease(grpc::CallbackServerContext* ctx,
@@ -149,12 +153,12 @@ grpc::ServerUnaryReactor* CacheStoreService::LeaseBlocks(grpc::CallbackServerCon
                                                          vericache::v1::LeaseBlocksResponse* resp) {
   absl::StatusOr<std::string> salt = TenantSalt(ctx);
   if (!salt.ok()) return Done(ctx, salt.status());
-  if (req->keys_size() > kMaxKeysPerCall) {
-    return Done(ctx, absl::InvalidArgumentError(absl::StrCat("more than ", kMaxKeysPerCall, " keys in one call")));
+  if (req->keys_size() > kMaxKeysPerLeaseCall) {
+    return Done(ctx, absl::InvalidArgumentError(absl::StrCat("more than ", kMaxKeysPerLeaseCall, " keys in one call")));
   }
-  if (req->release_lease_ids_size() > kMaxKeysPerCall) {
+  if (req->release_lease_ids_size() > kMaxKeysPerLeaseCall) {
     return Done(ctx, absl::InvalidArgumentError(
-                         absl::StrCat("more than ", kMaxKeysPerCall, " leases to release in one call")));
+                         absl::StrCat("more than ", kMaxKeysPerLeaseCall, " leases to release in one call")));
   }
   if (!req->expect_fingerprint().empty() && req->expect_fingerprint().size() != 32) {
     return Done(ctx, absl::InvalidArgumentError("expect_fingerprint must be 32 bytes or empty"));
@@ -178,23 +182,9 @@ grpc::ServerUnaryReactor* CacheStoreService::LeaseBlocks(grpc::CallbackServerCon
   resp->set_lease_ttl_ms(static_cast<uint64_t>(store_->ram().lease_ttl_ms()));
   for (const cachestore::BlockKey& key : keys) {
     vericache::v1::LeasedBlock* out = resp->add_blocks();
-    // As in Get, the tenant owns the lease: only its own release ends it early.
-    absl::StatusOr<cachestore::BlockLease> lease = store_->Lease(key, *salt);
-    absl::Status s = lease.status();
-    if (lease.ok()) {
-      const char* at = store_->ram().region() + lease->offset;
-      if (!req->expect_fingerprint().empty() && std::memcmp(at + 8, req->expect_fingerprint().data(), 32) != 0) {
-        (void)store_->Release(lease->id, *salt);
-        s = absl::FailedPreconditionError("block belongs to another model");
-      } else {
-        vericache::v1::RemoteBlock* r = out->mutable_remote();
-        r->set_lease_id(lease->id);
-        r->set_worker_address(options_.ucx->worker_address());
-        r->set_rkey(options_.ucx->rkey());
-        r->set_address(options_.ucx->base() + lease->offset);
-        r->set_size_bytes(lease->size);
-      }
-    }
+    vericache::v1::RemoteBlock remote;
+    const absl::Status s = LeaseRemote(key, *salt, req->expect_fingerprint(), &remote);
+    if (s.ok()) out->mutable_remote()->Swap(&remote);
     out->set_status_code(static_cast<int32_t>(s.code()));
     if (!s.ok()) out->set_status_message(std::string(s.message()));
   }
@@ -206,8 +196,8 @@ grpc::ServerUnaryReactor* CacheStoreService::ReleaseLeases(grpc::CallbackServerC
                                                            vericache::v1::ReleaseLeasesResponse* resp) {
   absl::StatusOr<std::string> salt = TenantSalt(ctx);
   if (!salt.ok()) return Done(ctx, salt.status());
-  if (req->lease_ids_size() > kMaxKeysPerCall) {
-    return Done(ctx, absl::InvalidArgumentError(absl::StrCat("more than ", kMaxKeysPerCall, " leases in one call")));
+  if (req->lease_ids_size() > kMaxKeysPerLeaseCall) {
+    return Done(ctx, absl::InvalidArgumentError(absl::StrCat("more than ", kMaxKeysPerLeaseCall, " leases in one call")));
   }
   uint32_t live = 0;
   for (uint64_t id : req->lease_ids()) {

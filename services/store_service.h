@@ -63,6 +63,11 @@ class CacheStoreService final : public vericache::v1::CacheStore::CallbackServic
   absl::StatusOr<std::string> TenantSalt(grpc::CallbackServerContext* ctx) const;
   // The tenant-scoped key of a request key; kInvalidArgument unless it is 32 bytes.
   absl::StatusOr<cachestore::BlockKey> ScopedKey(const std::string& salt, const std::string& key) const;
+  // Leases `key` for the tenant (only its own release ends the lease early) and fills `out` for a
+  // one-sided read. A block whose fingerprint is not `expect_fingerprint` (when that is not empty)
+  // is released again: kFailedPrecondition. `out` is written only on success.
+  absl::Status LeaseRemote(const cachestore::BlockKey& key, const std::string& salt,
+                           const std::string& expect_fingerprint, vericache::v1::RemoteBlock* out);
 
   cachestore::BlockStore* const store_;
   const StoreServiceOptions options_;

@@ -219,12 +219,6 @@ TEST(BlockFormat, CopyAndVerifyMatchesVerify) {
   }
 }
 
-}  // namespace
-}  // namespace vc::cachestore
-
-namespace vc::cachestore {
-namespace {
-
 // The compressed (KIVI) variant: version 2 header, payload sizes from the encoding, the same
 // checks as float32 blocks, and parameters that do not fit the shape refused.
 TEST(BlockFormat, KiviVariantRoundTripsAndIsChecked) {

@@ -1,6 +1,5 @@
 // The cache store over gRPC on loopback: a real server, real clients.
 #include <atomic>
-#include <random>
 #include <thread>
 
 #include "absl/time/clock.h"
@@ -115,11 +114,9 @@ TEST(StoreService, RemoteReadsOverUcxAreCheckedEndToEnd) {
     EXPECT_EQ(*got, MakeBlock(20 + i));
   }
   // A bit flipped in the store's RAM: the reader's check catches it, and the block is gone.
-  auto lease = server.store().ram().Lease(cachestore::BlockStore::Scoped(
-      std::string(reinterpret_cast<const char*>(cachestore::Sha256("secret\nalice").data()), 32), keys[1]));
-  ASSERT_TRUE(lease.ok());
-  const_cast<char*>(server.store().ram().region())[lease->offset + lease->size - 5] ^= 4;
-  ASSERT_TRUE(server.store().ram().Release(lease->id).ok());
+  bool released = false;
+  ASSERT_TRUE(testing::CorruptInRam(server.store(), "secret", "alice", keys[1], 5, 4, &released).ok());
+  ASSERT_TRUE(released);
   EXPECT_EQ(a->GetRemote(keys[1], reader.get()).status().code(), absl::StatusCode::kDataLoss);
   EXPECT_EQ(a->Get(keys[1]).status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(a->Lookup(keys)->first, 1u);
@@ -132,11 +129,9 @@ TEST(StoreService, BatchedRemoteReadsKeepOrderAndPerBlockOutcomes) {
   const auto keys = Chain(6, 11);
   for (int i : {0, 1, 3, 4, 5}) ASSERT_TRUE(a->Put(keys[i], MakeBlock(50 + i)).ok());  // not 2
   // Block 4's stored copy goes bad.
-  auto lease = server.store().ram().Lease(cachestore::BlockStore::Scoped(
-      std::string(reinterpret_cast<const char*>(cachestore::Sha256("secret\nalice").data()), 32), keys[4]));
-  ASSERT_TRUE(lease.ok());
-  const_cast<char*>(server.store().ram().region())[lease->offset + lease->size - 9] ^= 16;
-  ASSERT_TRUE(server.store().ram().Release(lease->id).ok());
+  bool released = false;
+  ASSERT_TRUE(testing::CorruptInRam(server.store(), "secret", "alice", keys[4], 9, 16, &released).ok());
+  ASSERT_TRUE(released);
   auto got = a->GetRemoteBatch(keys, reader.get());
   ASSERT_EQ(got.size(), 6u);
   for (int i : {0, 1, 3, 5}) {
@@ -149,13 +144,11 @@ TEST(StoreService, BatchedRemoteReadsKeepOrderAndPerBlockOutcomes) {
   EXPECT_TRUE(a->GetRemoteBatch({}, reader.get()).empty());
 }
 
-// The key a tenant's block is stored under, and a bit of its stored copy in RAM flipped.
+// A bit of a tenant's stored block flipped in RAM.
 void CorruptInRam(StoreServer& server, const std::string& tenant, const BlockKey& key, size_t from_end) {
-  auto lease = server.store().ram().Lease(cachestore::BlockStore::Scoped(
-      std::string(reinterpret_cast<const char*>(cachestore::Sha256("secret\n" + tenant).data()), 32), key));
-  ASSERT_TRUE(lease.ok()) << lease.status();
-  const_cast<char*>(server.store().ram().region())[lease->offset + lease->size - from_end] ^= 8;
-  (void)server.store().ram().Release(lease->id);  // may have expired already under a leaping clock
+  // The lease taken to find it may have expired already under a leaping clock.
+  const absl::Status s = testing::CorruptInRam(server.store(), "secret", tenant, key, from_end, 8);
+  ASSERT_TRUE(s.ok()) << s;
 }
 
 // Reads into caller buffers, on each data path: the tier's own memory (UCX gets), a UCX-allocated

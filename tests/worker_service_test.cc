@@ -10,6 +10,7 @@
 #include "gtest/gtest.h"
 #include "services/inference_client.h"
 #include "services/servers.h"
+#include "tests/testing/blocks.h"
 #include "tests/testing/tiny_model.h"
 #include "worker/full_decoder.h"
 
@@ -107,15 +108,13 @@ TEST_F(WorkerServiceTest, CorruptStoredBlocksAreRecomputedNotTrusted) {
 
   // Every stored block goes bad in the store's RAM: reads fail their checks, the worker
   // recomputes, and the output is the same.
-  const auto digest = cachestore::Sha256("s\ntenant");
-  const std::string salt(reinterpret_cast<const char*>(digest.data()), digest.size());
   for (const PrefixName& name : worker->prefixes()->Names(absl::MakeConstSpan(b).first(160))) {
     cachestore::BlockKey key;
     key.bytes = name;
-    auto lease = store->store().ram().Lease(cachestore::BlockStore::Scoped(salt, key));
-    ASSERT_TRUE(lease.ok()) << lease.status();
-    const_cast<char*>(store->store().ram().region())[lease->offset + lease->size - 3] ^= 0x20;
-    ASSERT_TRUE(store->store().ram().Release(lease->id).ok());
+    bool released = false;
+    const absl::Status s = testing::CorruptInRam(store->store(), "s", "tenant", key, 3, 0x20, &released);
+    ASSERT_TRUE(s.ok()) << s;
+    ASSERT_TRUE(released);
   }
   GenerateReply bad = CallGenerate(*stub, Request(b, 20, 7));
   ASSERT_TRUE(bad.status.ok()) << bad.status;
@@ -150,16 +149,14 @@ TEST_F(WorkerServiceTest, AnotherWorkerDraftsFromTheStoresCompressedPrefix) {
   EXPECT_GT(warm.stats.drafted_tokens(), 0u);
 
   // Corrupt the compressed variant's third block in the store's RAM.
-  const auto digest = cachestore::Sha256("s\ntenant");
-  const std::string salt(reinterpret_cast<const char*>(digest.data()), digest.size());
   const auto cnames = second->prefixes()->CompressedNames(absl::MakeConstSpan(c).first(160), {4, 32});
   ASSERT_EQ(cnames.size(), 5u);
   cachestore::BlockKey key;
   key.bytes = cnames[2];
-  auto lease = store->store().ram().Lease(cachestore::BlockStore::Scoped(salt, key));
-  ASSERT_TRUE(lease.ok()) << lease.status();
-  const_cast<char*>(store->store().ram().region())[lease->offset + lease->size - 5] ^= 0x08;
-  ASSERT_TRUE(store->store().ram().Release(lease->id).ok());
+  bool released = false;
+  const absl::Status corrupted = testing::CorruptInRam(store->store(), "s", "tenant", key, 5, 0x08, &released);
+  ASSERT_TRUE(corrupted.ok()) << corrupted;
+  ASSERT_TRUE(released);
   auto third = StartWorker(store->target(), o);
   GenerateReply bad = CallGenerate(*InferenceStub(third->target()), Request(c, 20));
   ASSERT_TRUE(bad.status.ok()) << bad.status;
@@ -169,10 +166,12 @@ TEST_F(WorkerServiceTest, AnotherWorkerDraftsFromTheStoresCompressedPrefix) {
   EXPECT_GT(third->prefixes()->stats().read_failures, 0);
   // The reader deleted the bad copy and the worker shared its own once it had verified the prompt.
   third->prefixes()->Flush();
+  const auto digest = cachestore::Sha256("s\ntenant");
+  const std::string salt(reinterpret_cast<const char*>(digest.data()), digest.size());
   auto fresh = store->store().ram().Lease(cachestore::BlockStore::Scoped(salt, key));
   ASSERT_TRUE(fresh.ok()) << fresh.status();
   const absl::string_view stored(store->store().ram().region() + fresh->offset, fresh->size);
-  EXPECT_TRUE(cachestore::VerifyBlock(stored, cachestore::DecodeBlockHeader(stored)->fingerprint).ok());
+  EXPECT_TRUE(cachestore::VerifyBlock(stored).ok());
   ASSERT_TRUE(store->store().ram().Release(fresh->id).ok());
 }
 

@@ -2,7 +2,6 @@
 
 #include <signal.h>
 
-#include <chrono>
 #include <fstream>
 #include <sstream>
 

@@ -3,7 +3,9 @@
 #include <random>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "cachestore/block_format.h"
+#include "cachestore/block_key.h"
 
 namespace vc::testing {
 
@@ -18,6 +20,18 @@ std::string RandomBlock(uint32_t seed, uint8_t fingerprint_byte, std::array<uint
     for (char& c : l) c = static_cast<char>(rng());
   }
   return *cachestore::EncodeBlock(fp, layout, {layers[0], layers[1]});
+}
+
+absl::Status CorruptInRam(cachestore::BlockStore& store, const std::string& secret, const std::string& tenant,
+                          const cachestore::BlockKey& key, size_t from_end, uint8_t mask, bool* released) {
+  const auto digest = cachestore::Sha256(absl::StrCat(secret, "\n", tenant));
+  const std::string salt(reinterpret_cast<const char*>(digest.data()), digest.size());
+  absl::StatusOr<cachestore::BlockLease> lease = store.ram().Lease(cachestore::BlockStore::Scoped(salt, key));
+  if (!lease.ok()) return lease.status();
+  const_cast<char*>(store.ram().region())[lease->offset + lease->size - from_end] ^= static_cast<char>(mask);
+  const bool live = store.ram().Release(lease->id).ok();
+  if (released != nullptr) *released = live;
+  return absl::OkStatus();
 }
 
 }  // namespace vc::testing
