@@ -200,13 +200,10 @@ int main(int argc, char** argv) {
     vc::PromptQueries queries;
     {
       vc::QueryRecorder rec(full, seq, n, window, config.num_layers);
-      for (int64_t b = 0; b < n; b += 512) {
-        vc::SequenceChunk ch{seq, absl::MakeConstSpan(prompt.tokens).subspan(b, std::min<int64_t>(512, n - b))};
-        absl::Status st = model.Forward({&ch, 1}, rec, vc::LogitsFor::kLastRows, &logits);
-        if (!st.ok()) {
-          std::cerr << st << "\n";
-          return 1;
-        }
+      if (absl::Status st = model.Prefill(absl::MakeConstSpan(prompt.tokens).first(n), seq, 512, rec, nullptr);
+          !st.ok()) {
+        std::cerr << st << "\n";
+        return 1;
       }
       auto q = rec.Take();
       if (!q.ok()) {

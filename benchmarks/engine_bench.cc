@@ -321,12 +321,7 @@ int main(int argc, char** argv) {
     const absl::Time p0 = absl::Now();
     for (const auto& p : prompts) {
       const SeqId s = master.NewSequence();
-      std::vector<float> logits;
-      for (int64_t b = 0; b + 1 < static_cast<int64_t>(p.size()); b += 512) {
-        const int64_t len = std::min<int64_t>(512, static_cast<int64_t>(p.size()) - 1 - b);
-        SequenceChunk ch{s, absl::MakeConstSpan(p).subspan(b, len)};
-        if (!m.Forward({&ch, 1}, master, LogitsFor::kLastRows, &logits).ok()) return 1;
-      }
+      if (!m.Prefill(absl::MakeConstSpan(p).first(p.size() - 1), s, 512, master, nullptr).ok()) return 1;
       src.push_back(s);
     }
     std::cerr << absl::StrFormat("context %d: prefilled %d prompts in %.1f s\n", ctx, prompts.size(),
@@ -401,11 +396,7 @@ int main(int argc, char** argv) {
     std::vector<int32_t> prompt = m.tokenizer().Encode(corpus.substr(0, static_cast<size_t>(ctx - 1)));
     PagedKvCache one(layout, ctx / 16 + 2);
     const SeqId s0 = one.NewSequence();
-    std::vector<float> logits;
-    for (int64_t b = 0; b + 1 < static_cast<int64_t>(prompt.size()); b += 512) {
-      SequenceChunk ch{s0, absl::MakeConstSpan(prompt).subspan(b, std::min<int64_t>(512, prompt.size() - 1 - b))};
-      if (!m.Forward({&ch, 1}, one, LogitsFor::kLastRows, &logits).ok()) return 1;
-    }
+    if (!m.Prefill(absl::MakeConstSpan(prompt).first(prompt.size() - 1), s0, 512, one, nullptr).ok()) return 1;
     const SeqId c0 = (*probe)->NewSequence();
     if (!(*probe)->BuildFrom(c0, one, s0, static_cast<int64_t>(prompt.size()) - 1, nullptr).ok()) return 1;
     const int64_t comp_seq = (*probe)->Bytes(c0) * (ctx + tokens) / ctx + 1;

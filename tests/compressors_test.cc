@@ -61,11 +61,7 @@ class CompressorsTest : public ::testing::Test {
     p.cache = std::make_unique<PagedKvCache>(Layout(), 4096 / 16);
     p.seq = p.cache->NewSequence();
     QueryRecorder rec(*p.cache, p.seq, n, 32, model_->config().num_layers);
-    std::vector<float> logits;
-    for (int64_t b = 0; b < n; b += 37) {
-      SequenceChunk ch{p.seq, absl::MakeConstSpan(tokens).subspan(b, std::min<int64_t>(37, n - b))};
-      EXPECT_TRUE(model_->Forward({&ch, 1}, rec, LogitsFor::kLastRows, &logits).ok());
-    }
+    EXPECT_TRUE(model_->Prefill(absl::MakeConstSpan(tokens).first(n), p.seq, 37, rec, nullptr).ok());
     auto q = rec.Take();
     EXPECT_TRUE(q.ok()) << q.status();
     if (q.ok()) p.queries = std::move(*q);
@@ -606,11 +602,6 @@ TEST_F(CompressorsTest, CanonicalSpecsRoundTripAndDeclareTheirNeeds) {
   EXPECT_EQ(Make("quest")->MaxRollback(), int64_t{1} << 30);
 }
 
-}  // namespace
-}  // namespace vc
-
-namespace vc {
-namespace {
 
 // A KIVI cache built from encoded blocks (what a worker reads from the cache store) and then
 // extended as usual reads exactly what a cache built from the full KV reads: the same codes, the

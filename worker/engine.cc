@@ -16,7 +16,7 @@ struct VeriCacheEngine::Sequence : QueuedRequest {
   SeqId sseq = -1;  // in staging, while a fetch or verify needs it, or while resident
   // Staging still holds the exact K/V of [0, full_len) from the last verify pass: the next
   // verify needs no fetch. Given up whenever another sequence needs the room.
-  bool resident = false;
+  bool resident() const { return sseq >= 0 && fetch == nullptr; }
   // prompt + emitted. Positions [0, full_len) have exact K/V in the tier; the compressed cache
   // holds [0, size - 1), approximately beyond full_len until the next verify.
   std::vector<int32_t> tokens;
@@ -81,8 +81,7 @@ void VeriCacheEngine::Cancel(RequestId id) { requests_.Cancel(id); }
 void VeriCacheEngine::Release(Sequence& s) {
   if (s.fetch != nullptr) s.fetch->Wait().IgnoreError();  // it writes into staging
   s.fetch.reset();
-  if (s.sseq >= 0) staging_->FreeSequence(s.sseq);
-  s.sseq = -1;
+  DropStaging(s);
   if (s.cseq >= 0) {
     s.result.stats.compressed_bytes = compressed_->Bytes(s.cseq);
     compressed_->FreeSequence(s.cseq);
@@ -243,7 +242,7 @@ absl::Status VeriCacheEngine::Admit(Sequence& s) {
     return reserved;
   }
   s.cseq = compressed_->NewSequence();
-  absl::Status status = PrefillAndCompress(model_, s.tokens, n, std::max(1, s.request.options.prefill_chunk),
+  absl::Status status = PrefillAndCompress(model_, s.tokens, n, s.request.options.prefill_chunk,
                                            *staging_, tmp, *compressed_, s.cseq);
   if (status.ok()) status = tier_->Append(s.key, *staging_, tmp, 0, n);
   if (status.ok() && prefixes_ != nullptr) SharePrefix(s, 0, tmp);
@@ -253,18 +252,21 @@ absl::Status VeriCacheEngine::Admit(Sequence& s) {
   return status;
 }
 
+void VeriCacheEngine::DropStaging(Sequence& s) {
+  if (s.sseq >= 0) staging_->FreeSequence(s.sseq);
+  s.sseq = -1;
+}
+
 bool VeriCacheEngine::EvictResident(const Sequence* except) {
   Sequence* victim = nullptr;
   for (auto& sp : requests_.active) {
     Sequence* o = sp.get();
-    if (o == except || !o->resident) continue;
+    if (o == except || !o->resident()) continue;
     victim = o;
     if (static_cast<int>(o->drafts.size()) < o->k) break;  // mid-window: it needs no staging for a while
   }
   if (victim == nullptr) return false;
-  staging_->FreeSequence(victim->sseq);
-  victim->sseq = -1;
-  victim->resident = false;
+  DropStaging(*victim);
   return true;
 }
 
@@ -286,14 +288,12 @@ absl::Status VeriCacheEngine::StartWindow(Sequence& s) {
                           remaining);
     s.drafts.clear();
   }
-  if (s.resident) {
+  if (s.resident()) {
     // Room for the positions the verify pass appends; without it, give the staging up and fetch
     // again later.
     absl::Status st = ReserveStaging(s.sseq, s.v() + s.k, &s);
     if (st.ok() || !absl::IsResourceExhausted(st)) return st;
-    staging_->FreeSequence(s.sseq);
-    s.sseq = -1;
-    s.resident = false;
+    DropStaging(s);
   }
   if (s.fetch == nullptr) {
     // Staging is held from the fetch to the verify, so the fetch starts just in time: when the
@@ -362,13 +362,13 @@ absl::Status VeriCacheEngine::Verify(std::vector<Sequence*>& ready) {
   std::vector<SequenceChunk> chunks;
   for (size_t i = 0; i < ready.size(); ++i) {
     Sequence& s = *ready[i];
-    if (s.resident) {
-      // Staging already holds [0, full_len) from the last pass.
-    } else if (s.fetch->Wait().ok()) {
-      staging_->Commit(s.sseq, s.full_len);
-      s.result.stats.bytes_fetched += s.fetch->bytes();
-    } else {
-      VC_RETURN_IF_ERROR(Recompute(s));
+    if (!s.resident()) {  // else staging already holds [0, full_len) from the last pass
+      if (s.fetch->Wait().ok()) {
+        staging_->Commit(s.sseq, s.full_len);
+        s.result.stats.bytes_fetched += s.fetch->bytes();
+      } else {
+        VC_RETURN_IF_ERROR(Recompute(s));
+      }
     }
     // The prompt positions not yet exact (after a store prefix), the last verified token, drafts.
     feeds[i].assign(s.tokens.begin() + s.full_len, s.tokens.end());
@@ -453,13 +453,11 @@ absl::Status VeriCacheEngine::Verify(std::vector<Sequence*>& ready) {
       s.full_len = keep_end;
     }
     if (s.done || !options_.keep_staged) {
-      staging_->FreeSequence(s.sseq);
-      s.sseq = -1;
-      s.resident = false;
+      DropStaging(s);
     } else {
-      // Keep the exact K/V staged for the next window (rejected drafts' K/V go).
+      // Keep the exact K/V staged for the next window (rejected drafts' K/V go); with the fetch
+      // gone below, the sequence is resident.
       VC_RETURN_IF_ERROR(staging_->Truncate(s.sseq, s.full_len));
-      s.resident = true;
     }
     s.fetch.reset();
     s.k = -1;
@@ -517,7 +515,7 @@ absl::Status VeriCacheEngine::Step() {
     if (!status.ok()) break;
     if (static_cast<int>(s->drafts.size()) < s->k) {
       drafting.push_back(s);
-    } else if (s->resident || (s->fetch != nullptr && s->fetch->Done())) {
+    } else if (s->resident() || (s->fetch != nullptr && s->fetch->Done())) {
       ready.push_back(s);
     } else if (s->fetch != nullptr) {
       waiting.push_back(s);
@@ -539,10 +537,9 @@ absl::Status VeriCacheEngine::Step() {
       const absl::Time t0 = absl::Now();
       waiting.front()->fetch->Wait().IgnoreError();  // Verify looks at the outcome
       waiting.front()->result.stats.fetch_wait_seconds += absl::ToDoubleSeconds(absl::Now() - t0);
-    } else if (!stuck.empty() && EvictResident(nullptr)) {
-      // Room for the stuck ones at the next step.
-    } else if (!stuck.empty()) {
-      // Nothing holds staging now, so this one can never fit: end it alone.
+    } else if (!stuck.empty() && !EvictResident(nullptr)) {
+      // (An eviction makes room for the stuck ones at the next step.) Nothing holds staging now,
+      // so this one can never fit: end it alone.
       Sequence& s = *stuck.front();
       Release(s);
       RequestQueue<Sequence>::Tell(s, absl::ResourceExhaustedError(absl::StrCat(

@@ -29,8 +29,6 @@
 #define VC_WORKER_ENGINE_H_
 
 #include <cstdint>
-#include <deque>
-#include <functional>
 #include <list>
 #include <memory>
 #include <string>
@@ -38,7 +36,6 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
-#include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "worker/compressed_cache.h"
 #include "worker/draft_window.h"
@@ -122,6 +119,8 @@ class VeriCacheEngine {
   absl::Status StartWindow(Sequence& s);
   absl::Status Verify(std::vector<Sequence*>& ready);
   absl::Status Recompute(Sequence& s);
+  // Frees the staging of `s`, if it holds any.
+  void DropStaging(Sequence& s);
   // Frees the staging of one resident sequence other than `except` (one mid-window first);
   // false when there is none.
   bool EvictResident(const Sequence* except);

@@ -22,13 +22,12 @@
 #define VC_WORKER_FULL_ENGINE_H_
 
 #include <cstdint>
-#include <deque>
 #include <memory>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
-#include "worker/engine.h"
+#include "worker/requests.h"
 #include "worker/kv_cache.h"
 #include "worker/model.h"
 #include "worker/prefix_store.h"

@@ -88,7 +88,6 @@ class HostKvTier final : public FullKvTier {
   absl::Status AttachPrefix(TierKey key, int64_t length, PrefixReader read) override;
   void Erase(TierKey key) override;
 
-  double bytes_per_second() const { return link_.bytes_per_second(); }
   LinkPacer* link() { return &link_; }
 
  private:

@@ -19,8 +19,6 @@ class LinkPacer {
   // bytes_per_second <= 0: an unpaced link (Transfer returns at once).
   explicit LinkPacer(double bytes_per_second) : bytes_per_second_(bytes_per_second) {}
 
-  double bytes_per_second() const { return bytes_per_second_; }
-
   // Call after moving `bytes` that began at `start`: sleeps until the link would have carried
   // them, behind every transfer already booked.
   void Transfer(int64_t bytes, std::chrono::steady_clock::time_point start) {

@@ -17,8 +17,7 @@ absl::Status PrefillAndCompress(const Model& model, absl::Span<const int32_t> to
   std::optional<QueryRecorder> recorder;
   AttentionCache* target = &full;
   if (window > 0) target = &recorder.emplace(full, seq, n, window, model.config().num_layers);
-  std::vector<float> logits;
-  VC_RETURN_IF_ERROR(model.Prefill(tokens.first(static_cast<size_t>(n)), seq, prefill_chunk, *target, &logits));
+  VC_RETURN_IF_ERROR(model.Prefill(tokens.first(static_cast<size_t>(n)), seq, prefill_chunk, *target, nullptr));
   if (!recorder.has_value()) return compressed.BuildFrom(cseq, full, seq, n, nullptr);
   VC_ASSIGN_OR_RETURN(PromptQueries queries, recorder->Take());
   return compressed.BuildFrom(cseq, full, seq, n, &queries);

@@ -202,7 +202,7 @@ template <typename Engine>
 absl::StatusOr<std::vector<EngineResult>> RunToCompletion(Engine& engine, absl::Span<const EngineRequest> requests) {
   std::vector<EngineResult> out(requests.size());
   absl::Status first_error;
-  std::vector<int64_t> ids;
+  std::vector<RequestId> ids;
   for (size_t i = 0; i < requests.size(); ++i) {
     ids.push_back(engine.Submit(requests[i], [&out, &first_error, i](absl::Status st, EngineResult r) {
       if (!st.ok() && first_error.ok()) first_error = st;
