@@ -602,7 +602,6 @@ TEST_F(CompressorsTest, CanonicalSpecsRoundTripAndDeclareTheirNeeds) {
   EXPECT_EQ(Make("quest")->MaxRollback(), int64_t{1} << 30);
 }
 
-
 // A KIVI cache built from encoded blocks (what a worker reads from the cache store) and then
 // extended as usual reads exactly what a cache built from the full KV reads: the same codes, the
 // same float32 tail, bitwise the same attention outputs.

@@ -151,7 +151,6 @@ class VeriCacheEngine {
   int64_t prefix_bytes_ = 0;
 };
 
-
 }  // namespace vc
 
 #endif  // VC_WORKER_ENGINE_H_

@@ -84,7 +84,6 @@ void FullKvEngine::Leave(Sequence& s) {
   s.seq = -1;
 }
 
-
 void FullKvEngine::FetchPrefix(Sequence& s) {
   const int64_t n = s.prompt_len - 1;  // the last prompt token is always computed: it yields logits
   s.names = prefixes_->Names(absl::MakeConstSpan(s.tokens).first(static_cast<size_t>(n)));
