@@ -83,16 +83,16 @@ absl::Status HostKvTier::Append(TierKey key, const PagedKvCache& src, SeqId seq,
         absl::StrCat("tier append at ", begin, " but the tier holds ", e->length, " positions"));
   }
   const int64_t row = int64_t{layout_.num_kv_heads} * layout_.head_dim;
-  const int64_t held = end - e->base;
+  const size_t chunks = static_cast<size_t>((end - e->base + kChunkPositions - 1) / kChunkPositions);
   for (int l = 0; l < layout_.num_layers; ++l) {
-    if (static_cast<int64_t>(e->k[l].size()) < held * row) {
-      const size_t cap = static_cast<size_t>(std::max<int64_t>(held, 2 * static_cast<int64_t>(e->k[l].size()) / row) * row);
-      e->k[l].resize(cap);
-      e->v[l].resize(cap);
+    while (e->k[l].size() < chunks) {
+      e->k[l].emplace_back(new float[kChunkPositions * row]);
+      e->v[l].emplace_back(new float[kChunkPositions * row]);
     }
     for (int64_t p = begin; p < end; ++p) {
-      std::memcpy(e->k[l].data() + (p - e->base) * row, src.K(l, seq, p), row * 4);
-      std::memcpy(e->v[l].data() + (p - e->base) * row, src.V(l, seq, p), row * 4);
+      const int64_t c = (p - e->base) / kChunkPositions, at = (p - e->base) % kChunkPositions * row;
+      std::memcpy(e->k[l][c].get() + at, src.K(l, seq, p), row * 4);
+      std::memcpy(e->v[l][c].get() + at, src.V(l, seq, p), row * 4);
     }
   }
   e->length = end;
@@ -159,15 +159,16 @@ void HostKvTier::IoLoop() {
         continue;
       }
     }
-    // Layer by layer, block by block: each block's rows are contiguous in the destination. The
-    // tier's rows start at e.base, which need not be block-aligned.
+    // Layer by layer, in runs contiguous on both sides: within one destination block and one
+    // tier chunk. The tier's rows start at e.base, which need not be block-aligned.
     const auto start = std::chrono::steady_clock::now();
     int64_t moved = 0;
     for (int l = 0; l < layout_.num_layers; ++l) {
       for (int64_t p0 = e.base; p0 < job.length;) {
-        const int64_t n = std::min(bs - p0 % bs, job.length - p0);
-        std::memcpy(job.dest.K(l, p0), e.k[l].data() + (p0 - e.base) * row, n * row * 4);
-        std::memcpy(job.dest.V(l, p0), e.v[l].data() + (p0 - e.base) * row, n * row * 4);
+        const int64_t c = (p0 - e.base) / kChunkPositions, off = (p0 - e.base) % kChunkPositions;
+        const int64_t n = std::min({bs - p0 % bs, kChunkPositions - off, job.length - p0});
+        std::memcpy(job.dest.K(l, p0), e.k[l][c].get() + off * row, n * row * 4);
+        std::memcpy(job.dest.V(l, p0), e.v[l][c].get() + off * row, n * row * 4);
         p0 += n;
         moved += 2 * n * row * 4;
       }
