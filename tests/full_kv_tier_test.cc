@@ -1,0 +1,93 @@
+// The host tier returns exactly what was appended, across its internal chunk boundaries, after a
+// prefix of any length, and into any block placement.
+#include "worker/full_kv_tier.h"
+
+#include <cstring>
+#include <random>
+
+#include "gtest/gtest.h"
+#include "worker/kv_cache.h"
+
+namespace vc {
+namespace {
+
+const KvLayout kLayout{/*num_layers=*/2, /*num_kv_heads=*/2, /*head_dim=*/8, /*block_size=*/16};
+
+// A cache holding `n` positions of random K/V in sequence 0.
+PagedKvCache RandomCache(int64_t n, uint64_t seed) {
+  PagedKvCache c(kLayout, n / kLayout.block_size + 2, seed);
+  const SeqId s = c.NewSequence();
+  EXPECT_TRUE(c.Reserve(s, n).ok());
+  std::mt19937 rng(static_cast<uint32_t>(seed));
+  std::uniform_real_distribution<float> u(-1, 1);
+  const int row = kLayout.num_kv_heads * kLayout.head_dim;
+  std::vector<float> k(row), v(row);
+  for (int l = 0; l < kLayout.num_layers; ++l) {
+    for (int64_t p = 0; p < n; ++p) {
+      for (int i = 0; i < row; ++i) k[i] = u(rng), v[i] = u(rng);
+      c.Write(l, s, p, k.data(), v.data());
+    }
+  }
+  c.Commit(s, n);
+  return c;
+}
+
+// Positions [from, to) of sequence 0 of a and sequence sb of b hold the same bits.
+void ExpectSame(const PagedKvCache& a, const PagedKvCache& b, SeqId sb, int64_t from, int64_t to) {
+  const size_t bytes = kLayout.num_kv_heads * kLayout.head_dim * sizeof(float);
+  for (int l = 0; l < kLayout.num_layers; ++l) {
+    for (int64_t p = from; p < to; ++p) {
+      ASSERT_EQ(0, std::memcmp(a.K(l, 0, p), b.K(l, sb, p), bytes)) << "K layer " << l << " position " << p;
+      ASSERT_EQ(0, std::memcmp(a.V(l, 0, p), b.V(l, sb, p), bytes)) << "V layer " << l << " position " << p;
+    }
+  }
+}
+
+TEST(HostKvTier, AppendsInPiecesAcrossChunksFetchBitwise) {
+  const int64_t n = 2600;  // over two of the tier's 1024-position chunks
+  const PagedKvCache src = RandomCache(n, 3);
+  HostKvTier tier(kLayout, 0);
+  // Pieces that end inside a block, on a chunk boundary and across one.
+  for (auto [b, e] : {std::pair<int64_t, int64_t>{0, 1000}, {1000, 1024}, {1024, 1031}, {1031, 2500}, {2500, n}}) {
+    ASSERT_TRUE(tier.Append(7, src, 0, b, e).ok());
+  }
+  EXPECT_EQ(tier.Length(7), n);
+  EXPECT_FALSE(tier.Append(7, src, 0, 5, 9).ok());  // not at the end
+
+  for (int64_t length : {int64_t{1}, int64_t{1024}, int64_t{1500}, n}) {
+    PagedKvCache dest(kLayout, n / kLayout.block_size + 2, /*placement_seed=*/length);
+    const SeqId s = dest.NewSequence();
+    ASSERT_TRUE(dest.Reserve(s, length).ok());
+    ASSERT_TRUE(tier.Fetch(7, length, &dest, s)->Wait().ok());
+    ExpectSame(src, dest, s, 0, length);
+  }
+  PagedKvCache dest(kLayout, 4);
+  const SeqId s = dest.NewSequence();
+  EXPECT_FALSE(tier.Fetch(7, n + 1, &dest, s)->Wait().ok());  // more than it holds
+}
+
+TEST(HostKvTier, PrefixThenAppendsAtAnUnalignedBase) {
+  const int64_t base = 1037, n = 3100;  // the tier's own positions start mid-block
+  const PagedKvCache src = RandomCache(n, 5);
+  HostKvTier tier(kLayout, 0);
+  ASSERT_TRUE(tier.AttachPrefix(9, base, [&](const PagedDest& d) {
+                    const size_t bytes = kLayout.num_kv_heads * kLayout.head_dim * sizeof(float);
+                    for (int l = 0; l < kLayout.num_layers; ++l) {
+                      for (int64_t p = 0; p < base; ++p) {
+                        std::memcpy(d.K(l, p), src.K(l, 0, p), bytes);
+                        std::memcpy(d.V(l, p), src.V(l, 0, p), bytes);
+                      }
+                    }
+                    return absl::OkStatus();
+                  }).ok());
+  ASSERT_TRUE(tier.Append(9, src, 0, base, 2100).ok());
+  ASSERT_TRUE(tier.Append(9, src, 0, 2100, n).ok());
+  PagedKvCache dest(kLayout, n / kLayout.block_size + 2, /*placement_seed=*/11);
+  const SeqId s = dest.NewSequence();
+  ASSERT_TRUE(dest.Reserve(s, n).ok());
+  ASSERT_TRUE(tier.Fetch(9, n, &dest, s)->Wait().ok());
+  ExpectSame(src, dest, s, 0, n);
+}
+
+}  // namespace
+}  // namespace vc
