@@ -37,9 +37,10 @@ void DraftWindow::Observe(int drafted, int accepted) {
   if (drafted <= 0) return;
   // Drafts are accepted until the first miss: accepted successes, then one failure if any.
   const double trials = accepted + (accepted < drafted ? 1 : 0);
-  const double estimate = trials > 0 ? accepted / trials : acceptance_;
-  const double w = std::min(1.0, 0.15 * trials);
-  acceptance_ = std::clamp((1 - w) * acceptance_ + w * estimate, 0.02, 0.995);
+  const double keep = std::pow(kDecay, trials);
+  accepted_ = keep * accepted_ + accepted;
+  trials_ = keep * trials_ + trials;
+  acceptance_ = std::clamp(accepted_ / trials_, 0.02, 0.995);
 }
 
 int DraftWindow::Choose(const DraftCostModel& costs, double fetch_bytes, int remaining) const {

@@ -39,8 +39,14 @@ class DraftWindow {
   double acceptance() const { return acceptance_; }
 
  private:
+  // The acceptance rate is accepted / trials of drafts, both counts decayed by kDecay per trial
+  // (about the last 1 / (1 - kDecay) trials count), from a prior of kPriorTrials trials at 0.7:
+  // one fully accepted window moves it a little, not to the cap.
+  static constexpr double kDecay = 0.97;
+  static constexpr double kPriorTrials = 4;
   int fixed_k_, max_k_;
-  double acceptance_ = 0.7;  // prior
+  double accepted_ = 0.7 * kPriorTrials, trials_ = kPriorTrials;
+  double acceptance_ = 0.7;
 };
 
 }  // namespace vc

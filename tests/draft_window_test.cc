@@ -1,0 +1,64 @@
+// The adaptive draft window: its acceptance estimate and the window its cost model picks.
+#include "worker/draft_window.h"
+
+#include <random>
+
+#include "gtest/gtest.h"
+
+namespace vc {
+namespace {
+
+// Verifies a window of k drafts, each accepted with probability p, until the first miss.
+int AcceptedOf(int k, double p, std::mt19937& rng) {
+  std::bernoulli_distribution hit(p);
+  int accepted = 0;
+  while (accepted < k && hit(rng)) ++accepted;
+  return accepted;
+}
+
+TEST(DraftWindow, AcceptanceTracksTheRateAndOneWindowMovesItLittle) {
+  for (double p : {0.3, 0.75, 0.95}) {
+    DraftWindow w(/*fixed_k=*/0, /*max_k=*/16);
+    std::mt19937 rng(7);
+    for (int i = 0; i < 200; ++i) w.Observe(8, AcceptedOf(8, p, rng));
+    EXPECT_NEAR(w.acceptance(), p, 0.1) << p;
+  }
+  // Settled near 0.6, a window of 10 accepted drafts nudges the estimate instead of replacing it.
+  DraftWindow w(0, 16);
+  for (int i = 0; i < 100; ++i) w.Observe(4, i % 2 == 0 ? 1 : 4);  // 5 of 7 trials per two windows
+  const double before = w.acceptance();
+  w.Observe(10, 10);
+  EXPECT_GT(w.acceptance(), before);
+  EXPECT_LT(w.acceptance() - before, 0.15);
+  EXPECT_LT(w.acceptance(), 0.9);
+}
+
+TEST(DraftWindow, ChoosesLongWindowsWhenVerifyIsFlatAndShortOnesWhenItIsNot) {
+  DraftCostModel flat, steep;
+  for (int i = 0; i < 20; ++i) {
+    flat.ObserveDraftStep(1e-3);
+    steep.ObserveDraftStep(1e-3);
+    for (int rows : {2, 5, 9}) {
+      flat.ObserveVerify(rows, 4e-3);               // one read of the KV, whatever the rows
+      steep.ObserveVerify(rows, 1e-3 + rows * 2e-3);  // every row costs two draft steps
+    }
+  }
+  EXPECT_NEAR(steep.verify(5), 11e-3, 1e-4);
+  DraftWindow good(0, 16), poor(0, 16);
+  std::mt19937 rng(3);
+  for (int i = 0; i < 100; ++i) {
+    good.Observe(8, AcceptedOf(8, 0.95, rng));
+    poor.Observe(8, AcceptedOf(8, 0.3, rng));
+  }
+  EXPECT_GE(good.Choose(flat, 0, 1000), 8);
+  EXPECT_EQ(poor.Choose(steep, 0, 1000), 1);
+  EXPECT_LT(good.Choose(steep, 0, 1000), good.Choose(flat, 0, 1000));
+  // Never past the tokens still to generate, and a fixed window stays fixed.
+  EXPECT_LE(good.Choose(flat, 0, 3), 2);
+  EXPECT_EQ(good.Choose(flat, 0, 1), 0);
+  EXPECT_EQ(DraftWindow(5, 16).Choose(steep, 0, 1000), 5);
+  EXPECT_EQ(DraftWindow(40, 16).Choose(steep, 0, 1000), 16);
+}
+
+}  // namespace
+}  // namespace vc
