@@ -5,7 +5,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "kernels/kernels.h"
