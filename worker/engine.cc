@@ -34,6 +34,18 @@ struct VeriCacheEngine::Sequence : QueuedRequest {
   absl::Time fetch_start;
   DraftWindow window{0, 1};
   int64_t v() const { return static_cast<int64_t>(tokens.size()); }
+
+  // After a failed admission and Release: back to the state Submit left, to be admitted again.
+  void ResetAdmission() {
+    result.stats = EngineStats{};
+    result.stats.prompt_tokens = v();
+    full_len = 0;
+    names.clear();
+    publish_from = -1;
+    cnames.clear();
+    cpublish_from = -1;
+    first_window = -1;
+  }
 };
 
 VeriCacheEngine::VeriCacheEngine(const Model& model, FullKvTier* tier, const EngineOptions& options,
@@ -479,11 +491,7 @@ absl::Status VeriCacheEngine::Step() {
     absl::Status st = Admit(s);
     if (absl::IsResourceExhausted(st) && !active.empty()) {  // wait for staging to free up
       Release(s);
-      s.result.stats = EngineStats{};
-      s.result.stats.prompt_tokens = s.v();
-      s.full_len = 0;
-      s.publish_from = -1;
-      s.cpublish_from = -1;
+      s.ResetAdmission();
       break;
     }
     std::unique_ptr<Sequence> owned = std::move(pending.front());
