@@ -11,7 +11,8 @@ namespace vc::kernels {
 
 // AVX2 + FMA + F16C, with the fixed attention split (batch-invariant).
 const Backend* Avx2BackendIfSupported();
-// The same kernels built with AVX-512VL too (32 vector registers), bitwise equal to Avx2's results.
+// The same kernels built with AVX-512VL and VNNI too (32 vector registers, one-instruction integer
+// dot products), bitwise equal to Avx2's results.
 const Backend* Avx512vlBackendIfSupported();
 // The same kernels with the usual shape-dependent attention split (one chunk per thread). Not
 // batch-invariant; it exists to measure what invariance costs.
