@@ -44,7 +44,7 @@ void ExpectSame(const PagedKvCache& a, const PagedKvCache& b, SeqId sb, int64_t 
 }
 
 TEST(HostKvTier, AppendsInPiecesAcrossChunksFetchBitwise) {
-  const int64_t n = 2600;  // over two of the tier's 1024-position chunks
+  const int64_t n = 2600;  // over two of the tier's 64 KiB chunks (1024 positions of this layout)
   const PagedKvCache src = RandomCache(n, 3);
   HostKvTier tier(kLayout, 0);
   // Pieces that end inside a block, on a chunk boundary and across one.

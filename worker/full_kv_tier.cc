@@ -52,7 +52,9 @@ absl::Time FetchHandle::finished_at() const {
 }
 
 HostKvTier::HostKvTier(const KvLayout& layout, double bytes_per_second, int io_threads)
-    : layout_(layout), link_(bytes_per_second) {
+    : layout_(layout),
+      chunk_positions_(std::max<int64_t>(1, (int64_t{64} << 10) / (int64_t{layout.num_kv_heads} * layout.head_dim * 4))),
+      link_(bytes_per_second) {
   for (int i = 0; i < std::max(1, io_threads); ++i) io_.emplace_back([this] { IoLoop(); });
 }
 
@@ -83,14 +85,14 @@ absl::Status HostKvTier::Append(TierKey key, const PagedKvCache& src, SeqId seq,
         absl::StrCat("tier append at ", begin, " but the tier holds ", e->length, " positions"));
   }
   const int64_t row = int64_t{layout_.num_kv_heads} * layout_.head_dim;
-  const size_t chunks = static_cast<size_t>((end - e->base + kChunkPositions - 1) / kChunkPositions);
+  const size_t chunks = static_cast<size_t>((end - e->base + chunk_positions_ - 1) / chunk_positions_);
   for (int l = 0; l < layout_.num_layers; ++l) {
     while (e->k[l].size() < chunks) {
-      e->k[l].emplace_back(new float[kChunkPositions * row]);
-      e->v[l].emplace_back(new float[kChunkPositions * row]);
+      e->k[l].emplace_back(new float[chunk_positions_ * row]);
+      e->v[l].emplace_back(new float[chunk_positions_ * row]);
     }
     for (int64_t p = begin; p < end; ++p) {
-      const int64_t c = (p - e->base) / kChunkPositions, at = (p - e->base) % kChunkPositions * row;
+      const int64_t c = (p - e->base) / chunk_positions_, at = (p - e->base) % chunk_positions_ * row;
       std::memcpy(e->k[l][c].get() + at, src.K(l, seq, p), row * 4);
       std::memcpy(e->v[l][c].get() + at, src.V(l, seq, p), row * 4);
     }
@@ -165,8 +167,8 @@ void HostKvTier::IoLoop() {
     int64_t moved = 0;
     for (int l = 0; l < layout_.num_layers; ++l) {
       for (int64_t p0 = e.base; p0 < job.length;) {
-        const int64_t c = (p0 - e.base) / kChunkPositions, off = (p0 - e.base) % kChunkPositions;
-        const int64_t n = std::min({bs - p0 % bs, kChunkPositions - off, job.length - p0});
+        const int64_t c = (p0 - e.base) / chunk_positions_, off = (p0 - e.base) % chunk_positions_;
+        const int64_t n = std::min({bs - p0 % bs, chunk_positions_ - off, job.length - p0});
         std::memcpy(job.dest.K(l, p0), e.k[l][c].get() + off * row, n * row * 4);
         std::memcpy(job.dest.V(l, p0), e.v[l][c].get() + off * row, n * row * 4);
         p0 += n;

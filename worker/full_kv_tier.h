@@ -72,9 +72,9 @@ class FullKvTier {
   virtual void Erase(TierKey key) = 0;
 };
 
-// Full KV in host memory, per (key, layer) in chunks of kChunkPositions positions for K and for V,
-// so an append never moves what the tier holds (a contiguous array would copy a 16K-position
-// prefix on the first decode append after it). Fetches run on
+// Full KV in host memory, per (key, layer) in chunks of about 64 KiB for K and for V, so an append
+// never moves what the tier holds (a contiguous array would copy a 16K-position prefix on the first
+// decode append after it) and a short sequence holds little more than its own KV. Fetches run on
 // `io_threads` background threads in FIFO order (several, so that prefix reads, which wait on
 // the network, overlap). `bytes_per_second` > 0 paces the fetches through one shared link of
 // that bandwidth, standing for PCIe or a network (0: as fast as memcpy); a PrefixStore can
@@ -93,13 +93,12 @@ class HostKvTier final : public FullKvTier {
   LinkPacer* link() { return &link_; }
 
  private:
-  static constexpr int64_t kChunkPositions = 1024;
   struct Entry {
     int64_t base = 0;  // positions [0, base) come from `prefix`
     PrefixReader prefix;
     int64_t length = 0;
-    // Per layer, chunk c holds positions base + c * kChunkPositions onward, as
-    // [kChunkPositions, num_kv_heads * head_dim] (uninitialized past length).
+    // Per layer, chunk c holds positions base + c * chunk_positions_ onward, as
+    // [chunk_positions_, num_kv_heads * head_dim] (uninitialized past length).
     std::vector<std::vector<std::unique_ptr<float[]>>> k, v;
   };
   // Destinations are resolved when the fetch is issued (the cache is not thread-safe; its pool
@@ -113,6 +112,7 @@ class HostKvTier final : public FullKvTier {
   void IoLoop();
 
   const KvLayout layout_;
+  const int64_t chunk_positions_;  // positions per chunk: about 64 KiB of one layer's K (or V)
   LinkPacer link_;
   mutable absl::Mutex mu_;
   std::unordered_map<TierKey, std::shared_ptr<Entry>> entries_ ABSL_GUARDED_BY(mu_);
