@@ -13,7 +13,6 @@
 #include <iostream>
 #include <random>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "benchmarks/bandwidth.h"

@@ -21,7 +21,6 @@
 #include <set>
 #include <sstream>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
@@ -221,13 +220,6 @@ ModeResult RunVeriCache(const Model& m, const PagedKvCache& master, const std::v
   eo.draft_window = draft_window;
   eo.block_size = master.layout().block_size;
   eo.max_batch = static_cast<int>(prompts.size());
-  if (staging_blocks == 0) {
-    // Sized as Generate would size it, but allocated (and zeroed) here, before the clock starts,
-    // as (a) and (b) allocate theirs: a worker holds its staging from startup.
-    for (const auto& p : prompts) {
-      staging_blocks += (static_cast<int64_t>(p.size()) + tokens + eo.max_draft_window + 1) / eo.block_size + 1;
-    }
-  }
   eo.staging_blocks = staging_blocks;
   // (d) holds only compressed KV between verifies and fetches the full KV for each; (d) resident
   // keeps every sequence's full KV staged (fetched once, at the start) as (a) does.
@@ -244,6 +236,9 @@ ModeResult RunVeriCache(const Model& m, const PagedKvCache& master, const std::v
     o.stop_at_eos = false;
     reqs.push_back(MakeRequest(prompts[i], o, PrefilledKv{&master, src[i]}));
   }
+  // Staging is allocated (and zeroed) before the clock starts, as (a) and (b) allocate theirs: a
+  // worker holds its staging from startup.
+  if (!(*engine)->SizeStaging(reqs).ok()) std::abort();
   const absl::Time t0 = absl::Now();
   auto res = (*engine)->Generate(reqs);
   const double total = absl::ToDoubleSeconds(absl::Now() - t0);

@@ -112,6 +112,42 @@ TEST_F(EngineExactness, TightStagingMemoryOnlyDelays) {
   }
 }
 
+TEST_F(EngineExactness, StagingThatCanNeverHoldASequenceEndsItAlone) {
+  // Four blocks (64 positions) take a 60-token prompt's prefill, but not the prompt plus an
+  // 8-token draft window that a verify pass needs: with nothing else holding staging, the request
+  // ends with kResourceExhausted, once, and the engine goes on with the next one.
+  HostKvTier tier(model_->kv_layout(16), 0);
+  EngineOptions eo;
+  eo.compressor = "kivi:bits=4";
+  eo.draft_window = 8;
+  eo.staging_blocks = 4;
+  auto engine = VeriCacheEngine::Create(*model_, &tier, eo);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  GenerateOptions o;
+  o.max_tokens = 16;
+  o.stop_at_eos = false;
+  int calls = 0;
+  absl::Status got;
+  (*engine)->Submit(MakeRequest(RandomPrompt(60, 5), o), [&](absl::Status st, EngineResult) {
+    ++calls;
+    got = st;
+  });
+  for (int i = 0; i < 100 && !(*engine)->Idle(); ++i) ASSERT_TRUE((*engine)->Step().ok());
+  EXPECT_TRUE((*engine)->Idle());
+  EXPECT_EQ(calls, 1);
+  EXPECT_EQ(got.code(), absl::StatusCode::kResourceExhausted) << got;
+  // A request that fits still runs, and exactly.
+  std::vector<int32_t> prompt = RandomPrompt(30, 6);
+  EngineResult out;
+  (*engine)->Submit(MakeRequest(prompt, o), [&](absl::Status st, EngineResult r) {
+    got = st;
+    out = std::move(r);
+  });
+  for (int i = 0; i < 100 && !(*engine)->Idle(); ++i) ASSERT_TRUE((*engine)->Step().ok());
+  ASSERT_TRUE(got.ok()) << got;
+  EXPECT_EQ(out.tokens, GenerateFull(*model_, prompt, o)->tokens);
+}
+
 TEST_F(EngineExactness, RejectsBadOptions) {
   HostKvTier tier(model_->kv_layout(16), 0);
   EngineOptions eo;

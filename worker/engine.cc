@@ -192,8 +192,9 @@ absl::Status VeriCacheEngine::AdmitWithPrefix(Sequence& s, bool* admitted) {
       }
     }
   }
+  // A stored copy was read only where drafting from it pays; a local one is checked here.
   const int64_t have = stored >= 0 ? stored_len : int64_t{local} * bt;
-  if (have == 0 || !worth_drafting(have)) {
+  if (stored < 0 && (have == 0 || !worth_drafting(have))) {
     // No compressed copy, or the full prefix arrives before the copy could be brought up to date
     // and draft: the first window has no drafts. Its verify pass computes the rest of the prompt
     // exactly from the fetched prefix, and the compressed copy is built from that. (A stored copy
@@ -549,11 +550,9 @@ absl::Status VeriCacheEngine::Step() {
       // (An eviction makes room for the stuck ones at the next step.) Nothing holds staging now,
       // so this one can never fit: end it alone.
       Sequence& s = *stuck.front();
-      Release(s);
-      RequestQueue<Sequence>::Tell(s, absl::ResourceExhaustedError(absl::StrCat(
-                                          "staging memory (", staging_->num_blocks(),
-                                          " blocks) cannot hold this sequence's full KV")));
-      s.done = true;  // leaves the batch below; its callback is spent
+      s.failed = absl::ResourceExhaustedError(
+          absl::StrCat("staging memory (", staging_->num_blocks(), " blocks) cannot hold this sequence's full KV"));
+      s.done = true;  // leaves the batch below
     }
   }
   ended = requests_.TakeFinished(status, [&](Sequence& s) { Release(s); });
@@ -561,9 +560,8 @@ absl::Status VeriCacheEngine::Step() {
   return status;
 }
 
-absl::StatusOr<std::vector<EngineResult>> VeriCacheEngine::Generate(absl::Span<const EngineRequest> requests) {
-  if (!Idle()) return absl::FailedPreconditionError("Generate while submitted requests are in flight");
-  const KvLayout layout = model_.kv_layout(options_.block_size);
+absl::StatusOr<int64_t> VeriCacheEngine::SizeStaging(absl::Span<const EngineRequest> requests) {
+  if (!Idle()) return absl::FailedPreconditionError("staging sized while submitted requests are in flight");
   int64_t need_blocks = 0, biggest = 0;
   for (const EngineRequest& r : requests) {
     VC_RETURN_IF_ERROR(ValidateGenerate(model_, r.prompt, r.options));
@@ -572,8 +570,16 @@ absl::StatusOr<std::vector<EngineResult>> VeriCacheEngine::Generate(absl::Span<c
     need_blocks += blocks;
     biggest = std::max(biggest, blocks);
   }
+  if (options_.staging_blocks == 0 && (staging_ == nullptr || staging_->num_blocks() < need_blocks)) {
+    staging_ = std::make_unique<PagedKvCache>(model_.kv_layout(options_.block_size), need_blocks);
+  }
+  return biggest;
+}
+
+absl::StatusOr<std::vector<EngineResult>> VeriCacheEngine::Generate(absl::Span<const EngineRequest> requests) {
+  if (!Idle()) return absl::FailedPreconditionError("Generate while submitted requests are in flight");
+  VC_ASSIGN_OR_RETURN(const int64_t biggest, SizeStaging(requests));
   costs_ = DraftCostModel();
-  if (options_.staging_blocks == 0) staging_ = std::make_unique<PagedKvCache>(layout, need_blocks);
   if (staging_->num_blocks() < biggest) {
     return absl::ResourceExhaustedError(
         absl::StrCat("staging holds ", staging_->num_blocks(), " blocks; a sequence needs ", biggest));

@@ -98,6 +98,11 @@ class VeriCacheEngine {
   // for a bad request (see ValidateGenerate); kResourceExhausted if staging memory cannot hold
   // one sequence. Only when no Submit-ted request is in flight.
   absl::StatusOr<std::vector<EngineResult>> Generate(absl::Span<const EngineRequest> requests);
+  // Checks `requests` as Generate does and, with staging_blocks 0, allocates staging for all of
+  // them (each prompt, its output and one draft window) unless what is allocated already holds
+  // them; returns the blocks the largest one needs. Generate calls it; a caller that times
+  // Generate calls it first to keep the allocation out of the timing.
+  absl::StatusOr<int64_t> SizeStaging(absl::Span<const EngineRequest> requests);
 
   const std::string& compressor_spec() const { return spec_; }
   // Compressed prefixes held for reuse, and their bytes.

@@ -93,7 +93,8 @@ struct QueuedRequest {
   EngineResult result;
   bool cancelled = false;
   bool checked = false;  // passed the engine's check while queued
-  bool done = false;     // generated what it was asked for
+  bool done = false;     // generated what it was asked for, or ended early with `failed`
+  absl::Status failed;   // why it ended early, reported when it is taken out as done
 };
 
 // Submitted requests (`pending`, in order) and the batch in flight (`active`) of sequences of type
@@ -158,8 +159,8 @@ class RequestQueue {
     return ended;
   }
 
-  // Takes out every request in flight that is done (OK), or all of them with `error`; `leave`
-  // runs on each.
+  // Takes out every request in flight that is done (reported as its `failed`, OK unless it ended
+  // early), or all of them with `error`; `leave` runs on each.
   template <typename Leave>
   std::vector<Ended> TakeFinished(const absl::Status& error, Leave leave) {
     std::vector<Ended> ended;
@@ -169,7 +170,8 @@ class RequestQueue {
         continue;
       }
       leave(**it);
-      ended.push_back({std::move(*it), error});
+      absl::Status why = error.ok() ? (*it)->failed : error;
+      ended.push_back({std::move(*it), std::move(why)});
       it = active.erase(it);
     }
     return ended;
