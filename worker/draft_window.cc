@@ -40,14 +40,15 @@ void DraftWindow::Observe(int drafted, int accepted) {
   const double keep = std::pow(kDecay, trials);
   accepted_ = keep * accepted_ + accepted;
   trials_ = keep * trials_ + trials;
-  acceptance_ = std::clamp(accepted_ / trials_, 0.02, 0.995);
 }
+
+double DraftWindow::acceptance() const { return std::clamp(accepted_ / trials_, 0.02, 0.995); }
 
 int DraftWindow::Choose(const DraftCostModel& costs, double fetch_bytes, int remaining) const {
   const int cap = std::min(max_k_, remaining - 1);
   if (cap <= 0) return 0;
   if (fixed_k_ > 0) return std::min(fixed_k_, cap);
-  const double a = acceptance_, f = costs.fetch(fetch_bytes), cd = costs.draft_step();
+  const double a = acceptance(), f = costs.fetch(fetch_bytes), cd = costs.draft_step();
   int best = 1;
   double best_rate = -1;
   for (int k = 1; k <= cap; ++k) {

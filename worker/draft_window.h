@@ -36,7 +36,7 @@ class DraftWindow {
   // The window for the next draft, in [1, max_k] (never more than `remaining` - 1, and 0 when only
   // one token remains).
   int Choose(const DraftCostModel& costs, double fetch_bytes, int remaining) const;
-  double acceptance() const { return acceptance_; }
+  double acceptance() const;
 
  private:
   // The acceptance rate is accepted / trials of drafts, both counts decayed by kDecay per trial
@@ -46,7 +46,6 @@ class DraftWindow {
   static constexpr double kPriorTrials = 4;
   int fixed_k_, max_k_;
   double accepted_ = 0.7 * kPriorTrials, trials_ = kPriorTrials;
-  double acceptance_ = 0.7;
 };
 
 }  // namespace vc
