@@ -58,6 +58,10 @@ size_t BlockHeaderBytes(const BlockLayout& layout) {
                      layout.num_layers);
 }
 
+size_t BlockBytes(const BlockLayout& layout) {
+  return BlockHeaderBytes(layout) + static_cast<size_t>(layout.layer_bytes()) * layout.num_layers;
+}
+
 absl::StatusOr<std::string> EncodeBlock(const std::array<uint8_t, 32>& fingerprint, const BlockLayout& layout,
                                         const std::vector<absl::string_view>& layers) {
   if (layers.size() != layout.num_layers || layout.num_layers == 0 || layout.num_layers > kMaxLayers) {
@@ -67,7 +71,7 @@ absl::StatusOr<std::string> EncodeBlock(const std::array<uint8_t, 32>& fingerpri
   if (!layout.valid()) return absl::InvalidArgumentError("block layout: encoding parameters do not fit the shape");
   const bool f32 = layout.encoding == BlockEncoding::kFloat32;
   std::string out;
-  out.reserve(BlockHeaderBytes(layout) + layout.layer_bytes() * layout.num_layers);
+  out.reserve(BlockBytes(layout));
   Put(&out, kBlockMagic, 4);
   Put(&out, f32 ? kBlockFormatVersion : kEncodedBlockFormatVersion, 2);
   Put(&out, 0, 2);
@@ -134,7 +138,7 @@ absl::Status CheckFingerprintAndSize(const BlockHeader& h, size_t size, const st
   if (expect != nullptr && h.fingerprint != *expect) {
     return absl::FailedPreconditionError("block belongs to another model (fingerprint mismatch)");
   }
-  const uint64_t want = BlockHeaderBytes(h.layout) + h.layout.layer_bytes() * h.layout.num_layers;
+  const uint64_t want = BlockBytes(h.layout);
   if (size != want) return absl::DataLossError(absl::StrCat("block of ", size, " bytes, its header implies ", want));
   return absl::OkStatus();
 }
@@ -147,8 +151,9 @@ absl::StatusOr<BlockHeader> Verify(absl::string_view b, const std::array<uint8_t
   absl::StatusOr<BlockHeader> h = DecodeBlockHeader(b);
   if (!h.ok()) return h.status();
   if (absl::Status s = CheckFingerprintAndSize(*h, b.size(), expect_fingerprint); !s.ok()) return s;
+  const size_t head = BlockHeaderBytes(h->layout), layer = h->layout.layer_bytes();
   for (uint32_t l = 0; l < h->layout.num_layers; ++l) {
-    if (Crc32c(BlockLayerPayload(b, *h, l)) != h->layer_crc[l]) return LayerChecksumMismatch(l);
+    if (Crc32c(b.substr(head + layer * l, layer)) != h->layer_crc[l]) return LayerChecksumMismatch(l);
   }
   return h;
 }
@@ -177,9 +182,10 @@ absl::StatusOr<BlockHeader> CopyAndVerifyBlock(const char* src, size_t size, cha
   if (!h.ok()) return h.status();
   if (absl::Status s = CheckFingerprintAndSize(*h, size, expect_fingerprint); !s.ok()) return s;
   // Then every layer, checked as it is copied.
+  const size_t layer = h->layout.layer_bytes();
   for (uint32_t l = 0; l < h->layout.num_layers; ++l) {
-    const size_t at = copied + static_cast<size_t>(h->layout.layer_bytes()) * l;
-    const absl::string_view from(src + at, static_cast<size_t>(h->layout.layer_bytes()));
+    const size_t at = copied + layer * l;
+    const absl::string_view from(src + at, layer);
     const uint32_t crc = streaming ? CopyCrc32cStreaming(dest + at, from) : CopyCrc32c(dest + at, from);
     if (crc != h->layer_crc[l]) return LayerChecksumMismatch(l);
   }

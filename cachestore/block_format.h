@@ -59,6 +59,8 @@ struct BlockHeader {
 size_t BlockHeaderBytes(uint32_t num_layers);
 // Serialized header size of a block of `layout`.
 size_t BlockHeaderBytes(const BlockLayout& layout);
+// The bytes of a whole block of `layout`: its header and every layer's payload.
+size_t BlockBytes(const BlockLayout& layout);
 
 // Builds a block from per-layer payloads (each layout.layer_bytes() long). kInvalidArgument when a
 // payload has the wrong size.

@@ -1,23 +1,20 @@
 #include "cachestore/store.h"
 
 #include "cachestore/block_format.h"
+#include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 
 namespace vc::cachestore {
-namespace {
-
-// Header, size and checksums against the block's own fingerprint.
-absl::Status CheckBlock(absl::string_view block) {
-  return VerifyBlock(block).status();
-}
-
-}  // namespace
-
 absl::StatusOr<std::unique_ptr<BlockStore>> BlockStore::Open(const StoreOptions& options) {
   std::unique_ptr<BlockStore> s(new BlockStore());
   s->ram_ = std::make_unique<RamTier>(options.ram);
   VC_ASSIGN_OR_RETURN(s->disk_, DiskTier::Open(options.disk));
   return s;
+}
+
+std::string BlockStore::TenantSalt(absl::string_view secret, absl::string_view tenant) {
+  const auto digest = Sha256(absl::StrCat(secret, "\n", tenant));
+  return std::string(reinterpret_cast<const char*>(digest.data()), digest.size());
 }
 
 BlockKey BlockStore::Scoped(absl::string_view tenant_salt, const BlockKey& key) {
@@ -30,7 +27,7 @@ BlockKey BlockStore::Scoped(absl::string_view tenant_salt, const BlockKey& key) 
 }
 
 absl::Status BlockStore::Put(const BlockKey& key, absl::string_view block) {
-  VC_RETURN_IF_ERROR(CheckBlock(block));
+  VC_RETURN_IF_ERROR(VerifyBlock(block).status());  // against the block's own fingerprint
   // Disk first: once RAM serves it, a restart must find it too.
   VC_RETURN_IF_ERROR(disk_->Put(key, block));
   absl::Status s = ram_->Put(key, block, nullptr);
@@ -50,7 +47,7 @@ absl::StatusOr<std::string> BlockStore::Get(const BlockKey& key, bool* from_ram)
     if (absl::IsNotFound(block.status())) misses_++;
     return block.status();
   }
-  if (absl::Status s = CheckBlock(*block); !s.ok()) {
+  if (absl::Status s = VerifyBlock(*block).status(); !s.ok()) {
     corrupt_++;
     (void)ram_->Delete(key);
     (void)disk_->Delete(key);
@@ -77,7 +74,7 @@ absl::StatusOr<BlockLease> BlockStore::Lease(const BlockKey& key, absl::string_v
     if (absl::IsNotFound(block.status())) misses_++;
     return block.status();
   }
-  if (absl::Status s = CheckBlock(*block); !s.ok()) {
+  if (absl::Status s = VerifyBlock(*block).status(); !s.ok()) {
     corrupt_++;
     (void)disk_->Delete(key);
     return absl::DataLossError(std::string("stored block failed its checks and was dropped: ") + std::string(s.message()));

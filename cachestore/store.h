@@ -39,6 +39,8 @@ class BlockStore {
 
   // The key a tenant's client key is stored under: SHA-256(tenant salt || key).
   static BlockKey Scoped(absl::string_view tenant_salt, const BlockKey& key);
+  // A tenant's salt under the store's secret: SHA-256(secret "\n" tenant), as raw bytes.
+  static std::string TenantSalt(absl::string_view secret, absl::string_view tenant);
 
   // Checks the block's header, size and checksums (kDataLoss otherwise), then stores it.
   absl::Status Put(const BlockKey& key, absl::string_view block);

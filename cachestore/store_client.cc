@@ -179,10 +179,7 @@ std::vector<absl::StatusOr<std::string>> StoreClient::GetRemoteBatch(absl::Span<
     blocks[i] = std::move(block);
     return blocks[i].size();
   };
-  std::vector<size_t> ends;
-  for (size_t at = 0; at < keys.size(); at += static_cast<size_t>(kMaxKeysPerLeaseCall)) {
-    ends.push_back(std::min(keys.size(), at + kMaxKeysPerLeaseCall));
-  }
+  const std::vector<size_t> ends = RoundEnds(std::vector<size_t>(keys.size(), 0), 0);
   std::vector<absl::StatusOr<size_t>> sizes = ReadBatch(keys, ends, reader, fp, Sink{buffer, take});
   std::vector<absl::StatusOr<std::string>> out;
   out.reserve(keys.size());
@@ -218,20 +215,27 @@ std::vector<absl::StatusOr<size_t>> StoreClient::GetRemoteBatchInto(absl::Span<c
   };
   // Rounds of about lease_round_bytes of buffers: a block is at most its buffer, so a round moves
   // at most that much (more only when one buffer alone is larger).
+  std::vector<size_t> sizes(keys.size());
+  size_t total_bytes = 0;
+  for (size_t i = 0; i < keys.size(); ++i) total_bytes += sizes[i] = dest[i].size();
+  return ReadBatch(keys, RoundEnds(sizes, options_.lease_round_bytes), reader, fp,
+                   Sink{buffer, take, total_bytes >= options_.streaming_copy_bytes});
+}
+
+std::vector<size_t> StoreClient::RoundEnds(const std::vector<size_t>& buffer_bytes, size_t round_bytes) {
   std::vector<size_t> ends;
-  size_t round_bytes = 0, total_bytes = 0;
-  for (size_t i = 0, in_round = 0; i < keys.size(); ++i) {
-    round_bytes += dest[i].size();
-    total_bytes += dest[i].size();
+  size_t bytes = 0, in_round = 0;
+  for (size_t i = 0; i < buffer_bytes.size(); ++i) {
+    bytes += buffer_bytes[i];
     ++in_round;
-    const bool full = options_.lease_round_bytes > 0 && round_bytes >= options_.lease_round_bytes;
-    if (full || in_round == kMaxKeysPerLeaseCall || i + 1 == keys.size()) {
+    const bool full = round_bytes > 0 && bytes >= round_bytes;
+    if (full || in_round == static_cast<size_t>(kMaxKeysPerLeaseCall) || i + 1 == buffer_bytes.size()) {
       ends.push_back(i + 1);
-      round_bytes = 0;
+      bytes = 0;
       in_round = 0;
     }
   }
-  return ReadBatch(keys, ends, reader, fp, Sink{buffer, take, total_bytes >= options_.streaming_copy_bytes});
+  return ends;
 }
 
 std::vector<absl::StatusOr<size_t>> StoreClient::ReadBatch(absl::Span<const BlockKey> keys,
@@ -270,6 +274,7 @@ std::unique_ptr<StoreClient::LeaseCall> StoreClient::SendLease(absl::Span<const 
     pending_ids_.clear();
   }
   Prepare(&c->ctx);
+  lease_calls_.fetch_add(1, std::memory_order_relaxed);
   // Read before the call goes out: the store grants every lease after this moment.
   c->sent = options_.clock->Now();
   stub_->async()->LeaseBlocks(&c->ctx, &c->req, &c->resp, [c](grpc::Status st) {

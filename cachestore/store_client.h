@@ -6,6 +6,7 @@
 #define VC_CACHESTORE_STORE_CLIENT_H_
 
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -115,6 +116,9 @@ class StoreClient {
   // every read waits for its release's answer.
   static absl::Duration LeaseTrustWindow(absl::Duration lease_ttl);
 
+  // LeaseBlocks calls this client has sent: one per round of a batched read.
+  int64_t lease_calls() const { return lease_calls_.load(std::memory_order_relaxed); }
+
  private:
   struct ReleaseCall;
   // One round's LeaseBlocks call (store_client.cc).
@@ -139,6 +143,9 @@ class StoreClient {
   void ReadRound(absl::Span<const BlockKey> keys, size_t first, UcxReader* reader,
                  const std::array<uint8_t, 32>* fp, const Sink& sink, const LeaseCall* lease,
                  absl::StatusOr<size_t>* out);
+  // Where a batch whose block i has a buffer of buffer_bytes[i] is cut into rounds: a round ends
+  // once its buffers reach round_bytes (0: never) or it holds the service's limit of keys.
+  static std::vector<size_t> RoundEnds(const std::vector<size_t>& buffer_bytes, size_t round_bytes);
   // GetRemoteBatch and GetRemoteBatchInto: the rounds [0, ends[0]), [ends[0], ends[1]), ... (ends
   // ascending, the last keys.size(), each round at most the service's limit), round r + 1's
   // LeaseBlocks call sent when round r's has been answered, before round r is read.
@@ -164,6 +171,7 @@ class StoreClient {
   StoreClientOptions options_;
   std::unique_ptr<vericache::v1::CacheStore::Stub> stub_;
   std::shared_ptr<ReleaseTracker> releases_ = std::make_shared<ReleaseTracker>();
+  std::atomic<int64_t> lease_calls_{0};
 
   // Leases waiting to ride on the next LeaseBlocks call (options_.release_delay_ms).
   absl::Mutex pending_mu_;

@@ -49,8 +49,7 @@ absl::StatusOr<std::string> CacheStoreService::TenantSalt(grpc::CallbackServerCo
   if (!absl::ConsumePrefix(&v, "Bearer ")) return absl::UnauthenticatedError("authorization is not a Bearer token");
   auto t = options_.tokens.find(std::string(v));
   if (t == options_.tokens.end()) return absl::UnauthenticatedError("unknown token");
-  const auto digest = cachestore::Sha256(absl::StrCat(options_.secret, "\n", t->second));
-  return std::string(reinterpret_cast<const char*>(digest.data()), digest.size());
+  return cachestore::BlockStore::TenantSalt(options_.secret, t->second);
 }
 
 absl::StatusOr<cachestore::BlockKey> CacheStoreService::ScopedKey(const std::string& salt,

@@ -270,6 +270,7 @@ TEST_P(StoreReadPaths, PipelinedRoundsKeepEveryRoundsResults) {
   for (std::string& b : buffers) dest.emplace_back(b.data(), b.size());
   auto got = a->GetRemoteBatchInto(keys, dest, reader.get(), &fp);
   ASSERT_EQ(got.size(), 11u);
+  EXPECT_EQ(a->lease_calls(), 4);  // one LeaseBlocks call per round
   for (int i = 0; i < 11; ++i) {
     if (i == 7) continue;
     ASSERT_TRUE(got[i].ok()) << i << ": " << got[i].status();
@@ -300,7 +301,9 @@ TEST_P(StoreReadPaths, PipelinedRoundsKeepEveryRoundsResults) {
   options.lease_round_bytes = 1;
   auto one = *StoreClient::Create(options);
   for (StoreClient* client : {d.get(), one.get()}) {
+    const int64_t calls = client->lease_calls();
     got = client->GetRemoteBatchInto(keys, big_dest, reader.get());
+    EXPECT_EQ(client->lease_calls() - calls, client == d.get() ? 2 : 11);
     for (int i = 0; i < 11; ++i) {
       if (i == 4 || i == 7) {
         EXPECT_EQ(got[i].status().code(), absl::StatusCode::kNotFound) << i << ": " << got[i].status();
@@ -396,6 +399,7 @@ TEST(StoreService, PipelinedRoundsUnderExpiredLeasesAreDiscarded) {
   for (const auto& got : a->GetRemoteBatchInto(keys, dest, reader.get())) {
     EXPECT_EQ(got.status().code(), absl::StatusCode::kAborted) << got.status();
   }
+  EXPECT_EQ(a->lease_calls(), 3);  // a round, and its own lease call, per block
   EXPECT_EQ(a->Lookup(keys)->first, 3u);
 }
 

@@ -166,8 +166,7 @@ TEST_F(WorkerServiceTest, AnotherWorkerDraftsFromTheStoresCompressedPrefix) {
   EXPECT_GT(third->prefixes()->stats().read_failures, 0);
   // The reader deleted the bad copy and the worker shared its own once it had verified the prompt.
   third->prefixes()->Flush();
-  const auto digest = cachestore::Sha256("s\ntenant");
-  const std::string salt(reinterpret_cast<const char*>(digest.data()), digest.size());
+  const std::string salt = cachestore::BlockStore::TenantSalt("s", "tenant");
   auto fresh = store->store().ram().Lease(cachestore::BlockStore::Scoped(salt, key));
   ASSERT_TRUE(fresh.ok()) << fresh.status();
   const absl::string_view stored(store->store().ram().region() + fresh->offset, fresh->size);

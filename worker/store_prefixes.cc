@@ -141,7 +141,7 @@ absl::Status StorePrefixes::ReadBlocks(absl::Span<const PrefixName> names, const
   for (const PrefixName& n : names) keys.push_back(ToKey(n));
   // Remote blocks land in this thread's reusable buffer, one slot per block of the layout we want
   // (a block of another size does not fit and fails its read), at most 16 MiB of slots per batch.
-  const size_t slot = cachestore::BlockHeaderBytes(want) + want.layer_bytes() * want.num_layers;
+  const size_t slot = cachestore::BlockBytes(want);
   const size_t per_batch = std::max<size_t>(1, (size_t{16} << 20) / slot);
   thread_local std::vector<char> buffer;
   std::vector<absl::StatusOr<size_t>> sizes;

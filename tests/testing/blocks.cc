@@ -24,8 +24,7 @@ std::string RandomBlock(uint32_t seed, uint8_t fingerprint_byte, std::array<uint
 
 absl::Status CorruptInRam(cachestore::BlockStore& store, const std::string& secret, const std::string& tenant,
                           const cachestore::BlockKey& key, size_t from_end, uint8_t mask, bool* released) {
-  const auto digest = cachestore::Sha256(absl::StrCat(secret, "\n", tenant));
-  const std::string salt(reinterpret_cast<const char*>(digest.data()), digest.size());
+  const std::string salt = cachestore::BlockStore::TenantSalt(secret, tenant);
   absl::StatusOr<cachestore::BlockLease> lease = store.ram().Lease(cachestore::BlockStore::Scoped(salt, key));
   if (!lease.ok()) return lease.status();
   const_cast<char*>(store.ram().region())[lease->offset + lease->size - from_end] ^= static_cast<char>(mask);
