@@ -33,7 +33,7 @@ TEST(DraftWindow, AcceptanceTracksTheRateAndOneWindowMovesItLittle) {
   EXPECT_LT(w.acceptance(), 0.9);
 }
 
-TEST(DraftWindow, ChoosesLongWindowsWhenVerifyIsFlatAndShortOnesWhenItIsNot) {
+TEST(DraftWindow, ChoosesLongWindowsWhenVerifyIsFlatAndNoneWhenDraftsCannotPay) {
   DraftCostModel flat, steep;
   for (int i = 0; i < 20; ++i) {
     flat.ObserveDraftStep(1e-3);
@@ -51,8 +51,25 @@ TEST(DraftWindow, ChoosesLongWindowsWhenVerifyIsFlatAndShortOnesWhenItIsNot) {
     poor.Observe(8, AcceptedOf(8, 0.3, rng));
   }
   EXPECT_GE(good.Choose(flat, 0, 1000), 8);
-  EXPECT_EQ(poor.Choose(steep, 0, 1000), 1);
   EXPECT_LT(good.Choose(steep, 0, 1000), good.Choose(flat, 0, 1000));
+  // On the steep pass a draft step costs as much as the pass's fixed part it saves, so even good
+  // drafts do not pay: one row from the full KV (3 ms a token) beats a draft and a two-row pass
+  // (6 ms for up to 2 tokens). A fetch the drafts would hide makes them pay.
+  EXPECT_EQ(good.Choose(steep, 0, 1000), 0);
+  EXPECT_EQ(poor.Choose(steep, 0, 1000), 0);
+  DraftCostModel fetched = steep;
+  fetched.ObserveFetch(1e6, 10e-3);  // 100 MB/s
+  EXPECT_GE(good.Choose(fetched, 1e6, 1000), 4);
+  EXPECT_GE(poor.Choose(fetched, 1e6, 1000), 1);
+  // Without drafts every pass has one row, so what the model knew of the slope fades and drafting
+  // is tried again after a while (costs change: a batch forms, the KV leaves memory).
+  int passes = 0;
+  while (good.Choose(steep, 0, 1000) == 0 && passes < 1000) {
+    steep.ObserveVerify(1, 3e-3);
+    ++passes;
+  }
+  EXPECT_GT(passes, 20);
+  EXPECT_LT(passes, 200);
   // Never past the tokens still to generate, and a fixed window stays fixed.
   EXPECT_LE(good.Choose(flat, 0, 3), 2);
   EXPECT_EQ(good.Choose(flat, 0, 1), 0);

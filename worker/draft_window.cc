@@ -49,9 +49,9 @@ int DraftWindow::Choose(const DraftCostModel& costs, double fetch_bytes, int rem
   if (cap <= 0) return 0;
   if (fixed_k_ > 0) return std::min(fixed_k_, cap);
   const double a = acceptance(), f = costs.fetch(fetch_bytes), cd = costs.draft_step();
-  int best = 1;
+  int best = 0;
   double best_rate = -1;
-  for (int k = 1; k <= cap; ++k) {
+  for (int k = 0; k <= cap; ++k) {
     const double tokens = (1 - std::pow(a, k + 1)) / (1 - a);
     const double time = std::max(k * cd, f) + costs.verify(k + 1);
     if (tokens / time > best_rate) {

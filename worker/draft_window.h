@@ -1,7 +1,12 @@
 // Chooses the draft window k of a sequence: an online estimate of its per-token acceptance rate
-// a and a cost model measured at run time (draft step c_d, verify pass c_v(k) = v0 + v1 * (k+1),
-// fetch time f, which overlaps the drafting), maximizing expected verified tokens per second:
-//   E[tokens](k) = (1 - a^(k+1)) / (1 - a),   T(k) = max(k * c_d, f) + c_v(k).
+// a and a cost model measured at run time (draft step c_d, verify pass of r rows
+// c_v(r) = v0 + v1 * r, fetch time f, which overlaps the drafting), maximizing expected verified
+// tokens per second:
+//   E[tokens](k) = (1 - a^(k+1)) / (1 - a),   T(k) = max(k * c_d, f) + c_v(k + 1).
+// k = 0 (no drafts: the pass decodes one token from the full KV) is a choice like any other; it
+// wins where a draft step plus a verify row cost more than the pass they save, as with the full KV
+// already in memory on a CPU, where every row of a pass costs its own arithmetic. Its rows-1
+// passes let the verify slope fade toward the prior, so drafting is tried again now and then.
 #ifndef VC_WORKER_DRAFT_WINDOW_H_
 #define VC_WORKER_DRAFT_WINDOW_H_
 
@@ -33,8 +38,8 @@ class DraftWindow {
 
   // After a verification: `accepted` of `drafted` drafts matched.
   void Observe(int drafted, int accepted);
-  // The window for the next draft, in [1, max_k] (never more than `remaining` - 1, and 0 when only
-  // one token remains).
+  // The window for the next draft, in [0, max_k] (never more than `remaining` - 1). `fetch_bytes`
+  // is what the verify pass must fetch first (0 when the full KV is already in memory).
   int Choose(const DraftCostModel& costs, double fetch_bytes, int remaining) const;
   double acceptance() const;
 

@@ -296,9 +296,10 @@ absl::Status VeriCacheEngine::StartWindow(Sequence& s) {
     s.first_window = -1;
     s.drafts.clear();
   } else if (s.k < 0) {
+    // A resident sequence's pass needs no fetch (unless staging pressure takes its room below).
     const int remaining = s.request.options.max_tokens - s.generated;
-    s.k = s.window.Choose(costs_, static_cast<double>((s.v() - 1) * bytes_per_token_),
-                          remaining);
+    const int64_t fetch_bytes = s.resident() ? 0 : (s.v() - 1) * bytes_per_token_;
+    s.k = s.window.Choose(costs_, static_cast<double>(fetch_bytes), remaining);
     s.drafts.clear();
   }
   if (s.resident()) {
@@ -533,6 +534,8 @@ absl::Status VeriCacheEngine::Step() {
     }
   }
   if (status.ok()) {
+    // The ready verify, then the others' draft step: every sequence moves on each step (one whose
+    // window is 0 is ready at every step).
     if (!ready.empty()) {
       for (Sequence* s : ready) {
         if (s->fetch == nullptr) continue;  // resident
@@ -540,13 +543,14 @@ absl::Status VeriCacheEngine::Step() {
                             absl::ToDoubleSeconds(s->fetch->finished_at() - s->fetch_start));
       }
       status = Verify(ready);
-    } else if (!drafting.empty()) {
-      status = DraftStep(drafting);
-    } else if (!waiting.empty()) {
+    }
+    if (status.ok() && !drafting.empty()) status = DraftStep(drafting);
+    const bool moved = !ready.empty() || !drafting.empty();
+    if (!moved && !waiting.empty()) {
       const absl::Time t0 = absl::Now();
       waiting.front()->fetch->Wait().IgnoreError();  // Verify looks at the outcome
       waiting.front()->result.stats.fetch_wait_seconds += absl::ToDoubleSeconds(absl::Now() - t0);
-    } else if (!stuck.empty() && !EvictResident(nullptr)) {
+    } else if (!moved && !stuck.empty() && !EvictResident(nullptr)) {
       // (An eviction makes room for the stuck ones at the next step.) Nothing holds staging now,
       // so this one can never fit: end it alone.
       Sequence& s = *stuck.front();

@@ -87,8 +87,9 @@ class VeriCacheEngine {
   // Ends a request with kCancelled at the next Step; no-op for an unknown or finished id.
   void Cancel(RequestId id);
   // One scheduling step: ends cancelled and expired requests, admits queued ones while there is
-  // room, then runs one batched draft step or verify pass (or waits for a fetch). An error is the
-  // engine's own (a failed pass); every request in flight has been ended with it.
+  // room, then runs the batched verify pass of the sequences ready for one and the batched draft
+  // step of those drafting (or, with neither, waits for a fetch). An error is the engine's own (a
+  // failed pass); every request in flight has been ended with it.
   absl::Status Step();
   bool Idle() const { return requests_.Idle(); }
   size_t queued() const { return requests_.pending.size(); }
