@@ -38,7 +38,7 @@ TEST(DraftWindow, ChoosesLongWindowsWhenVerifyIsFlatAndNoneWhenDraftsCannotPay) 
   for (int i = 0; i < 20; ++i) {
     flat.ObserveDraftStep(1e-3);
     steep.ObserveDraftStep(1e-3);
-    for (int rows : {2, 5, 9}) {
+    for (int rows : {1, 2, 5, 9}) {
       flat.ObserveVerify(rows, 4e-3);               // one read of the KV, whatever the rows
       steep.ObserveVerify(rows, 1e-3 + rows * 2e-3);  // every row costs two draft steps
     }
@@ -70,6 +70,19 @@ TEST(DraftWindow, ChoosesLongWindowsWhenVerifyIsFlatAndNoneWhenDraftsCannotPay) 
   }
   EXPECT_GT(passes, 20);
   EXPECT_LT(passes, 200);
+  // A model fitted to multi-row passes alone takes a window of 0 to measure one, unless the pass
+  // has a fetch to wait for, which drafts would hide.
+  DraftCostModel multi;
+  for (int i = 0; i < 20; ++i) {
+    multi.ObserveDraftStep(1e-3);
+    for (int rows : {5, 9}) multi.ObserveVerify(rows, 4e-3);
+  }
+  EXPECT_TRUE(multi.one_row_stale());
+  EXPECT_EQ(good.Choose(multi, 0, 1000), 0);
+  EXPECT_GE(good.Choose(multi, 1e6, 1000), 1);
+  multi.ObserveVerify(1, 4e-3);
+  EXPECT_FALSE(multi.one_row_stale());
+  EXPECT_GE(good.Choose(multi, 0, 1000), 8);
   // Never past the tokens still to generate, and a fixed window stays fixed.
   EXPECT_LE(good.Choose(flat, 0, 3), 2);
   EXPECT_EQ(good.Choose(flat, 0, 1), 0);

@@ -8,12 +8,12 @@ namespace vc {
 void DraftCostModel::ObserveDraftStep(double s) { draft_step_ = 0.8 * draft_step_ + 0.2 * s; }
 
 void DraftCostModel::ObserveVerify(int rows, double s) {
-  constexpr double kDecay = 0.95;  // forget old observations slowly
-  n_ = kDecay * n_ + 1;
-  sx_ = kDecay * sx_ + rows;
-  sy_ = kDecay * sy_ + s;
-  sxx_ = kDecay * sxx_ + double(rows) * rows;
-  sxy_ = kDecay * sxy_ + rows * s;
+  one_row_ = kObservationDecay * one_row_ + (rows == 1 ? 1 : 0);
+  n_ = kObservationDecay * n_ + 1;
+  sx_ = kObservationDecay * sx_ + rows;
+  sy_ = kObservationDecay * sy_ + s;
+  sxx_ = kObservationDecay * sxx_ + double(rows) * rows;
+  sxy_ = kObservationDecay * sxy_ + rows * s;
 }
 
 double DraftCostModel::verify(int rows) const {
@@ -48,6 +48,7 @@ int DraftWindow::Choose(const DraftCostModel& costs, double fetch_bytes, int rem
   const int cap = std::min(max_k_, remaining - 1);
   if (cap <= 0) return 0;
   if (fixed_k_ > 0) return std::min(fixed_k_, cap);
+  if (fetch_bytes == 0 && costs.one_row_stale()) return 0;
   const double a = acceptance(), f = costs.fetch(fetch_bytes), cd = costs.draft_step();
   int best = 0;
   double best_rate = -1;

@@ -21,13 +21,21 @@ class DraftCostModel {
 
   double draft_step() const { return draft_step_; }
   double verify(int rows) const;
+  // Whether one-row passes are missing from the recent observations. A line fitted to multi-row
+  // passes alone misjudges the one-row pass, the cost of not drafting, by its extrapolation.
+  bool one_row_stale() const { return one_row_ < kOneRowStale; }
   double fetch(double bytes) const { return bytes_per_second_ > 0 ? bytes / bytes_per_second_ : 0.0; }
 
  private:
   double draft_step_ = 1e-3;
   double bytes_per_second_ = 0;  // 0 until the first fetch
-  // Least squares of verify time on rows, with a weak prior so one k alone still gives a slope.
+  // Least squares of verify time on rows, with a weak prior so one k alone still gives a slope,
+  // each observation's weight decayed by kObservationDecay per later one.
+  static constexpr double kObservationDecay = 0.95;
   double n_ = 0, sx_ = 0, sy_ = 0, sxx_ = 0, sxy_ = 0;
+  // The decayed weight of one-row passes: stale after about 30 passes without one.
+  static constexpr double kOneRowStale = 0.2;
+  double one_row_ = 0;
 };
 
 // Per-sequence acceptance estimate and window choice. Not thread-safe.
@@ -39,7 +47,8 @@ class DraftWindow {
   // After a verification: `accepted` of `drafted` drafts matched.
   void Observe(int drafted, int accepted);
   // The window for the next draft, in [0, max_k] (never more than `remaining` - 1). `fetch_bytes`
-  // is what the verify pass must fetch first (0 when the full KV is already in memory).
+  // is what the verify pass must fetch first (0 when the full KV is already in memory); with none,
+  // a window of 0 is taken whenever the model lacks recent one-row passes, to measure one.
   int Choose(const DraftCostModel& costs, double fetch_bytes, int remaining) const;
   double acceptance() const;
 
