@@ -71,18 +71,24 @@ TEST(DraftWindow, ChoosesLongWindowsWhenVerifyIsFlatAndNoneWhenDraftsCannotPay) 
   EXPECT_GT(passes, 20);
   EXPECT_LT(passes, 200);
   // A model fitted to multi-row passes alone takes a window of 0 to measure one, unless the pass
-  // has a fetch to wait for, which drafts would hide.
+  // has a fetch to wait for, which drafts would hide; a sequence probes again only after 16
+  // windows with drafts, however long the model goes without a one-row pass.
   DraftCostModel multi;
   for (int i = 0; i < 20; ++i) {
     multi.ObserveDraftStep(1e-3);
     for (int rows : {5, 9}) multi.ObserveVerify(rows, 4e-3);
   }
   EXPECT_TRUE(multi.one_row_stale());
-  EXPECT_EQ(good.Choose(multi, 0, 1000), 0);
-  EXPECT_GE(good.Choose(multi, 1e6, 1000), 1);
+  DraftWindow sure(0, 16);
+  for (int i = 0; i < 100; ++i) sure.Observe(8, 8);
+  EXPECT_GE(sure.Choose(multi, 1e6, 1000), 8);
+  EXPECT_EQ(sure.Choose(multi, 0, 1000), 0);
+  int probes = 0;
+  for (int i = 0; i < 64; ++i) probes += sure.Choose(multi, 0, 1000) == 0;
+  EXPECT_EQ(probes, 3);
   multi.ObserveVerify(1, 4e-3);
   EXPECT_FALSE(multi.one_row_stale());
-  EXPECT_GE(good.Choose(multi, 0, 1000), 8);
+  for (int i = 0; i < 32; ++i) EXPECT_GE(sure.Choose(multi, 0, 1000), 8);
   // Never past the tokens still to generate, and a fixed window stays fixed.
   EXPECT_LE(good.Choose(flat, 0, 3), 2);
   EXPECT_EQ(good.Choose(flat, 0, 1), 0);

@@ -44,11 +44,17 @@ void DraftWindow::Observe(int drafted, int accepted) {
 
 double DraftWindow::acceptance() const { return std::clamp(accepted_ / trials_, 0.02, 0.995); }
 
-int DraftWindow::Choose(const DraftCostModel& costs, double fetch_bytes, int remaining) const {
+int DraftWindow::Choose(const DraftCostModel& costs, double fetch_bytes, int remaining) {
   const int cap = std::min(max_k_, remaining - 1);
   if (cap <= 0) return 0;
   if (fixed_k_ > 0) return std::min(fixed_k_, cap);
-  if (fetch_bytes == 0 && costs.one_row_stale()) return 0;
+  const bool probe = fetch_bytes == 0 && costs.one_row_stale() && windows_since_none_ >= kProbeEvery;
+  const int k = probe ? 0 : Best(costs, fetch_bytes, cap);
+  windows_since_none_ = k == 0 ? 0 : windows_since_none_ + 1;
+  return k;
+}
+
+int DraftWindow::Best(const DraftCostModel& costs, double fetch_bytes, int cap) const {
   const double a = acceptance(), f = costs.fetch(fetch_bytes), cd = costs.draft_step();
   int best = 0;
   double best_rate = -1;

@@ -48,17 +48,24 @@ class DraftWindow {
   void Observe(int drafted, int accepted);
   // The window for the next draft, in [0, max_k] (never more than `remaining` - 1). `fetch_bytes`
   // is what the verify pass must fetch first (0 when the full KV is already in memory); with none,
-  // a window of 0 is taken whenever the model lacks recent one-row passes, to measure one.
-  int Choose(const DraftCostModel& costs, double fetch_bytes, int remaining) const;
+  // a window of 0 is taken when the model lacks recent one-row passes, to measure one (again only
+  // after kProbeEvery windows with drafts: passes shared with other sequences' drafts may never
+  // have one row).
+  int Choose(const DraftCostModel& costs, double fetch_bytes, int remaining);
   double acceptance() const;
 
  private:
+  // The k in [0, cap] with the most expected verified tokens per second.
+  int Best(const DraftCostModel& costs, double fetch_bytes, int cap) const;
+
   // The acceptance rate is accepted / trials of drafts, both counts decayed by kDecay per trial
   // (about the last 1 / (1 - kDecay) trials count), from a prior of kPriorTrials trials at 0.7:
   // one fully accepted window moves it a little, not to the cap.
   static constexpr double kDecay = 0.97;
   static constexpr double kPriorTrials = 4;
+  static constexpr int kProbeEvery = 16;
   int fixed_k_, max_k_;
+  int windows_since_none_ = kProbeEvery;  // windows with drafts since the last without
   double accepted_ = 0.7 * kPriorTrials, trials_ = kPriorTrials;
 };
 

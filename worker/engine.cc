@@ -290,15 +290,14 @@ absl::Status VeriCacheEngine::ReserveStaging(SeqId seq, int64_t length, const Se
   }
 }
 
-absl::Status VeriCacheEngine::StartWindow(Sequence& s) {
+absl::Status VeriCacheEngine::StartWindow(Sequence& s, bool staging_for_all) {
   if (s.k < 0 && s.first_window >= 0) {
     s.k = s.first_window;
     s.first_window = -1;
     s.drafts.clear();
   } else if (s.k < 0) {
-    // A resident sequence's pass needs no fetch (unless staging pressure takes its room below).
     const int remaining = s.request.options.max_tokens - s.generated;
-    const int64_t fetch_bytes = s.resident() ? 0 : (s.v() - 1) * bytes_per_token_;
+    const int64_t fetch_bytes = s.resident() && staging_for_all ? 0 : (s.v() - 1) * bytes_per_token_;
     s.k = s.window.Choose(costs_, static_cast<double>(fetch_bytes), remaining);
     s.drafts.clear();
   }
@@ -512,8 +511,10 @@ absl::Status VeriCacheEngine::Step() {
   std::stable_partition(order.begin(), order.end(), [](const Sequence* s) { return s->generated == 0; });
   std::vector<Sequence*> drafting, ready, waiting, stuck;
   absl::Status status;
+  int64_t blocks_for_all = 0;
+  for (Sequence* s : order) blocks_for_all += StagingBlocks(s->request);
   for (Sequence* s : order) {
-    absl::Status st = StartWindow(*s);
+    absl::Status st = StartWindow(*s, blocks_for_all <= staging_->num_blocks());
     if (!st.ok() && !absl::IsResourceExhausted(st)) {
       status = st;
       break;
@@ -564,13 +565,16 @@ absl::Status VeriCacheEngine::Step() {
   return status;
 }
 
+int64_t VeriCacheEngine::StagingBlocks(const EngineRequest& r) const {
+  return (static_cast<int64_t>(r.prompt.size()) + r.options.max_tokens + max_k_ + 1) / options_.block_size + 1;
+}
+
 absl::StatusOr<int64_t> VeriCacheEngine::SizeStaging(absl::Span<const EngineRequest> requests) {
   if (!Idle()) return absl::FailedPreconditionError("staging sized while submitted requests are in flight");
   int64_t need_blocks = 0, biggest = 0;
   for (const EngineRequest& r : requests) {
     VC_RETURN_IF_ERROR(ValidateGenerate(model_, r.prompt, r.options));
-    const int64_t blocks =
-        (static_cast<int64_t>(r.prompt.size()) + r.options.max_tokens + max_k_ + 1) / options_.block_size + 1;
+    const int64_t blocks = StagingBlocks(r);
     need_blocks += blocks;
     biggest = std::max(biggest, blocks);
   }

@@ -122,7 +122,11 @@ class VeriCacheEngine {
   absl::Status Admit(Sequence& s);
   absl::Status AdmitWithPrefix(Sequence& s, bool* admitted);
   absl::Status DraftStep(std::vector<Sequence*>& drafting);
-  absl::Status StartWindow(Sequence& s);
+  // `staging_for_all`: staging holds every active sequence at once, so a resident one keeps its
+  // full KV until its pass (else it is costed as fetching: another sequence may take the room).
+  absl::Status StartWindow(Sequence& s, bool staging_for_all);
+  // Staging blocks a request's sequence needs at most: its prompt, output and one draft window.
+  int64_t StagingBlocks(const EngineRequest& r) const;
   absl::Status Verify(std::vector<Sequence*>& ready);
   absl::Status Recompute(Sequence& s);
   // Frees the staging of `s`, if it holds any.
