@@ -5,7 +5,10 @@
 
 namespace vc {
 
-void DraftCostModel::ObserveDraftStep(double s) { draft_step_ = 0.8 * draft_step_ + 0.2 * s; }
+void DraftCostModel::ObserveDraftStep(double s) {
+  draft_step_ = draft_steps_seen_ ? 0.8 * draft_step_ + 0.2 * s : s;
+  draft_steps_seen_ = true;
+}
 
 void DraftCostModel::ObserveVerify(int rows, double s) {
   one_row_ = kObservationDecay * one_row_ + (rows == 1 ? 1 : 0);
@@ -48,17 +51,21 @@ int DraftWindow::Choose(const DraftCostModel& costs, double fetch_bytes, int rem
   const int cap = std::min(max_k_, remaining - 1);
   if (cap <= 0) return 0;
   if (fixed_k_ > 0) return std::min(fixed_k_, cap);
-  const bool probe = fetch_bytes == 0 && costs.one_row_stale() && windows_since_none_ >= kProbeEvery;
-  const int k = probe ? 0 : Best(costs, fetch_bytes, cap);
+  int k = 0;
+  if (fetch_bytes > 0 || !costs.one_row_stale() || windows_since_none_ < kProbeEvery) {
+    k = Best(costs, fetch_bytes, 0, cap);
+    if (k == 0 && windows_since_drafts_ >= kProbeEvery) k = Best(costs, fetch_bytes, 1, cap);
+  }
   windows_since_none_ = k == 0 ? 0 : windows_since_none_ + 1;
+  windows_since_drafts_ = k > 0 ? 0 : windows_since_drafts_ + 1;
   return k;
 }
 
-int DraftWindow::Best(const DraftCostModel& costs, double fetch_bytes, int cap) const {
+int DraftWindow::Best(const DraftCostModel& costs, double fetch_bytes, int lo, int cap) const {
   const double a = acceptance(), f = costs.fetch(fetch_bytes), cd = costs.draft_step();
-  int best = 0;
+  int best = lo;
   double best_rate = -1;
-  for (int k = 0; k <= cap; ++k) {
+  for (int k = lo; k <= cap; ++k) {
     const double tokens = (1 - std::pow(a, k + 1)) / (1 - a);
     const double time = std::max(k * cd, f) + costs.verify(k + 1);
     if (tokens / time > best_rate) {

@@ -5,8 +5,10 @@
 //   E[tokens](k) = (1 - a^(k+1)) / (1 - a),   T(k) = max(k * c_d, f) + c_v(k + 1).
 // k = 0 (no drafts: the pass decodes one token from the full KV) is a choice like any other; it
 // wins where a draft step plus a verify row cost more than the pass they save, as with the full KV
-// already in memory on a CPU, where every row of a pass costs its own arithmetic. Its rows-1
-// passes let the verify slope fade toward the prior, so drafting is tried again now and then.
+// already in memory on a CPU, where every row of a pass costs its own arithmetic. Each choice
+// keeps the costs of the other from being measured, so each is tried again now and then: a window
+// of 0 when the model has no recent one-row pass (with no fetch to hide), and drafts after
+// kProbeEvery windows without.
 #ifndef VC_WORKER_DRAFT_WINDOW_H_
 #define VC_WORKER_DRAFT_WINDOW_H_
 
@@ -27,7 +29,8 @@ class DraftCostModel {
   double fetch(double bytes) const { return bytes_per_second_ > 0 ? bytes / bytes_per_second_ : 0.0; }
 
  private:
-  double draft_step_ = 1e-3;
+  double draft_step_ = 1e-3;  // until the first draft step is timed
+  bool draft_steps_seen_ = false;
   double bytes_per_second_ = 0;  // 0 until the first fetch
   // Least squares of verify time on rows, with a weak prior so one k alone still gives a slope,
   // each observation's weight decayed by kObservationDecay per later one.
@@ -50,13 +53,14 @@ class DraftWindow {
   // is what the verify pass must fetch first (0 when the full KV is already in memory); with none,
   // a window of 0 is taken when the model lacks recent one-row passes, to measure one (again only
   // after kProbeEvery windows with drafts: passes shared with other sequences' drafts may never
-  // have one row).
+  // have one row). After kProbeEvery windows of 0 the best window with drafts is taken, so that
+  // draft steps and multi-row passes are timed again.
   int Choose(const DraftCostModel& costs, double fetch_bytes, int remaining);
   double acceptance() const;
 
  private:
-  // The k in [0, cap] with the most expected verified tokens per second.
-  int Best(const DraftCostModel& costs, double fetch_bytes, int cap) const;
+  // The k in [lo, cap] with the most expected verified tokens per second.
+  int Best(const DraftCostModel& costs, double fetch_bytes, int lo, int cap) const;
 
   // The acceptance rate is accepted / trials of drafts, both counts decayed by kDecay per trial
   // (about the last 1 / (1 - kDecay) trials count), from a prior of kPriorTrials trials at 0.7:
@@ -66,6 +70,7 @@ class DraftWindow {
   static constexpr int kProbeEvery = 16;
   int fixed_k_, max_k_;
   int windows_since_none_ = kProbeEvery;  // windows with drafts since the last without
+  int windows_since_drafts_ = 0;          // windows without drafts since the last with
   double accepted_ = 0.7 * kPriorTrials, trials_ = kPriorTrials;
 };
 
