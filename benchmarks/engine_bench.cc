@@ -248,7 +248,13 @@ ModeResult RunVeriCache(const Model& m, const PagedKvCache& master, const std::v
   }
   double prefill = 0, draft = 0, verify = 0, wait = 0;
   int64_t drafted = 0, accepted = 0, verifies = 0, fetched = 0, cbytes = 0;
-  for (const EngineResult& e : *res) {
+  double verify_reads = 0;
+  for (size_t i = 0; i < res->size(); ++i) {
+    const EngineResult& e = (*res)[i];
+    // Each verify pass reads the sequence's full KV from staging once, taken at its mean length
+    // over the run (a resident sequence's passes read it without fetching it first).
+    verify_reads += static_cast<double>(e.stats.verifies) *
+                    (static_cast<double>(prompts[i].size()) + tokens / 2.0) * master.layout().bytes_per_token();
     r.outputs.push_back(e.tokens);
     prefill += e.stats.prefill_seconds;
     draft += e.stats.draft_seconds;
@@ -262,9 +268,10 @@ ModeResult RunVeriCache(const Model& m, const PagedKvCache& master, const std::v
   }
   r.decode_seconds = total - prefill;
   r.tokens = static_cast<int64_t>(prompts.size()) * tokens;
-  // Reads: each draft step reads the compressed cache, each verify reads the fetched full KV once.
+  // Reads: each draft step reads the compressed cache; the full KV is read by its fetch (the
+  // tier's copy, as (b) counts it) and by each verify pass over it.
   const double per_seq_c = static_cast<double>(cbytes) / prompts.size();
-  r.bytes_read = drafted * per_seq_c + static_cast<double>(fetched) +
+  r.bytes_read = drafted * per_seq_c + static_cast<double>(fetched) + verify_reads +
                  static_cast<double>(WeightBytes(m.config())) * (drafted + verifies) / prompts.size();
   r.extra = {{"acceptance_rate", drafted ? double(accepted) / drafted : 0.0},
              {"tokens_per_verify", verifies ? double(r.tokens) / verifies : 0.0},
