@@ -186,14 +186,15 @@ TEST(EngineOnTestModel, LongCodeContextsGreedyAndSampled) {
     o.sampling = {temp, 0, 1.0f, 11};
     EngineOptions eo;
     eo.compressor = "kivi:bits=4";
-    // The full KV is fetched for every verify, so drafting pays and the adaptive window drafts
-    // (with it kept staged, drafting does not pay on a CPU and the window stays near 0).
+    // The full KV is fetched for every verify, so drafts can hide it and the adaptive window
+    // drafts (how much depends on the costs it times; with the KV kept staged, drafting does not
+    // pay on a CPU and the window stays near 0).
     eo.keep_staged = false;
     EngineStats total;
     EngineExactness::ExpectExact(**model, prompts, o, eo, &total);
     std::cout << "temperature " << temp << ": " << total.accepted_drafts << "/" << total.drafted
               << " drafts accepted over " << total.verifies << " verifies\n";
-    EXPECT_GT(total.drafted, total.verifies);
+    EXPECT_GT(total.drafted, 0);
   }
 }
 
