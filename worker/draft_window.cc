@@ -4,11 +4,16 @@
 #include <cmath>
 
 namespace vc {
+namespace {
 
-void DraftCostModel::ObserveDraftStep(double s) {
-  draft_step_ = draft_steps_seen_ ? 0.8 * draft_step_ + 0.2 * s : s;
-  draft_steps_seen_ = true;
-}
+// A moving average that the first observation (while `average` is still 0) sets outright.
+double Blend(double average, double x) { return average == 0 ? x : 0.8 * average + 0.2 * x; }
+
+}  // namespace
+
+double DraftCostModel::draft_step() const { return draft_step_ > 0 ? draft_step_ : 1e-3; }
+
+void DraftCostModel::ObserveDraftStep(double s) { draft_step_ = Blend(draft_step_, s); }
 
 void DraftCostModel::ObserveVerify(int rows, double s) {
   one_row_ = kObservationDecay * one_row_ + (rows == 1 ? 1 : 0);
@@ -20,9 +25,9 @@ void DraftCostModel::ObserveVerify(int rows, double s) {
 }
 
 double DraftCostModel::verify(int rows) const {
-  if (n_ == 0) return 4 * draft_step_;
+  if (n_ == 0) return 4 * draft_step();
   // Prior: a verify row costs a tenth of a draft step beyond the fixed cost.
-  const double prior_w = 1.0, prior_slope = 0.1 * draft_step_;
+  const double prior_w = 1.0, prior_slope = 0.1 * draft_step();
   const double mx = sx_ / n_, my = sy_ / n_;
   const double var = sxx_ / n_ - mx * mx;
   const double cov = sxy_ / n_ - mx * my;
@@ -32,8 +37,7 @@ double DraftCostModel::verify(int rows) const {
 
 void DraftCostModel::ObserveFetch(double bytes, double s) {
   if (s <= 0 || bytes <= 0) return;
-  const double rate = bytes / s;
-  bytes_per_second_ = bytes_per_second_ == 0 ? rate : 0.8 * bytes_per_second_ + 0.2 * rate;
+  bytes_per_second_ = Blend(bytes_per_second_, bytes / s);
 }
 
 void DraftWindow::Observe(int drafted, int accepted) {

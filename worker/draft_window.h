@@ -21,7 +21,8 @@ class DraftCostModel {
   void ObserveVerify(int rows, double seconds);
   void ObserveFetch(double bytes, double seconds);
 
-  double draft_step() const { return draft_step_; }
+  // 1 ms until a draft step is timed.
+  double draft_step() const;
   double verify(int rows) const;
   // Whether one-row passes are missing from the recent observations. A line fitted to multi-row
   // passes alone misjudges the one-row pass, the cost of not drafting, by its extrapolation.
@@ -29,8 +30,7 @@ class DraftCostModel {
   double fetch(double bytes) const { return bytes_per_second_ > 0 ? bytes / bytes_per_second_ : 0.0; }
 
  private:
-  double draft_step_ = 1e-3;  // until the first draft step is timed
-  bool draft_steps_seen_ = false;
+  double draft_step_ = 0;        // 0 until the first draft step
   double bytes_per_second_ = 0;  // 0 until the first fetch
   // Least squares of verify time on rows, with a weak prior so one k alone still gives a slope,
   // each observation's weight decayed by kObservationDecay per later one.

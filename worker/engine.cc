@@ -546,18 +546,19 @@ absl::Status VeriCacheEngine::Step() {
       status = Verify(ready);
     }
     if (status.ok() && !drafting.empty()) status = DraftStep(drafting);
-    const bool moved = !ready.empty() || !drafting.empty();
-    if (!moved && !waiting.empty()) {
-      const absl::Time t0 = absl::Now();
-      waiting.front()->fetch->Wait().IgnoreError();  // Verify looks at the outcome
-      waiting.front()->result.stats.fetch_wait_seconds += absl::ToDoubleSeconds(absl::Now() - t0);
-    } else if (!moved && !stuck.empty() && !EvictResident(nullptr)) {
-      // (An eviction makes room for the stuck ones at the next step.) Nothing holds staging now,
-      // so this one can never fit: end it alone.
-      Sequence& s = *stuck.front();
-      s.failed = absl::ResourceExhaustedError(
-          absl::StrCat("staging memory (", staging_->num_blocks(), " blocks) cannot hold this sequence's full KV"));
-      s.done = true;  // leaves the batch below
+    if (ready.empty() && drafting.empty()) {
+      if (!waiting.empty()) {
+        const absl::Time t0 = absl::Now();
+        waiting.front()->fetch->Wait().IgnoreError();  // Verify looks at the outcome
+        waiting.front()->result.stats.fetch_wait_seconds += absl::ToDoubleSeconds(absl::Now() - t0);
+      } else if (!stuck.empty() && !EvictResident(nullptr)) {
+        // (An eviction makes room for the stuck ones at the next step.) Nothing holds staging
+        // now, so this one can never fit: end it alone.
+        Sequence& s = *stuck.front();
+        s.failed = absl::ResourceExhaustedError(absl::StrCat(
+            "staging memory (", staging_->num_blocks(), " blocks) cannot hold this sequence's full KV"));
+        s.done = true;  // leaves the batch below
+      }
     }
   }
   ended = requests_.TakeFinished(status, [&](Sequence& s) { Release(s); });
