@@ -151,9 +151,8 @@ absl::StatusOr<BlockHeader> Verify(absl::string_view b, const std::array<uint8_t
   absl::StatusOr<BlockHeader> h = DecodeBlockHeader(b);
   if (!h.ok()) return h.status();
   if (absl::Status s = CheckFingerprintAndSize(*h, b.size(), expect_fingerprint); !s.ok()) return s;
-  const size_t head = BlockHeaderBytes(h->layout), layer = h->layout.layer_bytes();
   for (uint32_t l = 0; l < h->layout.num_layers; ++l) {
-    if (Crc32c(b.substr(head + layer * l, layer)) != h->layer_crc[l]) return LayerChecksumMismatch(l);
+    if (Crc32c(BlockLayerPayload(b, *h, l)) != h->layer_crc[l]) return LayerChecksumMismatch(l);
   }
   return h;
 }

@@ -20,9 +20,23 @@ absl::Status FromGrpc(const grpc::Status& s) {
 
 std::string KeyBytes(const BlockKey& k) { return std::string(reinterpret_cast<const char*>(k.bytes.data()), 32); }
 
-}  // namespace
-
-namespace {
+// Where a batch of `keys` blocks is cut into rounds: a round ends once its buffers (dest[i],
+// when given) reach round_bytes (0: never) or it holds the service's limit of keys.
+std::vector<size_t> RoundEnds(size_t keys, absl::Span<const absl::Span<char>> dest, size_t round_bytes) {
+  std::vector<size_t> ends;
+  size_t bytes = 0, in_round = 0;
+  for (size_t i = 0; i < keys; ++i) {
+    if (!dest.empty()) bytes += dest[i].size();
+    ++in_round;
+    const bool full = round_bytes > 0 && bytes >= round_bytes;
+    if (full || in_round == static_cast<size_t>(kMaxKeysPerLeaseCall) || i + 1 == keys) {
+      ends.push_back(i + 1);
+      bytes = 0;
+      in_round = 0;
+    }
+  }
+  return ends;
+}
 
 // One unary call in flight on the callback API: what it sends, what comes back, and when.
 template <typename Request, typename Response>
@@ -179,8 +193,8 @@ std::vector<absl::StatusOr<std::string>> StoreClient::GetRemoteBatch(absl::Span<
     blocks[i] = std::move(block);
     return blocks[i].size();
   };
-  const std::vector<size_t> ends = RoundEnds(std::vector<size_t>(keys.size(), 0), 0);
-  std::vector<absl::StatusOr<size_t>> sizes = ReadBatch(keys, ends, reader, fp, Sink{buffer, take});
+  std::vector<absl::StatusOr<size_t>> sizes =
+      ReadBatch(keys, RoundEnds(keys.size(), {}, 0), reader, fp, Sink{buffer, take});
   std::vector<absl::StatusOr<std::string>> out;
   out.reserve(keys.size());
   for (size_t i = 0; i < keys.size(); ++i) {
@@ -215,27 +229,10 @@ std::vector<absl::StatusOr<size_t>> StoreClient::GetRemoteBatchInto(absl::Span<c
   };
   // Rounds of about lease_round_bytes of buffers: a block is at most its buffer, so a round moves
   // at most that much (more only when one buffer alone is larger).
-  std::vector<size_t> sizes(keys.size());
   size_t total_bytes = 0;
-  for (size_t i = 0; i < keys.size(); ++i) total_bytes += sizes[i] = dest[i].size();
-  return ReadBatch(keys, RoundEnds(sizes, options_.lease_round_bytes), reader, fp,
+  for (const absl::Span<char>& d : dest) total_bytes += d.size();
+  return ReadBatch(keys, RoundEnds(keys.size(), dest, options_.lease_round_bytes), reader, fp,
                    Sink{buffer, take, total_bytes >= options_.streaming_copy_bytes});
-}
-
-std::vector<size_t> StoreClient::RoundEnds(const std::vector<size_t>& buffer_bytes, size_t round_bytes) {
-  std::vector<size_t> ends;
-  size_t bytes = 0, in_round = 0;
-  for (size_t i = 0; i < buffer_bytes.size(); ++i) {
-    bytes += buffer_bytes[i];
-    ++in_round;
-    const bool full = round_bytes > 0 && bytes >= round_bytes;
-    if (full || in_round == static_cast<size_t>(kMaxKeysPerLeaseCall) || i + 1 == buffer_bytes.size()) {
-      ends.push_back(i + 1);
-      bytes = 0;
-      in_round = 0;
-    }
-  }
-  return ends;
 }
 
 std::vector<absl::StatusOr<size_t>> StoreClient::ReadBatch(absl::Span<const BlockKey> keys,

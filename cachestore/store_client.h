@@ -143,9 +143,6 @@ class StoreClient {
   void ReadRound(absl::Span<const BlockKey> keys, size_t first, UcxReader* reader,
                  const std::array<uint8_t, 32>* fp, const Sink& sink, const LeaseCall* lease,
                  absl::StatusOr<size_t>* out);
-  // Where a batch whose block i has a buffer of buffer_bytes[i] is cut into rounds: a round ends
-  // once its buffers reach round_bytes (0: never) or it holds the service's limit of keys.
-  static std::vector<size_t> RoundEnds(const std::vector<size_t>& buffer_bytes, size_t round_bytes);
   // GetRemoteBatch and GetRemoteBatchInto: the rounds [0, ends[0]), [ends[0], ends[1]), ... (ends
   // ascending, the last keys.size(), each round at most the service's limit), round r + 1's
   // LeaseBlocks call sent when round r's has been answered, before round r is read.

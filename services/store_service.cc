@@ -181,11 +181,12 @@ grpc::ServerUnaryReactor* CacheStoreService::LeaseBlocks(grpc::CallbackServerCon
   resp->set_lease_ttl_ms(static_cast<uint64_t>(store_->ram().lease_ttl_ms()));
   for (const cachestore::BlockKey& key : keys) {
     vericache::v1::LeasedBlock* out = resp->add_blocks();
-    vericache::v1::RemoteBlock remote;
-    const absl::Status s = LeaseRemote(key, *salt, req->expect_fingerprint(), &remote);
-    if (s.ok()) out->mutable_remote()->Swap(&remote);
+    const absl::Status s = LeaseRemote(key, *salt, req->expect_fingerprint(), out->mutable_remote());
     out->set_status_code(static_cast<int32_t>(s.code()));
-    if (!s.ok()) out->set_status_message(std::string(s.message()));
+    if (!s.ok()) {
+      out->clear_remote();
+      out->set_status_message(std::string(s.message()));
+    }
   }
   return Done(ctx, absl::OkStatus());
 }

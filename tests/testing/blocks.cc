@@ -3,7 +3,6 @@
 #include <random>
 #include <vector>
 
-#include "absl/strings/str_cat.h"
 #include "cachestore/block_format.h"
 #include "cachestore/block_key.h"
 
