@@ -172,9 +172,8 @@ void BM_MatMulBf16(benchmark::State& state) {
   state.counters["weight_copies"] = static_cast<double>(copies);
 }
 
-// Decode attention at 32K context: n rows, each its own sequence of 32768 positions on scattered
-// blocks; 32 query heads over 8 KV heads of dimension 128, float32 KV, blocks of 16 positions.
-// The attention shape of both benchmarks below: a Llama-style 32-head, 8-KV-head layer at 32K.
+// The attention shape of both benchmarks below: a Llama-style 32-head, 8-KV-head layer at 32K,
+// float32 KV in blocks of 16 positions.
 constexpr int kAttnHeads = 32, kAttnKvHeads = 8, kAttnHeadDim = 128, kAttnBlock = 16;
 constexpr int32_t kAttnKvLen = 32768;
 constexpr int64_t kAttnBlocksPerRow = kAttnKvLen / kAttnBlock;

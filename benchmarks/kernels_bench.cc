@@ -47,7 +47,7 @@ void BM_PagedAttention(benchmark::State& state) {
   if (b == nullptr) return state.SkipWithError("backend not available");
   const int32_t ctx = static_cast<int32_t>(state.range(1));
   const int n = static_cast<int>(state.range(2));
-  const int layers = state.range(3) > 0 ? static_cast<int>(state.range(3)) : 1;
+  const int layers = static_cast<int>(state.range(3));
   const int heads = 8, kv_heads = 2, d = 32, block = 16;
   const int64_t blocks = (ctx + block - 1) / block, stride = int64_t{block} * kv_heads * d;
   std::vector<float> k(layers * blocks * stride, 0.1f), v(layers * blocks * stride, 0.2f), q(n * heads * d, 0.3f),

@@ -24,9 +24,10 @@ constexpr double kAttentionTol = 1e-5;
 // instead of dequantizing first, so score errors scale with sum |q_c * k_c| over channels (about
 // 1e3 here with random 8-bit codes): relative output error up to ~2e-4.
 constexpr double kCompressedTol = 5e-4;
-// 4-bit keys in groups of 32 take integer products: the kernel also rounds q * scale to 7 bits per
-// key group and head (a draft-only kernel), which adds up to 1/126 of max |q * scale| per channel
-// to each score: output errors of a few 1e-3 here.
+// 4-bit keys and values in groups of 32 take integer products: the kernel also rounds q * scale to
+// integers in [-127, 127] per key group and head, which adds up to 1/254 of max |q * scale| per
+// channel to each score, and the attention weights times the value scales to 8 bits per 32
+// positions (a draft-only kernel): output errors of a few 1e-3 here.
 constexpr double kCompressedInt4Tol = 1e-2;
 
 std::vector<float> Random(size_t n, uint32_t seed, float scale = 1.0f) {
@@ -242,12 +243,13 @@ TEST_P(FastBackendTest, CompressedAttentionMatchesReference) {
 INSTANTIATE_TEST_SUITE_P(Backends, FastBackendTest, ::testing::Values("avx2", "avx512vl"),
                          [](const auto& info) { return std::string(info.param); });
 
-// The avx512vl build runs avx2's instructions with more registers: its results are the same bits,
-// so workers on CPUs with and without AVX-512 produce the same KV and the same tokens.
+// The avx512vl build runs avx2's instructions with more registers, and one VNNI instruction where
+// avx2 takes three for the same exact integer sums: its results are the same bits, so workers on
+// CPUs with and without AVX-512 produce the same KV and the same tokens.
 TEST(Avx512vlBackend, EqualsAvx2Bitwise) {
   const Backend* wide = Avx512vlBackendIfSupported();
   const Backend* avx2 = Avx2BackendIfSupported();
-  if (wide == nullptr || avx2 == nullptr) GTEST_SKIP() << "this CPU has no AVX-512VL";
+  if (wide == nullptr || avx2 == nullptr) GTEST_SKIP() << "this CPU has no AVX-512VL with VNNI";
   const auto same = [](const std::vector<float>& a, const std::vector<float>& b) {
     return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
   };
