@@ -181,6 +181,28 @@ TEST_P(FastBackendTest, AttentionMatchesReferenceAndIsBatchAndThreadInvariant) {
       }
     }
     SetKernelThreadCount(2);
+
+    // Verify passes: rows of one sequence (one block table) at consecutive lengths across a
+    // 256-position chunk boundary, interleaved with another sequence's rows. The kernel groups
+    // rows by table, runs each group chunk by chunk and prefetches for its first row only; every
+    // row still equals its one-row call.
+    std::vector<AttentionRow> verify;
+    for (int j = 0; j < 5; ++j) {
+      verify.push_back({p.tables[6].data(), 2814 + j});
+      if (j < 3) verify.push_back({p.tables[5].data(), 767 + j});
+    }
+    const int64_t m = static_cast<int64_t>(verify.size());
+    const auto qv = Random(m * heads * d, 13);
+    std::vector<float> vref(m * heads * d), vall(m * heads * d);
+    ReferenceBackend().PagedAttention(qv.data(), m, heads, verify.data(), p.layer, 0.17f, vref.data());
+    fast_->PagedAttention(qv.data(), m, heads, verify.data(), p.layer, 0.17f, vall.data());
+    for (size_t i = 0; i < vref.size(); ++i) ASSERT_NEAR(vref[i], vall[i], kAttentionTol * 4) << i;
+    for (int64_t r = 0; r < m; ++r) {
+      std::vector<float> one(heads * d);
+      fast_->PagedAttention(qv.data() + r * heads * d, 1, heads, &verify[r], p.layer, 0.17f, one.data());
+      ASSERT_EQ(0, std::memcmp(one.data(), vall.data() + r * heads * d, one.size() * 4))
+          << "verify row " << r << " heads " << heads << " d " << d;
+    }
   }
 }
 
