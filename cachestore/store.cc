@@ -28,9 +28,15 @@ BlockKey BlockStore::Scoped(absl::string_view tenant_salt, const BlockKey& key) 
 
 absl::Status BlockStore::Put(const BlockKey& key, absl::string_view block) {
   VC_RETURN_IF_ERROR(VerifyBlock(block).status());  // against the block's own fingerprint
-  // Disk first: once RAM serves it, a restart must find it too.
-  VC_RETURN_IF_ERROR(disk_->Put(key, block));
+  // RAM first, so that a different block under a key being read is refused before either tier
+  // takes it. RAM holds only what disk holds (its evictions are not demoted), so a block the disk
+  // refuses leaves RAM too.
   absl::Status s = ram_->Put(key, block, nullptr);
+  if (absl::IsFailedPrecondition(s)) return s;
+  if (absl::Status d = disk_->Put(key, block); !d.ok()) {
+    if (s.ok()) (void)ram_->Delete(key);
+    return d;
+  }
   // A RAM tier full of pinned blocks only means this block is served from disk for now.
   if (!s.ok() && !absl::IsResourceExhausted(s)) return s;
   return absl::OkStatus();

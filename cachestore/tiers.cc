@@ -30,34 +30,57 @@ RamTier::RamTier(const RamTierOptions& options)
     : options_(options),
       clock_(options.clock != nullptr ? options.clock : SteadyClock()),
       owned_region_(options.region != nullptr ? nullptr : new char[options.capacity_bytes]),
-      region_(options.region != nullptr ? options.region : owned_region_.get()) {}
+      region_(options.region != nullptr ? options.region : owned_region_.get()) {
+  // The region as aligned power-of-two pieces, largest first (the binary digits of its size in
+  // slot units), each free as a whole.
+  const uint64_t unit = std::max<uint64_t>(1, options_.min_slot_bytes);
+  uint64_t offset = 0;
+  for (int bit = 63; bit >= 0; --bit) {
+    const uint64_t units = uint64_t{1} << bit;
+    if ((options_.capacity_bytes / unit) & units) {
+      const uint64_t bytes = units * unit;
+      if (largest_slot_ == 0) largest_slot_ = bytes;
+      absl::MutexLock l(&mu_);
+      free_slots_[bytes].insert(offset);
+      offset += bytes;
+    }
+  }
+}
 
 RamTier::~RamTier() = default;
 
 uint64_t RamTier::SlotFor(uint64_t size) const {
-  uint64_t slot = options_.min_slot_bytes;
+  uint64_t slot = std::max<uint64_t>(1, options_.min_slot_bytes);
   while (slot < size) slot *= 2;
   return slot;
 }
 
 uint64_t RamTier::Allocate(uint64_t slot) {
-  auto it = free_slots_.find(slot);
-  if (it != free_slots_.end() && !it->second.empty()) {
-    const uint64_t off = it->second.back();
-    it->second.pop_back();
-    return off;
+  auto it = free_slots_.lower_bound(slot);
+  while (it != free_slots_.end() && it->second.empty()) ++it;
+  if (it == free_slots_.end()) return UINT64_MAX;
+  uint64_t size = it->first;
+  const uint64_t offset = *it->second.begin();
+  it->second.erase(it->second.begin());
+  while (size > slot) {  // keep the upper halves
+    size /= 2;
+    free_slots_[size].insert(offset + size);
   }
-  if (bump_ + slot <= options_.capacity_bytes) {
-    const uint64_t off = bump_;
-    bump_ += slot;
-    return off;
-  }
-  return UINT64_MAX;
+  return offset;
 }
 
 void RamTier::Free(Entry& e) {
-  free_slots_[e.slot].push_back(e.offset);
   used_ -= e.slot;
+  const uint64_t unit = std::max<uint64_t>(1, options_.min_slot_bytes);
+  uint64_t offset = e.offset, size = e.slot;
+  while (size < largest_slot_) {
+    const uint64_t buddy = (offset / unit ^ size / unit) * unit;
+    auto it = free_slots_.find(size);
+    if (it == free_slots_.end() || it->second.erase(buddy) == 0) break;
+    offset = std::min(offset, buddy);
+    size *= 2;
+  }
+  free_slots_[size].insert(offset);
 }
 
 void RamTier::Unpin(const BlockKey& key) {
@@ -79,7 +102,7 @@ void RamTier::ExpireLeases(absl::Duration now) {
 absl::Status RamTier::Put(const BlockKey& key, absl::string_view block,
                           std::vector<std::pair<BlockKey, std::string>>* evicted) {
   const uint64_t slot = SlotFor(block.size());
-  if (slot > options_.capacity_bytes) {
+  if (slot > largest_slot_) {
     return absl::ResourceExhaustedError(absl::StrCat("block of ", block.size(), " bytes exceeds the RAM tier"));
   }
   uint64_t offset;
@@ -87,9 +110,25 @@ absl::Status RamTier::Put(const BlockKey& key, absl::string_view block,
     absl::MutexLock l(&mu_);
     ExpireLeases(clock_->Now());  // before choosing victims: an expired lease pins nothing
     if (auto it = entries_.find(key); it != entries_.end()) {
-      if (it->second.pins > 0) return absl::OkStatus();  // same key, same content: keep the pinned copy
-      Free(it->second);
-      lru_.erase(it->second.lru);
+      Entry& e = it->second;
+      // Deleted while being read: the key's one entry is taken until its readers finish, so this
+      // copy is not kept here (the caller's disk tier holds it).
+      if (e.dead) return absl::OkStatus();
+      if (e.pins > 0) {
+        // Being read (or copied in by another Put): it stays. Keys name their content, so this
+        // is normally the same block; a different one is refused, so the tiers never disagree.
+        if (!e.ready) return absl::OkStatus();
+        ++e.pins;
+        const uint64_t at = e.offset, size = e.size;
+        mu_.Unlock();
+        const bool same = size == block.size() && std::memcmp(region_ + at, block.data(), size) == 0;
+        mu_.Lock();
+        Unpin(key);
+        if (same) return absl::OkStatus();
+        return absl::FailedPreconditionError("a different block under this key is being read; retry later");
+      }
+      Free(e);
+      lru_.erase(e.lru);
       entries_.erase(it);
     }
     // Evict least-recently-used unpinned blocks above the high watermark (down to the low one),

@@ -1,5 +1,6 @@
-// Storage tiers of the cache store: a host-RAM tier (one contiguous region, size-class slabs, a
-// byte budget with LRU eviction between high and low watermarks, leases that pin blocks being read)
+// Storage tiers of the cache store: a host-RAM tier (one contiguous region carved into
+// power-of-two slots by a buddy allocator, so the room blocks of one size free is there for blocks
+// of another; a byte budget with LRU eviction between high and low watermarks, leases that pin blocks being read)
 // over a persistent RocksDB tier (values in blob files, its own byte budget, oldest-first eviction).
 // Both are thread-safe; neither holds its lock across RocksDB calls or copies of block payloads
 // larger than a slot.
@@ -21,6 +22,7 @@
 #include <list>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -65,9 +67,11 @@ class RamTier {
   explicit RamTier(const RamTierOptions& options);
   ~RamTier();
 
-  // Stores `block` (replacing an existing copy). Evicts unpinned least-recently-used blocks as
-  // the watermarks say; `evicted` (may be null) receives the keys and bytes of what was evicted so
-  // the caller can demote them. kResourceExhausted when pinned blocks leave no room.
+  // Stores `block`, replacing an existing copy unless that copy is pinned: then the same bytes are
+  // a no-op and different ones kFailedPrecondition. Evicts unpinned least-recently-used blocks as
+  // the watermarks say, and until a slot of the block's size is free; `evicted` (may be null)
+  // receives the keys and bytes of what was evicted so the caller can demote them.
+  // kResourceExhausted when pinned blocks leave no room.
   absl::Status Put(const BlockKey& key, absl::string_view block,
                    std::vector<std::pair<BlockKey, std::string>>* evicted);
   // A copy of the block; kNotFound when absent. Counts as a use for LRU.
@@ -106,13 +110,16 @@ class RamTier {
     absl::Duration deadline;
     std::string owner;
   };
+  // The slot a block of `size` bytes takes: min_slot_bytes times a power of two.
   uint64_t SlotFor(uint64_t size) const;
   // Drops every lease whose deadline is not after `now`.
   void ExpireLeases(absl::Duration now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Drops one pin of `key`, freeing a deleted block at its last one.
   void Unpin(const BlockKey& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Returns an offset of a free slot of `slot` bytes, or UINT64_MAX.
+  // Returns an offset of a free slot of `slot` bytes, or UINT64_MAX: the lowest free slot of the
+  // smallest size that holds it, split in halves down to `slot`.
   uint64_t Allocate(uint64_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Returns e's slot, merged with its free buddies.
   void Free(Entry& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const RamTierOptions options_;
@@ -120,9 +127,12 @@ class RamTier {
   std::unique_ptr<char[]> owned_region_;  // null when options_.region is given
   char* const region_;
   mutable absl::Mutex mu_;
-  uint64_t bump_ ABSL_GUARDED_BY(mu_) = 0;  // region bytes never handed out yet
+  uint64_t largest_slot_ = 0;  // the region's biggest aligned power-of-two piece
   uint64_t used_ ABSL_GUARDED_BY(mu_) = 0;  // bytes of live slots
-  absl::flat_hash_map<uint64_t, std::vector<uint64_t>> free_slots_ ABSL_GUARDED_BY(mu_);  // slot size -> offsets
+  // Free slots: size -> offsets. A slot of s bytes sits at a multiple of s (counted from the
+  // region's base in min_slot_bytes units), and its buddy, the other half of the slot of 2s that
+  // holds it, at offset XOR s.
+  std::map<uint64_t, std::set<uint64_t>> free_slots_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<BlockKey, Entry> entries_ ABSL_GUARDED_BY(mu_);
   std::list<BlockKey> lru_ ABSL_GUARDED_BY(mu_);  // front = most recent
   // Live leases by id. Every lease gets the same time to live and ids grow with the (monotonic)

@@ -74,6 +74,67 @@ TEST(RamTier, LeasesPinBlocks) {
   EXPECT_TRUE(t.Put(Key(50), Block(5), nullptr).ok());
 }
 
+// Room freed by blocks of one size serves blocks of another: a block as big as the region, then
+// small ones, then the big one again.
+TEST(RamTier, SlotsOfOneSizeMakeRoomForAnother) {
+  RamTierOptions o;
+  o.capacity_bytes = 1 << 20;
+  o.min_slot_bytes = 4096;
+  RamTier t(o);
+  const std::string big = Block(0, 1 << 20);
+  ASSERT_TRUE(t.Put(Key(0), big, nullptr).ok());
+  std::vector<std::pair<BlockKey, std::string>> evicted;
+  ASSERT_TRUE(t.Put(Key(1), Block(1, 100), &evicted).ok());
+  EXPECT_TRUE(t.Contains(Key(1)));
+  ASSERT_EQ(evicted.size(), 1u);
+  EXPECT_EQ(evicted[0].first, Key(0));
+  // Small blocks up to the high watermark, without evicting one another.
+  evicted.clear();
+  for (int i = 2; i < 200; ++i) ASSERT_TRUE(t.Put(Key(i), Block(i, 4000), &evicted).ok());
+  EXPECT_TRUE(evicted.empty());
+  EXPECT_EQ(t.blocks(), 199u);
+  // The big one back: every small one goes, and their slots merge into one.
+  ASSERT_TRUE(t.Put(Key(0), big, &evicted).ok());
+  EXPECT_EQ(*t.Get(Key(0)), big);
+  EXPECT_EQ(t.blocks(), 1u);
+  EXPECT_EQ(evicted.size(), 199u);
+  EXPECT_EQ(t.used_bytes(), uint64_t{1} << 20);
+}
+
+TEST(RamTier, RegionOfAnySizeIsUsedWhole) {
+  RamTierOptions o;
+  o.capacity_bytes = 3 * 4096 + 100;  // pieces of 8 KiB and 4 KiB; the last 100 bytes unused
+  o.min_slot_bytes = 4096;
+  o.high_watermark = 1.0;
+  o.low_watermark = 1.0;
+  RamTier t(o);
+  EXPECT_EQ(t.Put(Key(0), Block(0, 3 * 4096), nullptr).code(), absl::StatusCode::kResourceExhausted);
+  ASSERT_TRUE(t.Put(Key(1), Block(1, 8000), nullptr).ok());
+  ASSERT_TRUE(t.Put(Key(2), Block(2, 4000), nullptr).ok());
+  EXPECT_EQ(t.blocks(), 2u);
+  EXPECT_EQ(t.used_bytes(), 3u * 4096);
+  EXPECT_EQ(*t.Get(Key(1)), Block(1, 8000));
+  EXPECT_EQ(*t.Get(Key(2)), Block(2, 4000));
+}
+
+// Keys name their content, so a second Put of a key being read is normally the same block and is
+// a no-op; a different block is refused until the readers are done, never half-taken.
+TEST(RamTier, DifferentBlockUnderAKeyBeingReadIsRefused) {
+  RamTierOptions o;
+  o.capacity_bytes = 4 * 16384;
+  RamTier t(o);
+  ASSERT_TRUE(t.Put(Key(0), Block(0), nullptr).ok());
+  auto lease = t.Lease(Key(0));
+  ASSERT_TRUE(lease.ok());
+  EXPECT_TRUE(t.Put(Key(0), Block(0), nullptr).ok());
+  EXPECT_EQ(t.Put(Key(0), Block(1), nullptr).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(*t.Get(Key(0)), Block(0));
+  EXPECT_TRUE(t.Release(lease->id).ok());
+  ASSERT_TRUE(t.Put(Key(0), Block(1), nullptr).ok());
+  EXPECT_EQ(*t.Get(Key(0)), Block(1));
+  EXPECT_EQ(t.blocks(), 1u);
+}
+
 // Four 16 KiB slots, evicting only when full, leases living 100 ms on `clock`.
 RamTierOptions FourSlots(const Clock* clock) {
   RamTierOptions o;

@@ -102,6 +102,28 @@ TEST(StoreService, PutLookupGetDeleteRoundTrip) {
   EXPECT_EQ(stats->disk_blocks, 2u);
 }
 
+// A Put of a different block under a key being read is refused by both tiers alike: the RAM copy
+// being read stays and so does the disk's, so a restart cannot serve another block than RAM did.
+TEST(StoreService, DifferentBlockUnderALeasedKeyIsRefusedByBothTiers) {
+  StoreServer server(testing::TempDir("store_leased_put"));
+  cachestore::BlockStore& store = server.store();
+  const BlockKey key = Chain(1, 3)[0];
+  ASSERT_TRUE(store.Put(key, MakeBlock(1)).ok());
+  auto lease = store.Lease(key, "reader");
+  ASSERT_TRUE(lease.ok());
+  EXPECT_TRUE(store.Put(key, MakeBlock(1)).ok());  // the same block: nothing to do
+  EXPECT_EQ(store.Put(key, MakeBlock(2)).code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(store.ram().Delete(key).ok());  // what disk holds is what RAM served
+  bool from_ram = true;
+  EXPECT_EQ(*store.Get(key, &from_ram), MakeBlock(1));
+  EXPECT_FALSE(from_ram);
+  EXPECT_TRUE(store.Release(lease->id, "reader").ok());
+  ASSERT_TRUE(store.Put(key, MakeBlock(2)).ok());  // no reader now
+  EXPECT_EQ(*store.Get(key, &from_ram), MakeBlock(2));
+  ASSERT_TRUE(store.ram().Delete(key).ok());
+  EXPECT_EQ(*store.Get(key, &from_ram), MakeBlock(2));
+}
+
 TEST(StoreService, RemoteReadsOverUcxAreCheckedEndToEnd) {
   StoreServer server(testing::TempDir("store_ucx"));
   auto a = server.Client("token-a");
