@@ -42,6 +42,12 @@ absl::Status BlockStore::Put(const BlockKey& key, absl::string_view block) {
   return absl::OkStatus();
 }
 
+absl::Status BlockStore::DropUnreadable(const BlockKey& key, const absl::Status& why) {
+  corrupt_++;
+  (void)disk_->Delete(key);
+  return absl::DataLossError(absl::StrCat("stored block unreadable and dropped: ", why.message()));
+}
+
 absl::StatusOr<std::string> BlockStore::Get(const BlockKey& key, bool* from_ram) {
   bool ram = true;
   absl::StatusOr<std::string> block = ram_->Get(key);
@@ -51,6 +57,7 @@ absl::StatusOr<std::string> BlockStore::Get(const BlockKey& key, bool* from_ram)
   }
   if (!block.ok()) {
     if (absl::IsNotFound(block.status())) misses_++;
+    if (absl::IsDataLoss(block.status())) return DropUnreadable(key, block.status());
     return block.status();
   }
   if (absl::Status s = VerifyBlock(*block).status(); !s.ok()) {
@@ -78,6 +85,7 @@ absl::StatusOr<BlockLease> BlockStore::Lease(const BlockKey& key, absl::string_v
   absl::StatusOr<std::string> block = disk_->Get(key);
   if (!block.ok()) {
     if (absl::IsNotFound(block.status())) misses_++;
+    if (absl::IsDataLoss(block.status())) return DropUnreadable(key, block.status());
     return block.status();
   }
   if (absl::Status s = VerifyBlock(*block).status(); !s.ok()) {

@@ -62,6 +62,9 @@ class BlockStore {
   RamTier& ram() { return *ram_; }
 
  private:
+  // A block RocksDB could not read (corrupt or missing data): deleted, so it is not offered again;
+  // returns kDataLoss.
+  absl::Status DropUnreadable(const BlockKey& key, const absl::Status& why);
   BlockStore() = default;
   std::unique_ptr<RamTier> ram_;
   std::unique_ptr<DiskTier> disk_;

@@ -4,6 +4,7 @@
 #include <rocksdb/options.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -18,7 +19,8 @@ rocksdb::Slice KeySlice(const BlockKey& k) {
 absl::Status FromRocks(const rocksdb::Status& s, absl::string_view what) {
   if (s.ok()) return absl::OkStatus();
   if (s.IsNotFound()) return absl::NotFoundError(absl::StrCat(what, ": not found"));
-  if (s.IsCorruption()) return absl::DataLossError(absl::StrCat(what, ": ", s.ToString()));
+  // A missing blob file is as lost as a corrupt one.
+  if (s.IsCorruption() || s.IsPathNotFound()) return absl::DataLossError(absl::StrCat(what, ": ", s.ToString()));
   return absl::UnavailableError(absl::StrCat(what, ": ", s.ToString()));
 }
 
@@ -266,18 +268,37 @@ absl::StatusOr<std::unique_ptr<DiskTier>> DiskTier::Open(const DiskTierOptions& 
   rocksdb::Status s = rocksdb::DB::Open(o, options.path, &db);
   if (!s.ok()) return absl::UnavailableError(absl::StrCat("open RocksDB at ", options.path, ": ", s.ToString()));
   t->db_.reset(db);
-  // Rebuild the size index (and an eviction order) from what survived.
-  std::unique_ptr<rocksdb::Iterator> it(db->NewIterator(rocksdb::ReadOptions()));
+  // Rebuild the size index (and an eviction order) from what survived. Only sizes are needed, so
+  // RocksDB's value checksums are skipped (each block's own are checked when it is read, and a bad
+  // one dropped then). An entry RocksDB cannot read at all (a truncated or missing blob file)
+  // stops the scan; a second scan from the other end indexes what lies past it, and the store
+  // starts with what both reached: the entries between are not served (their room is reclaimed
+  // when RocksDB compacts after they are overwritten) instead of every block being lost.
+  rocksdb::ReadOptions scan;
+  scan.verify_checksums = false;
+  scan.fill_cache = false;
   absl::MutexLock l(&t->mu_);
-  for (it->SeekToFirst(); it->Valid(); it->Next()) {
-    if (it->key().size() != 32) continue;
+  auto index = [&](const rocksdb::Iterator& it) {
+    if (it.key().size() != 32) return true;
     BlockKey k;
-    std::memcpy(k.bytes.data(), it->key().data(), 32);
+    std::memcpy(k.bytes.data(), it.key().data(), 32);
+    if (t->sizes_.contains(k)) return false;  // met the other scan
     t->order_.push_back(k);
-    t->sizes_[k] = {it->value().size(), std::prev(t->order_.end())};
-    t->used_ += it->value().size();
+    t->sizes_[k] = {it.value().size(), std::prev(t->order_.end())};
+    t->used_ += it.value().size();
+    return true;
+  };
+  std::unique_ptr<rocksdb::Iterator> it(db->NewIterator(scan));
+  for (it->SeekToFirst(); it->Valid() && index(*it); it->Next()) {
   }
-  if (!it->status().ok()) return FromRocks(it->status(), "scan RocksDB");
+  if (!it->status().ok()) {
+    const std::string forward_error = it->status().ToString();
+    it.reset(db->NewIterator(scan));
+    for (it->SeekToLast(); it->Valid() && index(*it); it->Prev()) {
+    }
+    std::fprintf(stderr, "RocksDB at %s: an entry could not be read (%s); serving the %zu blocks read around it\n",
+                 options.path.c_str(), forward_error.c_str(), t->sizes_.size());
+  }
   return t;
 }
 

@@ -3,6 +3,7 @@
 #include <atomic>
 #include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <thread>
 
 #include "cachestore/tiers.h"
@@ -287,6 +288,69 @@ TEST(DiskTier, PersistsAcrossReopenAndEvictsOldest) {
     EXPECT_TRUE((*t)->Get(Key(9)).ok());
   }
   EXPECT_EQ(DiskTier::Open({"/proc/no/such/dir", 1, false}).status().code(), absl::StatusCode::kUnavailable);
+}
+
+// Writes 20 blocks of 10 KB and reopens once, so that they sit in a blob file; returns its path.
+std::string TwentyBlocksInABlobFile(const std::string& dir) {
+  {
+    auto t = DiskTier::Open({dir, 1 << 20, false});
+    EXPECT_TRUE(t.ok()) << t.status();
+    for (int i = 0; i < 20; ++i) EXPECT_TRUE((*t)->Put(Key(i), Block(i)).ok());
+  }
+  { EXPECT_TRUE(DiskTier::Open({dir, 1 << 20, false}).ok()); }  // recovery flushes the log
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    if (e.path().extension() == ".blob") return e.path().string();
+  }
+  ADD_FAILURE() << "no blob file in " << dir;
+  return "";
+}
+
+// A flipped byte in a blob file costs the block it lands in, not the store: it opens, serves the
+// other blocks, and reports the damaged one as lost (the store then drops it).
+TEST(DiskTier, FlippedByteInABlobFileCostsOneBlock) {
+  const std::string dir = vc::testing::TempDir("disk_tier_flip");
+  const std::string blob = TwentyBlocksInABlobFile(dir);
+  ASSERT_FALSE(blob.empty());
+  {
+    std::fstream f(blob, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(std::filesystem::file_size(blob) / 2));
+    f.put('\x5a');
+  }
+  auto t = DiskTier::Open({dir, 1 << 20, false});
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ((*t)->blocks(), 20u);
+  int lost = 0;
+  for (int i = 0; i < 20; ++i) {
+    auto got = (*t)->Get(Key(i));
+    if (got.ok()) {
+      EXPECT_EQ(*got, Block(i));
+    } else {
+      EXPECT_EQ(got.status().code(), absl::StatusCode::kDataLoss) << got.status();
+      ++lost;
+    }
+  }
+  EXPECT_EQ(lost, 1);
+}
+
+// A truncated blob file: the store still opens, with the blocks it can index, and each of those
+// reads back whole or reports its loss.
+TEST(DiskTier, TruncatedBlobFileStillOpens) {
+  const std::string dir = vc::testing::TempDir("disk_tier_truncated");
+  const std::string blob = TwentyBlocksInABlobFile(dir);
+  ASSERT_FALSE(blob.empty());
+  std::filesystem::resize_file(blob, std::filesystem::file_size(blob) / 2);
+  auto t = DiskTier::Open({dir, 1 << 20, false});
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_LE((*t)->blocks(), 20u);
+  for (int i = 0; i < 20; ++i) {
+    if (!(*t)->Contains(Key(i))) continue;
+    auto got = (*t)->Get(Key(i));
+    if (got.ok()) {
+      EXPECT_EQ(*got, Block(i));
+    } else {
+      EXPECT_EQ(got.status().code(), absl::StatusCode::kDataLoss) << got.status();
+    }
+  }
 }
 
 }  // namespace
