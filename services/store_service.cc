@@ -1,12 +1,12 @@
 #include "services/store_service.h"
 
 #include <cstring>
-#include <fstream>
-#include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "common/files.h"
+#include "common/status_macros.h"
 
 namespace vc {
 
@@ -237,11 +237,11 @@ grpc::ServerUnaryReactor* CacheStoreService::Stats(grpc::CallbackServerContext* 
 }
 
 absl::StatusOr<std::map<std::string, std::string>> ReadTokenFile(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read token file ", path));
+  VC_ASSIGN_OR_RETURN(const std::string text, ReadFileLimited(path, 16 << 20, "token file"));
   std::map<std::string, std::string> out;
-  std::string line;
-  for (int n = 1; std::getline(in, line); ++n) {
+  int n = 0;
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    ++n;
     absl::string_view l = absl::StripAsciiWhitespace(line);
     if (l.empty() || l[0] == '#') continue;
     std::vector<std::string> parts = absl::StrSplit(l, ' ', absl::SkipEmpty());

@@ -1,7 +1,10 @@
 // Loading checkpoints: the good path, and every kind of bad file giving a clear error.
+#include <sys/stat.h>
+
 #include <filesystem>
 #include <fstream>
 
+#include "common/files.h"
 #include "gtest/gtest.h"
 #include "tests/testing/tiny_model.h"
 #include "worker/model.h"
@@ -79,6 +82,8 @@ TEST(Safetensors, HeaderThatLies) {
       {R"({"a":{"dtype":"F32","shape":[4000000000000,4000000],"data_offsets":[0,16]}})", "too large"},
       {R"({"a":{"dtype":"F32","shape":[2,2],"data_offsets":[0,16]})", "JSON"},
       {R"([1,2,3])", "object"},
+      // A parser builds a node per level: brackets alone could cost gigabytes.
+      {std::string(100000, '[') + std::string(100000, ']'), "nests deeper"},
   };
   for (const Case& c : cases) {
     auto f = SafetensorsFile::Open(WriteRaw("st_lie", WithHeader(c.header, data)));
@@ -165,6 +170,15 @@ TEST(ModelConfig, BadConfigs) {
   EXPECT_NE(with("rope_scaling", {{"type", "yarn"}}).message().find("yarn"), absl::string_view::npos);
   EXPECT_NE(with("sliding_window", 4096).message().find("sliding"), absl::string_view::npos);
   EXPECT_NE(with("num_hidden_layers", -1).message().find("outside"), absl::string_view::npos);
+  {
+    auto j = testing::TinyConfig(testing::TinyModelSpec{});
+    j.erase("head_dim");
+    j["hidden_size"] = 4;
+    j["num_attention_heads"] = 8;
+    j["num_key_value_heads"] = 8;
+    EXPECT_NE(ParseModelConfig(j.dump()).status().message().find("head_dim is 0"), absl::string_view::npos);
+  }
+  EXPECT_NE(ParseModelConfig(std::string(1000, '[')).status().message().find("nests deeper"), absl::string_view::npos);
   EXPECT_FALSE(ParseModelConfig("{not json").ok());
   EXPECT_FALSE(ParseModelConfig("[]").ok());
 }
@@ -214,11 +228,36 @@ TEST(ModelLoad, GoodAndBadCheckpoints) {
   testing::WriteFile(dir + "/model.safetensors", good.substr(0, good.size() / 2));
   EXPECT_EQ(Model::Load(dir).status().code(), absl::StatusCode::kDataLoss);
 
+  // A config that is not a regular file: a directory, or a FIFO (which would block a plain open).
+  testing::WriteFile(dir + "/model.safetensors", good);
+  std::filesystem::rename(dir + "/config.json", dir + "/config.json.good");
+  std::filesystem::create_directory(dir + "/config.json");
+  EXPECT_NE(Model::Load(dir).status().message().find("not a regular file"), absl::string_view::npos);
+  std::filesystem::remove(dir + "/config.json");
+  ASSERT_EQ(mkfifo((dir + "/config.json").c_str(), 0600), 0);
+  EXPECT_NE(Model::Load(dir).status().message().find("not a regular file"), absl::string_view::npos);
+  std::filesystem::remove(dir + "/config.json");
+  std::filesystem::rename(dir + "/config.json.good", dir + "/config.json");
+  ASSERT_TRUE(Model::Load(dir).ok());
+
   // No weights at all; no config at all.
   std::filesystem::remove(dir + "/model.safetensors");
   EXPECT_EQ(Model::Load(dir).status().code(), absl::StatusCode::kNotFound);
   std::filesystem::remove(dir + "/config.json");
   EXPECT_EQ(Model::Load(dir).status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST(Files, ReadFileLimitedTakesOnlySmallRegularFiles) {
+  const std::string dir = testing::TempDir("files");
+  testing::WriteFile(dir + "/a", "12345");
+  EXPECT_EQ(*ReadFileLimited(dir + "/a", 5, "test file"), "12345");
+  auto big = ReadFileLimited(dir + "/a", 4, "test file");
+  EXPECT_EQ(big.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(big.status().message().find("more than the 4"), absl::string_view::npos) << big.status();
+  EXPECT_EQ(ReadFileLimited(dir + "/none", 5, "test file").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(ReadFileLimited(dir, 5, "test file").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(CheckJsonDepth(R"({"a":[[1]],"b":"[[[[["})", 3).ok());  // brackets in strings do not count
+  EXPECT_FALSE(CheckJsonDepth(R"({"a":[[[1]]]})", 3).ok());
 }
 
 }  // namespace

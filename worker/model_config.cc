@@ -1,9 +1,8 @@
 #include "worker/model_config.h"
 
-#include <fstream>
-#include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "common/files.h"
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
 
@@ -58,6 +57,7 @@ absl::Status ReadBool(const json& j, const char* key, bool* out) {
 }  // namespace
 
 absl::StatusOr<ModelConfig> ParseModelConfig(absl::string_view text) {
+  if (absl::Status depth = CheckJsonDepth(text, 64); !depth.ok()) return Bad(depth.message());
   json j = json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return Bad("not valid JSON");
   if (!j.is_object()) return Bad("not a JSON object");
@@ -102,6 +102,10 @@ absl::StatusOr<ModelConfig> ParseModelConfig(absl::string_view text) {
     return Bad(absl::StrCat("num_attention_heads ", c.num_heads, " is not a multiple of num_key_value_heads ",
                             c.num_kv_heads));
   }
+  if (c.head_dim < 1) {
+    return Bad(absl::StrCat("head_dim is 0: hidden_size ", c.hidden_size, " is smaller than num_attention_heads ",
+                            c.num_heads, " and no head_dim is given"));
+  }
   if (c.head_dim % 2 != 0) return Bad(absl::StrCat("head_dim ", c.head_dim, " is odd; RoPE needs pairs"));
 
   auto sw = j.find("sliding_window");
@@ -141,11 +145,8 @@ absl::StatusOr<ModelConfig> ParseModelConfig(absl::string_view text) {
 }
 
 absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& dir) {
-  std::ifstream in(dir + "/config.json");
-  if (!in) return absl::NotFoundError(absl::StrCat(dir, ": no config.json"));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ParseModelConfig(ss.str());
+  VC_ASSIGN_OR_RETURN(const std::string text, ReadFileLimited(dir + "/config.json", 16 << 20, "model config"));
+  return ParseModelConfig(text);
 }
 
 }  // namespace vc

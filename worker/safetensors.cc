@@ -6,11 +6,10 @@
 #include <unistd.h>
 
 #include <cstring>
-#include <fstream>
-#include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/files.h"
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
 
@@ -81,7 +80,9 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std
   const uint64_t data_size = file_size - 8 - header_len;
   f->data_ = bytes + 8 + header_len;
 
-  json header = json::parse(bytes + 8, bytes + 8 + header_len, nullptr, /*allow_exceptions=*/false);
+  const absl::string_view header_text(reinterpret_cast<const char*>(bytes + 8), header_len);
+  if (absl::Status depth = CheckJsonDepth(header_text, 16); !depth.ok()) return Bad(path, depth.message());
+  json header = json::parse(header_text.begin(), header_text.end(), nullptr, /*allow_exceptions=*/false);
   if (header.is_discarded()) return Bad(path, "header is not valid JSON");
   if (!header.is_object()) return Bad(path, "header is not a JSON object");
 
@@ -164,14 +165,13 @@ absl::StatusOr<std::unique_ptr<TensorStore>> TensorStore::Open(const std::string
     store->files_.push_back(std::move(f));
     return store;
   }
-  std::ifstream in(index_path);
-  if (!in) {
-    return absl::NotFoundError(
-        absl::StrCat(dir, ": no model.safetensors or model.safetensors.index.json"));
+  absl::StatusOr<std::string> text = ReadFileLimited(index_path, 64 << 20, "safetensors index");
+  if (absl::IsNotFound(text.status())) {
+    return absl::NotFoundError(absl::StrCat(dir, ": no model.safetensors or model.safetensors.index.json"));
   }
-  std::stringstream ss;
-  ss << in.rdbuf();
-  json index = json::parse(ss.str(), nullptr, false);
+  if (!text.ok()) return text.status();
+  if (absl::Status depth = CheckJsonDepth(*text, 16); !depth.ok()) return Bad(index_path, depth.message());
+  json index = json::parse(*text, nullptr, false);
   if (index.is_discarded() || !index.is_object()) return Bad(index_path, "not valid JSON");
   auto wm = index.find("weight_map");
   if (wm == index.end() || !wm->is_object()) return Bad(index_path, "no weight_map object");

@@ -3,14 +3,13 @@
 #include <stdlib.h>
 
 #include <filesystem>
-#include <fstream>
 #include <future>
-#include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "common/files.h"
 #include "common/status_macros.h"
 #include "services/cli/args.h"
 #include "services/inference_client.h"
@@ -40,11 +39,8 @@ constexpr const char* kSuffixes[] = {
 };
 
 absl::StatusOr<std::string> SharedPrefix(const std::string& path, int64_t bytes) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  std::string text = ss.str().substr(0, static_cast<size_t>(bytes));
+  VC_ASSIGN_OR_RETURN(std::string text, ReadFileLimited(path, 64 << 20, "prefix file"));
+  text.resize(std::min(text.size(), static_cast<size_t>(bytes)));
   const size_t nl = text.rfind('\n');
   if (nl != std::string::npos && nl > 0) text.resize(nl);
   return text;

@@ -1,9 +1,8 @@
 #include "services/cli/generate_command.h"
 
-#include <fstream>
-#include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "common/files.h"
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
 #include "services/cli/args.h"
@@ -31,11 +30,7 @@ absl::StatusOr<std::string> ReadPrompt(const Args& a) {
     return absl::InvalidArgumentError("give exactly one of --prompt and --prompt-file");
   }
   if (a.Has("prompt")) return a.Str("prompt");
-  std::ifstream in(a.Str("prompt-file"), std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read prompt file '", a.Str("prompt-file"), "'"));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+  return ReadFileLimited(a.Str("prompt-file"), 64 << 20, "prompt file");
 }
 
 absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {

@@ -1,10 +1,9 @@
 #include "services/cli/request_command.h"
 
-#include <fstream>
-#include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/files.h"
 #include "common/status_macros.h"
 #include "services/cli/args.h"
 #include "services/inference_client.h"
@@ -28,11 +27,8 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
   if (a.Has("prompt")) {
     req.set_text(a.Str("prompt"));
   } else {
-    std::ifstream in(a.Str("prompt-file"), std::ios::binary);
-    if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", a.Str("prompt-file")));
-    std::stringstream ss;
-    ss << in.rdbuf();
-    req.set_text(ss.str());
+    VC_ASSIGN_OR_RETURN(std::string text, ReadFileLimited(a.Str("prompt-file"), 64 << 20, "prompt file"));
+    req.set_text(std::move(text));
   }
   VC_ASSIGN_OR_RETURN(int64_t max_tokens, a.Int("max-tokens", 128, 1, 1 << 20));
   VC_ASSIGN_OR_RETURN(int64_t top_k, a.Int("top-k", 0, 0, 1 << 20));

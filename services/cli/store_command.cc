@@ -2,10 +2,10 @@
 
 #include <signal.h>
 
-#include <fstream>
-#include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "common/files.h"
 #include "common/status_macros.h"
 #include "grpcpp/grpcpp.h"
 #include "services/cli/args.h"
@@ -26,12 +26,11 @@ constexpr char kUsage[] =
     "  --lease-ttl-ms N how long a remote read's lease pins its block if the reader never releases\n"
     "                   it (default 30000); a read outlasting its lease is discarded by the client\n";
 
-absl::StatusOr<std::string> ReadAll(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+// A secret, certificate or key file: small, and never empty.
+absl::StatusOr<std::string> ReadAll(const std::string& path, absl::string_view what) {
+  VC_ASSIGN_OR_RETURN(std::string text, ReadFileLimited(path, 1 << 20, what));
+  if (absl::StripAsciiWhitespace(text).empty()) return absl::InvalidArgumentError(absl::StrCat(what, " ", path, " is empty"));
+  return text;
 }
 
 absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
@@ -52,7 +51,7 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
   VC_ASSIGN_OR_RETURN(so.tokens, ReadTokenFile(a.Str("tokens")));
   if (so.tokens.empty()) return absl::InvalidArgumentError("the token file lists no tenant");
   if (a.Has("secret-file")) {
-    VC_ASSIGN_OR_RETURN(so.secret, ReadAll(a.Str("secret-file")));
+    VC_ASSIGN_OR_RETURN(so.secret, ReadAll(a.Str("secret-file"), "secret file"));
   }
   StoreServerOptions server;
   server.listen = a.Str("listen");
@@ -62,8 +61,8 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
   if (a.Has("tls-cert") != a.Has("tls-key")) return absl::InvalidArgumentError("give both --tls-cert and --tls-key");
   if (a.Has("tls-cert")) {
     grpc::SslServerCredentialsOptions ssl;
-    VC_ASSIGN_OR_RETURN(std::string cert, ReadAll(a.Str("tls-cert")));
-    VC_ASSIGN_OR_RETURN(std::string key, ReadAll(a.Str("tls-key")));
+    VC_ASSIGN_OR_RETURN(std::string cert, ReadAll(a.Str("tls-cert"), "TLS certificate"));
+    VC_ASSIGN_OR_RETURN(std::string key, ReadAll(a.Str("tls-key"), "TLS key"));
     ssl.pem_key_cert_pairs.push_back({key, cert});
     server.credentials = grpc::SslServerCredentials(ssl);
   }

@@ -2,12 +2,11 @@
 
 #include <signal.h>
 
-#include <fstream>
-#include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "common/files.h"
 #include "common/status_macros.h"
 #include "services/cli/args.h"
 #include "services/servers.h"
@@ -38,21 +37,16 @@ constexpr char kUsage[] =
     "                          (default 0)\n";
 
 absl::StatusOr<std::string> ReadFirstLine(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
-  std::string line;
-  std::getline(in, line);
-  line = std::string(absl::StripAsciiWhitespace(line));
+  VC_ASSIGN_OR_RETURN(const std::string text, ReadFileLimited(path, 1 << 20, "token file"));
+  const std::string line(absl::StripAsciiWhitespace(text.substr(0, text.find('\n'))));
   if (line.empty()) return absl::InvalidArgumentError(absl::StrCat(path, " holds no token"));
   return line;
 }
 
 absl::StatusOr<std::set<std::string>> ReadTokens(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
+  VC_ASSIGN_OR_RETURN(const std::string text, ReadFileLimited(path, 16 << 20, "client token file"));
   std::set<std::string> tokens;
-  std::string line;
-  while (std::getline(in, line)) {
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
     const absl::string_view t = absl::StripAsciiWhitespace(line);
     if (!t.empty() && t[0] != '#') tokens.insert(std::string(t));
   }

@@ -1,0 +1,26 @@
+// Reading the small files that configure a process (model configs, token lists, prompts) without
+// trusting them: only regular files (a FIFO or a device would block or never end), only up to a
+// stated size, and JSON only up to a stated nesting depth (a parser builds one node per level, so
+// a few megabytes of brackets would cost gigabytes).
+#ifndef VC_COMMON_FILES_H_
+#define VC_COMMON_FILES_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace vc {
+
+// The whole of `path`: kNotFound when it does not exist, kInvalidArgument when it is not a regular
+// file or holds more than `max_bytes` (`what` names it in the message, e.g. "token file").
+absl::StatusOr<std::string> ReadFileLimited(const std::string& path, uint64_t max_bytes, absl::string_view what);
+
+// kInvalidArgument when arrays and objects in `json` nest deeper than `max_depth`. Only brackets
+// outside strings count; the text need not be valid JSON (the parser says so afterwards).
+absl::Status CheckJsonDepth(absl::string_view json, int max_depth);
+
+}  // namespace vc
+
+#endif  // VC_COMMON_FILES_H_
