@@ -2,12 +2,35 @@
 
 #include <chrono>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/memory.h"
 #include "common/status_macros.h"
 #include "grpcpp/health_check_service_interface.h"
 
 namespace vc {
 namespace {
+
+// host:port with a port gRPC can bind (0: any free one), or unix:PATH. gRPC itself would take the
+// port modulo 65536.
+absl::Status CheckListenAddress(const std::string& address) {
+  if (address.rfind("unix:", 0) == 0) return absl::OkStatus();
+  const size_t colon = address.rfind(':');
+  uint32_t port = 0;
+  if (colon == std::string::npos || colon + 1 == address.size() ||
+      address.find_first_not_of("0123456789", colon + 1) != std::string::npos ||
+      !absl::SimpleAtoi(absl::string_view(address).substr(colon + 1), &port) || port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("listen address '", address, "' is not host:port with a port from 0 to 65535"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CannotListen(const std::string& address, bool tls) {
+  return absl::UnavailableError(absl::StrCat("cannot listen on ", address,
+                                             tls ? " (the address is taken, or the TLS certificate or key is not valid)"
+                                                 : " (the address is taken or not this host's)"));
+}
 
 std::unique_ptr<grpc::Server> Listen(const std::string& address, std::shared_ptr<grpc::ServerCredentials> creds,
                                      grpc::Service* sync_service, grpc::Service* callback_service, int* port) {
@@ -35,6 +58,8 @@ std::string HexString(const std::array<uint8_t, 32>& bytes) {
 
 absl::StatusOr<std::unique_ptr<StoreServer>> StoreServer::Start(StoreServerOptions options) {
   std::unique_ptr<StoreServer> s(new StoreServer());
+  VC_RETURN_IF_ERROR(CheckListenAddress(options.listen));
+  VC_RETURN_IF_ERROR(CheckFitsInMemory(options.store.ram.capacity_bytes, "the RAM tier"));
   if (options.ucx != "off") {
     VC_ASSIGN_OR_RETURN(cachestore::UcxErrorMode mode, cachestore::ParseUcxErrorMode(options.ucx));
     VC_ASSIGN_OR_RETURN(s->ucx_, cachestore::UcxRegionServer::Allocate(options.store.ram.capacity_bytes, mode));
@@ -44,7 +69,7 @@ absl::StatusOr<std::unique_ptr<StoreServer>> StoreServer::Start(StoreServerOptio
   VC_ASSIGN_OR_RETURN(s->store_, cachestore::BlockStore::Open(options.store));
   s->service_ = std::make_unique<CacheStoreService>(s->store_.get(), options.service);
   s->server_ = Listen(options.listen, options.credentials, nullptr, s->service_.get(), &s->port_);
-  if (s->server_ == nullptr || s->port_ == 0) return absl::UnavailableError(absl::StrCat("cannot listen on ", options.listen));
+  if (s->server_ == nullptr || s->port_ == 0) return CannotListen(options.listen, options.credentials != nullptr);
   return s;
 }
 
@@ -54,6 +79,10 @@ StoreServer::~StoreServer() {
 
 absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(WorkerServerOptions options) {
   std::unique_ptr<WorkerServer> w(new WorkerServer());
+  VC_RETURN_IF_ERROR(CheckListenAddress(options.listen));
+  VC_RETURN_IF_ERROR(CheckFitsInMemory(
+      static_cast<uint64_t>(options.staging_bytes) + options.full_kv_bytes + options.prefix_cache_bytes,
+      "staging, full-KV and prefix-cache memory together"));
   VC_ASSIGN_OR_RETURN(w->model_, Model::Load(options.model_dir));
   using Fingerprint = std::array<uint8_t, 32>;
   VC_ASSIGN_OR_RETURN(Fingerprint fingerprint, ModelFingerprint(options.model_dir));
@@ -78,7 +107,7 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(WorkerServerOp
   }
   VC_ASSIGN_OR_RETURN(w->service_, WorkerService::Create(*w->model_, w->tier_.get(), w->prefixes_.get(), options.service));
   w->server_ = Listen(options.listen, options.credentials, w->service_.get(), nullptr, &w->port_);
-  if (w->server_ == nullptr || w->port_ == 0) return absl::UnavailableError(absl::StrCat("cannot listen on ", options.listen));
+  if (w->server_ == nullptr || w->port_ == 0) return CannotListen(options.listen, options.credentials != nullptr);
   return w;
 }
 

@@ -247,6 +247,7 @@ absl::StatusOr<EngineRequest> WorkerService::Parse(const v1::GenerateRequest& re
   EngineRequest r;
   switch (req.prompt_case()) {
     case v1::GenerateRequest::kText:
+      if (req.text().empty()) return absl::InvalidArgumentError("the prompt text is empty");
       r.prompt = model_.tokenizer().Encode(req.text());
       break;
     case v1::GenerateRequest::kTokenIds:

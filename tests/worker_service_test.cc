@@ -242,5 +242,44 @@ TEST_F(WorkerServiceTest, OverloadCancellationAndAuthentication) {
   EXPECT_EQ(after.tokens, Want(p, 6));
 }
 
+// What could never work is refused before anything runs, with the reason: a request whose full KV
+// could not fit staging for a verify pass (it used to stream tokens and then fail), an empty
+// prompt, a port past 65535 (gRPC would bind it modulo 65536), memory the machine does not have.
+TEST_F(WorkerServiceTest, WhatCannotWorkIsRefusedUpFront) {
+  const KvLayout layout = model_->kv_layout(16);
+  WorkerServerOptions o;
+  o.staging_bytes = 20 * layout.block_floats() * 2 * layout.num_layers * 4;  // 20 blocks: 320 positions
+  auto worker = StartWorker("", o);
+  auto stub = InferenceStub(worker->target());
+  const auto p = Prompt(100, 5);
+  GenerateReply big = CallGenerate(*stub, Request(p, 1000));
+  EXPECT_EQ(big.status.code(), absl::StatusCode::kResourceExhausted) << big.status;
+  EXPECT_NE(big.status.message().find("staging"), absl::string_view::npos) << big.status;
+  EXPECT_TRUE(big.tokens.empty());
+  GenerateReply fits = CallGenerate(*stub, Request(p, 200));  // 301 positions
+  ASSERT_TRUE(fits.status.ok()) << fits.status;
+  EXPECT_EQ(fits.tokens, Want(p, 200));
+
+  v1::GenerateRequest empty;
+  empty.set_text("");
+  empty.set_max_tokens(4);
+  EXPECT_EQ(CallGenerate(*stub, empty).status.code(), absl::StatusCode::kInvalidArgument);
+
+  WorkerServerOptions bad;
+  bad.model_dir = dir_ + "/model";
+  bad.listen = "127.0.0.1:99999";
+  EXPECT_EQ(WorkerServer::Start(bad).status().code(), absl::StatusCode::kInvalidArgument);
+  bad.listen = "127.0.0.1:0";
+  bad.staging_bytes = int64_t{1} << 50;
+  EXPECT_EQ(WorkerServer::Start(bad).status().code(), absl::StatusCode::kResourceExhausted);
+  StoreServerOptions so;
+  so.store.disk.path = dir_ + "/db-unused";
+  so.store.ram.capacity_bytes = uint64_t{1} << 50;
+  EXPECT_EQ(StoreServer::Start(so).status().code(), absl::StatusCode::kResourceExhausted);
+  so.store.ram.capacity_bytes = 1 << 20;
+  so.listen = "127.0.0.1:70000";
+  EXPECT_EQ(StoreServer::Start(so).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace vc

@@ -482,7 +482,20 @@ absl::Status VeriCacheEngine::Verify(std::vector<Sequence*>& ready) {
 absl::Status VeriCacheEngine::Step() {
   if (staging_ == nullptr) return absl::FailedPreconditionError("the engine has no staging memory (staging_blocks)");
   std::vector<RequestQueue<Sequence>::Ended> ended = requests_.TakeEnded(
-      absl::Now(), [&](const Sequence& s) { return ValidateGenerate(model_, s.request.prompt, s.request.options); },
+      absl::Now(),
+      [&](const Sequence& s) {
+        VC_RETURN_IF_ERROR(ValidateGenerate(model_, s.request.prompt, s.request.options));
+        // Refused before it starts if staging could never hold its full KV for a verify pass,
+        // which holds at most the prompt and every output token (windows never pass max_tokens).
+        const int64_t positions = static_cast<int64_t>(s.request.prompt.size()) + s.request.options.max_tokens + 1;
+        const int64_t blocks = (positions + options_.block_size - 1) / options_.block_size;
+        if (blocks > staging_->num_blocks()) {
+          return absl::ResourceExhaustedError(absl::StrCat(
+              "a prompt of ", s.request.prompt.size(), " tokens plus max_tokens ", s.request.options.max_tokens,
+              " needs ", blocks, " staging blocks to verify; staging holds ", staging_->num_blocks()));
+        }
+        return absl::OkStatus();
+      },
       [&](Sequence& s) { Release(s); });
   RequestQueue<Sequence>::TellAll(ended);
   auto& pending = requests_.pending;
