@@ -186,6 +186,12 @@ std::vector<absl::StatusOr<std::string>> StoreClient::GetRemoteBatch(absl::Span<
                                                                      const std::array<uint8_t, 32>* fp) {
   std::vector<std::string> blocks(keys.size());
   const auto buffer = [&](size_t i, size_t size) -> absl::StatusOr<char*> {
+    // The size comes from the store's lease; no block it can hold is larger than a Put carries.
+    constexpr size_t kMaxBlockBytes = size_t{256} << 20;
+    if (size > kMaxBlockBytes) {
+      return absl::OutOfRangeError(absl::StrCat("the store leased a block of ", size, " bytes; at most ",
+                                                kMaxBlockBytes, " are possible"));
+    }
     blocks[i].resize(size);
     return blocks[i].data();
   };
@@ -414,10 +420,13 @@ void StoreClient::GetInline(absl::Span<const BlockKey> keys, size_t first, const
   for (size_t j = 0; j < which.size(); ++j) {
     GetCall& g = *gets[j];
     g.done.WaitForNotification();
-    if (g.status.ok()) {
-      out[which[j]] = sink.take(first + which[j], std::move(*g.resp.mutable_block()));
-    } else {
+    if (!g.status.ok()) {
       out[which[j]] = FromGrpc(g.status);
+    } else if (absl::Status check = VerifyBlock(g.resp.block()).status(); !check.ok()) {
+      // Checked here like every block read remotely: a short or damaged one must not reach a reader.
+      out[which[j]] = absl::DataLossError(absl::StrCat("block served inline failed its checks: ", check.message()));
+    } else {
+      out[which[j]] = sink.take(first + which[j], std::move(*g.resp.mutable_block()));
     }
   }
 }

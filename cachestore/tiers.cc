@@ -53,7 +53,7 @@ RamTier::~RamTier() = default;
 
 uint64_t RamTier::SlotFor(uint64_t size) const {
   uint64_t slot = std::max<uint64_t>(1, options_.min_slot_bytes);
-  while (slot < size) slot *= 2;
+  while (slot < size && slot <= largest_slot_) slot *= 2;  // past the largest: refused by the caller
   return slot;
 }
 
@@ -305,6 +305,10 @@ absl::StatusOr<std::unique_ptr<DiskTier>> DiskTier::Open(const DiskTierOptions& 
 DiskTier::~DiskTier() = default;
 
 absl::Status DiskTier::Put(const BlockKey& key, absl::string_view block) {
+  if (block.size() > options_.capacity_bytes) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("block of ", block.size(), " bytes exceeds the disk tier's ", options_.capacity_bytes));
+  }
   rocksdb::WriteOptions w;
   w.sync = options_.sync_writes;
   // One RocksDB write is atomic: a reader sees the whole value or none of it.

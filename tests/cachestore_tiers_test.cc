@@ -286,6 +286,9 @@ TEST(DiskTier, PersistsAcrossReopenAndEvictsOldest) {
     ASSERT_TRUE((*t)->Put(Key(9), Block(9)).ok());
     EXPECT_LE((*t)->used_bytes(), 35000u);
     EXPECT_TRUE((*t)->Get(Key(9)).ok());
+    // A block larger than the whole budget is refused, and evicts nothing.
+    EXPECT_EQ((*t)->Put(Key(10), Block(10, 40000)).code(), absl::StatusCode::kResourceExhausted);
+    EXPECT_TRUE((*t)->Get(Key(9)).ok());
   }
   EXPECT_EQ(DiskTier::Open({"/proc/no/such/dir", 1, false}).status().code(), absl::StatusCode::kUnavailable);
 }

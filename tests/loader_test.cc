@@ -178,6 +178,12 @@ TEST(ModelConfig, BadConfigs) {
     j["num_key_value_heads"] = 8;
     EXPECT_NE(ParseModelConfig(j.dump()).status().message().find("head_dim is 0"), absl::string_view::npos);
   }
+  EXPECT_NE(with("rms_norm_eps", 1e-300).message().find("is 0 in float32"), absl::string_view::npos);
+  EXPECT_NE(with("rope_scaling", {{"rope_type", "llama3"}, {"factor", 1e-320}, {"low_freq_factor", 1.0},
+                                  {"high_freq_factor", 4.0}})
+                .message()
+                .find("outside"),
+            absl::string_view::npos);
   EXPECT_NE(ParseModelConfig(std::string(1000, '[')).status().message().find("nests deeper"), absl::string_view::npos);
   EXPECT_FALSE(ParseModelConfig("{not json").ok());
   EXPECT_FALSE(ParseModelConfig("[]").ok());

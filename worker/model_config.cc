@@ -89,6 +89,7 @@ absl::StatusOr<ModelConfig> ParseModelConfig(absl::string_view text) {
   double eps = c.rms_norm_eps;
   VC_RETURN_IF_ERROR(ReadDouble(j, "rms_norm_eps", 0.0, &eps));
   c.rms_norm_eps = static_cast<float>(eps);
+  if (!(c.rms_norm_eps > 0.0f)) return Bad(absl::StrCat("rms_norm_eps ", eps, " is 0 in float32"));
   VC_RETURN_IF_ERROR(ReadDouble(j, "rope_theta", 0.0, &c.rope_theta));
   VC_RETURN_IF_ERROR(ReadBool(j, "tie_word_embeddings", &c.tie_word_embeddings));
   bool attention_bias = false;
@@ -131,6 +132,10 @@ absl::StatusOr<ModelConfig> ParseModelConfig(absl::string_view text) {
       VC_RETURN_IF_ERROR(ReadDouble(*rs, "high_freq_factor", 0.0, &c.rope_scaling.high_freq_factor));
       VC_RETURN_IF_ERROR(ReadInt(*rs, "original_max_position_embeddings", false, 1, int64_t{1} << 24,
                                  &c.rope_scaling.original_max_position_embeddings));
+      for (double f : {c.rope_scaling.factor, c.rope_scaling.low_freq_factor, c.rope_scaling.high_freq_factor}) {
+        // Outside this range the scaled frequencies overflow or vanish.
+        if (!(f >= 1e-3 && f <= 1e6)) return Bad(absl::StrCat("rope_scaling: factor ", f, " is outside [0.001, 1e6]"));
+      }
       if (c.rope_scaling.high_freq_factor <= c.rope_scaling.low_freq_factor) {
         return Bad("rope_scaling: high_freq_factor must exceed low_freq_factor");
       }

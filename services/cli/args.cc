@@ -72,8 +72,8 @@ int RunSubcommand(absl::string_view name, absl::string_view usage, const std::ve
   }
   const absl::Status s = run(args, out);
   if (s.ok()) return 0;
+  // One line that names the problem (--help gives the usage).
   err << "vericache " << name << ": " << s.message() << "\n";
-  if (absl::IsInvalidArgument(s)) err << usage;
   switch (s.code()) {
     case absl::StatusCode::kInvalidArgument:
     case absl::StatusCode::kNotFound:
