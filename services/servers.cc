@@ -81,8 +81,9 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(WorkerServerOp
   std::unique_ptr<WorkerServer> w(new WorkerServer());
   VC_RETURN_IF_ERROR(CheckListenAddress(options.listen));
   VC_RETURN_IF_ERROR(CheckFitsInMemory(
-      static_cast<uint64_t>(options.staging_bytes) + options.full_kv_bytes + options.prefix_cache_bytes,
-      "staging, full-KV and prefix-cache memory together"));
+      static_cast<uint64_t>(options.staging_bytes) + options.full_kv_bytes + options.prefix_cache_bytes +
+          options.host_kv_bytes,
+      "staging, full-KV, prefix-cache and host-tier memory together"));
   VC_ASSIGN_OR_RETURN(w->model_, Model::Load(options.model_dir));
   using Fingerprint = std::array<uint8_t, 32>;
   VC_ASSIGN_OR_RETURN(Fingerprint fingerprint, ModelFingerprint(options.model_dir));
@@ -94,7 +95,9 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(WorkerServerOp
   options.service.full_kv_blocks = options.full_kv_bytes / block_bytes;
   options.service.fingerprint_hex = HexString(fingerprint);
   if (eo.staging_blocks < 1) return absl::InvalidArgumentError("the staging memory holds no KV block");
-  w->tier_ = std::make_unique<HostKvTier>(layout, options.fetch_bytes_per_second, options.store_target.empty() ? 1 : 4);
+  if (options.host_kv_bytes < 1) return absl::InvalidArgumentError("the host KV tier has no memory");
+  w->tier_ = std::make_unique<HostKvTier>(layout, options.fetch_bytes_per_second, options.store_target.empty() ? 1 : 4,
+                                          options.host_kv_bytes);
   if (!options.store_target.empty()) {
     StorePrefixOptions po;
     po.store.target = options.store_target;

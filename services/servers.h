@@ -62,11 +62,13 @@ struct WorkerServerOptions {
   // > 0: paces every full-KV fetch (store prefix and the worker's own host copy) to this rate,
   // standing for a slower link than loopback (benchmarks).
   double fetch_bytes_per_second = 0;
-  // Worker memory, in bytes: full KV staged for verification, MODE_FULL sequences' KV, and the
-  // compressed prefixes kept for reuse.
+  // Worker memory, in bytes: full KV staged for verification, MODE_FULL sequences' KV, the
+  // compressed prefixes kept for reuse, and the host tier holding VeriCache sequences' full KV
+  // (each reserves its prompt and max_tokens, less a prefix read from the store).
   int64_t staging_bytes = int64_t{512} << 20;
   int64_t full_kv_bytes = int64_t{256} << 20;
   int64_t prefix_cache_bytes = int64_t{256} << 20;
+  int64_t host_kv_bytes = int64_t{1024} << 20;
   WorkerServiceOptions service;  // engine options, limits, client tokens
   std::shared_ptr<grpc::ServerCredentials> credentials;
 };

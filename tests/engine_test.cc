@@ -33,8 +33,9 @@ class EngineExactness : public ::testing::Test {
 
   // Runs the engine on `prompts` and checks each output against GenerateFull.
   static void ExpectExact(const Model& model, const std::vector<std::vector<int32_t>>& prompts,
-                          const GenerateOptions& o, const EngineOptions& eo, EngineStats* total = nullptr) {
-    HostKvTier tier(model.kv_layout(eo.block_size), 0);
+                          const GenerateOptions& o, const EngineOptions& eo, EngineStats* total = nullptr,
+                          int64_t tier_bytes = 0) {
+    HostKvTier tier(model.kv_layout(eo.block_size), 0, 1, tier_bytes);
     auto engine = VeriCacheEngine::Create(model, &tier, eo);
     ASSERT_TRUE(engine.ok()) << engine.status();
     std::vector<EngineRequest> reqs;
@@ -112,10 +113,47 @@ TEST_F(EngineExactness, TightStagingMemoryOnlyDelays) {
   }
 }
 
+TEST_F(EngineExactness, HostTierForOneSequenceAtATimeOnlyDelays) {
+  // The host tier holds one sequence's prompt and output, which cross one of its chunks: the
+  // others wait their turn to start, since the first one's later appends need the room its prompt
+  // did not (admitting a second one on its prompt alone made those appends fail the batch).
+  GenerateOptions o;
+  o.max_tokens = 16;
+  o.stop_at_eos = false;
+  EngineOptions eo;
+  eo.compressor = "kivi:bits=4";
+  const HostKvTier sizing(model_->kv_layout(16), 0);
+  int64_t chunk = 1;
+  while (sizing.BytesFor(chunk + 1) == sizing.BytesFor(1)) ++chunk;
+  const int64_t prompt_len = chunk - 5;
+  eo.staging_blocks = 3 * ((prompt_len + o.max_tokens) / 16 + 2);
+  HostKvTier tier(model_->kv_layout(16), 0, 1, sizing.BytesFor(prompt_len + o.max_tokens));
+  auto engine = VeriCacheEngine::Create(*model_, &tier, eo);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<EngineResult> results(3);
+  int done = 0;
+  for (int b = 0; b < 3; ++b) {
+    prompts.push_back(RandomPrompt(static_cast<int>(prompt_len), 300 + b));
+    (*engine)->Submit(MakeRequest(prompts.back(), o), [&, b](absl::Status st, EngineResult r) {
+      EXPECT_TRUE(st.ok()) << st;
+      results[b] = std::move(r);
+      ++done;
+    });
+  }
+  for (int i = 0; i < 1000 && !(*engine)->Idle(); ++i) {
+    const absl::Status st = (*engine)->Step();
+    ASSERT_TRUE(st.ok()) << st;
+    EXPECT_LE((*engine)->active(), 1u);
+  }
+  ASSERT_EQ(done, 3);
+  for (int b = 0; b < 3; ++b) EXPECT_EQ(results[b].tokens, GenerateFull(*model_, prompts[b], o)->tokens) << b;
+}
+
 TEST_F(EngineExactness, StagingThatCanNeverHoldASequenceEndsItAlone) {
-  // Four blocks (64 positions) take a 60-token prompt's prefill, but not the prompt plus an
-  // 8-token draft window that a verify pass needs: with nothing else holding staging, the request
-  // ends with kResourceExhausted, once, and the engine goes on with the next one.
+  // Four blocks (64 positions) take a 60-token prompt's prefill, but not the prompt and its 16
+  // output tokens that a verify pass may need: the request ends with kResourceExhausted before it
+  // starts, once, and the engine goes on with the next one. The same for a host tier too small.
   HostKvTier tier(model_->kv_layout(16), 0);
   EngineOptions eo;
   eo.compressor = "kivi:bits=4";
@@ -146,6 +184,15 @@ TEST_F(EngineExactness, StagingThatCanNeverHoldASequenceEndsItAlone) {
   for (int i = 0; i < 100 && !(*engine)->Idle(); ++i) ASSERT_TRUE((*engine)->Step().ok());
   ASSERT_TRUE(got.ok()) << got;
   EXPECT_EQ(out.tokens, GenerateFull(*model_, prompt, o)->tokens);
+
+  HostKvTier small(model_->kv_layout(16), 0, 1, /*capacity_bytes=*/1024);
+  eo.staging_blocks = 64;
+  engine = VeriCacheEngine::Create(*model_, &small, eo);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  (*engine)->Submit(MakeRequest(prompt, o), [&](absl::Status st, EngineResult) { got = st; });
+  for (int i = 0; i < 100 && !(*engine)->Idle(); ++i) ASSERT_TRUE((*engine)->Step().ok());
+  EXPECT_EQ(got.code(), absl::StatusCode::kResourceExhausted) << got;
+  EXPECT_NE(got.message().find("host KV tier"), absl::string_view::npos) << got;
 }
 
 TEST_F(EngineExactness, RejectsBadOptions) {

@@ -89,5 +89,34 @@ TEST(HostKvTier, PrefixThenAppendsAtAnUnalignedBase) {
   ExpectSame(src, dest, s, 0, n);
 }
 
+// A budget in whole chunks (1024 positions of this layout, 256 KiB over both layers' K and V):
+// reservations share it, appends past a reservation take more only where it has room, a prefix
+// read from elsewhere gives its share back, Erase all of it.
+TEST(HostKvTier, BudgetIsSharedByReservations) {
+  constexpr int64_t kChunkSet = 1024 * 2 * 8 * 4 * 2 * 2;
+  const PagedKvCache src = RandomCache(1100, 5);
+  HostKvTier tier(kLayout, 0, 1, 3 * kChunkSet);
+  EXPECT_TRUE(tier.CanHold(3 * 1024).ok());
+  EXPECT_EQ(tier.CanHold(3 * 1024 + 1).code(), absl::StatusCode::kResourceExhausted);
+  ASSERT_TRUE(tier.Reserve(1, 2048).ok());
+  EXPECT_EQ(tier.Reserve(2, 2048).code(), absl::StatusCode::kResourceExhausted);
+  ASSERT_TRUE(tier.Reserve(2, 1000).ok());
+  EXPECT_EQ(tier.reserved_bytes(), 3 * kChunkSet);
+  ASSERT_TRUE(tier.Append(2, src, 0, 0, 1000).ok());
+  EXPECT_EQ(tier.Append(2, src, 0, 1000, 1100).code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(tier.Length(2), 1000);
+  tier.Erase(1);
+  EXPECT_EQ(tier.reserved_bytes(), kChunkSet);
+  ASSERT_TRUE(tier.Append(2, src, 0, 1000, 1100).ok());  // room now
+  EXPECT_EQ(tier.reserved_bytes(), 2 * kChunkSet);
+  EXPECT_EQ(tier.Reserve(3, 1500).code(), absl::StatusCode::kResourceExhausted);
+  ASSERT_TRUE(tier.Reserve(3, 1000).ok());
+  ASSERT_TRUE(tier.AttachPrefix(3, 1000, [](const PagedDest&) { return absl::OkStatus(); }).ok());
+  EXPECT_EQ(tier.reserved_bytes(), 2 * kChunkSet);  // the prefix is not held here
+  tier.Erase(2);
+  tier.Erase(3);
+  EXPECT_EQ(tier.reserved_bytes(), 0);
+}
+
 }  // namespace
 }  // namespace vc

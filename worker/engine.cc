@@ -223,6 +223,9 @@ absl::Status VeriCacheEngine::Admit(Sequence& s) {
   const absl::Time t0 = absl::Now();
   EngineStats& st = s.result.stats;
   st.queue_seconds = absl::ToDoubleSeconds(t0 - s.submitted);
+  // Room in the tier for every position the sequence can reach, so no later append fails for it
+  // (a prefix attached below gives its share back). Full: the request waits for a sequence to end.
+  VC_RETURN_IF_ERROR(tier_->Reserve(s.key, MaxPositions(s.request)));
   const int64_t n = s.v() - 1;  // the last prompt token is fed by the first draft step
   const PrefilledKv& pre = s.request.prefilled;
   if (pre.cache != nullptr) {
@@ -363,6 +366,8 @@ absl::Status VeriCacheEngine::Recompute(Sequence& s) {
   VC_RETURN_IF_ERROR(model_.Prefill(absl::MakeConstSpan(s.tokens).first(s.full_len), s.sseq,
                                     s.request.options.prefill_chunk, *staging_, nullptr));
   tier_->Erase(s.key);
+  // The prefix is now held here too; without room for it this sequence ends (Verify).
+  VC_RETURN_IF_ERROR(tier_->Reserve(s.key, MaxPositions(s.request)));
   VC_RETURN_IF_ERROR(tier_->Append(s.key, *staging_, s.sseq, 0, s.full_len));
   s.result.stats.recomputed_tokens += s.full_len;
   s.result.stats.prefix_store_tokens = 0;
@@ -371,23 +376,31 @@ absl::Status VeriCacheEngine::Recompute(Sequence& s) {
 }
 
 absl::Status VeriCacheEngine::Verify(std::vector<Sequence*>& ready) {
-  std::vector<std::vector<int32_t>> feeds(ready.size());
+  std::vector<std::vector<int32_t>> feeds;
+  feeds.reserve(ready.size());  // chunks point into them
   std::vector<SequenceChunk> chunks;
-  for (size_t i = 0; i < ready.size(); ++i) {
-    Sequence& s = *ready[i];
+  std::vector<Sequence*> kept;
+  for (Sequence* sp : ready) {
+    Sequence& s = *sp;
     if (!s.resident()) {  // else staging already holds [0, full_len) from the last pass
       if (s.fetch->Wait().ok()) {
         staging_->Commit(s.sseq, s.full_len);
         s.result.stats.bytes_fetched += s.fetch->bytes();
-      } else {
-        VC_RETURN_IF_ERROR(Recompute(s));
+      } else if (absl::Status r = Recompute(s); !r.ok()) {
+        if (!absl::IsResourceExhausted(r)) return r;
+        s.failed = r;  // no room to hold the prefix it had to compute: it alone ends
+        s.done = true;
+        continue;
       }
     }
     // The prompt positions not yet exact (after a store prefix), the last verified token, drafts.
-    feeds[i].assign(s.tokens.begin() + s.full_len, s.tokens.end());
-    feeds[i].insert(feeds[i].end(), s.drafts.begin(), s.drafts.end());
-    chunks.push_back({s.sseq, feeds[i]});
+    std::vector<int32_t>& feed = feeds.emplace_back(s.tokens.begin() + s.full_len, s.tokens.end());
+    feed.insert(feed.end(), s.drafts.begin(), s.drafts.end());
+    chunks.push_back({s.sseq, feed});
+    kept.push_back(&s);
   }
+  ready = std::move(kept);
+  if (ready.empty()) return absl::OkStatus();
   std::vector<float> logits;
   const absl::Time t0 = absl::Now();
   VC_RETURN_IF_ERROR(model_.Forward(chunks, *staging_, LogitsFor::kAllRows, &logits));
@@ -485,9 +498,10 @@ absl::Status VeriCacheEngine::Step() {
       absl::Now(),
       [&](const Sequence& s) {
         VC_RETURN_IF_ERROR(ValidateGenerate(model_, s.request.prompt, s.request.options));
+        VC_RETURN_IF_ERROR(tier_->CanHold(MaxPositions(s.request)));
         // Refused before it starts if staging could never hold its full KV for a verify pass,
         // which holds at most the prompt and every output token (windows never pass max_tokens).
-        const int64_t positions = static_cast<int64_t>(s.request.prompt.size()) + s.request.options.max_tokens + 1;
+        const int64_t positions = MaxPositions(s.request) + 1;
         const int64_t blocks = (positions + options_.block_size - 1) / options_.block_size;
         if (blocks > staging_->num_blocks()) {
           return absl::ResourceExhaustedError(absl::StrCat(
@@ -577,6 +591,10 @@ absl::Status VeriCacheEngine::Step() {
   ended = requests_.TakeFinished(status, [&](Sequence& s) { Release(s); });
   RequestQueue<Sequence>::TellAll(ended);
   return status;
+}
+
+int64_t VeriCacheEngine::MaxPositions(const EngineRequest& r) {
+  return static_cast<int64_t>(r.prompt.size()) + r.options.max_tokens;
 }
 
 int64_t VeriCacheEngine::StagingBlocks(const EngineRequest& r) const {

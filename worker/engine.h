@@ -125,6 +125,8 @@ class VeriCacheEngine {
   // `staging_for_all`: staging holds every active sequence at once, so a resident one keeps its
   // full KV until its pass (else it is costed as fetching: another sequence may take the room).
   absl::Status StartWindow(Sequence& s, bool staging_for_all);
+  // Positions a request's sequence can reach: its prompt and every output token.
+  static int64_t MaxPositions(const EngineRequest& r);
   // Staging blocks a request's sequence needs at most: its prompt, output and one draft window.
   int64_t StagingBlocks(const EngineRequest& r) const;
   absl::Status Verify(std::vector<Sequence*>& ready);

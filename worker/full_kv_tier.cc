@@ -51,10 +51,11 @@ absl::Time FetchHandle::finished_at() const {
   return finished_at_;
 }
 
-HostKvTier::HostKvTier(const KvLayout& layout, double bytes_per_second, int io_threads)
+HostKvTier::HostKvTier(const KvLayout& layout, double bytes_per_second, int io_threads, int64_t capacity_bytes)
     : layout_(layout),
       chunk_positions_(std::max<int64_t>(1, (int64_t{64} << 10) / (int64_t{layout.num_kv_heads} * layout.head_dim * 4))),
-      link_(bytes_per_second) {
+      link_(bytes_per_second),
+      capacity_bytes_(capacity_bytes) {
   for (int i = 0; i < std::max(1, io_threads); ++i) io_.emplace_back([this] { IoLoop(); });
 }
 
@@ -64,6 +65,51 @@ HostKvTier::~HostKvTier() {
     stop_ = true;
   }
   for (std::thread& t : io_) t.join();
+}
+
+int64_t HostKvTier::BytesFor(int64_t stored) const {
+  const int64_t chunks = (std::max<int64_t>(0, stored) + chunk_positions_ - 1) / chunk_positions_;
+  return chunks * chunk_positions_ * layout_.num_kv_heads * layout_.head_dim * 4 * 2 * layout_.num_layers;
+}
+
+absl::Status HostKvTier::Grow(Entry& e, int64_t positions) {
+  e.reserved_positions = std::max(e.reserved_positions, positions);
+  const int64_t need = BytesFor(e.reserved_positions - e.base);
+  if (need <= e.reserved_bytes) return absl::OkStatus();
+  if (capacity_bytes_ > 0 && reserved_bytes_ + need - e.reserved_bytes > capacity_bytes_) {
+    return absl::ResourceExhaustedError(absl::StrCat("the host KV tier's ", capacity_bytes_ >> 20, " MiB are taken (",
+                                                     reserved_bytes_ >> 20, " MiB by other sequences)"));
+  }
+  reserved_bytes_ += need - e.reserved_bytes;
+  e.reserved_bytes = need;
+  return absl::OkStatus();
+}
+
+absl::Status HostKvTier::Reserve(TierKey key, int64_t positions) {
+  absl::MutexLock l(&mu_);
+  auto& slot = entries_[key];
+  if (slot == nullptr) {
+    slot = std::make_shared<Entry>();
+    slot->k.resize(layout_.num_layers);
+    slot->v.resize(layout_.num_layers);
+  }
+  const int64_t was = slot->reserved_positions;
+  absl::Status s = Grow(*slot, positions);
+  if (!s.ok()) slot->reserved_positions = was;
+  return s;
+}
+
+absl::Status HostKvTier::CanHold(int64_t positions) const {
+  if (capacity_bytes_ > 0 && BytesFor(positions) > capacity_bytes_) {
+    return absl::ResourceExhaustedError(absl::StrCat(positions, " positions need ", BytesFor(positions) >> 20,
+                                                     " MiB of host KV tier; it holds ", capacity_bytes_ >> 20));
+  }
+  return absl::OkStatus();
+}
+
+int64_t HostKvTier::reserved_bytes() const {
+  absl::MutexLock l(&mu_);
+  return reserved_bytes_;
 }
 
 absl::Status HostKvTier::Append(TierKey key, const PagedKvCache& src, SeqId seq, int64_t begin, int64_t end) {
@@ -77,6 +123,14 @@ absl::Status HostKvTier::Append(TierKey key, const PagedKvCache& src, SeqId seq,
       slot->v.resize(layout_.num_layers);
     }
     e = slot;
+    // Past the reservation (or with none): more room, if the budget has it.
+    if (end > e->reserved_positions) {
+      const int64_t was = e->reserved_positions;
+      if (absl::Status s = Grow(*e, end); !s.ok()) {
+        e->reserved_positions = was;
+        return s;
+      }
+    }
   }
   // One writer per key (the engine thread that owns the sequence); fetches of the same key are
   // never in flight while it appends.
@@ -126,18 +180,29 @@ absl::Status HostKvTier::AttachPrefix(TierKey key, int64_t length, PrefixReader 
   if (slot != nullptr && slot->length > 0) {
     return absl::FailedPreconditionError(absl::StrCat("tier already holds ", slot->length, " positions of the sequence"));
   }
-  slot = std::make_shared<Entry>();
-  slot->k.resize(layout_.num_layers);
-  slot->v.resize(layout_.num_layers);
+  if (slot == nullptr) {
+    slot = std::make_shared<Entry>();
+    slot->k.resize(layout_.num_layers);
+    slot->v.resize(layout_.num_layers);
+  }
   slot->base = length;
   slot->length = length;
   slot->prefix = std::move(read);
+  // The prefix's positions are read from elsewhere: their share of a reservation goes back.
+  const int64_t keep = BytesFor(slot->reserved_positions - length);
+  if (keep < slot->reserved_bytes) {
+    reserved_bytes_ -= slot->reserved_bytes - keep;
+    slot->reserved_bytes = keep;
+  }
   return absl::OkStatus();
 }
 
 void HostKvTier::Erase(TierKey key) {
   absl::MutexLock l(&mu_);
-  entries_.erase(key);
+  auto it = entries_.find(key);
+  if (it == entries_.end()) return;
+  reserved_bytes_ -= it->second->reserved_bytes;
+  entries_.erase(it);
 }
 
 void HostKvTier::IoLoop() {

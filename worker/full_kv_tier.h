@@ -57,6 +57,12 @@ using PrefixReader = std::function<absl::Status(const PagedDest& dest)>;
 class FullKvTier {
  public:
   virtual ~FullKvTier() = default;
+  // Sets aside the memory for `key` to hold positions up to `positions` (those a prefix attached
+  // later provides are given back then), so that its appends up to there cannot fail for room;
+  // kResourceExhausted when the tier's budget is taken. Erase gives it back.
+  virtual absl::Status Reserve(TierKey key, int64_t positions) = 0;
+  // kResourceExhausted when even an empty tier could not hold `positions` of one sequence.
+  virtual absl::Status CanHold(int64_t positions) const = 0;
   // Appends K/V of positions [begin, end) of `seq` in `src` for `key`; begin must equal the
   // number of positions the tier holds for key (kFailedPrecondition otherwise).
   virtual absl::Status Append(TierKey key, const PagedKvCache& src, SeqId seq, int64_t begin, int64_t end) = 0;
@@ -81,8 +87,17 @@ class FullKvTier {
 // share the link (link()). Thread-safe.
 class HostKvTier final : public FullKvTier {
  public:
-  HostKvTier(const KvLayout& layout, double bytes_per_second, int io_threads = 1);
+  // `capacity_bytes` bounds the memory the tier's sequences may hold (0: no bound). Memory is
+  // counted in whole chunks, as it is allocated.
+  HostKvTier(const KvLayout& layout, double bytes_per_second, int io_threads = 1, int64_t capacity_bytes = 0);
   ~HostKvTier() override;
+
+  absl::Status Reserve(TierKey key, int64_t positions) override;
+  absl::Status CanHold(int64_t positions) const override;
+  // Bytes set aside for sequences now.
+  int64_t reserved_bytes() const;
+  // Bytes a sequence takes to hold `stored` positions (whole chunks).
+  int64_t BytesFor(int64_t stored) const;
 
   absl::Status Append(TierKey key, const PagedKvCache& src, SeqId seq, int64_t begin, int64_t end) override;
   std::shared_ptr<FetchHandle> Fetch(TierKey key, int64_t length, PagedKvCache* dest, SeqId dest_seq) override;
@@ -100,6 +115,8 @@ class HostKvTier final : public FullKvTier {
     // Per layer, chunk c holds positions base + c * chunk_positions_ onward, as
     // [chunk_positions_, num_kv_heads * head_dim] (uninitialized past length).
     std::vector<std::vector<std::unique_ptr<float[]>>> k, v;
+    int64_t reserved_positions = 0;  // Reserve's bound (absolute positions)
+    int64_t reserved_bytes = 0;      // what the tier set aside for positions [base, that bound)
   };
   // Destinations are resolved when the fetch is issued (the cache is not thread-safe; its pool
   // arrays never move, so the block addresses stay valid).
@@ -110,11 +127,15 @@ class HostKvTier final : public FullKvTier {
     std::shared_ptr<FetchHandle> handle;
   };
   void IoLoop();
+  // Makes e's reservation cover positions up to `positions`, if the budget allows.
+  absl::Status Grow(Entry& e, int64_t positions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const KvLayout layout_;
   const int64_t chunk_positions_;  // positions per chunk: about 64 KiB of one layer's K (or V)
   LinkPacer link_;
+  const int64_t capacity_bytes_;
   mutable absl::Mutex mu_;
+  int64_t reserved_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   std::unordered_map<TierKey, std::shared_ptr<Entry>> entries_ ABSL_GUARDED_BY(mu_);
   std::deque<Job> jobs_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;

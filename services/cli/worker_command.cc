@@ -17,7 +17,8 @@ namespace {
 constexpr char kUsage[] =
     "usage: vericache worker --model DIR --listen HOST:PORT [--store HOST:PORT --store-token-file FILE]\n"
     "                        [--ucx none|peer|off] [--block-tokens N] [--compressor SPEC] [--max-batch N]\n"
-    "                        [--staging-mib N] [--full-kv-mib N] [--prefix-cache-mib N] [--max-requests N]\n"
+    "                        [--staging-mib N] [--full-kv-mib N] [--prefix-cache-mib N] [--host-kv-mib N]\n"
+    "                        [--max-requests N]\n"
     "                        [--client-tokens FILE] [--store-timeout-ms N] [--draft-window K] [--keep-staged 0|1]\n"
     "                        [--stored-compressed 0|1]\n"
     "  --store HOST:PORT       the cache store: prompts' prefixes are looked up there, their full KV\n"
@@ -29,6 +30,9 @@ constexpr char kUsage[] =
     "  --staging-mib N         worker memory for full KV staged for verification (default 512)\n"
     "  --full-kv-mib N         worker memory for MODE_FULL requests' KV (default 256; 0 refuses them)\n"
     "  --prefix-cache-mib N    compressed prefixes kept for reuse (default 256)\n"
+    "  --host-kv-mib N         host memory for the full KV of VeriCache sequences, each reserving its\n"
+    "                          prompt and max_tokens less a prefix read from the store (default 1024);\n"
+    "                          a request waits while it is taken\n"
     "  --client-tokens FILE    bearer tokens accepted from clients, one per line (default: no auth)\n"
     "  --keep-staged 0|1       keep a sequence's full KV staged between verify passes while no other\n"
     "                          sequence needs the room (default 1); 0 fetches it for every verify\n"
@@ -58,7 +62,7 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
   VC_ASSIGN_OR_RETURN(
       Args a, Args::Parse(argv,
                           {"model", "listen", "store", "store-token-file", "ucx", "block-tokens", "compressor",
-                           "max-batch", "staging-mib", "full-kv-mib", "prefix-cache-mib", "max-requests",
+                           "max-batch", "staging-mib", "full-kv-mib", "prefix-cache-mib", "host-kv-mib", "max-requests",
                            "client-tokens", "store-timeout-ms", "draft-window", "keep-staged", "stored-compressed"},
                           {}));
   for (const char* req : {"model", "listen"}) {
@@ -83,6 +87,8 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
   VC_ASSIGN_OR_RETURN(int64_t staging, a.Int("staging-mib", 512, 1, 1 << 20));
   VC_ASSIGN_OR_RETURN(int64_t full, a.Int("full-kv-mib", 256, 0, 1 << 20));
   VC_ASSIGN_OR_RETURN(int64_t prefix, a.Int("prefix-cache-mib", 256, 0, 1 << 20));
+  VC_ASSIGN_OR_RETURN(int64_t host, a.Int("host-kv-mib", 1024, 1, 1 << 20));
+  o.host_kv_bytes = host << 20;
   o.staging_bytes = staging << 20;
   o.full_kv_bytes = full << 20;
   o.prefix_cache_bytes = prefix << 20;
