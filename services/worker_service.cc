@@ -216,6 +216,7 @@ absl::StatusOr<std::unique_ptr<WorkerService>> WorkerService::Create(const Model
                                                                     const WorkerServiceOptions& options) {
   if (options.engine.staging_blocks < 1) return absl::InvalidArgumentError("the worker needs staging blocks");
   if (options.max_requests < 1) return absl::InvalidArgumentError("max_requests must be at least 1");
+  if (options.client_write_timeout_ms < 1) return absl::InvalidArgumentError("client_write_timeout_ms must be at least 1");
   std::unique_ptr<WorkerService> w(new WorkerService(model, options, prefixes));
   VC_ASSIGN_OR_RETURN(auto vericache, VeriCacheEngine::Create(model, tier, options.engine, prefixes));
   w->compressor_ = vericache->compressor_spec();
@@ -228,6 +229,7 @@ absl::StatusOr<std::unique_ptr<WorkerService>> WorkerService::Create(const Model
     VC_ASSIGN_OR_RETURN(full, FullKvEngine::Create(model, fo, prefixes));
   }
   w->scheduler_ = std::make_unique<Scheduler>(std::move(vericache), std::move(full), options.max_requests);
+  w->watchdog_ = std::make_unique<WriteWatchdog<grpc::ServerContext>>(absl::Milliseconds(options.client_write_timeout_ms));
   return w;
 }
 
@@ -312,7 +314,7 @@ grpc::Status WorkerService::Generate(grpc::ServerContext* ctx, const v1::Generat
       v1::GenerateResponse resp;
       resp.mutable_token_ids()->Add(tokens.begin(), tokens.end());
       resp.set_text(model_.tokenizer().Decode(tokens));
-      writable = writer->Write(resp);
+      writable = watchdog_->Write(ctx, [&] { return writer->Write(resp); });
     }
     if (done) break;
     if (ctx->IsCancelled() || !writable) stream->RequestCancel();
@@ -324,7 +326,7 @@ grpc::Status WorkerService::Generate(grpc::ServerContext* ctx, const v1::Generat
   }
   v1::GenerateResponse last;
   FillStats(stream->stats(), mode, last.mutable_stats());
-  writer->Write(last);
+  watchdog_->Write(ctx, [&] { return writer->Write(last); });
   return grpc::Status::OK;
 }
 

@@ -22,6 +22,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "grpcpp/grpcpp.h"
+#include "services/write_watchdog.h"
 #include "vericache/v1/inference.grpc.pb.h"
 #include "worker/engine.h"
 #include "worker/full_engine.h"
@@ -41,6 +42,9 @@ struct WorkerServiceOptions {
   // Bearer tokens accepted from clients; empty: no authentication (loopback, tests).
   std::set<std::string> client_tokens;
   std::string fingerprint_hex;  // reported by GetModelInfo
+  // A write to a client that has not returned within this long (the client stopped reading)
+  // cancels the call, so the handler does not wait for it for good.
+  int64_t client_write_timeout_ms = 60'000;
 };
 
 class Scheduler;
@@ -70,6 +74,7 @@ class WorkerService final : public vericache::v1::Inference::Service {
   PrefixStore* const prefixes_;
   std::string compressor_;
   std::unique_ptr<Scheduler> scheduler_;
+  std::unique_ptr<WriteWatchdog<grpc::ServerContext>> watchdog_;
 };
 
 }  // namespace vc

@@ -1,6 +1,7 @@
 // The worker service in one process with a real store on loopback: the failure paths of the
 // remote-prefix scene (a corrupt block, a store that is not there), overload, cancellation,
 // authentication and MODE_FULL, every output checked against sequential full-KV decoding.
+#include <atomic>
 #include <future>
 #include <thread>
 
@@ -10,6 +11,7 @@
 #include "gtest/gtest.h"
 #include "services/inference_client.h"
 #include "services/servers.h"
+#include "services/write_watchdog.h"
 #include "tests/testing/blocks.h"
 #include "tests/testing/tiny_model.h"
 #include "worker/full_decoder.h"
@@ -279,6 +281,28 @@ TEST_F(WorkerServiceTest, WhatCannotWorkIsRefusedUpFront) {
   so.store.ram.capacity_bytes = 1 << 20;
   so.listen = "127.0.0.1:70000";
   EXPECT_EQ(StoreServer::Start(so).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// A client that stops reading blocks gRPC's Write once its window is full, for as long as it keeps
+// the call open (output long enough to fill it is too slow to produce in a test; the watchdog is
+// checked on a call whose write blocks until cancelled, as that one does).
+TEST(WriteWatchdog, CancelsAWriteBlockedPastItsTimeout) {
+  struct Call {
+    std::atomic<int> cancels{0};
+    void TryCancel() { ++cancels; }
+  };
+  WriteWatchdog<Call> dog(absl::Milliseconds(100));
+  Call stuck, quick;
+  const absl::Time t0 = absl::Now();
+  EXPECT_FALSE(dog.Write(&stuck, [&] {
+    while (stuck.cancels == 0) absl::SleepFor(absl::Milliseconds(1));
+    return false;
+  }));
+  EXPECT_GE(absl::Now() - t0, absl::Milliseconds(100));
+  EXPECT_EQ(stuck.cancels, 1);
+  EXPECT_TRUE(dog.Write(&quick, [] { return true; }));
+  absl::SleepFor(absl::Milliseconds(300));
+  EXPECT_EQ(quick.cancels, 0);
 }
 
 }  // namespace

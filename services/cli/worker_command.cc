@@ -18,7 +18,7 @@ constexpr char kUsage[] =
     "usage: vericache worker --model DIR --listen HOST:PORT [--store HOST:PORT --store-token-file FILE]\n"
     "                        [--ucx none|peer|off] [--block-tokens N] [--compressor SPEC] [--max-batch N]\n"
     "                        [--staging-mib N] [--full-kv-mib N] [--prefix-cache-mib N] [--host-kv-mib N]\n"
-    "                        [--max-requests N]\n"
+    "                        [--max-requests N] [--client-write-timeout-ms N]\n"
     "                        [--client-tokens FILE] [--store-timeout-ms N] [--draft-window K] [--keep-staged 0|1]\n"
     "                        [--stored-compressed 0|1]\n"
     "  --store HOST:PORT       the cache store: prompts' prefixes are looked up there, their full KV\n"
@@ -34,6 +34,8 @@ constexpr char kUsage[] =
     "                          prompt and max_tokens less a prefix read from the store (default 1024);\n"
     "                          a request waits while it is taken\n"
     "  --client-tokens FILE    bearer tokens accepted from clients, one per line (default: no auth)\n"
+    "  --client-write-timeout-ms N  a client that takes no streamed tokens for this long has its\n"
+    "                          call cancelled (default 60000)\n"
     "  --keep-staged 0|1       keep a sequence's full KV staged between verify passes while no other\n"
     "                          sequence needs the room (default 1); 0 fetches it for every verify\n"
     "  --stored-compressed 0|1 also publish prefixes' compressed (KIVI) variants, and draft from the\n"
@@ -62,7 +64,7 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
   VC_ASSIGN_OR_RETURN(
       Args a, Args::Parse(argv,
                           {"model", "listen", "store", "store-token-file", "ucx", "block-tokens", "compressor",
-                           "max-batch", "staging-mib", "full-kv-mib", "prefix-cache-mib", "host-kv-mib", "max-requests",
+                           "max-batch", "staging-mib", "full-kv-mib", "prefix-cache-mib", "host-kv-mib", "client-write-timeout-ms", "max-requests",
                            "client-tokens", "store-timeout-ms", "draft-window", "keep-staged", "stored-compressed"},
                           {}));
   for (const char* req : {"model", "listen"}) {
@@ -89,6 +91,7 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
   VC_ASSIGN_OR_RETURN(int64_t prefix, a.Int("prefix-cache-mib", 256, 0, 1 << 20));
   VC_ASSIGN_OR_RETURN(int64_t host, a.Int("host-kv-mib", 1024, 1, 1 << 20));
   o.host_kv_bytes = host << 20;
+  VC_ASSIGN_OR_RETURN(o.service.client_write_timeout_ms, a.Int("client-write-timeout-ms", 60000, 1, 86400000));
   o.staging_bytes = staging << 20;
   o.full_kv_bytes = full << 20;
   o.prefix_cache_bytes = prefix << 20;
