@@ -31,10 +31,11 @@ absl::Status BlockStore::Put(const BlockKey& key, absl::string_view block) {
   // RAM first, so that a different block under a key being read is refused before either tier
   // takes it. RAM holds only what disk holds (its evictions are not demoted), so a block the disk
   // refuses leaves RAM too.
-  absl::Status s = ram_->Put(key, block, nullptr);
-  if (absl::IsFailedPrecondition(s)) return s;
+  bool stored = false;
+  absl::Status s = ram_->Put(key, block, nullptr, &stored);
+  if (absl::IsFailedPrecondition(s) || absl::IsUnavailable(s)) return s;
   if (absl::Status d = disk_->Put(key, block); !d.ok()) {
-    if (s.ok()) (void)ram_->Delete(key);
+    if (stored) (void)ram_->Delete(key);
     return d;
   }
   // A RAM tier full of pinned blocks only means this block is served from disk for now.

@@ -44,7 +44,7 @@ class BlockStore {
 
   // Checks the block's header, size and checksums (kDataLoss otherwise), then stores it in both
   // tiers (kFailedPrecondition, and neither changes, when a different block under `key` is being
-  // read from RAM).
+  // read from RAM; kUnavailable while another Put of `key` is still copying in).
   absl::Status Put(const BlockKey& key, absl::string_view block);
   // The block, checked; kNotFound if absent. `from_ram` (may be null) tells which tier served it.
   absl::StatusOr<std::string> Get(const BlockKey& key, bool* from_ram);

@@ -2,10 +2,12 @@
 
 #include <rocksdb/db.h>
 #include <rocksdb/options.h>
+#include <rocksdb/write_batch.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 
 #include "absl/strings/str_cat.h"
 
@@ -102,7 +104,8 @@ void RamTier::ExpireLeases(absl::Duration now) {
 }
 
 absl::Status RamTier::Put(const BlockKey& key, absl::string_view block,
-                          std::vector<std::pair<BlockKey, std::string>>* evicted) {
+                          std::vector<std::pair<BlockKey, std::string>>* evicted, bool* stored) {
+  if (stored != nullptr) *stored = false;
   const uint64_t slot = SlotFor(block.size());
   if (slot > largest_slot_) {
     return absl::ResourceExhaustedError(absl::StrCat("block of ", block.size(), " bytes exceeds the RAM tier"));
@@ -117,9 +120,10 @@ absl::Status RamTier::Put(const BlockKey& key, absl::string_view block,
       // copy is not kept here (the caller's disk tier holds it).
       if (e.dead) return absl::OkStatus();
       if (e.pins > 0) {
-        // Being read (or copied in by another Put): it stays. Keys name their content, so this
-        // is normally the same block; a different one is refused, so the tiers never disagree.
-        if (!e.ready) return absl::OkStatus();
+        // Being read: it stays. Keys name their content, so this is normally the same block; a
+        // different one is refused, so the tiers do not come to disagree. Another Put still
+        // copying in cannot be compared yet.
+        if (!e.ready) return absl::UnavailableError("another put of this key is in progress; retry");
         ++e.pins;
         const uint64_t at = e.offset, size = e.size;
         mu_.Unlock();
@@ -174,6 +178,7 @@ absl::Status RamTier::Put(const BlockKey& key, absl::string_view block,
   absl::MutexLock l(&mu_);
   if (auto it = entries_.find(key); it != entries_.end()) it->second.ready = true;
   Unpin(key);  // frees the slot if the block was deleted while being copied in
+  if (stored != nullptr) *stored = true;
   return absl::OkStatus();
 }
 
@@ -256,53 +261,122 @@ size_t RamTier::blocks() const {
 
 // ----------------------------------------------------------------------------------------- disk
 
+namespace {
+
+constexpr char kSizesFamily[] = "sizes";
+
+std::string SizeValue(uint64_t size) {
+  std::string v(8, '\0');
+  for (int i = 0; i < 8; ++i) v[i] = static_cast<char>(size >> (8 * i));
+  return v;
+}
+
+}  // namespace
+
+// Visits the entries of `cf` in key order with `visit` (false: stop). An entry RocksDB cannot
+// read stops a scan; then a second scan from the other end visits what lies past it, and the
+// entries between the two (which neither could reach) are deleted, so that nothing stays on disk
+// that the index does not count. Returns the first scan's error (OK when there was none).
+absl::Status DiskTier::ScanSalvaging(rocksdb::ColumnFamilyHandle* cf, const rocksdb::ReadOptions& options,
+                                     const std::function<bool(const rocksdb::Iterator&)>& visit) {
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(options, cf));
+  std::string first_gap;  // after the last key read from the front
+  for (it->SeekToFirst(); it->Valid(); it->Next()) {
+    first_gap = it->key().ToString() + std::string(1, '\0');
+    if (!visit(*it)) return absl::OkStatus();
+  }
+  if (it->status().ok()) return absl::OkStatus();
+  const absl::Status error = FromRocks(it->status(), "scan");
+  it.reset(db_->NewIterator(options, cf));
+  std::string gap_end(33, '\xff');  // past every 32-byte key
+  for (it->SeekToLast(); it->Valid(); it->Prev()) {
+    if (!visit(*it)) break;
+    gap_end = it->key().ToString();
+  }
+  for (rocksdb::ColumnFamilyHandle* h : {blocks_, sizes_cf_}) {
+    (void)db_->DeleteRange(rocksdb::WriteOptions(), h, first_gap, gap_end);
+  }
+  return error;
+}
+
 absl::StatusOr<std::unique_ptr<DiskTier>> DiskTier::Open(const DiskTierOptions& options) {
   std::unique_ptr<DiskTier> t(new DiskTier());
   t->options_ = options;
-  rocksdb::Options o;
-  o.create_if_missing = true;
-  o.enable_blob_files = true;  // block payloads live in blob files, keys and offsets in SSTs
-  o.min_blob_size = 4096;
-  o.enable_blob_garbage_collection = true;
+  // Two column families: the blocks (payloads in blob files, keys and offsets in SSTs), and each
+  // block's size (8 bytes, inline in SSTs) written with it in one batch, so that Open rebuilds the
+  // index without reading a payload. A damaged blob file then costs the blocks in it (each found
+  // and dropped when it is read) and not the store.
+  rocksdb::DBOptions db_options;
+  db_options.create_if_missing = true;
+  db_options.create_missing_column_families = true;
+  rocksdb::ColumnFamilyOptions blocks;
+  blocks.enable_blob_files = true;
+  blocks.min_blob_size = 4096;
+  blocks.enable_blob_garbage_collection = true;
+  std::vector<std::string> existing;
+  const bool had_sizes = rocksdb::DB::ListColumnFamilies(db_options, options.path, &existing).ok() &&
+                         std::find(existing.begin(), existing.end(), kSizesFamily) != existing.end();
+  const std::vector<rocksdb::ColumnFamilyDescriptor> families = {
+      {rocksdb::kDefaultColumnFamilyName, blocks}, {kSizesFamily, rocksdb::ColumnFamilyOptions()}};
+  std::vector<rocksdb::ColumnFamilyHandle*> handles;
   rocksdb::DB* db = nullptr;
-  rocksdb::Status s = rocksdb::DB::Open(o, options.path, &db);
+  rocksdb::Status s = rocksdb::DB::Open(db_options, options.path, families, &handles, &db);
   if (!s.ok()) return absl::UnavailableError(absl::StrCat("open RocksDB at ", options.path, ": ", s.ToString()));
   t->db_.reset(db);
-  // Rebuild the size index (and an eviction order) from what survived. Only sizes are needed, so
-  // RocksDB's value checksums are skipped (each block's own are checked when it is read, and a bad
-  // one dropped then). An entry RocksDB cannot read at all (a truncated or missing blob file)
-  // stops the scan; a second scan from the other end indexes what lies past it, and the store
-  // starts with what both reached: the entries between are not served (their room is reclaimed
-  // when RocksDB compacts after they are overwritten) instead of every block being lost.
+  t->blocks_ = handles[0];
+  t->sizes_cf_ = handles[1];
+
   rocksdb::ReadOptions scan;
-  scan.verify_checksums = false;
   scan.fill_cache = false;
   absl::MutexLock l(&t->mu_);
-  auto index = [&](const rocksdb::Iterator& it) {
-    if (it.key().size() != 32) return true;
-    BlockKey k;
-    std::memcpy(k.bytes.data(), it.key().data(), 32);
+  auto index = [&](const BlockKey& k, uint64_t size) {
     if (t->sizes_.contains(k)) return false;  // met the other scan
     t->order_.push_back(k);
-    t->sizes_[k] = {it.value().size(), std::prev(t->order_.end())};
-    t->used_ += it.value().size();
+    t->sizes_[k] = {size, std::prev(t->order_.end())};
+    t->used_ += size;
     return true;
   };
-  std::unique_ptr<rocksdb::Iterator> it(db->NewIterator(scan));
-  for (it->SeekToFirst(); it->Valid() && index(*it); it->Next()) {
-  }
-  if (!it->status().ok()) {
-    const std::string forward_error = it->status().ToString();
-    it.reset(db->NewIterator(scan));
-    for (it->SeekToLast(); it->Valid() && index(*it); it->Prev()) {
+  absl::Status scanned;
+  if (had_sizes) {
+    scanned = t->ScanSalvaging(t->sizes_cf_, scan, [&](const rocksdb::Iterator& it) {
+      if (it.key().size() != 32 || it.value().size() != 8) return true;
+      BlockKey k;
+      std::memcpy(k.bytes.data(), it.key().data(), 32);
+      uint64_t size = 0;
+      for (int i = 7; i >= 0; --i) size = (size << 8) | static_cast<uint8_t>(it.value()[i]);
+      return index(k, size);
+    });
+  } else {
+    // A database from before the sizes were kept (or a new one): sizes from the payloads, once.
+    // Only sizes are needed, so RocksDB's value checksums are skipped (each block's own are
+    // checked when it is read).
+    scan.verify_checksums = false;
+    rocksdb::WriteBatch batch;
+    scanned = t->ScanSalvaging(t->blocks_, scan, [&](const rocksdb::Iterator& it) {
+      if (it.key().size() != 32) return true;
+      BlockKey k;
+      std::memcpy(k.bytes.data(), it.key().data(), 32);
+      if (!index(k, it.value().size())) return false;
+      (void)batch.Put(t->sizes_cf_, it.key(), SizeValue(it.value().size()));
+      return true;
+    });
+    if (rocksdb::Status w = db->Write(rocksdb::WriteOptions(), &batch); !w.ok()) {
+      return absl::UnavailableError(absl::StrCat("RocksDB at ", options.path, ": writing block sizes: ", w.ToString()));
     }
-    std::fprintf(stderr, "RocksDB at %s: an entry could not be read (%s); serving the %zu blocks read around it\n",
-                 options.path.c_str(), forward_error.c_str(), t->sizes_.size());
+  }
+  if (!scanned.ok()) {
+    std::fprintf(stderr, "RocksDB at %s: an index entry could not be read (%s); serving the %zu blocks read around it\n",
+                 options.path.c_str(), std::string(scanned.message()).c_str(), t->sizes_.size());
   }
   return t;
 }
 
-DiskTier::~DiskTier() = default;
+DiskTier::~DiskTier() {
+  if (db_ == nullptr) return;
+  for (rocksdb::ColumnFamilyHandle* h : {blocks_, sizes_cf_}) {
+    if (h != nullptr) (void)db_->DestroyColumnFamilyHandle(h);
+  }
+}
 
 absl::Status DiskTier::Put(const BlockKey& key, absl::string_view block) {
   if (block.size() > options_.capacity_bytes) {
@@ -311,8 +385,11 @@ absl::Status DiskTier::Put(const BlockKey& key, absl::string_view block) {
   }
   rocksdb::WriteOptions w;
   w.sync = options_.sync_writes;
-  // One RocksDB write is atomic: a reader sees the whole value or none of it.
-  absl::Status s = FromRocks(db_->Put(w, KeySlice(key), rocksdb::Slice(block.data(), block.size())), "put");
+  // One RocksDB write is atomic: a reader sees the whole value or none of it, and its size with it.
+  rocksdb::WriteBatch batch;
+  (void)batch.Put(blocks_, KeySlice(key), rocksdb::Slice(block.data(), block.size()));
+  (void)batch.Put(sizes_cf_, KeySlice(key), SizeValue(block.size()));
+  absl::Status s = FromRocks(db_->Write(w, &batch), "put");
   if (!s.ok()) return s;
   std::vector<BlockKey> victims;
   {
@@ -333,13 +410,20 @@ absl::Status DiskTier::Put(const BlockKey& key, absl::string_view block) {
       victims.push_back(v);
     }
   }
-  for (const BlockKey& v : victims) (void)db_->Delete(rocksdb::WriteOptions(), KeySlice(v));
+  for (const BlockKey& v : victims) (void)Erase(v);
   return absl::OkStatus();
+}
+
+absl::Status DiskTier::Erase(const BlockKey& key) {
+  rocksdb::WriteBatch batch;
+  (void)batch.Delete(blocks_, KeySlice(key));
+  (void)batch.Delete(sizes_cf_, KeySlice(key));
+  return FromRocks(db_->Write(rocksdb::WriteOptions(), &batch), "delete");
 }
 
 absl::StatusOr<std::string> DiskTier::Get(const BlockKey& key) {
   std::string value;
-  absl::Status s = FromRocks(db_->Get(rocksdb::ReadOptions(), KeySlice(key), &value), "get");
+  absl::Status s = FromRocks(db_->Get(rocksdb::ReadOptions(), blocks_, KeySlice(key), &value), "get");
   if (!s.ok()) return s;
   return value;
 }
@@ -353,7 +437,7 @@ absl::Status DiskTier::Delete(const BlockKey& key) {
       sizes_.erase(it);
     }
   }
-  return FromRocks(db_->Delete(rocksdb::WriteOptions(), KeySlice(key)), "delete");
+  return Erase(key);
 }
 
 bool DiskTier::Contains(const BlockKey& key) const {

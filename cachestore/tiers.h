@@ -19,6 +19,7 @@
 #define VC_CACHESTORE_TIERS_H_
 
 #include <cstdint>
+#include <functional>
 #include <list>
 #include <map>
 #include <memory>
@@ -35,7 +36,10 @@
 #include "common/clock.h"
 
 namespace rocksdb {
+class ColumnFamilyHandle;
 class DB;
+class Iterator;
+struct ReadOptions;
 }
 
 namespace vc::cachestore {
@@ -68,12 +72,13 @@ class RamTier {
   ~RamTier();
 
   // Stores `block`, replacing an existing copy unless that copy is pinned: then the same bytes are
-  // a no-op and different ones kFailedPrecondition. Evicts unpinned least-recently-used blocks as
-  // the watermarks say, and until a slot of the block's size is free; `evicted` (may be null)
-  // receives the keys and bytes of what was evicted so the caller can demote them.
-  // kResourceExhausted when pinned blocks leave no room.
+  // a no-op, different ones kFailedPrecondition, and kUnavailable while another Put of the key
+  // is still copying in. Evicts unpinned least-recently-used blocks as the watermarks say, and
+  // until a slot of the block's size is free; `evicted` (may be null) receives the keys and bytes
+  // of what was evicted so the caller can demote them. kResourceExhausted when pinned blocks leave
+  // no room. `stored` (may be null) says whether this call put the block in.
   absl::Status Put(const BlockKey& key, absl::string_view block,
-                   std::vector<std::pair<BlockKey, std::string>>* evicted);
+                   std::vector<std::pair<BlockKey, std::string>>* evicted, bool* stored = nullptr);
   // A copy of the block; kNotFound when absent. Counts as a use for LRU.
   absl::StatusOr<std::string> Get(const BlockKey& key);
   bool Contains(const BlockKey& key) const;
@@ -165,8 +170,14 @@ class DiskTier {
 
  private:
   DiskTier() = default;
+  // Deletes the block and its size from the database.
+  absl::Status Erase(const BlockKey& key);
+  absl::Status ScanSalvaging(rocksdb::ColumnFamilyHandle* cf, const rocksdb::ReadOptions& options,
+                             const std::function<bool(const rocksdb::Iterator&)>& visit);
   DiskTierOptions options_;
   std::unique_ptr<rocksdb::DB> db_;
+  rocksdb::ColumnFamilyHandle* blocks_ = nullptr;    // the default family: key -> block
+  rocksdb::ColumnFamilyHandle* sizes_cf_ = nullptr;  // key -> block size (8 bytes, little-endian)
   mutable absl::Mutex mu_;
   // Insertion order for eviction, rebuilt from the database on open (RocksDB key order then).
   std::list<BlockKey> order_ ABSL_GUARDED_BY(mu_);

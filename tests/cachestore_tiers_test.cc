@@ -4,7 +4,10 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <thread>
+
+#include <rocksdb/db.h>
 
 #include "cachestore/tiers.h"
 #include "common/clock.h"
@@ -293,26 +296,44 @@ TEST(DiskTier, PersistsAcrossReopenAndEvictsOldest) {
   EXPECT_EQ(DiskTier::Open({"/proc/no/such/dir", 1, false}).status().code(), absl::StatusCode::kUnavailable);
 }
 
-// Writes 20 blocks of 10 KB and reopens once, so that they sit in a blob file; returns its path.
-std::string TwentyBlocksInABlobFile(const std::string& dir) {
+// Writes blocks [first, first + n) of 10 KB and reopens once, so that they sit in a blob file of
+// their own; returns that file's path.
+std::string BlocksInABlobFile(const std::string& dir, int first, int n) {
+  std::set<std::string> before;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) before.insert(e.path().string());
   {
     auto t = DiskTier::Open({dir, 1 << 20, false});
     EXPECT_TRUE(t.ok()) << t.status();
-    for (int i = 0; i < 20; ++i) EXPECT_TRUE((*t)->Put(Key(i), Block(i)).ok());
+    for (int i = first; i < first + n; ++i) EXPECT_TRUE((*t)->Put(Key(i), Block(i)).ok());
   }
   { EXPECT_TRUE(DiskTier::Open({dir, 1 << 20, false}).ok()); }  // recovery flushes the log
   for (const auto& e : std::filesystem::directory_iterator(dir)) {
-    if (e.path().extension() == ".blob") return e.path().string();
+    if (e.path().extension() == ".blob" && !before.contains(e.path().string())) return e.path().string();
   }
-  ADD_FAILURE() << "no blob file in " << dir;
+  ADD_FAILURE() << "no new blob file in " << dir;
   return "";
+}
+
+// The blocks [first, first + n) read back whole; returns how many reported their loss instead.
+int ReadBack(DiskTier& t, int first, int n) {
+  int lost = 0;
+  for (int i = first; i < first + n; ++i) {
+    auto got = t.Get(Key(i));
+    if (got.ok()) {
+      EXPECT_EQ(*got, Block(i));
+    } else {
+      EXPECT_EQ(got.status().code(), absl::StatusCode::kDataLoss) << got.status();
+      ++lost;
+    }
+  }
+  return lost;
 }
 
 // A flipped byte in a blob file costs the block it lands in, not the store: it opens, serves the
 // other blocks, and reports the damaged one as lost (the store then drops it).
 TEST(DiskTier, FlippedByteInABlobFileCostsOneBlock) {
   const std::string dir = vc::testing::TempDir("disk_tier_flip");
-  const std::string blob = TwentyBlocksInABlobFile(dir);
+  const std::string blob = BlocksInABlobFile(dir, 0, 20);
   ASSERT_FALSE(blob.empty());
   {
     std::fstream f(blob, std::ios::in | std::ios::out | std::ios::binary);
@@ -322,37 +343,48 @@ TEST(DiskTier, FlippedByteInABlobFileCostsOneBlock) {
   auto t = DiskTier::Open({dir, 1 << 20, false});
   ASSERT_TRUE(t.ok()) << t.status();
   EXPECT_EQ((*t)->blocks(), 20u);
-  int lost = 0;
-  for (int i = 0; i < 20; ++i) {
-    auto got = (*t)->Get(Key(i));
-    if (got.ok()) {
-      EXPECT_EQ(*got, Block(i));
-    } else {
-      EXPECT_EQ(got.status().code(), absl::StatusCode::kDataLoss) << got.status();
-      ++lost;
-    }
-  }
-  EXPECT_EQ(lost, 1);
+  EXPECT_EQ(ReadBack(**t, 0, 20), 1);
 }
 
-// A truncated blob file: the store still opens, with the blocks it can index, and each of those
-// reads back whole or reports its loss.
-TEST(DiskTier, TruncatedBlobFileStillOpens) {
+// A truncated blob file costs the blocks in it: the store opens with every block indexed (their
+// sizes are kept apart from the payloads), serves those of the other file, and reports the lost.
+TEST(DiskTier, TruncatedBlobFileCostsItsBlocksOnly) {
   const std::string dir = vc::testing::TempDir("disk_tier_truncated");
-  const std::string blob = TwentyBlocksInABlobFile(dir);
-  ASSERT_FALSE(blob.empty());
-  std::filesystem::resize_file(blob, std::filesystem::file_size(blob) / 2);
+  ASSERT_FALSE(BlocksInABlobFile(dir, 0, 10).empty());
+  const std::string second = BlocksInABlobFile(dir, 10, 10);
+  ASSERT_FALSE(second.empty());
+  std::filesystem::resize_file(second, std::filesystem::file_size(second) / 2);
   auto t = DiskTier::Open({dir, 1 << 20, false});
   ASSERT_TRUE(t.ok()) << t.status();
-  EXPECT_LE((*t)->blocks(), 20u);
-  for (int i = 0; i < 20; ++i) {
-    if (!(*t)->Contains(Key(i))) continue;
-    auto got = (*t)->Get(Key(i));
-    if (got.ok()) {
-      EXPECT_EQ(*got, Block(i));
-    } else {
-      EXPECT_EQ(got.status().code(), absl::StatusCode::kDataLoss) << got.status();
+  EXPECT_EQ((*t)->blocks(), 20u);
+  EXPECT_EQ(ReadBack(**t, 0, 10), 0);
+  EXPECT_EQ(ReadBack(**t, 10, 10), 10);
+}
+
+// A database written before block sizes were kept (blocks only, in the default column family) is
+// indexed from its payloads once, and from its sizes after that.
+TEST(DiskTier, DatabaseWithoutSizesIsIndexedFromItsBlocks) {
+  const std::string dir = vc::testing::TempDir("disk_tier_old");
+  {
+    rocksdb::Options o;
+    o.create_if_missing = true;
+    o.enable_blob_files = true;
+    o.min_blob_size = 4096;
+    rocksdb::DB* raw = nullptr;
+    ASSERT_TRUE(rocksdb::DB::Open(o, dir, &raw).ok());
+    std::unique_ptr<rocksdb::DB> db(raw);
+    for (int i = 0; i < 5; ++i) {
+      const std::string b = Block(i);
+      ASSERT_TRUE(db->Put(rocksdb::WriteOptions(), rocksdb::Slice(reinterpret_cast<const char*>(Key(i).bytes.data()), 32),
+                          b).ok());
     }
+  }
+  for (int round = 0; round < 2; ++round) {
+    auto t = DiskTier::Open({dir, 1 << 20, false});
+    ASSERT_TRUE(t.ok()) << t.status();
+    EXPECT_EQ((*t)->blocks(), 5u);
+    EXPECT_EQ((*t)->used_bytes(), 5u * Block(0).size());
+    EXPECT_EQ(ReadBack(**t, 0, 5), 0);
   }
 }
 
