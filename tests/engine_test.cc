@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "gtest/gtest.h"
+#include "tests/testing/memory_prefix_store.h"
 #include "tests/testing/tiny_model.h"
 #include "worker/engine.h"
 #include "worker/full_decoder.h"
@@ -148,6 +149,69 @@ TEST_F(EngineExactness, HostTierForOneSequenceAtATimeOnlyDelays) {
   }
   ASSERT_EQ(done, 3);
   for (int b = 0; b < 3; ++b) EXPECT_EQ(results[b].tokens, GenerateFull(*model_, prompts[b], o)->tokens) << b;
+}
+
+TEST_F(EngineExactness, PrefixThatMustBeRecomputedWithoutRoomEndsItsSequenceAlone) {
+  // The host tier holds three chunks; a prompt and its output need two, one once its prefix is
+  // attached from the store. Two such requests run together; when the store's reads fail, each
+  // must hold its whole prompt here: the first finds room, the second does not and ends alone,
+  // and the engine goes on.
+  GenerateOptions o;
+  o.max_tokens = 16;
+  o.stop_at_eos = false;
+  EngineOptions eo;
+  eo.compressor = "kivi:bits=4";
+  const HostKvTier sizing(model_->kv_layout(16), 0);
+  int64_t chunk = 1;
+  while (sizing.BytesFor(chunk + 1) == sizing.BytesFor(1)) ++chunk;
+  const int prompt_len = static_cast<int>(chunk) + 40;  // the store holds chunk + 32 positions
+  eo.staging_blocks = 3 * ((prompt_len + o.max_tokens) / 16 + 2);
+  HostKvTier tier(model_->kv_layout(16), 0, 1, 3 * sizing.BytesFor(1));
+  testing::MemoryPrefixStore store(16);
+  auto engine = VeriCacheEngine::Create(*model_, &tier, eo, &store);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  auto run = [&](const std::vector<std::vector<int32_t>>& prompts, std::vector<absl::Status>* st,
+                 std::vector<EngineResult>* out) {
+    st->assign(prompts.size(), absl::UnknownError("not done"));
+    out->assign(prompts.size(), EngineResult{});
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      (*engine)->Submit(MakeRequest(prompts[i], o), [st, out, i](absl::Status s, EngineResult r) {
+        (*st)[i] = s;
+        (*out)[i] = std::move(r);
+      });
+    }
+    for (int i = 0; i < 2000 && !(*engine)->Idle(); ++i) {
+      const absl::Status s = (*engine)->Step();
+      ASSERT_TRUE(s.ok()) << s;
+    }
+    ASSERT_TRUE((*engine)->Idle());
+  };
+  std::vector<int32_t> shared = RandomPrompt(prompt_len, 400);
+  std::vector<absl::Status> st;
+  std::vector<EngineResult> out;
+  run({shared}, &st, &out);  // computes the prefix and publishes it
+  ASSERT_TRUE(st[0].ok()) << st[0];
+  ASSERT_GT(store.size(), 0u);
+  store.fail_reads = true;
+  std::vector<std::vector<int32_t>> prompts = {shared, shared};
+  prompts[0].back() = 1;  // the same prefix, different last tokens
+  prompts[1].back() = 2;
+  run(prompts, &st, &out);
+  int ended = 0;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    if (st[i].ok()) {
+      EXPECT_EQ(out[i].tokens, GenerateFull(*model_, prompts[i], o)->tokens) << i;
+    } else {
+      EXPECT_EQ(st[i].code(), absl::StatusCode::kResourceExhausted) << st[i];
+      ++ended;
+    }
+  }
+  EXPECT_EQ(ended, 1);
+  EXPECT_EQ(tier.reserved_bytes(), 0);
+  store.fail_reads = false;
+  run({prompts[1]}, &st, &out);
+  ASSERT_TRUE(st[0].ok()) << st[0];
+  EXPECT_EQ(out[0].tokens, GenerateFull(*model_, prompts[1], o)->tokens);
 }
 
 TEST_F(EngineExactness, StagingThatCanNeverHoldASequenceEndsItAlone) {

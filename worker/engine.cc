@@ -390,6 +390,8 @@ absl::Status VeriCacheEngine::Verify(std::vector<Sequence*>& ready) {
         if (!absl::IsResourceExhausted(r)) return r;
         s.failed = r;  // no room to hold the prefix it had to compute: it alone ends
         s.done = true;
+        s.fetch.reset();
+        DropStaging(s);
         continue;
       }
     }
@@ -564,6 +566,8 @@ absl::Status VeriCacheEngine::Step() {
   if (status.ok()) {
     // The ready verify, then the others' draft step: every sequence moves on each step (one whose
     // window is 0 is ready at every step).
+    // (Verify may end some of `ready` alone; a sequence that ended has moved too.)
+    const bool moved = !ready.empty() || !drafting.empty();
     if (!ready.empty()) {
       for (Sequence* s : ready) {
         if (s->fetch == nullptr) continue;  // resident
@@ -573,7 +577,7 @@ absl::Status VeriCacheEngine::Step() {
       status = Verify(ready);
     }
     if (status.ok() && !drafting.empty()) status = DraftStep(drafting);
-    if (ready.empty() && drafting.empty()) {
+    if (!moved) {
       if (!waiting.empty()) {
         const absl::Time t0 = absl::Now();
         waiting.front()->fetch->Wait().IgnoreError();  // Verify looks at the outcome
