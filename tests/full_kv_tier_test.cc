@@ -91,7 +91,8 @@ TEST(HostKvTier, PrefixThenAppendsAtAnUnalignedBase) {
 
 // A budget in whole chunks (1024 positions of this layout, 256 KiB over both layers' K and V):
 // reservations share it, appends past a reservation take more only where it has room, a prefix
-// read from elsewhere gives its share back, Erase all of it.
+// read from elsewhere keeps its share (it is held here should its read fail), Erase gives it all
+// back.
 TEST(HostKvTier, BudgetIsSharedByReservations) {
   constexpr int64_t kChunkSet = 1024 * 2 * 8 * 4 * 2 * 2;
   const PagedKvCache src = RandomCache(1100, 5);
@@ -112,7 +113,7 @@ TEST(HostKvTier, BudgetIsSharedByReservations) {
   EXPECT_EQ(tier.Reserve(3, 1500).code(), absl::StatusCode::kResourceExhausted);
   ASSERT_TRUE(tier.Reserve(3, 1000).ok());
   ASSERT_TRUE(tier.AttachPrefix(3, 1000, [](const PagedDest&) { return absl::OkStatus(); }).ok());
-  EXPECT_EQ(tier.reserved_bytes(), 2 * kChunkSet);  // the prefix is not held here
+  EXPECT_EQ(tier.reserved_bytes(), 3 * kChunkSet);
   tier.Erase(2);
   tier.Erase(3);
   EXPECT_EQ(tier.reserved_bytes(), 0);

@@ -223,8 +223,9 @@ absl::Status VeriCacheEngine::Admit(Sequence& s) {
   const absl::Time t0 = absl::Now();
   EngineStats& st = s.result.stats;
   st.queue_seconds = absl::ToDoubleSeconds(t0 - s.submitted);
-  // Room in the tier for every position the sequence can reach, so no later append fails for it
-  // (a prefix attached below gives its share back). Full: the request waits for a sequence to end.
+  // Room in the tier for every position the sequence can reach, its prefix's too (recomputed and
+  // held here if the store fails to deliver it), so no later append fails for it. Taken: the
+  // request waits for a sequence to end.
   VC_RETURN_IF_ERROR(tier_->Reserve(s.key, MaxPositions(s.request)));
   const int64_t n = s.v() - 1;  // the last prompt token is fed by the first draft step
   const PrefilledKv& pre = s.request.prefilled;
@@ -366,7 +367,8 @@ absl::Status VeriCacheEngine::Recompute(Sequence& s) {
   VC_RETURN_IF_ERROR(model_.Prefill(absl::MakeConstSpan(s.tokens).first(s.full_len), s.sseq,
                                     s.request.options.prefill_chunk, *staging_, nullptr));
   tier_->Erase(s.key);
-  // The prefix is now held here too; without room for it this sequence ends (Verify).
+  // The prefix is now held here too: the room the sequence had reserved, given back just above,
+  // so this does not fail (if a tier refused it, this sequence would end alone: see Verify).
   VC_RETURN_IF_ERROR(tier_->Reserve(s.key, MaxPositions(s.request)));
   VC_RETURN_IF_ERROR(tier_->Append(s.key, *staging_, s.sseq, 0, s.full_len));
   s.result.stats.recomputed_tokens += s.full_len;

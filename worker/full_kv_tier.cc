@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 
 namespace vc {
@@ -101,8 +102,9 @@ absl::Status HostKvTier::Reserve(TierKey key, int64_t positions) {
 
 absl::Status HostKvTier::CanHold(int64_t positions) const {
   if (capacity_bytes_ > 0 && BytesFor(positions) > capacity_bytes_) {
-    return absl::ResourceExhaustedError(absl::StrCat(positions, " positions need ", BytesFor(positions) >> 20,
-                                                     " MiB of host KV tier; it holds ", capacity_bytes_ >> 20));
+    return absl::ResourceExhaustedError(absl::StrFormat("%d positions need %.2f MiB of host KV tier; it holds %.2f MiB",
+                                                        positions, BytesFor(positions) / 1048576.0,
+                                                        capacity_bytes_ / 1048576.0));
   }
   return absl::OkStatus();
 }
@@ -188,12 +190,8 @@ absl::Status HostKvTier::AttachPrefix(TierKey key, int64_t length, PrefixReader 
   slot->base = length;
   slot->length = length;
   slot->prefix = std::move(read);
-  // The prefix's positions are read from elsewhere: their share of a reservation goes back.
-  const int64_t keep = BytesFor(slot->reserved_positions - length);
-  if (keep < slot->reserved_bytes) {
-    reserved_bytes_ -= slot->reserved_bytes - keep;
-    slot->reserved_bytes = keep;
-  }
+  // A reservation keeps the prefix's share: should the prefix's read fail, its positions are
+  // computed and held here, and that must not fail for room.
   return absl::OkStatus();
 }
 

@@ -57,9 +57,10 @@ using PrefixReader = std::function<absl::Status(const PagedDest& dest)>;
 class FullKvTier {
  public:
   virtual ~FullKvTier() = default;
-  // Sets aside the memory for `key` to hold positions up to `positions` (those a prefix attached
-  // later provides are given back then), so that its appends up to there cannot fail for room;
-  // kResourceExhausted when the tier's budget is taken. Erase gives it back.
+  // Sets aside the memory for `key` to hold positions up to `positions` (a prefix attached later
+  // keeps its share, for the day its read fails and the positions are held here), so that its
+  // appends up to there cannot fail for room; kResourceExhausted when the tier's budget is taken.
+  // Erase gives it back.
   virtual absl::Status Reserve(TierKey key, int64_t positions) = 0;
   // kResourceExhausted when even an empty tier could not hold `positions` of one sequence.
   virtual absl::Status CanHold(int64_t positions) const = 0;
