@@ -8,6 +8,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "cachestore/block_format.h"
+#include "common/status_macros.h"
+#include "common/text_checks.h"
 #include "grpcpp/grpcpp.h"
 
 namespace vc::cachestore {
@@ -102,6 +104,8 @@ StoreClient::~StoreClient() {
 
 absl::StatusOr<std::unique_ptr<StoreClient>> StoreClient::Create(const StoreClientOptions& options) {
   if (options.target.empty()) return absl::InvalidArgumentError("store target is empty");
+  // The token goes into a header, where gRPC aborts the process on control bytes.
+  if (!options.token.empty()) VC_RETURN_IF_ERROR(CheckBearerToken(options.token, "the store token"));
   std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials();
   if (!options.tls_root_certs_pem.empty()) {
     grpc::SslCredentialsOptions ssl;

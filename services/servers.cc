@@ -14,7 +14,10 @@ namespace {
 // host:port with a port gRPC can bind (0: any free one), or unix:PATH. gRPC itself would take the
 // port modulo 65536.
 absl::Status CheckListenAddress(const std::string& address) {
-  if (address.rfind("unix:", 0) == 0) return absl::OkStatus();
+  if (address.rfind("unix:", 0) == 0) {
+    if (address.size() > 5) return absl::OkStatus();
+    return absl::InvalidArgumentError("listen address 'unix:' names no socket path");
+  }
   const size_t colon = address.rfind(':');
   uint32_t port = 0;
   if (colon == std::string::npos || colon + 1 == address.size() ||
@@ -36,6 +39,9 @@ std::unique_ptr<grpc::Server> Listen(const std::string& address, std::shared_ptr
                                      grpc::Service* sync_service, grpc::Service* callback_service, int* port) {
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder b;
+  // Without SO_REUSEPORT, which gRPC sets by default: a second server on a port in use must fail,
+  // not share the port's connections with the first.
+  b.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   b.AddListeningPort(address, creds != nullptr ? creds : grpc::InsecureServerCredentials(), port);
   b.SetMaxReceiveMessageSize(256 << 20);
   b.SetMaxSendMessageSize(256 << 20);

@@ -6,6 +6,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "common/files.h"
+#include "common/text_checks.h"
 #include "common/status_macros.h"
 
 namespace vc {
@@ -248,7 +249,10 @@ absl::StatusOr<std::map<std::string, std::string>> ReadTokenFile(const std::stri
     if (parts.size() != 2) {
       return absl::InvalidArgumentError(absl::StrCat(path, ":", n, ": expected 'token tenant'"));
     }
-    out[parts[0]] = parts[1];
+    VC_RETURN_IF_ERROR(CheckBearerToken(parts[0], absl::StrCat(path, ":", n, ": the token")));
+    if (!out.emplace(parts[0], parts[1]).second) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ":", n, ": this token is listed already"));
+    }
   }
   return out;
 }

@@ -64,6 +64,7 @@ TEST_F(CliTest, BadInputsExitNonZeroWithAMessage) {
       {{"--model", dir_, "--prompt", "x", "--temperature", "-1"}, "temperature"},
       {{"--model", dir_, "--prompt", "x", "--top-p", "2"}, "top_p"},
       {{"--model", dir_, "--prompt", "x", "--bogus"}, "unknown option"},
+      {{"--model", dir_, "--model", dir_, "--prompt", "x"}, "given twice"},
       {{"--model", "/nonexistent", "--prompt", "x"}, "config.json"},
   };
   for (const Case& c : cases) {

@@ -5,6 +5,7 @@
 #include <fstream>
 
 #include "common/files.h"
+#include "common/text_checks.h"
 #include "gtest/gtest.h"
 #include "tests/testing/tiny_model.h"
 #include "worker/model.h"
@@ -264,6 +265,15 @@ TEST(Files, ReadFileLimitedTakesOnlySmallRegularFiles) {
   EXPECT_EQ(ReadFileLimited(dir, 5, "test file").status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(CheckJsonDepth(R"({"a":[[1]],"b":"[[[[["})", 3).ok());  // brackets in strings do not count
   EXPECT_FALSE(CheckJsonDepth(R"({"a":[[[1]]]})", 3).ok());
+}
+
+TEST(TextChecks, TokensAndUtf8) {
+  EXPECT_TRUE(CheckBearerToken("store-secret-token", "t").ok());
+  for (const char* bad : {"", "a b", "tok\x01en", "a\nb", "caf\xc3\xa9"}) EXPECT_FALSE(CheckBearerToken(bad, "t").ok()) << bad;
+  EXPECT_TRUE(IsUtf8("def f():\n    return 'caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80'"));
+  for (const char* bad : {"\xff", "\xc3", "\xc0\xaf", "\xed\xa0\x80", "\xf4\x90\x80\x80", "ab\xe2\x82"}) {
+    EXPECT_FALSE(IsUtf8(bad)) << bad;
+  }
 }
 
 }  // namespace

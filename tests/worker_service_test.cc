@@ -1,6 +1,11 @@
 // The worker service in one process with a real store on loopback: the failure paths of the
 // remote-prefix scene (a corrupt block, a store that is not there), overload, cancellation,
 // authentication and MODE_FULL, every output checked against sequential full-KV decoding.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <future>
 #include <thread>
@@ -191,6 +196,32 @@ TEST_F(WorkerServiceTest, NoStoreMeansComputeEverything) {
   EXPECT_GT(worker->prefixes()->stats().lookup_failures, 0);
 }
 
+TEST_F(WorkerServiceTest, AStoreThatHangsIsWaitedOutOnceNotByEveryRequest) {
+  // A socket that listens and never answers: a lookup waits out its timeout (300 ms here) on the
+  // scheduling thread. The next requests, within 8 times that, do not look up; all are exact.
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(listen(fd, 16), 0);
+  socklen_t len = sizeof(addr);
+  ASSERT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  auto worker = StartWorker("127.0.0.1:" + std::to_string(ntohs(addr.sin_port)));
+  auto stub = InferenceStub(worker->target());
+  for (int salt : {1, 2, 3}) {
+    const auto p = Prompt(100, salt);
+    GenerateReply r = CallGenerate(*stub, Request(p, 8));
+    ASSERT_TRUE(r.status.ok()) << r.status;
+    EXPECT_EQ(r.tokens, Want(p, 8));
+  }
+  EXPECT_EQ(worker->prefixes()->stats().lookup_failures, 1);
+  EXPECT_EQ(worker->prefixes()->stats().lookups_skipped, 2);
+  worker.reset();
+  close(fd);
+}
+
 TEST_F(WorkerServiceTest, ModeFullStreamsTheSameTokens) {
   auto store = StartStore();
   auto worker = StartWorker(store->target());
@@ -281,6 +312,12 @@ TEST_F(WorkerServiceTest, WhatCannotWorkIsRefusedUpFront) {
   so.store.ram.capacity_bytes = 1 << 20;
   so.listen = "127.0.0.1:70000";
   EXPECT_EQ(StoreServer::Start(so).status().code(), absl::StatusCode::kInvalidArgument);
+  so.listen = "unix:";
+  EXPECT_EQ(StoreServer::Start(so).status().code(), absl::StatusCode::kInvalidArgument);
+  // A port in use is refused (gRPC would share it with SO_REUSEPORT and split the connections).
+  so.listen = "127.0.0.1:" + std::to_string(worker->port());
+  so.store.disk.path = dir_ + "/db-unused-2";
+  EXPECT_EQ(StoreServer::Start(so).status().code(), absl::StatusCode::kUnavailable);
 }
 
 // A client that stops reading blocks gRPC's Write once its window is full, for as long as it keeps

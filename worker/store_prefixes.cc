@@ -99,13 +99,23 @@ std::vector<PrefixName> StorePrefixes::Names(absl::Span<const int32_t> tokens) c
 }
 
 int StorePrefixes::Lookup(absl::Span<const PrefixName> names) {
+  {
+    absl::MutexLock l(&mu_);
+    if (absl::Now() < skip_lookups_until_) {
+      stats_.lookups_skipped++;
+      return 0;
+    }
+  }
   std::vector<cachestore::BlockKey> keys;
   for (const PrefixName& n : names) keys.push_back(ToKey(n));
+  const absl::Time start = absl::Now();
   auto got = client_->Lookup(keys);
+  const absl::Time end = absl::Now();
   absl::MutexLock l(&mu_);
   stats_.lookups++;
   if (!got.ok()) {
     stats_.lookup_failures++;
+    skip_lookups_until_ = end + std::clamp(8 * (end - start), absl::Milliseconds(50), absl::Seconds(30));
     return 0;
   }
   stats_.blocks_hit += got->first;

@@ -19,6 +19,7 @@ absl::StatusOr<Args> Args::Parse(const std::vector<std::string>& argv,
       value = name.substr(eq + 1);
       name = name.substr(0, eq);
     }
+    if (a.values_.count(name)) return absl::InvalidArgumentError(absl::StrCat("--", name, " is given twice"));
     if (switches.count(name)) {
       if (inline_value) return absl::InvalidArgumentError(absl::StrCat("--", name, " takes no value"));
       a.values_[name].assign(1, '1');  // not = "1": GCC 12 misreports -Wrestrict on that

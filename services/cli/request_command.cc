@@ -4,6 +4,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/files.h"
+#include "common/text_checks.h"
 #include "common/status_macros.h"
 #include "services/cli/args.h"
 #include "services/inference_client.h"
@@ -17,11 +18,26 @@ constexpr char kUsage[] =
     "                         [--token TOKEN] [--timeout-ms N]\n"
     "  sends one Generate call to a worker, prints the generated text and the call's stats\n";
 
+// host:port with a port gRPC can reach (it would take one past 65535 modulo 65536); other target
+// forms (dns:, unix:, ...) go to gRPC as they are.
+absl::Status CheckTarget(const std::string& target) {
+  const size_t colon = target.rfind(':');
+  if (colon == std::string::npos || colon + 1 == target.size()) return absl::OkStatus();
+  const std::string port = target.substr(colon + 1);
+  if (port.find_first_not_of("0123456789") != std::string::npos) return absl::OkStatus();
+  if (port.size() > 5 || std::stoi(port) > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat("--target ", target, ": port past 65535"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
   VC_ASSIGN_OR_RETURN(Args a, Args::Parse(argv, {"target", "prompt", "prompt-file", "max-tokens", "mode", "temperature",
                                                  "top-k", "top-p", "seed", "token", "timeout-ms"},
                                           {}));
   if (!a.Has("target")) return absl::InvalidArgumentError("--target is required");
+  VC_RETURN_IF_ERROR(CheckTarget(a.Str("target")));
+  if (a.Has("token")) VC_RETURN_IF_ERROR(CheckBearerToken(a.Str("token"), "--token"));
   if (a.Has("prompt") == a.Has("prompt-file")) return absl::InvalidArgumentError("give one of --prompt, --prompt-file");
   vericache::v1::GenerateRequest req;
   if (a.Has("prompt")) {
@@ -30,6 +46,7 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
     VC_ASSIGN_OR_RETURN(std::string text, ReadFileLimited(a.Str("prompt-file"), 64 << 20, "prompt file"));
     req.set_text(std::move(text));
   }
+  if (!IsUtf8(req.text())) return absl::InvalidArgumentError("the prompt is not UTF-8 text, which the Generate API takes");
   VC_ASSIGN_OR_RETURN(int64_t max_tokens, a.Int("max-tokens", 128, 1, 1 << 20));
   VC_ASSIGN_OR_RETURN(int64_t top_k, a.Int("top-k", 0, 0, 1 << 20));
   VC_ASSIGN_OR_RETURN(int64_t seed, a.Int("seed", 0, 0, INT64_MAX));

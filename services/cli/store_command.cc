@@ -2,6 +2,8 @@
 
 #include <signal.h>
 
+#include <set>
+
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
@@ -74,7 +76,10 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
   sigaddset(&sigs, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
   VC_ASSIGN_OR_RETURN(std::unique_ptr<StoreServer> running, StoreServer::Start(server));
-  out << "vericache store listening on port " << running->port() << " (" << so.tokens.size() << " tenants, RAM "
+  std::set<std::string> tenants;
+  for (const auto& [token, tenant] : so.tokens) tenants.insert(tenant);
+  out << "vericache store listening on port " << running->port() << " (" << so.tokens.size() << " tokens of "
+      << tenants.size() << " tenants, RAM "
       << (ram >> 20) << " MiB, disk " << (disk >> 20) << " MiB at " << o.disk.path << ", UCX " << server.ucx
       << ", leases " << o.ram.lease_ttl_ms << " ms)" << std::endl;
   int sig = 0;

@@ -7,6 +7,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "common/files.h"
+#include "common/text_checks.h"
 #include "common/status_macros.h"
 #include "services/cli/args.h"
 #include "services/servers.h"
@@ -45,6 +46,7 @@ constexpr char kUsage[] =
 absl::StatusOr<std::string> ReadFirstLine(const std::string& path) {
   VC_ASSIGN_OR_RETURN(const std::string text, ReadFileLimited(path, 1 << 20, "token file"));
   const std::string line(absl::StripAsciiWhitespace(text.substr(0, text.find('\n'))));
+  if (!line.empty()) VC_RETURN_IF_ERROR(CheckBearerToken(line, absl::StrCat("the token in ", path)));
   if (line.empty()) return absl::InvalidArgumentError(absl::StrCat(path, " holds no token"));
   return line;
 }
@@ -54,7 +56,9 @@ absl::StatusOr<std::set<std::string>> ReadTokens(const std::string& path) {
   std::set<std::string> tokens;
   for (absl::string_view line : absl::StrSplit(text, '\n')) {
     const absl::string_view t = absl::StripAsciiWhitespace(line);
-    if (!t.empty() && t[0] != '#') tokens.insert(std::string(t));
+    if (t.empty() || t[0] == '#') continue;
+    VC_RETURN_IF_ERROR(CheckBearerToken(t, absl::StrCat("a token in ", path)));
+    tokens.insert(std::string(t));
   }
   if (tokens.empty()) return absl::InvalidArgumentError(absl::StrCat(path, " lists no token"));
   return tokens;

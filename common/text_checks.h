@@ -1,0 +1,60 @@
+// Checks of text that reaches gRPC as it is: a bearer token goes into a header (gRPC aborts the
+// process on a header value with control bytes), a prompt into a proto string (UTF-8 only).
+#ifndef VC_COMMON_TEXT_CHECKS_H_
+#define VC_COMMON_TEXT_CHECKS_H_
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+
+namespace vc {
+
+// OK when `token` is non-empty printable ASCII without spaces; `what` names it in the error.
+inline absl::Status CheckBearerToken(absl::string_view token, absl::string_view what) {
+  if (token.empty()) return absl::InvalidArgumentError(absl::StrCat(what, " is empty"));
+  for (const char c : token) {
+    if (c < 0x21 || c > 0x7e) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, " holds a byte other than printable ASCII (", static_cast<int>(static_cast<uint8_t>(c)), ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Whether `s` is well-formed UTF-8 (no overlong forms, surrogates or code points past U+10FFFF).
+inline bool IsUtf8(absl::string_view s) {
+  size_t i = 0;
+  while (i < s.size()) {
+    const uint8_t c = static_cast<uint8_t>(s[i]);
+    int n;
+    uint32_t cp;
+    if (c < 0x80) {
+      ++i;
+      continue;
+    } else if ((c & 0xe0) == 0xc0) {
+      n = 1, cp = c & 0x1f;
+    } else if ((c & 0xf0) == 0xe0) {
+      n = 2, cp = c & 0x0f;
+    } else if ((c & 0xf8) == 0xf0) {
+      n = 3, cp = c & 0x07;
+    } else {
+      return false;
+    }
+    if (i + n >= s.size()) return false;  // cut short
+    for (int k = 1; k <= n; ++k) {
+      const uint8_t t = static_cast<uint8_t>(s[i + k]);
+      if ((t & 0xc0) != 0x80) return false;
+      cp = (cp << 6) | (t & 0x3f);
+    }
+    static constexpr uint32_t kMin[4] = {0, 0x80, 0x800, 0x10000};
+    if (cp < kMin[n] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return false;
+    i += n + 1;
+  }
+  return true;
+}
+
+}  // namespace vc
+
+#endif  // VC_COMMON_TEXT_CHECKS_H_
