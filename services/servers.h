@@ -64,7 +64,8 @@ struct WorkerServerOptions {
   double fetch_bytes_per_second = 0;
   // Worker memory, in bytes: full KV staged for verification, MODE_FULL sequences' KV, the
   // compressed prefixes kept for reuse, and the host tier holding VeriCache sequences' full KV
-  // (each reserves its prompt and max_tokens, less a prefix read from the store).
+  // (each reserves its prompt and max_tokens, its store prefix's share included: it is held here
+  // should the prefix's read fail).
   int64_t staging_bytes = int64_t{512} << 20;
   int64_t full_kv_bytes = int64_t{256} << 20;
   int64_t prefix_cache_bytes = int64_t{256} << 20;
