@@ -21,6 +21,21 @@ std::vector<int32_t> RandomPrompt(int n, uint32_t seed) {
   return t;
 }
 
+// Positions in one of the host tier's chunks (its memory is counted in whole chunks).
+int64_t ChunkPositions(const HostKvTier& tier) {
+  int64_t n = 1;
+  while (tier.BytesFor(n + 1) == tier.BytesFor(1)) ++n;
+  return n;
+}
+
+// Greedy, 16 tokens, 4-bit KIVI drafts, staging for three sequences of `prompt_len` tokens.
+void TierTestOptions(int64_t prompt_len, GenerateOptions* o, EngineOptions* eo) {
+  o->max_tokens = 16;
+  o->stop_at_eos = false;
+  eo->compressor = "kivi:bits=4";
+  eo->staging_blocks = 3 * ((prompt_len + o->max_tokens) / 16 + 2);
+}
+
 class EngineExactness : public ::testing::Test {
  public:
   static void SetUpTestSuite() {
@@ -118,16 +133,11 @@ TEST_F(EngineExactness, HostTierForOneSequenceAtATimeOnlyDelays) {
   // The host tier holds one sequence's prompt and output, which cross one of its chunks: the
   // others wait their turn to start, since the first one's later appends need the room its prompt
   // did not (admitting a second one on its prompt alone made those appends fail the batch).
-  GenerateOptions o;
-  o.max_tokens = 16;
-  o.stop_at_eos = false;
-  EngineOptions eo;
-  eo.compressor = "kivi:bits=4";
   const HostKvTier sizing(model_->kv_layout(16), 0);
-  int64_t chunk = 1;
-  while (sizing.BytesFor(chunk + 1) == sizing.BytesFor(1)) ++chunk;
-  const int64_t prompt_len = chunk - 5;
-  eo.staging_blocks = 3 * ((prompt_len + o.max_tokens) / 16 + 2);
+  const int64_t prompt_len = ChunkPositions(sizing) - 5;
+  GenerateOptions o;
+  EngineOptions eo;
+  TierTestOptions(prompt_len, &o, &eo);
   HostKvTier tier(model_->kv_layout(16), 0, 1, sizing.BytesFor(prompt_len + o.max_tokens));
   auto engine = VeriCacheEngine::Create(*model_, &tier, eo);
   ASSERT_TRUE(engine.ok()) << engine.status();
@@ -156,16 +166,11 @@ TEST_F(EngineExactness, PrefixRecomputedUnderATightHostTierHasItsRoom) {
   // attached from the store. A sequence keeps its prefix's share, so when the store's reads fail
   // each can hold its whole prompt here: two such requests run one after the other, and both are
   // exact (giving the share back let both start, and the second then ended for want of room).
-  GenerateOptions o;
-  o.max_tokens = 16;
-  o.stop_at_eos = false;
-  EngineOptions eo;
-  eo.compressor = "kivi:bits=4";
   const HostKvTier sizing(model_->kv_layout(16), 0);
-  int64_t chunk = 1;
-  while (sizing.BytesFor(chunk + 1) == sizing.BytesFor(1)) ++chunk;
-  const int prompt_len = static_cast<int>(chunk) + 40;  // the store holds chunk + 32 positions
-  eo.staging_blocks = 3 * ((prompt_len + o.max_tokens) / 16 + 2);
+  const int prompt_len = static_cast<int>(ChunkPositions(sizing)) + 40;  // the store holds 32 more than a chunk
+  GenerateOptions o;
+  EngineOptions eo;
+  TierTestOptions(prompt_len, &o, &eo);
   HostKvTier tier(model_->kv_layout(16), 0, 1, 3 * sizing.BytesFor(1));
   testing::MemoryPrefixStore store(16);
   auto engine = VeriCacheEngine::Create(*model_, &tier, eo, &store);

@@ -86,17 +86,22 @@ absl::Status HostKvTier::Grow(Entry& e, int64_t positions) {
   return absl::OkStatus();
 }
 
-absl::Status HostKvTier::Reserve(TierKey key, int64_t positions) {
-  absl::MutexLock l(&mu_);
-  auto& slot = entries_[key];
+std::shared_ptr<HostKvTier::Entry>& HostKvTier::EntryFor(TierKey key) {
+  std::shared_ptr<Entry>& slot = entries_[key];
   if (slot == nullptr) {
     slot = std::make_shared<Entry>();
     slot->k.resize(layout_.num_layers);
     slot->v.resize(layout_.num_layers);
   }
-  const int64_t was = slot->reserved_positions;
-  absl::Status s = Grow(*slot, positions);
-  if (!s.ok()) slot->reserved_positions = was;
+  return slot;
+}
+
+absl::Status HostKvTier::Reserve(TierKey key, int64_t positions) {
+  absl::MutexLock l(&mu_);
+  Entry& e = *EntryFor(key);
+  const int64_t was = e.reserved_positions;
+  absl::Status s = Grow(e, positions);
+  if (!s.ok()) e.reserved_positions = was;
   return s;
 }
 
@@ -118,13 +123,7 @@ absl::Status HostKvTier::Append(TierKey key, const PagedKvCache& src, SeqId seq,
   std::shared_ptr<Entry> e;
   {
     absl::MutexLock l(&mu_);
-    auto& slot = entries_[key];
-    if (slot == nullptr) {
-      slot = std::make_shared<Entry>();
-      slot->k.resize(layout_.num_layers);
-      slot->v.resize(layout_.num_layers);
-    }
-    e = slot;
+    e = EntryFor(key);
     // Past the reservation (or with none): more room, if the budget has it.
     if (end > e->reserved_positions) {
       const int64_t was = e->reserved_positions;
@@ -178,18 +177,13 @@ int64_t HostKvTier::Length(TierKey key) const {
 
 absl::Status HostKvTier::AttachPrefix(TierKey key, int64_t length, PrefixReader read) {
   absl::MutexLock l(&mu_);
-  auto& slot = entries_[key];
-  if (slot != nullptr && slot->length > 0) {
-    return absl::FailedPreconditionError(absl::StrCat("tier already holds ", slot->length, " positions of the sequence"));
+  Entry& e = *EntryFor(key);
+  if (e.length > 0) {
+    return absl::FailedPreconditionError(absl::StrCat("tier already holds ", e.length, " positions of the sequence"));
   }
-  if (slot == nullptr) {
-    slot = std::make_shared<Entry>();
-    slot->k.resize(layout_.num_layers);
-    slot->v.resize(layout_.num_layers);
-  }
-  slot->base = length;
-  slot->length = length;
-  slot->prefix = std::move(read);
+  e.base = length;
+  e.length = length;
+  e.prefix = std::move(read);
   // A reservation keeps the prefix's share: should the prefix's read fail, its positions are
   // computed and held here, and that must not fail for room.
   return absl::OkStatus();

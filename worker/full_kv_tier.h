@@ -128,6 +128,8 @@ class HostKvTier final : public FullKvTier {
     std::shared_ptr<FetchHandle> handle;
   };
   void IoLoop();
+  // The entry of `key`, made empty if there is none.
+  std::shared_ptr<Entry>& EntryFor(TierKey key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Makes e's reservation cover positions up to `positions`, if the budget allows.
   absl::Status Grow(Entry& e, int64_t positions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
