@@ -264,6 +264,9 @@ size_t RamTier::blocks() const {
 namespace {
 
 constexpr char kSizesFamily[] = "sizes";
+// In the sizes family once every block's size is there (written with the last of them): a
+// database without it is indexed from its payloads first. Not 32 bytes, so never a block key.
+constexpr char kSizesComplete[] = "sizes-complete";
 
 std::string SizeValue(uint64_t size) {
   std::string v(8, '\0');
@@ -273,12 +276,14 @@ std::string SizeValue(uint64_t size) {
 
 }  // namespace
 
-// Visits the entries of `cf` in key order with `visit` (false: stop). An entry RocksDB cannot
-// read stops a scan; then a second scan from the other end visits what lies past it, and the
-// entries between the two (which neither could reach) are deleted, so that nothing stays on disk
-// that the index does not count. Returns the first scan's error (OK when there was none).
-absl::Status DiskTier::ScanSalvaging(rocksdb::ColumnFamilyHandle* cf, const rocksdb::ReadOptions& options,
+// Visits the sizes family in key order with `visit` (false: stop). An entry RocksDB cannot read
+// (a damaged SST) stops a scan; then a second scan from the other end visits what lies past it,
+// and the keys between the two, which neither could reach, are deleted from both families in one
+// write, so that nothing stays on disk that the index does not count (the blocks there are lost;
+// this is a cache). Returns the first scan's error, or the deletion's if that failed too.
+absl::Status DiskTier::ScanSalvaging(const rocksdb::ReadOptions& options,
                                      const std::function<bool(const rocksdb::Iterator&)>& visit) {
+  rocksdb::ColumnFamilyHandle* cf = sizes_cf_;
   std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(options, cf));
   std::string first_gap;  // after the last key read from the front
   for (it->SeekToFirst(); it->Valid(); it->Next()) {
@@ -293,8 +298,12 @@ absl::Status DiskTier::ScanSalvaging(rocksdb::ColumnFamilyHandle* cf, const rock
     if (!visit(*it)) break;
     gap_end = it->key().ToString();
   }
-  for (rocksdb::ColumnFamilyHandle* h : {blocks_, sizes_cf_}) {
-    (void)db_->DeleteRange(rocksdb::WriteOptions(), h, first_gap, gap_end);
+  rocksdb::WriteBatch gap;
+  for (rocksdb::ColumnFamilyHandle* h : {blocks_, sizes_cf_}) (void)gap.DeleteRange(h, first_gap, gap_end);
+  rocksdb::WriteOptions sync;
+  sync.sync = true;
+  if (rocksdb::Status d = db_->Write(sync, &gap); !d.ok()) {
+    return absl::UnavailableError(absl::StrCat(error.message(), "; deleting the keys it hides: ", d.ToString()));
   }
   return error;
 }
@@ -306,16 +315,17 @@ absl::StatusOr<std::unique_ptr<DiskTier>> DiskTier::Open(const DiskTierOptions& 
   // block's size (8 bytes, inline in SSTs) written with it in one batch, so that Open rebuilds the
   // index without reading a payload. A damaged blob file then costs the blocks in it (each found
   // and dropped when it is read) and not the store.
+  // (A database opened here once cannot be opened by a build without the sizes family.)
   rocksdb::DBOptions db_options;
   db_options.create_if_missing = true;
   db_options.create_missing_column_families = true;
+  // The small sizes family would hold back the deletion of every log file until it flushes; logs
+  // past this size make it flush.
+  db_options.max_total_wal_size = uint64_t{128} << 20;
   rocksdb::ColumnFamilyOptions blocks;
   blocks.enable_blob_files = true;
   blocks.min_blob_size = 4096;
   blocks.enable_blob_garbage_collection = true;
-  std::vector<std::string> existing;
-  const bool had_sizes = rocksdb::DB::ListColumnFamilies(db_options, options.path, &existing).ok() &&
-                         std::find(existing.begin(), existing.end(), kSizesFamily) != existing.end();
   const std::vector<rocksdb::ColumnFamilyDescriptor> families = {
       {rocksdb::kDefaultColumnFamilyName, blocks}, {kSizesFamily, rocksdb::ColumnFamilyOptions()}};
   std::vector<rocksdb::ColumnFamilyHandle*> handles;
@@ -336,9 +346,11 @@ absl::StatusOr<std::unique_ptr<DiskTier>> DiskTier::Open(const DiskTierOptions& 
     t->used_ += size;
     return true;
   };
+  std::string complete;
+  const bool had_sizes = db->Get(rocksdb::ReadOptions(), t->sizes_cf_, kSizesComplete, &complete).ok();
   absl::Status scanned;
   if (had_sizes) {
-    scanned = t->ScanSalvaging(t->sizes_cf_, scan, [&](const rocksdb::Iterator& it) {
+    scanned = t->ScanSalvaging(scan, [&](const rocksdb::Iterator& it) {
       if (it.key().size() != 32 || it.value().size() != 8) return true;
       BlockKey k;
       std::memcpy(k.bytes.data(), it.key().data(), 32);
@@ -347,20 +359,30 @@ absl::StatusOr<std::unique_ptr<DiskTier>> DiskTier::Open(const DiskTierOptions& 
       return index(k, size);
     });
   } else {
-    // A database from before the sizes were kept (or a new one): sizes from the payloads, once.
-    // Only sizes are needed, so RocksDB's value checksums are skipped (each block's own are
-    // checked when it is read).
+    // A database from before the sizes were kept (or a new one, or one whose first indexing was
+    // cut short): sizes from the payloads, all in one synced write with the mark that they are
+    // complete. Only sizes are needed, so RocksDB's value checksums are skipped (each block's own
+    // are checked when it is read). A payload RocksDB cannot read at all stops the indexing: keys
+    // are hashes, so what it hides is spread over every key, and the database is left as it is.
     scan.verify_checksums = false;
     rocksdb::WriteBatch batch;
-    scanned = t->ScanSalvaging(t->blocks_, scan, [&](const rocksdb::Iterator& it) {
-      if (it.key().size() != 32) return true;
+    std::unique_ptr<rocksdb::Iterator> it(db->NewIterator(scan, t->blocks_));
+    for (it->SeekToFirst(); it->Valid(); it->Next()) {
+      if (it->key().size() != 32) continue;
       BlockKey k;
-      std::memcpy(k.bytes.data(), it.key().data(), 32);
-      if (!index(k, it.value().size())) return false;
-      (void)batch.Put(t->sizes_cf_, it.key(), SizeValue(it.value().size()));
-      return true;
-    });
-    if (rocksdb::Status w = db->Write(rocksdb::WriteOptions(), &batch); !w.ok()) {
+      std::memcpy(k.bytes.data(), it->key().data(), 32);
+      index(k, it->value().size());
+      (void)batch.Put(t->sizes_cf_, it->key(), SizeValue(it->value().size()));
+    }
+    if (!it->status().ok()) {
+      return absl::DataLossError(absl::StrCat("RocksDB at ", options.path, " (written before block sizes were kept) has a ",
+                                              "block it cannot read, so it cannot be indexed: ", it->status().ToString(),
+                                              "; move it aside to start with an empty store"));
+    }
+    (void)batch.Put(t->sizes_cf_, kSizesComplete, "");
+    rocksdb::WriteOptions sync;
+    sync.sync = true;
+    if (rocksdb::Status w = db->Write(sync, &batch); !w.ok()) {
       return absl::UnavailableError(absl::StrCat("RocksDB at ", options.path, ": writing block sizes: ", w.ToString()));
     }
   }

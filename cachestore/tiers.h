@@ -172,7 +172,7 @@ class DiskTier {
   DiskTier() = default;
   // Deletes the block and its size from the database.
   absl::Status Erase(const BlockKey& key);
-  absl::Status ScanSalvaging(rocksdb::ColumnFamilyHandle* cf, const rocksdb::ReadOptions& options,
+  absl::Status ScanSalvaging(const rocksdb::ReadOptions& options,
                              const std::function<bool(const rocksdb::Iterator&)>& visit);
   DiskTierOptions options_;
   std::unique_ptr<rocksdb::DB> db_;

@@ -127,14 +127,19 @@ TEST(RamTier, DifferentBlockUnderAKeyBeingReadIsRefused) {
   RamTierOptions o;
   o.capacity_bytes = 4 * 16384;
   RamTier t(o);
-  ASSERT_TRUE(t.Put(Key(0), Block(0), nullptr).ok());
+  bool stored = false;
+  ASSERT_TRUE(t.Put(Key(0), Block(0), nullptr, &stored).ok());
+  EXPECT_TRUE(stored);
   auto lease = t.Lease(Key(0));
   ASSERT_TRUE(lease.ok());
-  EXPECT_TRUE(t.Put(Key(0), Block(0), nullptr).ok());
-  EXPECT_EQ(t.Put(Key(0), Block(1), nullptr).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(t.Put(Key(0), Block(0), nullptr, &stored).ok());
+  EXPECT_FALSE(stored);  // the copy being read stays; this call stored nothing
+  EXPECT_EQ(t.Put(Key(0), Block(1), nullptr, &stored).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_FALSE(stored);
   EXPECT_EQ(*t.Get(Key(0)), Block(0));
   EXPECT_TRUE(t.Release(lease->id).ok());
-  ASSERT_TRUE(t.Put(Key(0), Block(1), nullptr).ok());
+  ASSERT_TRUE(t.Put(Key(0), Block(1), nullptr, &stored).ok());
+  EXPECT_TRUE(stored);
   EXPECT_EQ(*t.Get(Key(0)), Block(1));
   EXPECT_EQ(t.blocks(), 1u);
 }
@@ -386,6 +391,33 @@ TEST(DiskTier, DatabaseWithoutSizesIsIndexedFromItsBlocks) {
     EXPECT_EQ((*t)->used_bytes(), 5u * Block(0).size());
     EXPECT_EQ(ReadBack(**t, 0, 5), 0);
   }
+}
+
+// Such a database with a blob file it cannot read is not indexed (what the file hides is spread
+// over every key): it is refused with the reason, and left as it is.
+TEST(DiskTier, DatabaseWithoutSizesAndALostBlobFileIsRefused) {
+  const std::string dir = vc::testing::TempDir("disk_tier_old_lost");
+  rocksdb::Options o;
+  o.create_if_missing = true;
+  o.enable_blob_files = true;
+  o.min_blob_size = 4096;
+  for (int round = 0; round < 2; ++round) {  // the second open flushes the log into a blob file
+    rocksdb::DB* raw = nullptr;
+    ASSERT_TRUE(rocksdb::DB::Open(o, dir, &raw).ok());
+    std::unique_ptr<rocksdb::DB> db(raw);
+    for (int i = 0; i < 5 && round == 0; ++i) {
+      ASSERT_TRUE(db->Put(rocksdb::WriteOptions(), rocksdb::Slice(reinterpret_cast<const char*>(Key(i).bytes.data()), 32),
+                          Block(i)).ok());
+    }
+  }
+  int blobs = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    if (e.path().extension() == ".blob") std::filesystem::resize_file(e.path(), 100), ++blobs;
+  }
+  ASSERT_GT(blobs, 0);
+  auto t = DiskTier::Open({dir, 1 << 20, false});
+  EXPECT_EQ(t.status().code(), absl::StatusCode::kDataLoss) << t.status();
+  EXPECT_NE(t.status().message().find("move it aside"), absl::string_view::npos) << t.status();
 }
 
 }  // namespace

@@ -188,7 +188,6 @@ TEST_F(EngineExactness, PrefixRecomputedUnderATightHostTierHasItsRoom) {
     for (int i = 0; i < 2000 && !(*engine)->Idle(); ++i) {
       const absl::Status s = (*engine)->Step();
       ASSERT_TRUE(s.ok()) << s;
-      EXPECT_LE(tier.reserved_bytes(), 3 * sizing.BytesFor(1));
     }
     ASSERT_TRUE((*engine)->Idle());
   };

@@ -115,7 +115,7 @@ int StorePrefixes::Lookup(absl::Span<const PrefixName> names) {
   stats_.lookups++;
   if (!got.ok()) {
     stats_.lookup_failures++;
-    skip_lookups_until_ = end + std::clamp(8 * (end - start), absl::Milliseconds(50), absl::Seconds(30));
+    skip_lookups_until_ = end + std::max(8 * (end - start), absl::Milliseconds(50));
     return 0;
   }
   stats_.blocks_hit += got->first;

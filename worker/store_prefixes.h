@@ -103,7 +103,7 @@ class StorePrefixes final : public PrefixStore {
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   StorePrefixStats stats_ ABSL_GUARDED_BY(mu_);
   // After a failed lookup, lookups are skipped (answered "no prefix": the worker computes) until
-  // then: for 8 times as long as the failed one took, from 50 ms to 30 s. Lookups run on the
+  // then: for 8 times as long as the failed one took, 50 ms at least. Lookups run on the
   // worker's scheduling thread, so a store that hangs would otherwise stall the batch for its
   // timeout at every request; this way it stalls it a ninth of the time at most, and a store that
   // refuses at once (down, restarting) is tried again soon.
