@@ -366,24 +366,29 @@ TEST(DiskTier, TruncatedBlobFileCostsItsBlocksOnly) {
   EXPECT_EQ(ReadBack(**t, 10, 10), 10);
 }
 
-// A database written before block sizes were kept (blocks only, in the default column family) is
-// indexed from its payloads once, and from its sizes after that.
-TEST(DiskTier, DatabaseWithoutSizesIsIndexedFromItsBlocks) {
-  const std::string dir = vc::testing::TempDir("disk_tier_old");
-  {
-    rocksdb::Options o;
-    o.create_if_missing = true;
-    o.enable_blob_files = true;
-    o.min_blob_size = 4096;
+// Writes blocks [0, n) as a database from before block sizes were kept holds them (the default
+// column family only), then reopens it once so that they sit in a blob file.
+void WriteDatabaseWithoutSizes(const std::string& dir, int n) {
+  rocksdb::Options o;
+  o.create_if_missing = true;
+  o.enable_blob_files = true;
+  o.min_blob_size = 4096;
+  for (int round = 0; round < 2; ++round) {
     rocksdb::DB* raw = nullptr;
     ASSERT_TRUE(rocksdb::DB::Open(o, dir, &raw).ok());
     std::unique_ptr<rocksdb::DB> db(raw);
-    for (int i = 0; i < 5; ++i) {
-      const std::string b = Block(i);
-      ASSERT_TRUE(db->Put(rocksdb::WriteOptions(), rocksdb::Slice(reinterpret_cast<const char*>(Key(i).bytes.data()), 32),
-                          b).ok());
+    for (int i = 0; i < n && round == 0; ++i) {
+      const BlockKey key = Key(i);
+      ASSERT_TRUE(db->Put(rocksdb::WriteOptions(), rocksdb::Slice(reinterpret_cast<const char*>(key.bytes.data()), 32),
+                          Block(i)).ok());
     }
   }
+}
+
+// Such a database is indexed from its payloads once, and from its sizes after that.
+TEST(DiskTier, DatabaseWithoutSizesIsIndexedFromItsBlocks) {
+  const std::string dir = vc::testing::TempDir("disk_tier_old");
+  WriteDatabaseWithoutSizes(dir, 5);
   for (int round = 0; round < 2; ++round) {
     auto t = DiskTier::Open({dir, 1 << 20, false});
     ASSERT_TRUE(t.ok()) << t.status();
@@ -397,19 +402,7 @@ TEST(DiskTier, DatabaseWithoutSizesIsIndexedFromItsBlocks) {
 // over every key): it is refused with the reason, and left as it is.
 TEST(DiskTier, DatabaseWithoutSizesAndALostBlobFileIsRefused) {
   const std::string dir = vc::testing::TempDir("disk_tier_old_lost");
-  rocksdb::Options o;
-  o.create_if_missing = true;
-  o.enable_blob_files = true;
-  o.min_blob_size = 4096;
-  for (int round = 0; round < 2; ++round) {  // the second open flushes the log into a blob file
-    rocksdb::DB* raw = nullptr;
-    ASSERT_TRUE(rocksdb::DB::Open(o, dir, &raw).ok());
-    std::unique_ptr<rocksdb::DB> db(raw);
-    for (int i = 0; i < 5 && round == 0; ++i) {
-      ASSERT_TRUE(db->Put(rocksdb::WriteOptions(), rocksdb::Slice(reinterpret_cast<const char*>(Key(i).bytes.data()), 32),
-                          Block(i)).ok());
-    }
-  }
+  WriteDatabaseWithoutSizes(dir, 5);
   int blobs = 0;
   for (const auto& e : std::filesystem::directory_iterator(dir)) {
     if (e.path().extension() == ".blob") std::filesystem::resize_file(e.path(), 100), ++blobs;
