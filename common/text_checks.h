@@ -55,6 +55,20 @@ inline bool IsUtf8(absl::string_view s) {
   return true;
 }
 
+// The port of a "host:port" address (the digits after its last ':', up to 99999999), or -1 when it
+// has none there (unix:PATH, dns:..., a bare host). gRPC takes a port past 65535 modulo 65536, so
+// callers refuse those.
+inline int64_t PortOf(absl::string_view address) {
+  const size_t colon = address.rfind(':');
+  if (colon == absl::string_view::npos) return -1;
+  const absl::string_view digits = address.substr(colon + 1);
+  if (digits.empty() || digits.find_first_not_of("0123456789") != absl::string_view::npos) return -1;
+  if (digits.size() > 8) return 99999999;
+  int64_t port = 0;
+  for (const char c : digits) port = port * 10 + (c - '0');
+  return port;
+}
+
 }  // namespace vc
 
 #endif  // VC_COMMON_TEXT_CHECKS_H_

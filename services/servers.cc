@@ -2,10 +2,10 @@
 
 #include <chrono>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/memory.h"
 #include "common/status_macros.h"
+#include "common/text_checks.h"
 #include "grpcpp/health_check_service_interface.h"
 
 namespace vc {
@@ -18,11 +18,8 @@ absl::Status CheckListenAddress(const std::string& address) {
     if (address.size() > 5) return absl::OkStatus();
     return absl::InvalidArgumentError("listen address 'unix:' names no socket path");
   }
-  const size_t colon = address.rfind(':');
-  uint32_t port = 0;
-  if (colon == std::string::npos || colon + 1 == address.size() ||
-      address.find_first_not_of("0123456789", colon + 1) != std::string::npos ||
-      !absl::SimpleAtoi(absl::string_view(address).substr(colon + 1), &port) || port > 65535) {
+  const int64_t port = PortOf(address);
+  if (port < 0 || port > 65535) {
     return absl::InvalidArgumentError(
         absl::StrCat("listen address '", address, "' is not host:port with a port from 0 to 65535"));
   }
@@ -86,6 +83,7 @@ StoreServer::~StoreServer() {
 absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(WorkerServerOptions options) {
   std::unique_ptr<WorkerServer> w(new WorkerServer());
   VC_RETURN_IF_ERROR(CheckListenAddress(options.listen));
+  if (options.host_kv_bytes < 1) return absl::InvalidArgumentError("the host KV tier has no memory");
   VC_RETURN_IF_ERROR(CheckFitsInMemory(
       static_cast<uint64_t>(options.staging_bytes) + options.full_kv_bytes + options.prefix_cache_bytes +
           options.host_kv_bytes,
@@ -101,7 +99,6 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(WorkerServerOp
   options.service.full_kv_blocks = options.full_kv_bytes / block_bytes;
   options.service.fingerprint_hex = HexString(fingerprint);
   if (eo.staging_blocks < 1) return absl::InvalidArgumentError("the staging memory holds no KV block");
-  if (options.host_kv_bytes < 1) return absl::InvalidArgumentError("the host KV tier has no memory");
   w->tier_ = std::make_unique<HostKvTier>(layout, options.fetch_bytes_per_second, options.store_target.empty() ? 1 : 4,
                                           options.host_kv_bytes);
   if (!options.store_target.empty()) {

@@ -21,13 +21,6 @@ std::vector<int32_t> RandomPrompt(int n, uint32_t seed) {
   return t;
 }
 
-// Positions in one of the host tier's chunks (its memory is counted in whole chunks).
-int64_t ChunkPositions(const HostKvTier& tier) {
-  int64_t n = 1;
-  while (tier.BytesFor(n + 1) == tier.BytesFor(1)) ++n;
-  return n;
-}
-
 // Greedy, 16 tokens, 4-bit KIVI drafts, staging for three sequences of `prompt_len` tokens.
 void TierTestOptions(int64_t prompt_len, GenerateOptions* o, EngineOptions* eo) {
   o->max_tokens = 16;
@@ -134,7 +127,7 @@ TEST_F(EngineExactness, HostTierForOneSequenceAtATimeOnlyDelays) {
   // others wait their turn to start, since the first one's later appends need the room its prompt
   // did not (admitting a second one on its prompt alone made those appends fail the batch).
   const HostKvTier sizing(model_->kv_layout(16), 0);
-  const int64_t prompt_len = ChunkPositions(sizing) - 5;
+  const int64_t prompt_len = sizing.chunk_positions() - 5;
   GenerateOptions o;
   EngineOptions eo;
   TierTestOptions(prompt_len, &o, &eo);
@@ -167,7 +160,7 @@ TEST_F(EngineExactness, PrefixRecomputedUnderATightHostTierHasItsRoom) {
   // each can hold its whole prompt here: two such requests run one after the other, and both are
   // exact (giving the share back let both start, and the second then ended for want of room).
   const HostKvTier sizing(model_->kv_layout(16), 0);
-  const int prompt_len = static_cast<int>(ChunkPositions(sizing)) + 40;  // the store holds 32 more than a chunk
+  const int prompt_len = static_cast<int>(sizing.chunk_positions()) + 40;  // the store holds 32 more than a chunk
   GenerateOptions o;
   EngineOptions eo;
   TierTestOptions(prompt_len, &o, &eo);

@@ -184,7 +184,7 @@ TEST_P(FastBackendTest, AttentionMatchesReferenceAndIsBatchAndThreadInvariant) {
 
     // Verify passes: rows of one sequence (one block table) at consecutive lengths across a
     // 256-position chunk boundary, interleaved with another sequence's rows. The kernel groups
-    // rows by table, runs each group chunk by chunk and prefetches for its first row only; every
+    // rows by table, runs each group chunk by chunk, all rows of a chunk in one task; every
     // row still equals its one-row call.
     std::vector<AttentionRow> verify;
     for (int j = 0; j < 5; ++j) {

@@ -366,10 +366,8 @@ absl::Status VeriCacheEngine::Recompute(Sequence& s) {
   staging_->Commit(s.sseq, 0);
   VC_RETURN_IF_ERROR(model_.Prefill(absl::MakeConstSpan(s.tokens).first(s.full_len), s.sseq,
                                     s.request.options.prefill_chunk, *staging_, nullptr));
-  tier_->Erase(s.key);
-  // The prefix is now held here too: the room the sequence had reserved, given back just above,
-  // so this does not fail (if a tier refused it, this sequence would end alone: see Verify).
-  VC_RETURN_IF_ERROR(tier_->Reserve(s.key, MaxPositions(s.request)));
+  // The prefix is now held here too, in the room the sequence reserved for it at admission.
+  tier_->Clear(s.key);
   VC_RETURN_IF_ERROR(tier_->Append(s.key, *staging_, s.sseq, 0, s.full_len));
   s.result.stats.recomputed_tokens += s.full_len;
   s.result.stats.prefix_store_tokens = 0;
@@ -378,33 +376,23 @@ absl::Status VeriCacheEngine::Recompute(Sequence& s) {
 }
 
 absl::Status VeriCacheEngine::Verify(std::vector<Sequence*>& ready) {
-  std::vector<std::vector<int32_t>> feeds;
-  feeds.reserve(ready.size());  // chunks point into them
+  std::vector<std::vector<int32_t>> feeds(ready.size());
   std::vector<SequenceChunk> chunks;
-  std::vector<Sequence*> kept;
-  for (Sequence* sp : ready) {
-    Sequence& s = *sp;
+  for (size_t i = 0; i < ready.size(); ++i) {
+    Sequence& s = *ready[i];
     if (!s.resident()) {  // else staging already holds [0, full_len) from the last pass
       if (s.fetch->Wait().ok()) {
         staging_->Commit(s.sseq, s.full_len);
         s.result.stats.bytes_fetched += s.fetch->bytes();
-      } else if (absl::Status r = Recompute(s); !r.ok()) {
-        if (!absl::IsResourceExhausted(r)) return r;
-        s.failed = r;  // no room to hold the prefix it had to compute: it alone ends
-        s.done = true;
-        s.fetch.reset();
-        DropStaging(s);
-        continue;
+      } else {
+        VC_RETURN_IF_ERROR(Recompute(s));
       }
     }
     // The prompt positions not yet exact (after a store prefix), the last verified token, drafts.
-    std::vector<int32_t>& feed = feeds.emplace_back(s.tokens.begin() + s.full_len, s.tokens.end());
-    feed.insert(feed.end(), s.drafts.begin(), s.drafts.end());
-    chunks.push_back({s.sseq, feed});
-    kept.push_back(&s);
+    feeds[i].assign(s.tokens.begin() + s.full_len, s.tokens.end());
+    feeds[i].insert(feeds[i].end(), s.drafts.begin(), s.drafts.end());
+    chunks.push_back({s.sseq, feeds[i]});
   }
-  ready = std::move(kept);
-  if (ready.empty()) return absl::OkStatus();
   std::vector<float> logits;
   const absl::Time t0 = absl::Now();
   VC_RETURN_IF_ERROR(model_.Forward(chunks, *staging_, LogitsFor::kAllRows, &logits));
@@ -503,10 +491,8 @@ absl::Status VeriCacheEngine::Step() {
       [&](const Sequence& s) {
         VC_RETURN_IF_ERROR(ValidateGenerate(model_, s.request.prompt, s.request.options));
         VC_RETURN_IF_ERROR(tier_->CanHold(MaxPositions(s.request)));
-        // Refused before it starts if staging could never hold its full KV for a verify pass,
-        // which holds at most the prompt and every output token (windows never pass max_tokens).
-        const int64_t positions = MaxPositions(s.request) + 1;
-        const int64_t blocks = (positions + options_.block_size - 1) / options_.block_size;
+        // Refused before it starts if staging could never hold its full KV for a verify pass.
+        const int64_t blocks = VerifyBlocks(s.request);
         if (blocks > staging_->num_blocks()) {
           return absl::ResourceExhaustedError(absl::StrCat(
               "a prompt of ", s.request.prompt.size(), " tokens plus max_tokens ", s.request.options.max_tokens,
@@ -568,8 +554,6 @@ absl::Status VeriCacheEngine::Step() {
   if (status.ok()) {
     // The ready verify, then the others' draft step: every sequence moves on each step (one whose
     // window is 0 is ready at every step).
-    // (Verify may end some of `ready` alone; a sequence that ended has moved too.)
-    const bool moved = !ready.empty() || !drafting.empty();
     if (!ready.empty()) {
       for (Sequence* s : ready) {
         if (s->fetch == nullptr) continue;  // resident
@@ -579,7 +563,7 @@ absl::Status VeriCacheEngine::Step() {
       status = Verify(ready);
     }
     if (status.ok() && !drafting.empty()) status = DraftStep(drafting);
-    if (!moved) {
+    if (ready.empty() && drafting.empty()) {
       if (!waiting.empty()) {
         const absl::Time t0 = absl::Now();
         waiting.front()->fetch->Wait().IgnoreError();  // Verify looks at the outcome
@@ -601,6 +585,10 @@ absl::Status VeriCacheEngine::Step() {
 
 int64_t VeriCacheEngine::MaxPositions(const EngineRequest& r) {
   return static_cast<int64_t>(r.prompt.size()) + r.options.max_tokens;
+}
+
+int64_t VeriCacheEngine::VerifyBlocks(const EngineRequest& r) const {
+  return (MaxPositions(r) + 1 + options_.block_size - 1) / options_.block_size;
 }
 
 int64_t VeriCacheEngine::StagingBlocks(const EngineRequest& r) const {

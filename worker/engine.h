@@ -127,7 +127,11 @@ class VeriCacheEngine {
   absl::Status StartWindow(Sequence& s, bool staging_for_all);
   // Positions a request's sequence can reach: its prompt and every output token.
   static int64_t MaxPositions(const EngineRequest& r);
-  // Staging blocks a request's sequence needs at most: its prompt, output and one draft window.
+  // Staging blocks a verify pass of a request's sequence needs at most: its prompt and every
+  // output token (windows never pass max_tokens), and one more position.
+  int64_t VerifyBlocks(const EngineRequest& r) const;
+  // Staging blocks a request's sequence is given when staging is sized for it: its prompt,
+  // output and one draft window.
   int64_t StagingBlocks(const EngineRequest& r) const;
   absl::Status Verify(std::vector<Sequence*>& ready);
   absl::Status Recompute(Sequence& s);

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "common/status_macros.h"
 
 namespace vc {
 
@@ -70,19 +71,22 @@ HostKvTier::~HostKvTier() {
 
 int64_t HostKvTier::BytesFor(int64_t stored) const {
   const int64_t chunks = (std::max<int64_t>(0, stored) + chunk_positions_ - 1) / chunk_positions_;
-  return chunks * chunk_positions_ * layout_.num_kv_heads * layout_.head_dim * 4 * 2 * layout_.num_layers;
+  return chunks * chunk_positions_ * layout_.bytes_per_token();
 }
 
 absl::Status HostKvTier::Grow(Entry& e, int64_t positions) {
-  e.reserved_positions = std::max(e.reserved_positions, positions);
-  const int64_t need = BytesFor(e.reserved_positions - e.base);
-  if (need <= e.reserved_bytes) return absl::OkStatus();
-  if (capacity_bytes_ > 0 && reserved_bytes_ + need - e.reserved_bytes > capacity_bytes_) {
-    return absl::ResourceExhaustedError(absl::StrCat("the host KV tier's ", capacity_bytes_ >> 20, " MiB are taken (",
-                                                     reserved_bytes_ >> 20, " MiB by other sequences)"));
+  const int64_t target = std::max(e.reserved_positions, positions);
+  const int64_t need = BytesFor(target - e.base);
+  if (need > e.reserved_bytes) {
+    if (capacity_bytes_ > 0 && reserved_bytes_ + need - e.reserved_bytes > capacity_bytes_) {
+      return absl::ResourceExhaustedError(absl::StrCat("the host KV tier's ", capacity_bytes_ >> 20,
+                                                       " MiB are taken (", reserved_bytes_ >> 20,
+                                                       " MiB by other sequences)"));
+    }
+    reserved_bytes_ += need - e.reserved_bytes;
+    e.reserved_bytes = need;
   }
-  reserved_bytes_ += need - e.reserved_bytes;
-  e.reserved_bytes = need;
+  e.reserved_positions = target;
   return absl::OkStatus();
 }
 
@@ -98,11 +102,7 @@ std::shared_ptr<HostKvTier::Entry>& HostKvTier::EntryFor(TierKey key) {
 
 absl::Status HostKvTier::Reserve(TierKey key, int64_t positions) {
   absl::MutexLock l(&mu_);
-  Entry& e = *EntryFor(key);
-  const int64_t was = e.reserved_positions;
-  absl::Status s = Grow(e, positions);
-  if (!s.ok()) e.reserved_positions = was;
-  return s;
+  return Grow(*EntryFor(key), positions);
 }
 
 absl::Status HostKvTier::CanHold(int64_t positions) const {
@@ -125,13 +125,7 @@ absl::Status HostKvTier::Append(TierKey key, const PagedKvCache& src, SeqId seq,
     absl::MutexLock l(&mu_);
     e = EntryFor(key);
     // Past the reservation (or with none): more room, if the budget has it.
-    if (end > e->reserved_positions) {
-      const int64_t was = e->reserved_positions;
-      if (absl::Status s = Grow(*e, end); !s.ok()) {
-        e->reserved_positions = was;
-        return s;
-      }
-    }
+    VC_RETURN_IF_ERROR(Grow(*e, end));
   }
   // One writer per key (the engine thread that owns the sequence); fetches of the same key are
   // never in flight while it appends.
@@ -195,6 +189,19 @@ void HostKvTier::Erase(TierKey key) {
   if (it == entries_.end()) return;
   reserved_bytes_ -= it->second->reserved_bytes;
   entries_.erase(it);
+}
+
+void HostKvTier::Clear(TierKey key) {
+  absl::MutexLock l(&mu_);
+  auto it = entries_.find(key);
+  if (it == entries_.end()) return;
+  // A new entry: a fetch still queued keeps the old one alive.
+  auto fresh = std::make_shared<Entry>();
+  fresh->k.resize(layout_.num_layers);
+  fresh->v.resize(layout_.num_layers);
+  fresh->reserved_positions = it->second->reserved_positions;
+  fresh->reserved_bytes = it->second->reserved_bytes;
+  it->second = std::move(fresh);
 }
 
 void HostKvTier::IoLoop() {

@@ -77,6 +77,9 @@ class FullKvTier {
   // start at `length`. A fetch whose read fails finishes with that error.
   virtual absl::Status AttachPrefix(TierKey key, int64_t length, PrefixReader read) = 0;
   virtual void Erase(TierKey key) = 0;
+  // Forgets what `key` holds (its positions and any attached prefix) but keeps its reservation:
+  // appends start again at position 0.
+  virtual void Clear(TierKey key) = 0;
 };
 
 // Full KV in host memory, per (key, layer) in chunks of about 64 KiB for K and for V, so an append
@@ -99,12 +102,15 @@ class HostKvTier final : public FullKvTier {
   int64_t reserved_bytes() const;
   // Bytes a sequence takes to hold `stored` positions (whole chunks).
   int64_t BytesFor(int64_t stored) const;
+  // Positions per chunk (memory is counted in whole chunks).
+  int64_t chunk_positions() const { return chunk_positions_; }
 
   absl::Status Append(TierKey key, const PagedKvCache& src, SeqId seq, int64_t begin, int64_t end) override;
   std::shared_ptr<FetchHandle> Fetch(TierKey key, int64_t length, PagedKvCache* dest, SeqId dest_seq) override;
   int64_t Length(TierKey key) const override;
   absl::Status AttachPrefix(TierKey key, int64_t length, PrefixReader read) override;
   void Erase(TierKey key) override;
+  void Clear(TierKey key) override;
 
   LinkPacer* link() { return &link_; }
 
@@ -130,7 +136,7 @@ class HostKvTier final : public FullKvTier {
   void IoLoop();
   // The entry of `key`, made empty if there is none.
   std::shared_ptr<Entry>& EntryFor(TierKey key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Makes e's reservation cover positions up to `positions`, if the budget allows.
+  // Makes e's reservation cover positions up to `positions` if the budget allows; else changes nothing.
   absl::Status Grow(Entry& e, int64_t positions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const KvLayout layout_;

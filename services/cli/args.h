@@ -35,8 +35,7 @@ class Args {
 
 // Runs one subcommand: prints `usage` for --help / -h; otherwise calls run(args, out) and turns
 // its status into an exit code (0 ok; 2 bad input: invalid argument, not found, data loss, out of
-// range; 1 anything else), printing "vericache <name>: <message>" and, for invalid arguments,
-// the usage to `err`.
+// range; 1 anything else), printing "vericache <name>: <message>" to `err`.
 int RunSubcommand(absl::string_view name, absl::string_view usage, const std::vector<std::string>& args,
                   std::ostream& out, std::ostream& err,
                   const std::function<absl::Status(const std::vector<std::string>&, std::ostream&)>& run);

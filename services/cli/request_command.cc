@@ -21,14 +21,8 @@ constexpr char kUsage[] =
 // host:port with a port gRPC can reach (it would take one past 65535 modulo 65536); other target
 // forms (dns:, unix:, ...) go to gRPC as they are.
 absl::Status CheckTarget(const std::string& target) {
-  const size_t colon = target.rfind(':');
-  if (colon == std::string::npos || colon + 1 == target.size()) return absl::OkStatus();
-  const std::string port = target.substr(colon + 1);
-  if (port.find_first_not_of("0123456789") != std::string::npos) return absl::OkStatus();
-  if (port.size() > 5 || std::stoi(port) > 65535) {
-    return absl::InvalidArgumentError(absl::StrCat("--target ", target, ": port past 65535"));
-  }
-  return absl::OkStatus();
+  if (PortOf(target) <= 65535) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("--target ", target, ": port past 65535"));
 }
 
 absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {

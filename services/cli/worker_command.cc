@@ -45,8 +45,8 @@ constexpr char kUsage[] =
 absl::StatusOr<std::string> ReadFirstLine(const std::string& path) {
   VC_ASSIGN_OR_RETURN(const std::string text, ReadFileLimited(path, 1 << 20, "token file"));
   const std::string line(absl::StripAsciiWhitespace(text.substr(0, text.find('\n'))));
-  if (!line.empty()) VC_RETURN_IF_ERROR(CheckBearerToken(line, absl::StrCat("the token in ", path)));
   if (line.empty()) return absl::InvalidArgumentError(absl::StrCat(path, " holds no token"));
+  VC_RETURN_IF_ERROR(CheckBearerToken(line, absl::StrCat("the token in ", path)));
   return line;
 }
 
