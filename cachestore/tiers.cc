@@ -34,17 +34,17 @@ RamTier::RamTier(const RamTierOptions& options)
     : options_(options),
       clock_(options.clock != nullptr ? options.clock : SteadyClock()),
       owned_region_(options.region != nullptr ? nullptr : new char[options.capacity_bytes]),
-      region_(options.region != nullptr ? options.region : owned_region_.get()) {
+      region_(options.region != nullptr ? options.region : owned_region_.get()),
+      unit_(std::max<uint64_t>(1, options.min_slot_bytes)) {
   // The region as aligned power-of-two pieces, largest first (the binary digits of its size in
   // slot units), each free as a whole.
-  const uint64_t unit = std::max<uint64_t>(1, options_.min_slot_bytes);
+  absl::MutexLock l(&mu_);
   uint64_t offset = 0;
   for (int bit = 63; bit >= 0; --bit) {
     const uint64_t units = uint64_t{1} << bit;
-    if ((options_.capacity_bytes / unit) & units) {
-      const uint64_t bytes = units * unit;
+    if ((options_.capacity_bytes / unit_) & units) {
+      const uint64_t bytes = units * unit_;
       if (largest_slot_ == 0) largest_slot_ = bytes;
-      absl::MutexLock l(&mu_);
       free_slots_[bytes].insert(offset);
       offset += bytes;
     }
@@ -54,7 +54,7 @@ RamTier::RamTier(const RamTierOptions& options)
 RamTier::~RamTier() = default;
 
 uint64_t RamTier::SlotFor(uint64_t size) const {
-  uint64_t slot = std::max<uint64_t>(1, options_.min_slot_bytes);
+  uint64_t slot = unit_;
   while (slot < size && slot <= largest_slot_) slot *= 2;  // past the largest: refused by the caller
   return slot;
 }
@@ -75,10 +75,9 @@ uint64_t RamTier::Allocate(uint64_t slot) {
 
 void RamTier::Free(Entry& e) {
   used_ -= e.slot;
-  const uint64_t unit = std::max<uint64_t>(1, options_.min_slot_bytes);
   uint64_t offset = e.offset, size = e.slot;
   while (size < largest_slot_) {
-    const uint64_t buddy = (offset / unit ^ size / unit) * unit;
+    const uint64_t buddy = (offset / unit_ ^ size / unit_) * unit_;
     auto it = free_slots_.find(size);
     if (it == free_slots_.end() || it->second.erase(buddy) == 0) break;
     offset = std::min(offset, buddy);
@@ -268,10 +267,17 @@ constexpr char kSizesFamily[] = "sizes";
 // database without it is indexed from its payloads first. Not 32 bytes, so never a block key.
 constexpr char kSizesComplete[] = "sizes-complete";
 
+// A block's size in the sizes family: 8 bytes, little-endian.
 std::string SizeValue(uint64_t size) {
   std::string v(8, '\0');
   for (int i = 0; i < 8; ++i) v[i] = static_cast<char>(size >> (8 * i));
   return v;
+}
+
+uint64_t ParseSizeValue(rocksdb::Slice v) {
+  uint64_t size = 0;
+  for (int i = 7; i >= 0; --i) size = (size << 8) | static_cast<uint8_t>(v[i]);
+  return size;
 }
 
 }  // namespace
@@ -341,9 +347,7 @@ absl::StatusOr<std::unique_ptr<DiskTier>> DiskTier::Open(const DiskTierOptions& 
   absl::MutexLock l(&t->mu_);
   auto index = [&](const BlockKey& k, uint64_t size) {
     if (t->sizes_.contains(k)) return false;  // met the other scan
-    t->order_.push_back(k);
-    t->sizes_[k] = {size, std::prev(t->order_.end())};
-    t->used_ += size;
+    t->Index(k, size);
     return true;
   };
   std::string complete;
@@ -354,9 +358,7 @@ absl::StatusOr<std::unique_ptr<DiskTier>> DiskTier::Open(const DiskTierOptions& 
       if (it.key().size() != 32 || it.value().size() != 8) return true;
       BlockKey k;
       std::memcpy(k.bytes.data(), it.key().data(), 32);
-      uint64_t size = 0;
-      for (int i = 7; i >= 0; --i) size = (size << 8) | static_cast<uint8_t>(it.value()[i]);
-      return index(k, size);
+      return index(k, ParseSizeValue(it.value()));
     });
   } else {
     // A database from before the sizes were kept (or a new one, or one whose first indexing was
@@ -416,20 +418,11 @@ absl::Status DiskTier::Put(const BlockKey& key, absl::string_view block) {
   std::vector<BlockKey> victims;
   {
     absl::MutexLock l(&mu_);
-    if (auto it = sizes_.find(key); it != sizes_.end()) {
-      used_ -= it->second.first;
-      order_.erase(it->second.second);
-      sizes_.erase(it);
-    }
-    order_.push_back(key);
-    sizes_[key] = {block.size(), std::prev(order_.end())};
-    used_ += block.size();
+    Unindex(key);
+    Index(key, block.size());
     while (used_ > options_.capacity_bytes && order_.size() > 1) {
-      const BlockKey v = order_.front();
-      order_.pop_front();
-      used_ -= sizes_[v].first;
-      sizes_.erase(v);
-      victims.push_back(v);
+      victims.push_back(order_.front());
+      Unindex(victims.back());
     }
   }
   for (const BlockKey& v : victims) (void)Erase(v);
@@ -453,13 +446,23 @@ absl::StatusOr<std::string> DiskTier::Get(const BlockKey& key) {
 absl::Status DiskTier::Delete(const BlockKey& key) {
   {
     absl::MutexLock l(&mu_);
-    if (auto it = sizes_.find(key); it != sizes_.end()) {
-      used_ -= it->second.first;
-      order_.erase(it->second.second);
-      sizes_.erase(it);
-    }
+    Unindex(key);
   }
   return Erase(key);
+}
+
+void DiskTier::Index(const BlockKey& key, uint64_t size) {
+  order_.push_back(key);
+  sizes_[key] = {size, std::prev(order_.end())};
+  used_ += size;
+}
+
+void DiskTier::Unindex(const BlockKey& key) {
+  auto it = sizes_.find(key);
+  if (it == sizes_.end()) return;
+  used_ -= it->second.first;
+  order_.erase(it->second.second);
+  sizes_.erase(it);
 }
 
 bool DiskTier::Contains(const BlockKey& key) const {

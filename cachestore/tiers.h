@@ -132,6 +132,7 @@ class RamTier {
   std::unique_ptr<char[]> owned_region_;  // null when options_.region is given
   char* const region_;
   mutable absl::Mutex mu_;
+  const uint64_t unit_;        // min_slot_bytes (at least 1): slots are unit_ times a power of two
   uint64_t largest_slot_ = 0;  // the region's biggest aligned power-of-two piece
   uint64_t used_ ABSL_GUARDED_BY(mu_) = 0;  // bytes of live slots
   // Free slots: size -> offsets. A slot of s bytes sits at a multiple of s (counted from the
@@ -172,6 +173,9 @@ class DiskTier {
   DiskTier() = default;
   // Deletes the block and its size from the database.
   absl::Status Erase(const BlockKey& key);
+  // Adds `key` to the index as the newest block; takes it out of the index (if there).
+  void Index(const BlockKey& key, uint64_t size) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Unindex(const BlockKey& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status ScanSalvaging(const rocksdb::ReadOptions& options,
                              const std::function<bool(const rocksdb::Iterator&)>& visit);
   DiskTierOptions options_;
