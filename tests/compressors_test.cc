@@ -150,6 +150,53 @@ TEST(QuantizeAsymmetric, RoundTripWithinHalfAStep) {
   EXPECT_EQ(mn, -1.25f);
 }
 
+// The group quantizer every KIVI cache uses is bitwise QuantizeAsymmetric applied run by run.
+TEST(QuantizeKiviGroup, BitwiseQuantizeAsymmetricPerRun) {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd(0.0f, 1.5f);
+  for (int bits : {2, 4, 8}) {
+    for (int d : {32, 64}) {
+      for (int g : {32, 64}) {
+        for (int vg : {16, 32}) {
+          std::vector<float> k(static_cast<size_t>(g) * d), v(k.size());
+          for (float& x : k) x = nd(rng);
+          for (float& x : v) x = nd(rng);
+          for (int t = 0; t < g; ++t) k[static_cast<size_t>(t) * d + 3] = 0.75f;  // a constant channel
+          for (int c = 0; c < vg; ++c) v[static_cast<size_t>(1) * d + c] = -2.0f;  // a constant run
+          // Channel 7 spans [0, 15] in halves: with 4 bits the step is 1 and every odd half is a tie.
+          for (int t = 0; t < g; ++t) k[static_cast<size_t>(t) * d + 7] = static_cast<float>(t % 31) * 0.5f;
+          k[5] = 1e-30f;  // a channel with a tiny value
+          const size_t codes = static_cast<size_t>(g) * d * bits / 8;
+          std::vector<uint8_t> kc(codes, 0), vc(codes, 0);
+          std::vector<float> ks(d), km(d), vs(static_cast<size_t>(g) * (d / vg)), vm(vs.size());
+          QuantizeKiviGroup(k.data(), v.data(), g, d, vg, bits, {kc.data(), ks.data(), km.data(), vc.data(), vs.data(), vm.data()});
+          const size_t run = static_cast<size_t>(g * bits / 8);
+          for (int c = 0; c < d; ++c) {
+            std::vector<uint8_t> want(run, 0);
+            float scale = 0, mn = 0;
+            QuantizeAsymmetric(k.data() + c, d, g, bits, want.data(), &scale, &mn);
+            ASSERT_EQ(std::memcmp(&scale, &ks[c], 4), 0) << "bits " << bits << " key channel " << c;
+            ASSERT_EQ(std::memcmp(&mn, &km[c], 4), 0);
+            ASSERT_EQ(std::memcmp(want.data(), kc.data() + c * run, run), 0) << "bits " << bits << " key channel " << c;
+          }
+          const int runs = d / vg;
+          for (int t = 0; t < g; ++t) {
+            for (int r = 0; r < runs; ++r) {
+              std::vector<uint8_t> want(static_cast<size_t>(vg * bits / 8), 0);
+              float scale = 0, mn = 0;
+              QuantizeAsymmetric(v.data() + static_cast<size_t>(t) * d + r * vg, 1, vg, bits, want.data(), &scale, &mn);
+              ASSERT_EQ(std::memcmp(&scale, &vs[t * runs + r], 4), 0);
+              ASSERT_EQ(std::memcmp(&mn, &vm[t * runs + r], 4), 0);
+              const uint8_t* got = vc.data() + static_cast<size_t>(t) * (d * bits / 8) + r * vg * bits / 8;
+              ASSERT_EQ(std::memcmp(want.data(), got, want.size()), 0) << "bits " << bits << " token " << t << " run " << r;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 // ---- (a) memory accounting --------------------------------------------------------------------
 
 // Bytes of one KIVI head holding n tokens whose first m sit before the rollback horizon.

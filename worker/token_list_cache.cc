@@ -3,6 +3,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#include <xmmintrin.h>
+#endif
 #include <type_traits>
 #include <numeric>
 
@@ -28,6 +32,162 @@ void QuantizeAsymmetric(const float* x, int64_t stride, int n, int bits, uint8_t
     code = std::clamp(code, 0, levels);
     const int bit = i * bits;
     codes[bit >> 3] = static_cast<uint8_t>(codes[bit >> 3] | (code << (bit & 7)));
+  }
+}
+
+namespace {
+
+// std::nearbyint(y) in the default rounding mode, for 0 <= y < 2^22: adding 2^23 leaves no bits
+// below the units, so the sum is rounded to even there, and the subtraction is exact.
+inline float RoundToEven(float y) { return (y + 0x1p23f) - 0x1p23f; }
+
+// The code QuantizeAsymmetric gives x in a run with minimum lo and step s, with `divisor` s where
+// s > 0 and 1 elsewhere (every value of such a run is lo, so it gets code 0 either way).
+inline uint8_t KiviCode(float x, float lo, float divisor, float levels) {
+  return static_cast<uint8_t>(std::min(levels, std::max(0.0f, RoundToEven((x - lo) / divisor))));
+}
+
+// Packs n codes, each `stride` apart in `codes`, at `bits` per code into out (whole bytes: bits
+// divides 8 and n * bits is a multiple of 8).
+template <int kBits>
+void PackCodesOf(const uint8_t* codes, size_t stride, int n, uint8_t* out) {
+  constexpr int kPer = 8 / kBits;
+  for (int j = 0; j < n / kPer; ++j) {
+    int byte = 0;
+    for (int i = 0; i < kPer; ++i) byte |= codes[static_cast<size_t>(j * kPer + i) * stride] << (i * kBits);
+    out[j] = static_cast<uint8_t>(byte);
+  }
+}
+
+void PackCodes(const uint8_t* codes, size_t stride, int n, int bits, uint8_t* out) {
+  switch (bits) {
+    case 2: return PackCodesOf<2>(codes, stride, n, out);
+    case 4: return PackCodesOf<4>(codes, stride, n, out);
+    default: return PackCodesOf<8>(codes, stride, n, out);
+  }
+}
+
+#if defined(__SSE2__)
+// Four lanes of KiviCode, as int32.
+inline __m128i KiviCodes4(__m128 x, __m128 lo, __m128 divisor, __m128 levels) {
+  const __m128 shift = _mm_set1_ps(0x1p23f);
+  __m128 y = _mm_div_ps(_mm_sub_ps(x, lo), divisor);
+  y = _mm_sub_ps(_mm_add_ps(y, shift), shift);
+  // _mm_max_ps(y, 0) is y > 0 ? y : 0 and _mm_min_ps(y, levels) is y < levels ? y : levels:
+  // std::max(0, y) and std::min(levels, y), NaN included.
+  return _mm_cvttps_epi32(_mm_min_ps(_mm_max_ps(y, _mm_setzero_ps()), levels));
+}
+
+// Stores the low byte of each lane.
+inline void StoreBytes4(__m128i codes, uint8_t* out) {
+  const __m128i bytes = _mm_packus_epi16(_mm_packs_epi32(codes, codes), codes);
+  const int32_t word = _mm_cvtsi128_si32(bytes);
+  std::memcpy(out, &word, 4);
+}
+#endif
+
+}  // namespace
+
+void QuantizeKiviGroup(const float* k, const float* v, int group, int head_dim, int value_group, int bits,
+                       const KiviGroupOut& out) {
+  const int d = head_dim, g = group;
+  const float levels = static_cast<float>((1 << bits) - 1);
+  std::vector<float> lo(k, k + d), hi(k, k + d), divisor(static_cast<size_t>(d));
+  std::vector<uint8_t> codes(static_cast<size_t>(std::max(g * d, value_group)));
+  // Keys: each channel over the group's tokens. The loops run along the channels, which are
+  // contiguous, and each channel still sees its tokens in order.
+  int c4 = 0;
+#if defined(__SSE2__)
+  const __m128 levels4 = _mm_set1_ps(levels), zero = _mm_setzero_ps(), one = _mm_set1_ps(1.0f);
+  for (; c4 + 4 <= d; c4 += 4) {
+    __m128 mn = _mm_loadu_ps(k + c4), mx = mn;
+    for (int t = 1; t < g; ++t) {
+      const __m128 x = _mm_loadu_ps(k + static_cast<size_t>(t) * d + c4);
+      mn = _mm_min_ps(x, mn);  // x < mn ? x : mn, as std::min(mn, x)
+      mx = _mm_max_ps(x, mx);  // x > mx ? x : mx, as std::max(mx, x)
+    }
+    const __m128 s = _mm_div_ps(_mm_sub_ps(mx, mn), levels4);
+    const __m128 positive = _mm_cmpgt_ps(s, zero);
+    const __m128 div = _mm_or_ps(_mm_and_ps(positive, s), _mm_andnot_ps(positive, one));
+    _mm_storeu_ps(out.k_scale + c4, s);
+    _mm_storeu_ps(out.k_min + c4, mn);
+    for (int t = 0; t < g; ++t) {
+      const size_t at = static_cast<size_t>(t) * d + c4;
+      StoreBytes4(KiviCodes4(_mm_loadu_ps(k + at), mn, div, levels4), codes.data() + at);
+    }
+  }
+#endif
+  for (int c = c4; c < d; ++c) {
+    for (int t = 1; t < g; ++t) {
+      lo[c] = std::min(lo[c], k[static_cast<size_t>(t) * d + c]);
+      hi[c] = std::max(hi[c], k[static_cast<size_t>(t) * d + c]);
+    }
+    const float s = (hi[c] - lo[c]) / levels;
+    out.k_scale[c] = s;
+    out.k_min[c] = lo[c];
+    divisor[c] = s > 0.0f ? s : 1.0f;
+    for (int t = 0; t < g; ++t) {
+      const size_t at = static_cast<size_t>(t) * d + c;
+      codes[at] = KiviCode(k[at], lo[c], divisor[c], levels);
+    }
+  }
+  const size_t run = static_cast<size_t>(g * bits / 8);
+  for (int c = 0; c < d; ++c) PackCodes(codes.data() + c, d, g, bits, out.k_codes + c * run);
+  // Values: each token's channels in runs of value_group.
+  const int runs = d / value_group;
+  const size_t row_bytes = static_cast<size_t>(d * bits / 8);
+  auto quantize_run = [&](int t, int r, float mn, float mx) {
+    const float* x = v + static_cast<size_t>(t) * d + r * value_group;
+    const float s = (mx - mn) / levels;
+    out.v_scale[t * runs + r] = s;
+    out.v_min[t * runs + r] = mn;
+    const float div = s > 0.0f ? s : 1.0f;
+    int c = 0;
+#if defined(__SSE2__)
+    for (; c + 4 <= value_group; c += 4) {
+      StoreBytes4(KiviCodes4(_mm_loadu_ps(x + c), _mm_set1_ps(mn), _mm_set1_ps(div), levels4), codes.data() + c);
+    }
+#endif
+    for (; c < value_group; ++c) codes[c] = KiviCode(x[c], mn, div, levels);
+    PackCodes(codes.data(), 1, value_group, bits, out.v_codes + t * row_bytes + r * value_group * bits / 8);
+  };
+  int t4 = 0;
+#if defined(__SSE2__)
+  // Four tokens at a time, a lane each: a 4 x 4 transpose turns four channels of four tokens
+  // into four channels' vectors, taken in order, so each token's minimum and maximum are found
+  // channel by channel as in the scalar loop below.
+  if (value_group % 4 == 0) {
+    for (; t4 + 4 <= g; t4 += 4) {
+      for (int r = 0; r < runs; ++r) {
+        const float* x = v + static_cast<size_t>(t4) * d + r * value_group;
+        __m128 mn = _mm_setr_ps(x[0], x[d], x[2 * d], x[3 * d]), mx = mn;
+        for (int c = 0; c < value_group; c += 4) {
+          __m128 a = _mm_loadu_ps(x + c), b = _mm_loadu_ps(x + d + c), e = _mm_loadu_ps(x + 2 * d + c),
+                 f = _mm_loadu_ps(x + 3 * d + c);
+          _MM_TRANSPOSE4_PS(a, b, e, f);
+          for (const __m128 y : {a, b, e, f}) {
+            mn = _mm_min_ps(y, mn);
+            mx = _mm_max_ps(y, mx);
+          }
+        }
+        alignas(16) float mns[4], mxs[4];
+        _mm_store_ps(mns, mn);
+        _mm_store_ps(mxs, mx);
+        for (int j = 0; j < 4; ++j) quantize_run(t4 + j, r, mns[j], mxs[j]);
+      }
+    }
+  }
+#endif
+  for (int t = t4; t < g; ++t) {
+    for (int r = 0; r < runs; ++r) {
+      const float* x = v + static_cast<size_t>(t) * d + r * value_group;
+      float mn = x[0], mx = x[0];
+      for (int c = 1; c < value_group; ++c) {
+        mn = std::min(mn, x[c]);
+        mx = std::max(mx, x[c]);
+      }
+      quantize_run(t, r, mn, mx);
+    }
   }
 }
 
@@ -75,43 +235,35 @@ void TokenListCache::QuantizeNextGroup(HeadList& h) {
   const int d = layout_.head_dim;
   const float* src_k = h.res_k.data() + static_cast<size_t>(h.q_tokens - h.f_start) * d;
   const float* src_v = h.res_v.data() + static_cast<size_t>(h.q_tokens - h.f_start) * d;
-  QuantizeGroup(src_k, src_v, &h.k_codes, &h.k_scale, &h.k_min, &h.v_codes, &h.v_scale, &h.v_min);
+  QuantizeGroup(src_k, src_v, &h);
   h.q_tokens += kivi_.group;
 }
 
-void TokenListCache::QuantizeGroup(const float* src_k, const float* src_v, std::vector<uint8_t>* k_codes,
-                                   std::vector<float>* k_scale, std::vector<float>* k_min,
-                                   std::vector<uint8_t>* v_codes, std::vector<float>* v_scale,
-                                   std::vector<float>* v_min) const {
-  const int d = layout_.head_dim, g = kivi_.group, bits = kivi_.bits;
-  const size_t row_bytes = static_cast<size_t>(d * bits / 8);
-  const size_t old_k = k_codes->size(), old_v = v_codes->size();
-  k_codes->resize(old_k + g * row_bytes, 0);
-  v_codes->resize(old_v + g * row_bytes, 0);
-  // Keys: per channel over the group's tokens, stored channel-major ([channel][token codes]) so the
-  // attention kernel scores 8 tokens per vector instruction.
-  const size_t run = static_cast<size_t>(g * bits / 8);
-  for (int c = 0; c < d; ++c) {
-    float scale, mn;
-    QuantizeAsymmetric(src_k + c, d, g, bits, k_codes->data() + old_k + c * run, &scale, &mn);
-    k_scale->push_back(scale);
-    k_min->push_back(mn);
-  }
-  // Values: per token over groups of channels.
-  for (int t = 0; t < g; ++t) {
-    uint8_t* row = v_codes->data() + old_v + t * row_bytes;
-    for (int c0 = 0; c0 < d; c0 += value_group_) {
-      std::vector<uint8_t> part(static_cast<size_t>((value_group_ * bits + 7) / 8), 0);
-      float scale, mn;
-      QuantizeAsymmetric(src_v + t * d + c0, 1, value_group_, bits, part.data(), &scale, &mn);
-      v_scale->push_back(scale);
-      v_min->push_back(mn);
-      for (int c = 0; c < value_group_; ++c) {
-        const int code = kernels::UnpackCode(part.data(), bits, c);
-        const int bit = (c0 + c) * bits;
-        row[bit >> 3] = static_cast<uint8_t>(row[bit >> 3] | (code << (bit & 7)));
-      }
+void TokenListCache::QuantizeGroup(const float* k, const float* v, HeadList* h) const {
+  const size_t d = static_cast<size_t>(layout_.head_dim), g = static_cast<size_t>(kivi_.group);
+  const size_t codes = g * d * kivi_.bits / 8, k_scales = d, v_scales = g * (d / value_group_);
+  const size_t kc = h->k_codes.size(), ks = h->k_scale.size(), vc = h->v_codes.size(), vs = h->v_scale.size();
+  h->k_codes.resize(kc + codes, 0);
+  h->v_codes.resize(vc + codes, 0);
+  h->k_scale.resize(ks + k_scales);
+  h->k_min.resize(ks + k_scales);
+  h->v_scale.resize(vs + v_scales);
+  h->v_min.resize(vs + v_scales);
+  QuantizeKiviGroup(k, v, kivi_.group, layout_.head_dim, value_group_, kivi_.bits,
+                    {h->k_codes.data() + kc, h->k_scale.data() + ks, h->k_min.data() + ks, h->v_codes.data() + vc,
+                     h->v_scale.data() + vs, h->v_min.data() + vs});
+}
+
+void TokenListCache::QuantizeFromFull(const PagedKvCache& full, SeqId full_seq, int layer, int head, int64_t first,
+                                      int64_t tokens, HeadList* h) const {
+  const int g = kivi_.group, d = layout_.head_dim;
+  std::vector<float> k(static_cast<size_t>(g) * d), v(k.size());
+  for (int64_t t0 = first; t0 < first + tokens; t0 += g) {
+    for (int t = 0; t < g; ++t) {
+      std::copy_n(full.K(layer, full_seq, t0 + t) + head * d, d, k.data() + t * d);
+      std::copy_n(full.V(layer, full_seq, t0 + t) + head * d, d, v.data() + t * d);
     }
+    QuantizeGroup(k.data(), v.data(), h);
   }
 }
 
@@ -128,32 +280,24 @@ TokenListCache::BlockParts TokenListCache::Parts(int64_t tokens) const {
 absl::Status TokenListCache::EncodeBlock(const PagedKvCache& full, SeqId full_seq, int64_t first, int64_t tokens,
                                          std::vector<std::string>* layers) const {
   if (block_codec().bits == 0) return CompressedKvCache::EncodeBlock(full, full_seq, first, tokens, layers);
-  const int g = kivi_.group, d = layout_.head_dim;
+  const int g = kivi_.group;
   if (first < 0 || tokens <= 0 || first % g != 0 || tokens % g != 0 || first + tokens > full.Length(full_seq)) {
     return absl::InvalidArgumentError(absl::StrCat("cannot encode positions [", first, ", ", first + tokens,
                                                    ") of a sequence of ", full.Length(full_seq), " in groups of ", g));
   }
   layers->assign(layout_.num_layers, std::string());
-  std::vector<float> k(static_cast<size_t>(g) * d), v(k.size());
   for (int l = 0; l < layout_.num_layers; ++l) {
     std::string& out = (*layers)[l];
     for (int h = 0; h < layout_.num_kv_heads; ++h) {
-      std::vector<uint8_t> k_codes, v_codes;
-      std::vector<float> k_scale, k_min, v_scale, v_min;
-      for (int64_t t0 = first; t0 < first + tokens; t0 += g) {
-        for (int t = 0; t < g; ++t) {
-          std::copy_n(full.K(l, full_seq, t0 + t) + h * d, d, k.data() + t * d);
-          std::copy_n(full.V(l, full_seq, t0 + t) + h * d, d, v.data() + t * d);
-        }
-        QuantizeGroup(k.data(), v.data(), &k_codes, &k_scale, &k_min, &v_codes, &v_scale, &v_min);
-      }
+      HeadList q;
+      QuantizeFromFull(full, full_seq, l, h, first, tokens, &q);
       auto put = [&out](const void* p, size_t n) { out.append(static_cast<const char*>(p), n); };
-      put(k_codes.data(), k_codes.size());
-      put(k_scale.data(), k_scale.size() * 4);
-      put(k_min.data(), k_min.size() * 4);
-      put(v_codes.data(), v_codes.size());
-      put(v_scale.data(), v_scale.size() * 4);
-      put(v_min.data(), v_min.size() * 4);
+      put(q.k_codes.data(), q.k_codes.size());
+      put(q.k_scale.data(), q.k_scale.size() * 4);
+      put(q.k_min.data(), q.k_min.size() * 4);
+      put(q.v_codes.data(), q.v_codes.size());
+      put(q.v_scale.data(), q.v_scale.size() * 4);
+      put(q.v_min.data(), q.v_min.size() * 4);
     }
   }
   return absl::OkStatus();
@@ -218,6 +362,10 @@ absl::Status TokenListCache::BuildFrom(SeqId seq, const PagedKvCache& full, SeqI
   s.selective = selector_ != nullptr;
   s.length = length;
   for (auto& h : s.heads) h = HeadList{};
+  // Without selection, the groups Commit would quantize and then drop from float32 (those before
+  // the rollback horizon) are quantized straight from `full`.
+  const int64_t direct =
+      s.selective ? 0 : QuantizedCount(std::max<int64_t>(0, length - MaxRollback()));
   const int d = layout_.head_dim;
   for (int l = 0; l < layout_.num_layers; ++l) {
     for (int g = 0; g < layout_.num_kv_heads; ++g) {
@@ -226,7 +374,9 @@ absl::Status TokenListCache::BuildFrom(SeqId seq, const PagedKvCache& full, SeqI
       if (s.selective) {
         for (int32_t p : kept[l][g]) add(p);
       } else {
-        for (int64_t p = 0; p < length; ++p) add(p);
+        QuantizeFromFull(full, full_seq, l, g, 0, direct, &h);
+        h.q_tokens = h.f_start = static_cast<int32_t>(direct);
+        for (int64_t p = direct; p < length; ++p) add(p);
       }
     }
   }

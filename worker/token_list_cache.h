@@ -91,10 +91,13 @@ class TokenListCache final : public CompressedKvCache {
   void Append(HeadList& h, bool selective, int64_t pos, const float* k, const float* v);
   // Quantizes the group of tokens that follows the quantized ones; their float32 copies stay.
   void QuantizeNextGroup(HeadList& h);
-  // Quantizes one group of tokens (k, v: [group, head_dim]) and appends the codes and scales.
-  void QuantizeGroup(const float* k, const float* v, std::vector<uint8_t>* k_codes, std::vector<float>* k_scale,
-                     std::vector<float>* k_min, std::vector<uint8_t>* v_codes, std::vector<float>* v_scale,
-                     std::vector<float>* v_min) const;
+  // Quantizes one group of tokens (k, v: [group, head_dim]) and appends its codes and scales to
+  // h's (q_tokens is the caller's).
+  void QuantizeGroup(const float* k, const float* v, HeadList* h) const;
+  // QuantizeGroup for positions [first, first + tokens) (whole groups) of KV head `head` of
+  // `layer` of `full_seq` in `full`.
+  void QuantizeFromFull(const PagedKvCache& full, SeqId full_seq, int layer, int head, int64_t first, int64_t tokens,
+                        HeadList* h) const;
   // Bytes of one KV head's share of an encoded block of `tokens` positions, and its parts.
   struct BlockParts {
     size_t codes, k_scales, v_scales;
