@@ -404,11 +404,16 @@ absl::Status VeriCacheEngine::Verify(std::vector<Sequence*>& ready) {
 
   const int vocab = model_.config().vocab_size;
   const int layers = model_.config().num_layers;
+  // Every sequence's tokens go out first; the bookkeeping after (the tier, the compressed cache,
+  // prefixes shared) does not hold back the later sequences' tokens.
+  std::vector<int64_t> verified(ready.size());  // v before the pass
+  std::vector<int> accepted_drafts(ready.size());
   int64_t row = 0;
   for (size_t i = 0; i < ready.size(); ++i) {
     Sequence& s = *ready[i];
     const GenerateOptions& o = s.request.options;
     const int64_t v = s.v();
+    verified[i] = v;
     const int k = static_cast<int>(s.drafts.size());
     const int64_t first = row + (v - 1 - s.full_len);  // the row that predicts position v
     // Accept the longest prefix of drafts the full-KV targets agree with, then the target's own.
@@ -446,6 +451,12 @@ absl::Status VeriCacheEngine::Verify(std::vector<Sequence*>& ready) {
     }
     if (st.verifies == 1) st.first_token_seconds = absl::ToDoubleSeconds(absl::Now() - s.submitted);
     if (s.request.on_tokens) s.request.on_tokens(absl::MakeConstSpan(emit).first(emitted));
+    accepted_drafts[i] = accepted;
+  }
+  for (size_t i = 0; i < ready.size(); ++i) {
+    Sequence& s = *ready[i];
+    const int64_t v = verified[i];
+    const int accepted = accepted_drafts[i];
     if (s.publish_from >= 0) {
       SharePrefix(s, s.publish_from, s.sseq);  // the pass made the whole prompt exact
       s.publish_from = -1;
