@@ -549,12 +549,19 @@ absl::Status VeriCacheEngine::Step() {
     }
   }
   // Sorted only once every window has started: a later sequence's reservation may have taken an
-  // earlier one's kept staging.
+  // earlier one's kept staging. One pass at a time computes the rest of a prompt (after a stored
+  // prefix): the first token of the earliest such sequence is not held back by the others', and
+  // on average each comes sooner.
+  bool prompt_pass = false;
   for (Sequence* s : order) {
     if (!status.ok()) break;
     if (static_cast<int>(s->drafts.size()) < s->k) {
       drafting.push_back(s);
     } else if (s->resident() || (s->fetch != nullptr && s->fetch->Done())) {
+      if (s->v() - s->full_len > 1) {
+        if (prompt_pass) continue;  // ready at the next step
+        prompt_pass = true;
+      }
       ready.push_back(s);
     } else if (s->fetch != nullptr) {
       waiting.push_back(s);
