@@ -652,6 +652,52 @@ TEST_F(CompressorsTest, CanonicalSpecsRoundTripAndDeclareTheirNeeds) {
 // A KIVI cache built from encoded blocks (what a worker reads from the cache store) and then
 // extended as usual reads exactly what a cache built from the full KV reads: the same codes, the
 // same float32 tail, bitwise the same attention outputs.
+// What the engine relies on to rebuild a sequence's KIVI cache from a cached copy of its prefix.
+TEST(KiviBlocks, AForkOfABuiltPrefixWithTheRestAppendedIsTheBuiltCache) {
+  const KvLayout lay{2, 2, 32, 16};
+  const int heads = 8;
+  PagedKvCache full(lay, 64);
+  const SeqId fs = full.NewSequence();
+  const int64_t L = 600;
+  ASSERT_TRUE(full.Reserve(fs, L).ok());
+  std::mt19937 rng(13);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (int l = 0; l < lay.num_layers; ++l) {
+    for (int64_t p = 0; p < L; ++p) {
+      for (int c = 0; c < lay.num_kv_heads * lay.head_dim; ++c) full.K(l, fs, p)[c] = nd(rng), full.V(l, fs, p)[c] = nd(rng);
+    }
+  }
+  full.Commit(fs, L);
+  for (const char* spec : {"kivi:bits=4,group=32,residual=32", "kivi:bits=2,group=32,residual=64"}) {
+    for (int64_t prefix : {256, 512, 592}) {
+      auto cache = MakeCompressedKvCache(spec, lay, heads);
+      ASSERT_TRUE(cache.ok());
+      CompressedKvCache& c = **cache;
+      const SeqId built = c.NewSequence(), pre = c.NewSequence();
+      ASSERT_TRUE(c.BuildFrom(built, full, fs, L, nullptr).ok());
+      ASSERT_TRUE(c.BuildFrom(pre, full, fs, prefix, nullptr).ok());
+      const SeqId forked = c.Fork(pre);
+      ASSERT_TRUE(c.Reserve(forked, L).ok());
+      for (int l = 0; l < lay.num_layers; ++l) {
+        for (int64_t p = prefix; p < L; ++p) c.Write(l, forked, p, full.K(l, fs, p), full.V(l, fs, p));
+      }
+      c.Commit(forked, L);
+      EXPECT_EQ(c.Bytes(forked), c.Bytes(built)) << spec << " prefix " << prefix;
+      std::vector<float> q(heads * lay.head_dim), out_b(q.size()), out_f(q.size());
+      for (float& x : q) x = nd(rng);
+      for (int l = 0; l < lay.num_layers; ++l) {
+        for (int64_t pos : {L - 20, L - 1}) {
+          const QueryRow rb{built, pos}, rf{forked, pos};
+          c.Attend(l, {&rb, 1}, q.data(), heads, 0.17f, kernels::DefaultBackend(), out_b.data());
+          c.Attend(l, {&rf, 1}, q.data(), heads, 0.17f, kernels::DefaultBackend(), out_f.data());
+          ASSERT_EQ(0, std::memcmp(out_f.data(), out_b.data(), out_f.size() * 4))
+              << spec << " prefix " << prefix << " layer " << l << " pos " << pos;
+        }
+      }
+    }
+  }
+}
+
 TEST(KiviBlocks, AppendedBlocksAttendLikeABuiltCache) {
   const KvLayout lay{2, 2, 32, 16};
   const int heads = 8;

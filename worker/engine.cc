@@ -360,6 +360,27 @@ absl::Status VeriCacheEngine::DraftStep(std::vector<Sequence*>& drafting) {
   return absl::OkStatus();
 }
 
+absl::Status VeriCacheEngine::Rebuild(Sequence& s, int64_t length) {
+  // A KIVI copy of the prompt's prefix (cached by SharePrefix) with the rest appended quantizes
+  // every group from the same K/V as BuildFrom would, so it is the same cache, without
+  // quantizing the prefix again.
+  const auto it = s.names.empty() || compressed_->block_codec().bits == 0 ? prefix_index_.end()
+                                                                          : prefix_index_.find(s.names.back());
+  if (it == prefix_index_.end() || it->second.length > length) {
+    return compressed_->BuildFrom(s.cseq, *staging_, s.sseq, length, nullptr);
+  }
+  compressed_->FreeSequence(s.cseq);
+  s.cseq = compressed_->Fork(it->second.seq);
+  VC_RETURN_IF_ERROR(compressed_->Reserve(s.cseq, length));
+  for (int l = 0; l < model_.config().num_layers; ++l) {
+    for (int64_t p = it->second.length; p < length; ++p) {
+      compressed_->Write(l, s.cseq, p, staging_->K(l, s.sseq, p), staging_->V(l, s.sseq, p));
+    }
+  }
+  compressed_->Commit(s.cseq, length);
+  return absl::OkStatus();
+}
+
 absl::Status VeriCacheEngine::Recompute(Sequence& s) {
   // The store could not deliver the prefix: compute it here. The kernels are batch-invariant, so
   // these K/V are bitwise the ones the store would have served.
@@ -468,7 +489,7 @@ absl::Status VeriCacheEngine::Verify(std::vector<Sequence*>& ready) {
       if (s.full_len < v - 1 || compressed_->Length(s.cseq) < v - 1) {
         // The compressed cache ran ahead of the exact K/V by more than a draft window (the rest
         // of a prompt after a stored prefix), or was never filled: rebuild it from the exact K/V.
-        VC_RETURN_IF_ERROR(compressed_->BuildFrom(s.cseq, *staging_, s.sseq, keep_end, nullptr));
+        VC_RETURN_IF_ERROR(Rebuild(s, keep_end));
       } else {
         VC_RETURN_IF_ERROR(compressed_->Truncate(s.cseq, v - 1));
         VC_RETURN_IF_ERROR(compressed_->Reserve(s.cseq, keep_end));

@@ -135,6 +135,8 @@ class VeriCacheEngine {
   int64_t StagingBlocks(const EngineRequest& r) const;
   absl::Status Verify(std::vector<Sequence*>& ready);
   absl::Status Recompute(Sequence& s);
+  // Replaces the compressed cache of `s` with positions [0, length) of its exact K/V in staging.
+  absl::Status Rebuild(Sequence& s, int64_t length);
   // Frees the staging of `s`, if it holds any.
   void DropStaging(Sequence& s);
   // Frees the staging of one resident sequence other than `except` (one mid-window first);
