@@ -96,10 +96,15 @@ void RamTier::Unpin(const BlockKey& key) {
 }
 
 void RamTier::ExpireLeases(absl::Duration now) {
-  while (!leases_.empty() && leases_.begin()->second.deadline <= now) {
-    Unpin(leases_.begin()->second.key);
-    leases_.erase(leases_.begin());
-  }
+  while (!leases_.empty() && leases_.begin()->second.deadline <= now) EndLease(leases_.begin());
+}
+
+void RamTier::EndLease(std::map<uint64_t, LeaseRecord>::iterator it) {
+  auto owned = leased_bytes_.find(it->second.owner);
+  owned->second -= it->second.slot;
+  if (owned->second == 0) leased_bytes_.erase(owned);
+  Unpin(it->second.key);
+  leases_.erase(it);
 }
 
 absl::Status RamTier::Put(const BlockKey& key, absl::string_view block,
@@ -228,11 +233,21 @@ absl::StatusOr<BlockLease> RamTier::Lease(const BlockKey& key, absl::string_view
   auto it = entries_.find(key);
   if (it == entries_.end() || it->second.dead || !it->second.ready) return absl::NotFoundError("no such block");
   Entry& e = it->second;
+  const uint64_t cap = options_.max_leased_bytes_per_owner;
+  if (cap > 0) {
+    auto owned = leased_bytes_.find(owner);
+    const uint64_t held = owned == leased_bytes_.end() ? 0 : owned->second;
+    if (held + e.slot > cap) {
+      return absl::ResourceExhaustedError(absl::StrCat("leases of this owner pin ", held, " bytes of RAM; ",
+                                                       e.slot, " more would pass the cap of ", cap, " per owner"));
+    }
+  }
   ++e.pins;
   lru_.splice(lru_.begin(), lru_, e.lru);
+  leased_bytes_[owner] += e.slot;
   const uint64_t id = next_lease_++;
   leases_.emplace_hint(leases_.end(), id,
-                       LeaseRecord{key, now + absl::Milliseconds(options_.lease_ttl_ms), std::string(owner)});
+                       LeaseRecord{key, now + absl::Milliseconds(options_.lease_ttl_ms), std::string(owner), e.slot});
   return BlockLease{id, e.offset, e.size};
 }
 
@@ -243,8 +258,7 @@ absl::Status RamTier::Release(uint64_t lease_id, absl::string_view owner) {
   if (it == leases_.end() || it->second.owner != owner) {
     return absl::NotFoundError("no such lease (released, expired, or another owner's)");
   }
-  Unpin(it->second.key);
-  leases_.erase(it);
+  EndLease(it);
   return absl::OkStatus();
 }
 

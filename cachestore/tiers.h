@@ -58,6 +58,10 @@ struct RamTierOptions {
   uint64_t min_slot_bytes = 4096;
   // A lease not released this long after it was granted expires (see the top of this file). > 0.
   int64_t lease_ttl_ms = 30'000;
+  // Bytes of RAM (the blocks' slots) one owner's live leases may pin at once; 0: no cap. Past
+  // it, Lease is kResourceExhausted (the store then serves the block inline), so one tenant
+  // cannot pin the tier and leave the others' blocks, and new puts, no room.
+  uint64_t max_leased_bytes_per_owner = 0;
   // What lease deadlines are measured against; null: SteadyClock(). Must outlive the tier.
   const Clock* clock = nullptr;
   // The memory blocks live in: capacity_bytes bytes that the caller owns and keeps alive longer
@@ -85,8 +89,9 @@ class RamTier {
   absl::Status Delete(const BlockKey& key);
 
   // Pins the block for `owner` until Release(lease.id, owner) or until the lease expires,
-  // lease_ttl_ms from now; kNotFound when absent. Readers (UCX gets) read region() + offset for
-  // size bytes while the lease is held.
+  // lease_ttl_ms from now; kNotFound when absent, kResourceExhausted when it would take the
+  // owner's leases past max_leased_bytes_per_owner. Readers (UCX gets) read region() + offset
+  // for size bytes while the lease is held.
   absl::StatusOr<BlockLease> Lease(const BlockKey& key, absl::string_view owner = "");
   // Ends `owner`'s lease. OK when it was live: bytes read under it before this call were the
   // block's. kNotFound when `owner` holds no live lease of that id (released already, expired, or
@@ -114,6 +119,7 @@ class RamTier {
     BlockKey key;
     absl::Duration deadline;
     std::string owner;
+    uint64_t slot = 0;  // bytes pinned, counted against the owner
   };
   // The slot a block of `size` bytes takes: min_slot_bytes times a power of two.
   uint64_t SlotFor(uint64_t size) const;
@@ -121,6 +127,8 @@ class RamTier {
   void ExpireLeases(absl::Duration now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Drops one pin of `key`, freeing a deleted block at its last one.
   void Unpin(const BlockKey& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ends a live lease: its pin and its share of its owner's leased bytes.
+  void EndLease(std::map<uint64_t, LeaseRecord>::iterator it) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Returns an offset of a free slot of `slot` bytes, or UINT64_MAX: the lowest free slot of the
   // smallest size that holds it, split in halves down to `slot`.
   uint64_t Allocate(uint64_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -144,6 +152,7 @@ class RamTier {
   // Live leases by id. Every lease gets the same time to live and ids grow with the (monotonic)
   // clock, so id order is deadline order and the expired leases are always a prefix.
   std::map<uint64_t, LeaseRecord> leases_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, uint64_t> leased_bytes_ ABSL_GUARDED_BY(mu_);  // by owner, live leases only
   uint64_t next_lease_ ABSL_GUARDED_BY(mu_) = 1;
 };
 

@@ -211,6 +211,37 @@ TEST(RamTier, OnlyTheOwnerReleasesALease) {
   EXPECT_TRUE(t.Release(lease->id, "alice").ok());
 }
 
+TEST(RamTier, OneOwnersLeasesPinAtMostItsCap) {
+  ManualClock clock;
+  RamTierOptions o = FourSlots(&clock);
+  o.capacity_bytes = 8 * 16384;
+  o.max_leased_bytes_per_owner = 2 * 16384;  // two of the eight 16 KiB slots
+  RamTier t(o);
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(t.Put(Key(i), Block(i), nullptr).ok());
+  auto a0 = t.Lease(Key(0), "alice");
+  auto a1 = t.Lease(Key(1), "alice");
+  ASSERT_TRUE(a0.ok() && a1.ok());
+  const auto refused = t.Lease(Key(2), "alice");
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(refused.status().message().find("32768"), absl::string_view::npos) << refused.status();
+  EXPECT_EQ(t.Lease(Key(0), "alice").status().code(), absl::StatusCode::kResourceExhausted);  // the same block again
+  // Another owner has a cap of its own.
+  auto b2 = t.Lease(Key(2), "bob");
+  auto b3 = t.Lease(Key(3), "bob");
+  ASSERT_TRUE(b2.ok() && b3.ok());
+  // Puts still find room past the four pinned blocks, and evict none of them.
+  for (int i = 4; i < 20; ++i) ASSERT_TRUE(t.Put(Key(i), Block(i), nullptr).ok());
+  for (int i = 0; i < 4; ++i) EXPECT_TRUE(t.Contains(Key(i))) << i;
+  // A release gives the room back, and so does an expiry.
+  EXPECT_TRUE(t.Release(a0->id, "alice").ok());
+  auto again = t.Lease(Key(19), "alice");
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(t.Lease(Key(2), "alice").status().code(), absl::StatusCode::kResourceExhausted);
+  clock.Advance(absl::Milliseconds(100));
+  EXPECT_TRUE(t.Lease(Key(2), "alice").ok());
+  EXPECT_TRUE(t.Lease(Key(3), "alice").ok());
+}
+
 TEST(RamTier, ExpiryFreesABlockDeletedWhileLeased) {
   ManualClock clock;
   RamTier t(FourSlots(&clock));

@@ -30,11 +30,13 @@ enum class Region { kTier, kUcx };
 class StoreServer {
  public:
   // `clock` (may be null: the steady clock) times the RAM tier's leases.
+  // `lease_cap`: RAM one tenant's leases may pin (0: no cap).
   explicit StoreServer(const std::string& dir, const Clock* clock = nullptr, Region region = Region::kTier,
-                       cachestore::UcxErrorMode mode = cachestore::UcxErrorMode::kNone) {
+                       cachestore::UcxErrorMode mode = cachestore::UcxErrorMode::kNone, uint64_t lease_cap = 0) {
     cachestore::StoreOptions o;
     o.ram.capacity_bytes = 8 << 20;
     o.ram.clock = clock;
+    o.ram.max_leased_bytes_per_owner = lease_cap;
     o.disk.path = dir;
     o.disk.capacity_bytes = 64 << 20;
     if (region == Region::kUcx) {
@@ -524,6 +526,49 @@ TEST(StoreService, LeaseBlocksAndReleaseLeases) {
 }
 
 // LeaseBlocks ends the caller's finished leases it carries before leasing, by ReleaseLeases' rules.
+TEST(StoreService, LeasesPastATenantsCapAreServedInline) {
+  uint64_t slot = 4096;  // the RAM tier's slot for these blocks: 4 KiB times a power of two
+  while (slot < MakeBlock(90).size()) slot *= 2;
+  StoreServer server(testing::TempDir("store_lease_cap"), nullptr, Region::kTier, cachestore::UcxErrorMode::kNone,
+                     2 * slot);
+  auto a = server.Client("token-a");
+  auto b = server.Client("token-b");
+  const auto keys = Chain(5, 17);
+  for (int i = 0; i < 5; ++i) {
+    ASSERT_TRUE(a->Put(keys[i], MakeBlock(90 + i)).ok());
+    ASSERT_TRUE(b->Put(keys[i], MakeBlock(190 + i)).ok());
+  }
+  auto stub =
+      vericache::v1::CacheStore::NewStub(grpc::CreateChannel(server.target(), grpc::InsecureChannelCredentials()));
+  auto lease = [&](const std::string& token, vericache::v1::LeaseBlocksResponse* resp) {
+    grpc::ClientContext ctx;
+    ctx.AddMetadata("authorization", "Bearer " + token);
+    vericache::v1::LeaseBlocksRequest req;
+    for (const BlockKey& k : keys) req.add_keys(std::string(reinterpret_cast<const char*>(k.bytes.data()), 32));
+    return stub->LeaseBlocks(&ctx, req, resp).error_code();
+  };
+  // Alice's first two blocks are leased; the rest would pass her cap.
+  vericache::v1::LeaseBlocksResponse alice;
+  ASSERT_EQ(lease("token-a", &alice), grpc::StatusCode::OK);
+  ASSERT_EQ(alice.blocks_size(), 5);
+  for (int i = 0; i < 5; ++i) {
+    EXPECT_EQ(alice.blocks(i).status_code(), i < 2 ? 0 : static_cast<int>(absl::StatusCode::kResourceExhausted)) << i;
+  }
+  // Bob's cap is his own.
+  vericache::v1::LeaseBlocksResponse bob;
+  ASSERT_EQ(lease("token-b", &bob), grpc::StatusCode::OK);
+  EXPECT_EQ(bob.blocks(0).status_code(), 0);
+  EXPECT_EQ(bob.blocks(1).status_code(), 0);
+  // While her leases are held, alice's reads still get every block: inline, and checked.
+  auto reader = *cachestore::UcxReader::Create(cachestore::UcxErrorMode::kNone);
+  auto got = a->GetRemoteBatch(keys, reader.get());
+  ASSERT_EQ(got.size(), 5u);
+  for (int i = 0; i < 5; ++i) {
+    ASSERT_TRUE(got[i].ok()) << i << ": " << got[i].status();
+    EXPECT_EQ(*got[i], MakeBlock(90 + i)) << i;
+  }
+}
+
 TEST(StoreService, LeaseBlocksEndsTheLeasesItCarries) {
   StoreServer server(testing::TempDir("store_lease_carry"));
   auto a = server.Client("token-a");

@@ -20,13 +20,17 @@ namespace {
 constexpr char kUsage[] =
     "usage: vericache store --listen HOST:PORT --data-dir DIR --tokens FILE [--ram-bytes N] [--disk-bytes N]\n"
     "                       [--secret-file FILE] [--tls-cert PEM --tls-key PEM] [--ucx none|peer|off]\n"
-    "                       [--lease-ttl-ms N]\n"
+    "                       [--lease-ttl-ms N] [--lease-bytes-per-tenant N]\n"
     "  --tokens FILE    lines of 'token tenant'; requests without a listed Bearer token are refused\n"
     "  --ucx MODE       one-sided UCX reads of the RAM tier, with UCX error handling 'none' (shared\n"
     "                   memory and CMA allowed; the default) or 'peer' (dead peers reported; TCP only\n"
     "                   on one host); 'off' serves every block inline over gRPC\n"
     "  --lease-ttl-ms N how long a remote read's lease pins its block if the reader never releases\n"
-    "                   it (default 30000); a read outlasting its lease is discarded by the client\n";
+    "                   it (default 30000); a read outlasting its lease is discarded by the client\n"
+    "  --lease-bytes-per-tenant N\n"
+    "                   RAM one tenant's live leases may pin (default half of --ram-bytes); past it\n"
+    "                   its blocks are served inline over gRPC, and the rest of RAM stays free to\n"
+    "                   other tenants and to new puts\n";
 
 // A secret, certificate or key file: small, and never empty.
 absl::StatusOr<std::string> ReadAll(const std::string& path, absl::string_view what) {
@@ -37,7 +41,8 @@ absl::StatusOr<std::string> ReadAll(const std::string& path, absl::string_view w
 
 absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
   VC_ASSIGN_OR_RETURN(Args a, Args::Parse(argv, {"listen", "data-dir", "tokens", "ram-bytes", "disk-bytes",
-                                                 "secret-file", "tls-cert", "tls-key", "ucx", "lease-ttl-ms"},
+                                                 "secret-file", "tls-cert", "tls-key", "ucx", "lease-ttl-ms",
+                                                 "lease-bytes-per-tenant"},
                                           {}));
   for (const char* req : {"listen", "data-dir", "tokens"}) {
     if (!a.Has(req)) return absl::InvalidArgumentError(absl::StrCat("--", req, " is required"));
@@ -47,6 +52,8 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
   VC_ASSIGN_OR_RETURN(int64_t disk, a.Int("disk-bytes", int64_t{16} << 30, 1 << 20, int64_t{1} << 50));
   VC_ASSIGN_OR_RETURN(o.ram.lease_ttl_ms, a.Int("lease-ttl-ms", o.ram.lease_ttl_ms, 1, int64_t{24} * 3600 * 1000));
   o.ram.capacity_bytes = static_cast<uint64_t>(ram);
+  VC_ASSIGN_OR_RETURN(int64_t lease_cap, a.Int("lease-bytes-per-tenant", ram / 2, 1, ram));
+  o.ram.max_leased_bytes_per_owner = static_cast<uint64_t>(lease_cap);
   o.disk.path = a.Str("data-dir");
   o.disk.capacity_bytes = static_cast<uint64_t>(disk);
   StoreServiceOptions so;
@@ -81,7 +88,7 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
   out << "vericache store listening on port " << running->port() << " (" << so.tokens.size() << " tokens of "
       << tenants.size() << " tenants, RAM "
       << (ram >> 20) << " MiB, disk " << (disk >> 20) << " MiB at " << o.disk.path << ", UCX " << server.ucx
-      << ", leases " << o.ram.lease_ttl_ms << " ms)" << std::endl;
+      << ", leases " << o.ram.lease_ttl_ms << " ms, at most " << (lease_cap >> 20) << " MiB a tenant)" << std::endl;
   int sig = 0;
   sigwait(&sigs, &sig);
   out << "signal " << sig << ": shutting down" << std::endl;  // in-flight calls get 2 s
