@@ -43,10 +43,11 @@ absl::Status BlockStore::Put(const BlockKey& key, absl::string_view block) {
   return absl::OkStatus();
 }
 
-absl::Status BlockStore::DropUnreadable(const BlockKey& key, const absl::Status& why) {
+absl::Status BlockStore::Drop(const BlockKey& key, bool from_ram_too, absl::string_view what, const absl::Status& why) {
   corrupt_++;
+  if (from_ram_too) (void)ram_->Delete(key);
   (void)disk_->Delete(key);
-  return absl::DataLossError(absl::StrCat("stored block unreadable and dropped: ", why.message()));
+  return absl::DataLossError(absl::StrCat("stored block ", what, " and was dropped: ", why.message()));
 }
 
 absl::StatusOr<std::string> BlockStore::Get(const BlockKey& key, bool* from_ram) {
@@ -58,15 +59,10 @@ absl::StatusOr<std::string> BlockStore::Get(const BlockKey& key, bool* from_ram)
   }
   if (!block.ok()) {
     if (absl::IsNotFound(block.status())) misses_++;
-    if (absl::IsDataLoss(block.status())) return DropUnreadable(key, block.status());
+    if (absl::IsDataLoss(block.status())) return Drop(key, false, "unreadable", block.status());
     return block.status();
   }
-  if (absl::Status s = VerifyBlock(*block).status(); !s.ok()) {
-    corrupt_++;
-    (void)ram_->Delete(key);
-    (void)disk_->Delete(key);
-    return absl::DataLossError(std::string("stored block failed its checks and was dropped: ") + std::string(s.message()));
-  }
+  if (absl::Status s = VerifyBlock(*block).status(); !s.ok()) return Drop(key, true, "failed its checks", s);
   if (ram) {
     hits_ram_++;
   } else {
@@ -86,14 +82,10 @@ absl::StatusOr<BlockLease> BlockStore::Lease(const BlockKey& key, absl::string_v
   absl::StatusOr<std::string> block = disk_->Get(key);
   if (!block.ok()) {
     if (absl::IsNotFound(block.status())) misses_++;
-    if (absl::IsDataLoss(block.status())) return DropUnreadable(key, block.status());
+    if (absl::IsDataLoss(block.status())) return Drop(key, false, "unreadable", block.status());
     return block.status();
   }
-  if (absl::Status s = VerifyBlock(*block).status(); !s.ok()) {
-    corrupt_++;
-    (void)disk_->Delete(key);
-    return absl::DataLossError(std::string("stored block failed its checks and was dropped: ") + std::string(s.message()));
-  }
+  if (absl::Status s = VerifyBlock(*block).status(); !s.ok()) return Drop(key, false, "failed its checks", s);
   hits_disk_++;
   if (absl::Status s = ram_->Put(key, *block, nullptr); !s.ok()) return s;
   return ram_->Lease(key, owner);

@@ -62,9 +62,10 @@ class BlockStore {
   RamTier& ram() { return *ram_; }
 
  private:
-  // A block RocksDB could not read (corrupt or missing data): deleted, so it is not offered again;
-  // returns kDataLoss.
-  absl::Status DropUnreadable(const BlockKey& key, const absl::Status& why);
+  // A stored block that cannot be served (RocksDB could not read it, or it failed its checks):
+  // counted, deleted from disk (and from RAM when `from_ram_too`) so it is not offered again;
+  // returns kDataLoss saying `what` happened and why.
+  absl::Status Drop(const BlockKey& key, bool from_ram_too, absl::string_view what, const absl::Status& why);
   BlockStore() = default;
   std::unique_ptr<RamTier> ram_;
   std::unique_ptr<DiskTier> disk_;
