@@ -113,8 +113,8 @@ absl::StatusOr<std::unique_ptr<StoreClient>> StoreClient::Create(const StoreClie
     creds = grpc::SslCredentials(ssl);
   }
   grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(256 << 20);
-  args.SetMaxSendMessageSize(256 << 20);
+  args.SetMaxReceiveMessageSize(kMaxStoreMessageBytes);
+  args.SetMaxSendMessageSize(kMaxStoreMessageBytes);
   // Reconnect quickly after a store restart (gRPC's default backoff grows to minutes). The minimum
   // backoff is left alone: gRPC also uses it as the connect timeout, and at 100 ms a busy host
   // fails connections whose handshake is merely slow.
@@ -191,10 +191,9 @@ std::vector<absl::StatusOr<std::string>> StoreClient::GetRemoteBatch(absl::Span<
   std::vector<std::string> blocks(keys.size());
   const auto buffer = [&](size_t i, size_t size) -> absl::StatusOr<char*> {
     // The size comes from the store's lease; no block it can hold is larger than a Put carries.
-    constexpr size_t kMaxBlockBytes = size_t{256} << 20;
-    if (size > kMaxBlockBytes) {
+    if (size > static_cast<size_t>(kMaxStoreMessageBytes)) {
       return absl::OutOfRangeError(absl::StrCat("the store leased a block of ", size, " bytes; at most ",
-                                                kMaxBlockBytes, " are possible"));
+                                                kMaxStoreMessageBytes, " are possible"));
     }
     blocks[i].resize(size);
     return blocks[i].data();

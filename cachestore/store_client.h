@@ -27,6 +27,10 @@
 
 namespace vc::cachestore {
 
+// The largest gRPC message a store call carries either way, so also the largest block a Put can
+// store and a read can be handed.
+inline constexpr int kMaxStoreMessageBytes = 256 << 20;
+
 struct StoreClientOptions {
   std::string target;  // host:port
   std::string token;   // bearer token of this client's tenant

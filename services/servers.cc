@@ -3,6 +3,7 @@
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
+#include "cachestore/store_client.h"
 #include "common/memory.h"
 #include "common/status_macros.h"
 #include "common/text_checks.h"
@@ -40,8 +41,9 @@ std::unique_ptr<grpc::Server> Listen(const std::string& address, std::shared_ptr
   // not share the port's connections with the first.
   b.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   b.AddListeningPort(address, creds != nullptr ? creds : grpc::InsecureServerCredentials(), port);
-  b.SetMaxReceiveMessageSize(256 << 20);
-  b.SetMaxSendMessageSize(256 << 20);
+  // What a store call may carry (the worker's calls are far smaller).
+  b.SetMaxReceiveMessageSize(cachestore::kMaxStoreMessageBytes);
+  b.SetMaxSendMessageSize(cachestore::kMaxStoreMessageBytes);
   if (sync_service != nullptr) b.RegisterService(sync_service);
   if (callback_service != nullptr) b.RegisterService(callback_service);
   return b.BuildAndStart();
