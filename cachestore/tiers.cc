@@ -61,11 +61,11 @@ uint64_t RamTier::SlotFor(uint64_t size) const {
 
 uint64_t RamTier::Allocate(uint64_t slot) {
   auto it = free_slots_.lower_bound(slot);
-  while (it != free_slots_.end() && it->second.empty()) ++it;
   if (it == free_slots_.end()) return UINT64_MAX;
   uint64_t size = it->first;
   const uint64_t offset = *it->second.begin();
   it->second.erase(it->second.begin());
+  if (it->second.empty()) free_slots_.erase(it);
   while (size > slot) {  // keep the upper halves
     size /= 2;
     free_slots_[size].insert(offset + size);
@@ -80,6 +80,7 @@ void RamTier::Free(Entry& e) {
     const uint64_t buddy = (offset / unit_ ^ size / unit_) * unit_;
     auto it = free_slots_.find(size);
     if (it == free_slots_.end() || it->second.erase(buddy) == 0) break;
+    if (it->second.empty()) free_slots_.erase(it);
     offset = std::min(offset, buddy);
     size *= 2;
   }

@@ -143,9 +143,9 @@ class RamTier {
   const uint64_t unit_;        // min_slot_bytes (at least 1): slots are unit_ times a power of two
   uint64_t largest_slot_ = 0;  // the region's biggest aligned power-of-two piece
   uint64_t used_ ABSL_GUARDED_BY(mu_) = 0;  // bytes of live slots
-  // Free slots: size -> offsets. A slot of s bytes sits at a multiple of s (counted from the
-  // region's base in min_slot_bytes units), and its buddy, the other half of the slot of 2s that
-  // holds it, at offset XOR s.
+  // Free slots: size -> offsets (no size with none). A slot of s bytes sits at a multiple of s
+  // (counted from the region's base in min_slot_bytes units), and its buddy, the other half of the
+  // slot of 2s that holds it, at offset XOR s.
   std::map<uint64_t, std::set<uint64_t>> free_slots_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<BlockKey, Entry> entries_ ABSL_GUARDED_BY(mu_);
   std::list<BlockKey> lru_ ABSL_GUARDED_BY(mu_);  // front = most recent
