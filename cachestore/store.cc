@@ -79,6 +79,10 @@ absl::StatusOr<BlockLease> BlockStore::Lease(const BlockKey& key, absl::string_v
     if (lease.ok()) hits_ram_++;
     return lease;
   }
+  // A lease the owner's cap would refuse is refused before the block is read and promoted.
+  if (const uint64_t size = disk_->SizeOf(key); size > 0 && !ram_->LeaseFits(owner, size)) {
+    return absl::ResourceExhaustedError("this reader's leases are at their cap");
+  }
   absl::StatusOr<std::string> block = disk_->Get(key);
   if (!block.ok()) {
     if (absl::IsNotFound(block.status())) misses_++;

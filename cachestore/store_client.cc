@@ -333,7 +333,7 @@ void StoreClient::ReadRound(absl::Span<const BlockKey> keys, size_t first, UcxRe
     const vericache::v1::LeasedBlock& b = resp.blocks(static_cast<int>(i));
     const auto code = static_cast<absl::StatusCode>(b.status_code());
     if (code == absl::StatusCode::kResourceExhausted) {
-      inline_keys.push_back(i);  // on disk, and RAM cannot take it now
+      inline_keys.push_back(i);  // RAM cannot take it now, or this tenant's leases are at their cap
       continue;
     }
     if (code != absl::StatusCode::kOk || !b.has_remote()) {

@@ -234,14 +234,10 @@ absl::StatusOr<BlockLease> RamTier::Lease(const BlockKey& key, absl::string_view
   auto it = entries_.find(key);
   if (it == entries_.end() || it->second.dead || !it->second.ready) return absl::NotFoundError("no such block");
   Entry& e = it->second;
-  const uint64_t cap = options_.max_leased_bytes_per_owner;
-  if (cap > 0) {
-    auto owned = leased_bytes_.find(owner);
-    const uint64_t held = owned == leased_bytes_.end() ? 0 : owned->second;
-    if (held + e.slot > cap) {
-      return absl::ResourceExhaustedError(absl::StrCat("leases of this owner pin ", held, " bytes of RAM; ",
-                                                       e.slot, " more would pass the cap of ", cap, " per owner"));
-    }
+  if (!FitsCap(owner, e.slot)) {
+    return absl::ResourceExhaustedError(absl::StrCat("leases of this owner pin ", LeasedBy(owner), " bytes of RAM; ",
+                                                     e.slot, " more would pass the cap of ",
+                                                     options_.max_leased_bytes_per_owner, " per owner"));
   }
   ++e.pins;
   lru_.splice(lru_.begin(), lru_, e.lru);
@@ -250,6 +246,21 @@ absl::StatusOr<BlockLease> RamTier::Lease(const BlockKey& key, absl::string_view
   leases_.emplace_hint(leases_.end(), id,
                        LeaseRecord{key, now + absl::Milliseconds(options_.lease_ttl_ms), std::string(owner), e.slot});
   return BlockLease{id, e.offset, e.size};
+}
+
+uint64_t RamTier::LeasedBy(absl::string_view owner) const {
+  auto owned = leased_bytes_.find(owner);
+  return owned == leased_bytes_.end() ? 0 : owned->second;
+}
+
+bool RamTier::FitsCap(absl::string_view owner, uint64_t slot) const {
+  const uint64_t cap = options_.max_leased_bytes_per_owner;
+  return cap == 0 || LeasedBy(owner) + slot <= cap;
+}
+
+bool RamTier::LeaseFits(absl::string_view owner, uint64_t size) const {
+  absl::MutexLock l(&mu_);
+  return FitsCap(owner, SlotFor(size));
 }
 
 absl::Status RamTier::Release(uint64_t lease_id, absl::string_view owner) {
@@ -483,6 +494,12 @@ void DiskTier::Unindex(const BlockKey& key) {
 bool DiskTier::Contains(const BlockKey& key) const {
   absl::MutexLock l(&mu_);
   return sizes_.contains(key);
+}
+
+uint64_t DiskTier::SizeOf(const BlockKey& key) const {
+  absl::MutexLock l(&mu_);
+  auto it = sizes_.find(key);
+  return it == sizes_.end() ? 0 : it->second.first;
 }
 
 uint64_t DiskTier::used_bytes() const {

@@ -93,6 +93,9 @@ class RamTier {
   // owner's leases past max_leased_bytes_per_owner. Readers (UCX gets) read region() + offset
   // for size bytes while the lease is held.
   absl::StatusOr<BlockLease> Lease(const BlockKey& key, absl::string_view owner = "");
+  // Whether `owner` could lease one more block of `size` bytes now under
+  // max_leased_bytes_per_owner (its other leases as they stand).
+  bool LeaseFits(absl::string_view owner, uint64_t size) const;
   // Ends `owner`'s lease. OK when it was live: bytes read under it before this call were the
   // block's. kNotFound when `owner` holds no live lease of that id (released already, expired, or
   // another owner's, which is left alone); bytes read under an expired lease must be discarded.
@@ -127,6 +130,10 @@ class RamTier {
   void ExpireLeases(absl::Duration now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Drops one pin of `key`, freeing a deleted block at its last one.
   void Unpin(const BlockKey& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Bytes `owner`'s live leases pin, and whether one more slot of `slot` bytes keeps it within
+  // max_leased_bytes_per_owner.
+  uint64_t LeasedBy(absl::string_view owner) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool FitsCap(absl::string_view owner, uint64_t slot) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Ends a live lease: its pin and its share of its owner's leased bytes.
   void EndLease(std::map<uint64_t, LeaseRecord>::iterator it) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Returns an offset of a free slot of `slot` bytes, or UINT64_MAX: the lowest free slot of the
@@ -174,6 +181,8 @@ class DiskTier {
   absl::StatusOr<std::string> Get(const BlockKey& key);
   absl::Status Delete(const BlockKey& key);
   bool Contains(const BlockKey& key) const;
+  // The stored size of the block, from the index (no read); 0 when absent.
+  uint64_t SizeOf(const BlockKey& key) const;
   uint64_t used_bytes() const;
   uint64_t capacity_bytes() const { return options_.capacity_bytes; }
   size_t blocks() const;

@@ -525,7 +525,8 @@ TEST(StoreService, LeaseBlocksAndReleaseLeases) {
   EXPECT_EQ(*a->Get(keys[0]), MakeBlock(80));  // the blocks themselves are untouched
 }
 
-// LeaseBlocks ends the caller's finished leases it carries before leasing, by ReleaseLeases' rules.
+// A tenant's leases pin at most its cap of RAM; past it, blocks come inline (and one on disk is not
+// read and promoted for a lease that would be refused).
 TEST(StoreService, LeasesPastATenantsCapAreServedInline) {
   uint64_t slot = 4096;  // the RAM tier's slot for these blocks: 4 KiB times a power of two
   while (slot < MakeBlock(90).size()) slot *= 2;
@@ -547,6 +548,10 @@ TEST(StoreService, LeasesPastATenantsCapAreServedInline) {
     for (const BlockKey& k : keys) req.add_keys(std::string(reinterpret_cast<const char*>(k.bytes.data()), 32));
     return stub->LeaseBlocks(&ctx, req, resp).error_code();
   };
+  // Alice's last block is on disk only.
+  const BlockKey on_disk =
+      cachestore::BlockStore::Scoped(cachestore::BlockStore::TenantSalt("secret", "alice"), keys[4]);
+  ASSERT_TRUE(server.store().ram().Delete(on_disk).ok());
   // Alice's first two blocks are leased; the rest would pass her cap.
   vericache::v1::LeaseBlocksResponse alice;
   ASSERT_EQ(lease("token-a", &alice), grpc::StatusCode::OK);
@@ -554,6 +559,7 @@ TEST(StoreService, LeasesPastATenantsCapAreServedInline) {
   for (int i = 0; i < 5; ++i) {
     EXPECT_EQ(alice.blocks(i).status_code(), i < 2 ? 0 : static_cast<int>(absl::StatusCode::kResourceExhausted)) << i;
   }
+  EXPECT_FALSE(server.store().ram().Contains(on_disk)) << "read from disk for a lease past the cap";
   // Bob's cap is his own.
   vericache::v1::LeaseBlocksResponse bob;
   ASSERT_EQ(lease("token-b", &bob), grpc::StatusCode::OK);
@@ -569,6 +575,7 @@ TEST(StoreService, LeasesPastATenantsCapAreServedInline) {
   }
 }
 
+// LeaseBlocks ends the caller's finished leases it carries before leasing, by ReleaseLeases' rules.
 TEST(StoreService, LeaseBlocksEndsTheLeasesItCarries) {
   StoreServer server(testing::TempDir("store_lease_carry"));
   auto a = server.Client("token-a");

@@ -28,9 +28,8 @@ constexpr char kUsage[] =
     "  --lease-ttl-ms N how long a remote read's lease pins its block if the reader never releases\n"
     "                   it (default 30000); a read outlasting its lease is discarded by the client\n"
     "  --lease-bytes-per-tenant N\n"
-    "                   RAM one tenant's live leases may pin (default half of --ram-bytes); past it\n"
-    "                   its blocks are served inline over gRPC, and the rest of RAM stays free to\n"
-    "                   other tenants and to new puts\n";
+    "                   RAM one tenant's live leases may pin (default half of --ram-bytes; 0: no\n"
+    "                   cap); past it its blocks are served inline over gRPC\n";
 
 // A secret, certificate or key file: small, and never empty.
 absl::StatusOr<std::string> ReadAll(const std::string& path, absl::string_view what) {
@@ -52,7 +51,7 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
   VC_ASSIGN_OR_RETURN(int64_t disk, a.Int("disk-bytes", int64_t{16} << 30, 1 << 20, int64_t{1} << 50));
   VC_ASSIGN_OR_RETURN(o.ram.lease_ttl_ms, a.Int("lease-ttl-ms", o.ram.lease_ttl_ms, 1, int64_t{24} * 3600 * 1000));
   o.ram.capacity_bytes = static_cast<uint64_t>(ram);
-  VC_ASSIGN_OR_RETURN(int64_t lease_cap, a.Int("lease-bytes-per-tenant", ram / 2, 1, ram));
+  VC_ASSIGN_OR_RETURN(int64_t lease_cap, a.Int("lease-bytes-per-tenant", ram / 2, 0, ram));
   o.ram.max_leased_bytes_per_owner = static_cast<uint64_t>(lease_cap);
   o.disk.path = a.Str("data-dir");
   o.disk.capacity_bytes = static_cast<uint64_t>(disk);
@@ -88,7 +87,9 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
   out << "vericache store listening on port " << running->port() << " (" << so.tokens.size() << " tokens of "
       << tenants.size() << " tenants, RAM "
       << (ram >> 20) << " MiB, disk " << (disk >> 20) << " MiB at " << o.disk.path << ", UCX " << server.ucx
-      << ", leases " << o.ram.lease_ttl_ms << " ms, at most " << (lease_cap >> 20) << " MiB a tenant)" << std::endl;
+      << ", leases " << o.ram.lease_ttl_ms << " ms, "
+      << (lease_cap > 0 ? absl::StrCat("at most ", lease_cap >> 20, " MiB a tenant") : std::string("no cap a tenant"))
+      << ")" << std::endl;
   int sig = 0;
   sigwait(&sigs, &sig);
   out << "signal " << sig << ": shutting down" << std::endl;  // in-flight calls get 2 s
