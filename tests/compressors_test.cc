@@ -166,6 +166,12 @@ TEST(QuantizeKiviGroup, BitwiseQuantizeAsymmetricPerRun) {
           // Channel 7 spans [0, 15] in halves: with 4 bits the step is 1 and every odd half is a tie.
           for (int t = 0; t < g; ++t) k[static_cast<size_t>(t) * d + 7] = static_cast<float>(t % 31) * 0.5f;
           k[5] = 1e-30f;  // a channel with a tiny value
+          // Signed zeros: which one a run's minimum or maximum keeps depends on the order of the
+          // comparisons, so these catch operands taken the other way round.
+          k[9] = 0.0f, k[d + 9] = -0.0f;
+          for (int t = 0; t < g; ++t) k[static_cast<size_t>(t) * d + 10] = (t % 2 == 0) ? -0.0f : 0.0f;
+          v[2 * static_cast<size_t>(d)] = 0.0f, v[2 * static_cast<size_t>(d) + 1] = -0.0f;
+          for (int c = 0; c < vg; ++c) v[3 * static_cast<size_t>(d) + c] = (c % 2 == 0) ? 0.0f : -0.0f;
           const size_t codes = static_cast<size_t>(g) * d * bits / 8;
           std::vector<uint8_t> kc(codes, 0), vc(codes, 0);
           std::vector<float> ks(d), km(d), vs(static_cast<size_t>(g) * (d / vg)), vm(vs.size());
@@ -649,9 +655,6 @@ TEST_F(CompressorsTest, CanonicalSpecsRoundTripAndDeclareTheirNeeds) {
   EXPECT_EQ(Make("quest")->MaxRollback(), int64_t{1} << 30);
 }
 
-// A KIVI cache built from encoded blocks (what a worker reads from the cache store) and then
-// extended as usual reads exactly what a cache built from the full KV reads: the same codes, the
-// same float32 tail, bitwise the same attention outputs.
 // What the engine relies on to rebuild a sequence's KIVI cache from a cached copy of its prefix.
 TEST(KiviBlocks, AForkOfABuiltPrefixWithTheRestAppendedIsTheBuiltCache) {
   const KvLayout lay{2, 2, 32, 16};
@@ -698,6 +701,9 @@ TEST(KiviBlocks, AForkOfABuiltPrefixWithTheRestAppendedIsTheBuiltCache) {
   }
 }
 
+// A KIVI cache built from encoded blocks (what a worker reads from the cache store) and then
+// extended as usual reads exactly what a cache built from the full KV reads: the same codes, the
+// same float32 tail, bitwise the same attention outputs.
 TEST(KiviBlocks, AppendedBlocksAttendLikeABuiltCache) {
   const KvLayout lay{2, 2, 32, 16};
   const int heads = 8;

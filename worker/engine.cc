@@ -426,7 +426,8 @@ absl::Status VeriCacheEngine::Verify(std::vector<Sequence*>& ready) {
   const int vocab = model_.config().vocab_size;
   const int layers = model_.config().num_layers;
   // Every sequence's tokens go out first; the bookkeeping after (the tier, the compressed cache,
-  // prefixes shared) does not hold back the later sequences' tokens.
+  // prefixes shared) does not hold back the later sequences' tokens. (Should the bookkeeping fail,
+  // Step ends every request of the batch with that error, after the verified tokens sent.)
   std::vector<int64_t> verified(ready.size());  // v before the pass
   std::vector<int> accepted_drafts(ready.size());
   int64_t row = 0;

@@ -1,6 +1,7 @@
 #include "worker/token_list_cache.h"
 
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
 #include <cstring>
 #if defined(__SSE2__)
@@ -38,8 +39,15 @@ void QuantizeAsymmetric(const float* x, int64_t stride, int n, int bits, uint8_t
 namespace {
 
 // std::nearbyint(y) in the default rounding mode, for 0 <= y < 2^22: adding 2^23 leaves no bits
-// below the units, so the sum is rounded to even there, and the subtraction is exact.
-inline float RoundToEven(float y) { return (y + 0x1p23f) - 0x1p23f; }
+// below the units, so the sum is rounded to even there, and the subtraction is exact. (Where
+// float arithmetic runs in a wider format, x87 without SSE, the sum would not be rounded.)
+inline float RoundToEven(float y) {
+#if FLT_EVAL_METHOD == 0
+  return (y + 0x1p23f) - 0x1p23f;
+#else
+  return std::nearbyint(y);
+#endif
+}
 
 // The code QuantizeAsymmetric gives x in a run with minimum lo and step s, with `divisor` s where
 // s > 0 and 1 elsewhere (every value of such a run is lo, so it gets code 0 either way).
