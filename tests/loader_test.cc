@@ -1,6 +1,7 @@
 // Loading checkpoints: the good path, and every kind of bad file giving a clear error.
 #include <sys/stat.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 
@@ -85,6 +86,9 @@ TEST(Safetensors, HeaderThatLies) {
       {R"([1,2,3])", "object"},
       // A parser builds a node per level: brackets alone could cost gigabytes.
       {std::string(100000, '[') + std::string(100000, ']'), "nests deeper"},
+      // Two tensors over the same bytes.
+      {R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
+       "overlap"},
   };
   for (const Case& c : cases) {
     auto f = SafetensorsFile::Open(WriteRaw("st_lie", WithHeader(c.header, data)));
@@ -180,6 +184,7 @@ TEST(ModelConfig, BadConfigs) {
     EXPECT_NE(ParseModelConfig(j.dump()).status().message().find("head_dim is 0"), absl::string_view::npos);
   }
   EXPECT_NE(with("rms_norm_eps", 1e-300).message().find("is 0 in float32"), absl::string_view::npos);
+  EXPECT_NE(with("rms_norm_eps", 1e300).message().find("not finite"), absl::string_view::npos);
   EXPECT_NE(with("rope_scaling", {{"rope_type", "llama3"}, {"factor", 1e-320}, {"low_freq_factor", 1.0},
                                   {"high_freq_factor", 4.0}})
                 .message()
@@ -229,6 +234,44 @@ TEST(ModelLoad, GoodAndBadCheckpoints) {
   testing::WriteFile(dir + "/model.safetensors", testing::SafetensorsBytes(w));
   m = Model::Load(dir);
   EXPECT_NE(m.status().message().find("model.norm.weight"), absl::string_view::npos) << m.status();
+
+  // A weight that is NaN, or infinite: every logit would be NaN.
+  for (float bad : {std::nanf(""), INFINITY}) {
+    w = testing::TinyWeights(spec);
+    w["model.layers.1.self_attn.k_proj.weight"].values[5] = bad;
+    testing::WriteFile(dir + "/model.safetensors", testing::SafetensorsBytes(w));
+    m = Model::Load(dir);
+    EXPECT_EQ(m.status().code(), absl::StatusCode::kDataLoss) << m.status();
+    EXPECT_NE(m.status().message().find("k_proj.weight' holds a NaN or infinite value (element 5)"),
+              absl::string_view::npos)
+        << m.status();
+  }
+
+  // Finite weights whose products overflow: the forward pass refuses the NaN logits.
+  {
+    w = testing::TinyWeights(spec);
+    for (float& x : w["model.layers.0.mlp.down_proj.weight"].values) x = 3e38f;
+    testing::WriteFile(dir + "/model.safetensors", testing::SafetensorsBytes(w));
+    m = Model::Load(dir);
+    ASSERT_TRUE(m.ok()) << m.status();
+    PagedKvCache cache((*m)->kv_layout(16), 4);
+    const SeqId seq = cache.NewSequence();
+    const std::vector<int32_t> tokens = {1, 2, 3};
+    SequenceChunk chunk{seq, tokens};
+    std::vector<float> logits;
+    const absl::Status st = (*m)->Forward({&chunk, 1}, cache, LogitsFor::kLastRows, &logits);
+    EXPECT_EQ(st.code(), absl::StatusCode::kDataLoss) << st;
+    EXPECT_NE(st.message().find("NaN or infinite logit"), absl::string_view::npos) << st;
+  }
+
+  // More layers in the checkpoint than the config names.
+  {
+    testing::TinyModelSpec more = spec;
+    more.layers = spec.layers + 1;
+    testing::WriteFile(dir + "/model.safetensors", testing::SafetensorsBytes(testing::TinyWeights(more)));
+    m = Model::Load(dir);
+    EXPECT_NE(m.status().message().find("more layers than num_hidden_layers"), absl::string_view::npos) << m.status();
+  }
 
   // A truncated weights file.
   const std::string good = testing::SafetensorsBytes(testing::TinyWeights(spec));

@@ -8,14 +8,33 @@
 namespace vc {
 namespace {
 
+// kDataLoss naming the tensor and the first element that is NaN or infinite: such a weight turns
+// every logit into NaN, and generation into a run of token 0, with no other sign.
+absl::Status CheckFinite(const std::string& name, const TensorView& v, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    bool finite = true;
+    switch (v.dtype) {
+      case DType::kF32: finite = std::isfinite(reinterpret_cast<const float*>(v.data)[i]); break;
+      case DType::kBF16: finite = (reinterpret_cast<const uint16_t*>(v.data)[i] & 0x7f80) != 0x7f80; break;
+      case DType::kF16: finite = (reinterpret_cast<const uint16_t*>(v.data)[i] & 0x7c00) != 0x7c00; break;
+    }
+    if (!finite) {
+      return absl::DataLossError(absl::StrCat("tensor '", name, "' holds a NaN or infinite value (element ", i, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<kernels::WeightView> Matrix(const TensorStore& t, const std::string& name, int64_t rows,
                                            int64_t cols) {
   VC_ASSIGN_OR_RETURN(TensorView v, t.Get(name, {rows, cols}));
+  VC_RETURN_IF_ERROR(CheckFinite(name, v, rows * cols));
   return kernels::WeightView{v.data, v.dtype, rows, cols};
 }
 
 absl::StatusOr<std::vector<float>> Vector(const TensorStore& t, const std::string& name, int64_t n) {
   VC_ASSIGN_OR_RETURN(TensorView v, t.Get(name, {n}));
+  VC_RETURN_IF_ERROR(CheckFinite(name, v, n));
   std::vector<float> out(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) {
     switch (v.dtype) {
@@ -63,6 +82,12 @@ absl::Status Model::LoadWeights() {
   const int64_t d = c.hidden_size, f = c.intermediate_size;
   const int64_t qd = int64_t{c.num_heads} * c.head_dim, kvd = int64_t{c.num_kv_heads} * c.head_dim;
   VC_ASSIGN_OR_RETURN(embed_, t.Get("model.embed_tokens.weight", {c.vocab_size, d}));
+  VC_RETURN_IF_ERROR(CheckFinite("model.embed_tokens.weight", embed_, c.vocab_size * d));
+  // A checkpoint with more layers than the config names would lose its last ones unseen.
+  if (t.Contains(absl::StrCat("model.layers.", c.num_layers, ".input_layernorm.weight"))) {
+    return absl::InvalidArgumentError(absl::StrCat("the checkpoint has more layers than num_hidden_layers (",
+                                                   c.num_layers, ") in config.json"));
+  }
   if (c.tie_word_embeddings) {
     lm_head_ = kernels::WeightView{embed_.data, embed_.dtype, c.vocab_size, d};
   } else {
@@ -250,6 +275,13 @@ absl::Status Model::Forward(absl::Span<const SequenceChunk> chunks, AttentionCac
   k.RmsNorm(sel.data(), m, d, final_norm_.data(), c.rms_norm_eps, sel.data());
   logits->resize(static_cast<size_t>(m * c.vocab_size));
   k.MatMul(sel.data(), m, lm_head_, logits->data());
+  // Finite weights can still overflow (values near the largest bf16): every token would then be
+  // sampled from NaN, silently. Refuse instead.
+  for (float z : *logits) {
+    if (!std::isfinite(z)) {
+      return absl::DataLossError("the model computed a NaN or infinite logit: its weights overflow float32");
+    }
+  }
   return absl::OkStatus();
 }
 

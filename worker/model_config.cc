@@ -1,5 +1,7 @@
 #include "worker/model_config.h"
 
+#include <cmath>
+
 
 #include "absl/strings/str_cat.h"
 #include "common/files.h"
@@ -90,6 +92,7 @@ absl::StatusOr<ModelConfig> ParseModelConfig(absl::string_view text) {
   VC_RETURN_IF_ERROR(ReadDouble(j, "rms_norm_eps", 0.0, &eps));
   c.rms_norm_eps = static_cast<float>(eps);
   if (!(c.rms_norm_eps > 0.0f)) return Bad(absl::StrCat("rms_norm_eps ", eps, " is 0 in float32"));
+  if (!std::isfinite(c.rms_norm_eps)) return Bad(absl::StrCat("rms_norm_eps ", eps, " is not finite in float32"));
   VC_RETURN_IF_ERROR(ReadDouble(j, "rope_theta", 0.0, &c.rope_theta));
   VC_RETURN_IF_ERROR(ReadBool(j, "tie_word_embeddings", &c.tie_word_embeddings));
   bool attention_bias = false;

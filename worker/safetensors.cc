@@ -1,5 +1,7 @@
 #include "worker/safetensors.h"
 
+#include <algorithm>
+
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -125,6 +127,19 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std
                               e.end - e.begin));
     }
     f->entries_.emplace(name, std::move(e));
+  }
+  // Tensors may not share bytes: a header pointing two at one range describes no real checkpoint.
+  std::vector<std::pair<uint64_t, const std::string*>> spans;
+  for (const auto& [name, e] : f->entries_) {
+    if (e.end > e.begin) spans.push_back({e.begin, &name});
+  }
+  std::sort(spans.begin(), spans.end());
+  for (size_t i = 1; i < spans.size(); ++i) {
+    const Entry& prev = f->entries_.at(*spans[i - 1].second);
+    if (spans[i].first < prev.end) {
+      return Bad(path, absl::StrCat("tensors '", *spans[i - 1].second, "' and '", *spans[i].second,
+                                    "' overlap in the data section"));
+    }
   }
   return f;
 }
