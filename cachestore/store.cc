@@ -92,7 +92,13 @@ absl::StatusOr<BlockLease> BlockStore::Lease(const BlockKey& key, absl::string_v
   if (absl::Status s = VerifyBlock(*block).status(); !s.ok()) return Drop(key, false, "failed its checks", s);
   hits_disk_++;
   if (absl::Status s = ram_->Put(key, *block, nullptr); !s.ok()) return s;
-  return ram_->Lease(key, owner);
+  absl::StatusOr<BlockLease> promoted = ram_->Lease(key, owner);
+  // A copy deleted while it was being read keeps the key's RAM entry until its readers finish, so
+  // this one could not be put there: it is served inline meanwhile.
+  if (absl::IsNotFound(promoted.status())) {
+    return absl::ResourceExhaustedError("an earlier copy of this block is still being read from RAM");
+  }
+  return promoted;
 }
 
 std::pair<uint32_t, uint32_t> BlockStore::Lookup(absl::Span<const BlockKey> keys) const {

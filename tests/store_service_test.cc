@@ -575,6 +575,30 @@ TEST(StoreService, LeasesPastATenantsCapAreServedInline) {
   }
 }
 
+// A block deleted while a reader holds its lease, then put again, is read again at once (inline
+// until the old copy's readers are done), not reported missing.
+TEST(StoreService, BlockPutAgainWhileItsDeletedCopyIsLeasedIsReadable) {
+  StoreServer server(testing::TempDir("store_dead_reput"));
+  auto a = server.Client("token-a");
+  auto reader = *cachestore::UcxReader::Create(cachestore::UcxErrorMode::kNone);
+  const auto keys = Chain(1, 23);
+  ASSERT_TRUE(a->Put(keys[0], MakeBlock(70)).ok());
+  const BlockKey scoped =
+      cachestore::BlockStore::Scoped(cachestore::BlockStore::TenantSalt("secret", "alice"), keys[0]);
+  auto held = server.store().Lease(scoped, "someone");  // a reader that has not finished
+  ASSERT_TRUE(held.ok()) << held.status();
+  ASSERT_TRUE(a->Delete(keys[0]).ok());
+  ASSERT_TRUE(a->Put(keys[0], MakeBlock(71)).ok());
+  auto got = a->GetRemoteBatch(keys, reader.get());
+  ASSERT_EQ(got.size(), 1u);
+  ASSERT_TRUE(got[0].ok()) << got[0].status();
+  EXPECT_EQ(*got[0], MakeBlock(71));
+  EXPECT_TRUE(server.store().Release(held->id, "someone").ok());
+  got = a->GetRemoteBatch(keys, reader.get());
+  ASSERT_TRUE(got[0].ok()) << got[0].status();
+  EXPECT_EQ(*got[0], MakeBlock(71));
+}
+
 // LeaseBlocks ends the caller's finished leases it carries before leasing, by ReleaseLeases' rules.
 TEST(StoreService, LeaseBlocksEndsTheLeasesItCarries) {
   StoreServer server(testing::TempDir("store_lease_carry"));
