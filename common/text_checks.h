@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 
@@ -67,6 +68,20 @@ inline int64_t PortOf(absl::string_view address) {
   int64_t port = 0;
   for (const char c : digits) port = port * 10 + (c - '0');
   return port;
+}
+
+// Whether `target` is an address gRPC will dial as meant: a named scheme (unix:, dns:, ipv4:,
+// ...) as it is, else host:port with a port in [1, 65535]. kInvalidArgument naming `flag`.
+inline absl::Status CheckDialTarget(absl::string_view flag, absl::string_view target) {
+  for (absl::string_view scheme : {"unix:", "unix-abstract:", "dns:", "ipv4:", "ipv6:", "vsock:"}) {
+    if (absl::StartsWith(target, scheme)) return absl::OkStatus();
+  }
+  const int64_t port = PortOf(target);
+  if (port <= 0 || target.front() == ':') {
+    return absl::InvalidArgumentError(absl::StrCat(flag, " ", target, ": give host:port"));
+  }
+  if (port > 65535) return absl::InvalidArgumentError(absl::StrCat(flag, " ", target, ": port past 65535"));
+  return absl::OkStatus();
 }
 
 }  // namespace vc

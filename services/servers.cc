@@ -104,6 +104,11 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(WorkerServerOp
   w->tier_ = std::make_unique<HostKvTier>(layout, options.fetch_bytes_per_second, options.store_target.empty() ? 1 : 4,
                                           options.host_kv_bytes);
   if (!options.store_target.empty()) {
+    if (options.block_tokens > w->model_->config().max_position_embeddings) {
+      return absl::InvalidArgumentError(absl::StrCat("a store block of ", options.block_tokens,
+                                                     " tokens is longer than the model's context of ",
+                                                     w->model_->config().max_position_embeddings));
+    }
     StorePrefixOptions po;
     po.store.target = options.store_target;
     po.store.token = options.store_token;

@@ -66,6 +66,11 @@ TEST_F(CliTest, BadInputsExitNonZeroWithAMessage) {
       {{"--model", dir_, "--prompt", "x", "--bogus"}, "unknown option"},
       {{"--model", dir_, "--model", dir_, "--prompt", "x"}, "given twice"},
       {{"--model", "/nonexistent", "--prompt", "x"}, "config.json"},
+      {{"--model", dir_, "--prompt", "x", "--temperature", "inf"}, "finite number"},
+      {{"--model", dir_, "--prompt", "x", "--temperature", "1e50"}, "not a finite float"},
+      {{"--model", dir_, "--prompt", "x", "--top-p", "1.0000001"}, "top_p 1.00000012"},
+      {{"--model", dir_, "--prompt", "x", "--mode", "full", "--compressor", "bogus"}, "unknown compressor 'bogus'"},
+      {{"--model", dir_, "--prompt", "x", "--compressor", "kivi:bits=4\nx"}, "control or non-ASCII"},
   };
   for (const Case& c : cases) {
     CliRun r = Generate(c.args);

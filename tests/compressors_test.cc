@@ -615,6 +615,10 @@ TEST_F(CompressorsTest, BadSpecsNameTheProblem) {
       {"quest:page=0", "page must be an integer in"},
       {"streaming:window=0", "window must be an integer in"},
       {"none:bits=4", "unknown parameter 'bits'"},
+      // Quoted in messages, so kept short and on one line.
+      {"kivi:bits=" + std::string(100000, '9'), "compressor spec of 100010 bytes; at most 256"},
+      {"kivi:bits=4\nevil", "control or non-ASCII byte"},
+      {"kivi:bits=4\xc3\xa9", "control or non-ASCII byte"},
   };
   for (const auto& [spec, message] : cases) {
     auto c = MakeCompressedKvCache(spec, Layout(), model_->config().num_heads);

@@ -310,6 +310,18 @@ TEST(Files, ReadFileLimitedTakesOnlySmallRegularFiles) {
   EXPECT_FALSE(CheckJsonDepth(R"({"a":[[[1]]]})", 3).ok());
 }
 
+TEST(TextChecks, DialTargets) {
+  for (const char* ok : {"127.0.0.1:7070", "store-0.store:7070", "[::1]:8080", "unix:/tmp/s", "dns:///store:7070"}) {
+    EXPECT_TRUE(CheckDialTarget("--store", ok).ok()) << ok;
+  }
+  for (const char* bad : {"", "bogus", "127.0.0.1", ":7070", "127.0.0.1:0", "[::1]"}) {
+    const absl::Status st = CheckDialTarget("--store", bad);
+    EXPECT_NE(st.message().find("give host:port"), absl::string_view::npos) << bad << ": " << st;
+  }
+  // gRPC would dial port 89999 - 65536 = 24463.
+  EXPECT_NE(CheckDialTarget("--store", "127.0.0.1:89999").message().find("port past 65535"), absl::string_view::npos);
+}
+
 TEST(TextChecks, TokensAndUtf8) {
   EXPECT_TRUE(CheckBearerToken("store-secret-token", "t").ok());
   for (const char* bad : {"", "a b", "tok\x01en", "a\nb", "caf\xc3\xa9"}) EXPECT_FALSE(CheckBearerToken(bad, "t").ok()) << bad;

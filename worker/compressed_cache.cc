@@ -26,6 +26,17 @@ absl::Status CompressedKvCache::AppendBlock(SeqId, int64_t, const std::vector<ab
 absl::StatusOr<std::vector<MethodSpec>> ParseCompressorSpec(absl::string_view spec) {
   std::vector<MethodSpec> out;
   if (spec.empty()) return absl::InvalidArgumentError("empty compressor spec");
+  // Checked first, since the messages below quote the spec: short, and one printable line.
+  constexpr size_t kMaxSpecBytes = 256;
+  if (spec.size() > kMaxSpecBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("compressor spec of ", spec.size(), " bytes; at most ", kMaxSpecBytes));
+  }
+  for (char ch : spec) {
+    if (ch < 0x20 || ch > 0x7e) {
+      return absl::InvalidArgumentError("compressor spec holds a control or non-ASCII byte");
+    }
+  }
   for (absl::string_view part : absl::StrSplit(spec, '+')) {
     MethodSpec m;
     std::pair<absl::string_view, absl::string_view> name_params = absl::StrSplit(part, absl::MaxSplits(':', 1));

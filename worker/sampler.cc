@@ -6,16 +6,21 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 
 namespace vc {
 
 absl::Status ValidateSamplingParams(const SamplingParams& p) {
-  if (!std::isfinite(p.temperature) || p.temperature < 0.0f) {
-    return absl::InvalidArgumentError(absl::StrCat("temperature ", p.temperature, " must be >= 0"));
+  // Values are printed to float precision (9 digits), so 1.0000001 is not shown as 1.
+  if (!std::isfinite(p.temperature)) {
+    return absl::InvalidArgumentError(absl::StrCat("temperature ", p.temperature, " is not a finite float"));
+  }
+  if (p.temperature < 0.0f) {
+    return absl::InvalidArgumentError(absl::StrFormat("temperature %.9g must be >= 0", p.temperature));
   }
   if (p.top_k < 0) return absl::InvalidArgumentError(absl::StrCat("top_k ", p.top_k, " must be >= 0"));
   if (!(p.top_p > 0.0f && p.top_p <= 1.0f)) {
-    return absl::InvalidArgumentError(absl::StrCat("top_p ", p.top_p, " must be in (0, 1]"));
+    return absl::InvalidArgumentError(absl::StrFormat("top_p %.9g must be in (0, 1]", p.top_p));
   }
   return absl::OkStatus();
 }

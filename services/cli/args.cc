@@ -1,5 +1,7 @@
 #include "services/cli/args.h"
 
+#include <cmath>
+
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
@@ -56,8 +58,8 @@ absl::StatusOr<double> Args::Double(const std::string& name, double fallback) co
   auto it = values_.find(name);
   if (it == values_.end()) return fallback;
   double v;
-  if (!absl::SimpleAtod(it->second, &v)) {
-    return absl::InvalidArgumentError(absl::StrCat("--", name, " must be a number, got '", it->second, "'"));
+  if (!absl::SimpleAtod(it->second, &v) || !std::isfinite(v)) {
+    return absl::InvalidArgumentError(absl::StrCat("--", name, " must be a finite number, got '", it->second, "'"));
   }
   return v;
 }

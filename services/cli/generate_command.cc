@@ -6,6 +6,7 @@
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
 #include "services/cli/args.h"
+#include "worker/compressed_cache.h"
 #include "absl/time/clock.h"
 #include "worker/engine.h"
 #include "worker/full_decoder.h"
@@ -69,6 +70,11 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
   }
 
   VC_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, Model::Load(a.Str("model")));
+  // A compressor given is checked in every mode (full decoding does not use it).
+  if (a.Has("compressor")) {
+    VC_RETURN_IF_ERROR(
+        MakeCompressedKvCache(compressor, model->kv_layout(o.block_size), model->config().num_heads).status());
+  }
   const std::vector<int32_t> ids = model->tokenizer().Encode(prompt);
   GenerateResult r;
   nlohmann::json stats;

@@ -7,6 +7,7 @@
 #include "common/text_checks.h"
 #include "common/status_macros.h"
 #include "services/cli/args.h"
+#include "worker/sampler.h"
 #include "services/inference_client.h"
 
 namespace vc::cli {
@@ -18,19 +19,12 @@ constexpr char kUsage[] =
     "                         [--token TOKEN] [--timeout-ms N]\n"
     "  sends one Generate call to a worker, prints the generated text and the call's stats\n";
 
-// host:port with a port gRPC can reach (it would take one past 65535 modulo 65536); other target
-// forms (dns:, unix:, ...) go to gRPC as they are.
-absl::Status CheckTarget(const std::string& target) {
-  if (PortOf(target) <= 65535) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat("--target ", target, ": port past 65535"));
-}
-
 absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
   VC_ASSIGN_OR_RETURN(Args a, Args::Parse(argv, {"target", "prompt", "prompt-file", "max-tokens", "mode", "temperature",
                                                  "top-k", "top-p", "seed", "token", "timeout-ms"},
                                           {}));
   if (!a.Has("target")) return absl::InvalidArgumentError("--target is required");
-  VC_RETURN_IF_ERROR(CheckTarget(a.Str("target")));
+  VC_RETURN_IF_ERROR(CheckDialTarget("--target", a.Str("target")));
   if (a.Has("token")) VC_RETURN_IF_ERROR(CheckBearerToken(a.Str("token"), "--token"));
   if (a.Has("prompt") == a.Has("prompt-file")) return absl::InvalidArgumentError("give one of --prompt, --prompt-file");
   vericache::v1::GenerateRequest req;
@@ -47,6 +41,9 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
   VC_ASSIGN_OR_RETURN(double temperature, a.Double("temperature", 0));
   VC_ASSIGN_OR_RETURN(double top_p, a.Double("top-p", 1));
   VC_ASSIGN_OR_RETURN(int64_t timeout_ms, a.Int("timeout-ms", 600000, 1, INT64_MAX / 1000000));
+  // Checked as the floats the request carries (there top_p 0 means "no cut", so 0, or a value
+  // that rounds to it, is refused rather than sent).
+  VC_RETURN_IF_ERROR(ValidateSamplingParams({static_cast<float>(temperature), 0, static_cast<float>(top_p), 0}));
   req.set_max_tokens(static_cast<uint32_t>(max_tokens));
   req.mutable_sampling()->set_temperature(static_cast<float>(temperature));
   req.mutable_sampling()->set_top_k(static_cast<uint32_t>(top_k));

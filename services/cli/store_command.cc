@@ -88,7 +88,7 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
       << tenants.size() << " tenants, RAM "
       << (ram >> 20) << " MiB, disk " << (disk >> 20) << " MiB at " << o.disk.path << ", UCX " << server.ucx
       << ", leases " << o.ram.lease_ttl_ms << " ms, "
-      << (lease_cap > 0 ? absl::StrCat("at most ", lease_cap >> 20, " MiB of them a tenant") : std::string("no cap per tenant"))
+      << (lease_cap > 0 ? absl::StrCat("at most ", lease_cap, " bytes of them a tenant") : std::string("no cap per tenant"))
       << ")" << std::endl;
   int sig = 0;
   sigwait(&sigs, &sig);

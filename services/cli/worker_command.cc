@@ -77,6 +77,7 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
   o.model_dir = a.Str("model");
   o.listen = a.Str("listen");
   o.store_target = a.Str("store");
+  if (a.Has("store")) VC_RETURN_IF_ERROR(CheckDialTarget("--store", o.store_target));
   if (a.Has("store-token-file")) {
     VC_ASSIGN_OR_RETURN(o.store_token, ReadFirstLine(a.Str("store-token-file")));
   } else if (!o.store_target.empty()) {
@@ -87,6 +88,10 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
     VC_RETURN_IF_ERROR(cachestore::ParseUcxErrorMode(o.ucx).status());
   }
   VC_ASSIGN_OR_RETURN(int64_t block_tokens, a.Int("block-tokens", 256, 16, 1 << 16));
+  if (block_tokens % EngineOptions{}.block_size != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--block-tokens ", block_tokens, " is not a multiple of ",
+                                                   EngineOptions{}.block_size));
+  }
   o.block_tokens = static_cast<int>(block_tokens);
   VC_ASSIGN_OR_RETURN(o.store_timeout_ms, a.Int("store-timeout-ms", 2000, 1, 600000));
   VC_ASSIGN_OR_RETURN(int64_t staging, a.Int("staging-mib", 512, 1, 1 << 20));
