@@ -278,6 +278,25 @@ TEST_F(WorkerServiceTest, OverloadCancellationAndAuthentication) {
 // What could never work is refused before anything runs, with the reason: a request whose full KV
 // could not fit staging for a verify pass (it used to stream tokens and then fail), an empty
 // prompt, a port past 65535 (gRPC would bind it modulo 65536), memory the machine does not have.
+// A store that refuses the worker's token, or a target that is not a store, stops the worker from
+// starting: it would otherwise run as if the store held nothing, with no sign why.
+TEST_F(WorkerServiceTest, AStoreThatRefusesTheWorkerIsAnErrorAtStart) {
+  auto store = StartStore();
+  auto worker = StartWorker(store->target());
+  WorkerServerOptions o;
+  o.model_dir = dir_ + "/model";
+  o.listen = "127.0.0.1:0";
+  o.store_target = store->target();
+  o.store_token = "not-a-token";
+  o.store_timeout_ms = 2000;
+  auto refused = WorkerServer::Start(o);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
+  EXPECT_NE(refused.status().message().find("refused this worker"), absl::string_view::npos) << refused.status();
+  o.store_token = "tok";
+  o.store_target = worker->target();  // a worker, not a store
+  EXPECT_EQ(WorkerServer::Start(o).status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
 TEST_F(WorkerServiceTest, WhatCannotWorkIsRefusedUpFront) {
   const KvLayout layout = model_->kv_layout(16);
   WorkerServerOptions o;
