@@ -208,6 +208,15 @@ TEST(Tokenizer, ByteLevelRoundTripAndDeclaredTokenizer) {
   c.vocab_size = 258;
   c.tokenizer = "vericache-byte";
   EXPECT_TRUE(MakeTokenizer(c).ok());
+  c.bos_token_id = 256;
+  c.eos_token_id = 257;
+  EXPECT_TRUE(MakeTokenizer(c).ok());
+  c.bos_token_id = 65;  // would be ignored: every prompt starts with 256
+  EXPECT_NE(MakeTokenizer(c).status().message().find("bos_token_id 65"), absl::string_view::npos);
+  c.bos_token_id = 256;
+  c.eos_token_id = 10;
+  EXPECT_NE(MakeTokenizer(c).status().message().find("eos_token_id 10"), absl::string_view::npos);
+  c.eos_token_id = 257;
   c.tokenizer = "LlamaTokenizerFast";
   EXPECT_NE(MakeTokenizer(c).status().message().find("not supported"), absl::string_view::npos);
   c.tokenizer = "";

@@ -26,6 +26,16 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> MakeTokenizer(const ModelConfig& conf
       return absl::InvalidArgumentError(absl::StrCat(
           "tokenizer vericache-byte needs vocab_size >= 258, the config has ", config.vocab_size));
     }
+    // Ids the config names must be the tokenizer's own: prompts start with its BOS, and its EOS
+    // ends a generation.
+    if (config.bos_token_id >= 0 && config.bos_token_id != ByteTokenizer::kBos) {
+      return absl::InvalidArgumentError(absl::StrCat("bos_token_id ", config.bos_token_id,
+                                                     " is not the vericache-byte tokenizer's (", ByteTokenizer::kBos, ")"));
+    }
+    if (config.eos_token_id >= 0 && config.eos_token_id != ByteTokenizer::kEos) {
+      return absl::InvalidArgumentError(absl::StrCat("eos_token_id ", config.eos_token_id,
+                                                     " is not the vericache-byte tokenizer's (", ByteTokenizer::kEos, ")"));
+    }
     return std::make_unique<ByteTokenizer>();
   }
   if (config.tokenizer.empty()) {
