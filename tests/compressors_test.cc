@@ -659,22 +659,31 @@ TEST_F(CompressorsTest, CanonicalSpecsRoundTripAndDeclareTheirNeeds) {
   EXPECT_EQ(Make("quest")->MaxRollback(), int64_t{1} << 30);
 }
 
-// What the engine relies on to rebuild a sequence's KIVI cache from a cached copy of its prefix.
-TEST(KiviBlocks, AForkOfABuiltPrefixWithTheRestAppendedIsTheBuiltCache) {
+// Two layers of 600 positions of random full K/V, for the KIVI block tests.
+class KiviBlocks : public ::testing::Test {
+ protected:
+  void Fill(uint32_t seed) {
+    rng.seed(seed);
+    ASSERT_TRUE(full.Reserve(fs, L).ok());
+    for (int l = 0; l < lay.num_layers; ++l) {
+      for (int64_t p = 0; p < L; ++p) {
+        for (int c = 0; c < lay.num_kv_heads * lay.head_dim; ++c) full.K(l, fs, p)[c] = nd(rng), full.V(l, fs, p)[c] = nd(rng);
+      }
+    }
+    full.Commit(fs, L);
+  }
   const KvLayout lay{2, 2, 32, 16};
   const int heads = 8;
-  PagedKvCache full(lay, 64);
+  PagedKvCache full{lay, 64};
   const SeqId fs = full.NewSequence();
   const int64_t L = 600;
-  ASSERT_TRUE(full.Reserve(fs, L).ok());
-  std::mt19937 rng(13);
-  std::normal_distribution<float> nd(0.0f, 1.0f);
-  for (int l = 0; l < lay.num_layers; ++l) {
-    for (int64_t p = 0; p < L; ++p) {
-      for (int c = 0; c < lay.num_kv_heads * lay.head_dim; ++c) full.K(l, fs, p)[c] = nd(rng), full.V(l, fs, p)[c] = nd(rng);
-    }
-  }
-  full.Commit(fs, L);
+  std::mt19937 rng;
+  std::normal_distribution<float> nd{0.0f, 1.0f};
+};
+
+// What the engine relies on to rebuild a sequence's KIVI cache from a cached copy of its prefix.
+TEST_F(KiviBlocks, AForkOfABuiltPrefixWithTheRestAppendedIsTheBuiltCache) {
+  Fill(13);
   for (const char* spec : {"kivi:bits=4,group=32,residual=32", "kivi:bits=2,group=32,residual=64"}) {
     for (int64_t prefix : {256, 512, 592}) {
       auto cache = MakeCompressedKvCache(spec, lay, heads);
@@ -708,21 +717,8 @@ TEST(KiviBlocks, AForkOfABuiltPrefixWithTheRestAppendedIsTheBuiltCache) {
 // A KIVI cache built from encoded blocks (what a worker reads from the cache store) and then
 // extended as usual reads exactly what a cache built from the full KV reads: the same codes, the
 // same float32 tail, bitwise the same attention outputs.
-TEST(KiviBlocks, AppendedBlocksAttendLikeABuiltCache) {
-  const KvLayout lay{2, 2, 32, 16};
-  const int heads = 8;
-  PagedKvCache full(lay, 64);
-  const SeqId fs = full.NewSequence();
-  const int64_t L = 600;
-  ASSERT_TRUE(full.Reserve(fs, L).ok());
-  std::mt19937 rng(11);
-  std::normal_distribution<float> nd(0.0f, 1.0f);
-  for (int l = 0; l < lay.num_layers; ++l) {
-    for (int64_t p = 0; p < L; ++p) {
-      for (int c = 0; c < lay.num_kv_heads * lay.head_dim; ++c) full.K(l, fs, p)[c] = nd(rng), full.V(l, fs, p)[c] = nd(rng);
-    }
-  }
-  full.Commit(fs, L);
+TEST_F(KiviBlocks, AppendedBlocksAttendLikeABuiltCache) {
+  Fill(11);
   for (const char* spec : {"kivi:bits=4,group=32,residual=32", "kivi:bits=2,group=32,residual=64"}) {
     auto built = MakeCompressedKvCache(spec, lay, heads);
     auto appended = MakeCompressedKvCache(spec, lay, heads);
