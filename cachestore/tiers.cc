@@ -3,6 +3,7 @@
 #include <rocksdb/db.h>
 #include <rocksdb/options.h>
 #include <rocksdb/write_batch.h>
+#include <sys/statvfs.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -367,6 +368,16 @@ absl::StatusOr<std::unique_ptr<DiskTier>> DiskTier::Open(const DiskTierOptions& 
   t->db_.reset(db);
   t->blocks_ = handles[0];
   t->sizes_cf_ = handles[1];
+  // A budget the filesystem could never hold would only show as failed puts once it fills.
+  struct statvfs fs;
+  if (statvfs(options.path.c_str(), &fs) == 0) {
+    const uint64_t size = static_cast<uint64_t>(fs.f_blocks) * fs.f_frsize;
+    if (options.capacity_bytes > size) {
+      return absl::ResourceExhaustedError(absl::StrCat("a disk tier of ", options.capacity_bytes,
+                                                       " bytes exceeds the filesystem at ", options.path, " (",
+                                                       size, " bytes)"));
+    }
+  }
 
   rocksdb::ReadOptions scan;
   scan.fill_cache = false;

@@ -303,6 +303,14 @@ TEST(RamTier, ConcurrentReadersAndWritersSeeWholeBlocks) {
   EXPECT_EQ(torn.load(), 0);
 }
 
+TEST(DiskTier, ABudgetPastTheFilesystemIsRefused) {
+  const std::string dir = vc::testing::TempDir("disk_tier_budget");
+  auto t = DiskTier::Open({dir, uint64_t{1} << 62, false});
+  EXPECT_EQ(t.status().code(), absl::StatusCode::kResourceExhausted) << t.status();
+  EXPECT_NE(t.status().message().find("exceeds the filesystem"), absl::string_view::npos) << t.status();
+  EXPECT_TRUE(DiskTier::Open({dir, 1 << 20, false}).ok());
+}
+
 TEST(DiskTier, PersistsAcrossReopenAndEvictsOldest) {
   const std::string dir = vc::testing::TempDir("disk_tier");
   {

@@ -39,7 +39,7 @@ pid_t StartStore(const std::string& dir, const std::string& tokens, int port) {
     const std::string bin = std::string(VC_BINARY_DIR) + "/services/vericache";
     const std::string listen = "127.0.0.1:" + std::to_string(port);
     execl(bin.c_str(), bin.c_str(), "store", "--listen", listen.c_str(), "--data-dir", dir.c_str(), "--tokens",
-          tokens.c_str(), "--ram-bytes", "16777216", static_cast<char*>(nullptr));
+          tokens.c_str(), "--ram-bytes", "16777216", "--disk-bytes", "268435456", static_cast<char*>(nullptr));
     _exit(127);
   }
   return pid;
