@@ -2,6 +2,7 @@
 // token, for every compressor, draft window, batch size, greedy and sampled.
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <random>
 #include <sstream>
 
@@ -201,6 +202,59 @@ TEST_F(EngineExactness, PrefixRecomputedUnderATightHostTierHasItsRoom) {
     EXPECT_GT(out[i].stats.recomputed_tokens, 0) << i;
   }
   EXPECT_EQ(tier.reserved_bytes(), 0);
+}
+
+TEST_F(EngineExactness, PromptPassesAfterAStoredPrefixRunOneAtATime) {
+  // Requests whose prefix the store holds each need a verify pass that computes the rest of their
+  // prompt. Those passes run one per step, so no step gives two of these requests their first
+  // token (a batched pass would give every one of them its first token at the end of it).
+  const int prompt_len = 6 * 16 + 24;  // six stored blocks, then 24 more tokens
+  GenerateOptions o;
+  EngineOptions eo;
+  TierTestOptions(prompt_len, &o, &eo);
+  eo.staging_blocks *= 2;  // room for all four at once
+  eo.prefix_cache_bytes = 0;  // no compressed copies here: each first pass waits for the full prefix
+  HostKvTier tier(model_->kv_layout(16), 0);
+  testing::MemoryPrefixStore store(16);
+  auto engine = VeriCacheEngine::Create(*model_, &tier, eo, &store);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  const std::vector<int32_t> shared = RandomPrompt(prompt_len, 500);
+  std::vector<std::vector<int32_t>> prompts = {shared};
+  for (int i = 1; i <= 4; ++i) {
+    prompts.push_back(shared);
+    for (int j = 0; j < 24; ++j) prompts.back()[6 * 16 + j] = (i * 37 + j * 11) % 256;  // its own rest
+  }
+  std::vector<absl::Status> st(prompts.size(), absl::UnknownError("not done"));
+  std::vector<EngineResult> out(prompts.size());
+  std::vector<int> first_step(prompts.size(), -1);
+  int step = 0;
+  auto submit = [&](size_t i) {
+    EngineRequest r = MakeRequest(prompts[i], o);
+    r.on_tokens = [&, i](absl::Span<const int32_t>) {
+      if (first_step[i] < 0) first_step[i] = step;
+    };
+    (*engine)->Submit(std::move(r), [&, i](absl::Status s, EngineResult res) {
+      st[i] = s;
+      out[i] = std::move(res);
+    });
+  };
+  auto run = [&] {
+    for (int i = 0; i < 4000 && !(*engine)->Idle(); ++i, ++step) ASSERT_TRUE((*engine)->Step().ok());
+    ASSERT_TRUE((*engine)->Idle());
+  };
+  submit(0);  // computes the prefix and publishes it
+  run();
+  ASSERT_GT(store.size(), 0u);
+  for (size_t i = 1; i < prompts.size(); ++i) submit(i);
+  run();
+  std::map<int, int> firsts_at;
+  for (size_t i = 1; i < prompts.size(); ++i) {
+    ASSERT_TRUE(st[i].ok()) << i << ": " << st[i];
+    EXPECT_EQ(out[i].tokens, GenerateFull(*model_, prompts[i], o)->tokens) << i;
+    EXPECT_EQ(out[i].stats.prefix_store_tokens, 6 * 16) << i;
+    ASSERT_GE(first_step[i], 0) << i;
+    EXPECT_EQ(++firsts_at[first_step[i]], 1) << "two requests got their first token at step " << first_step[i];
+  }
 }
 
 TEST_F(EngineExactness, StagingThatCanNeverHoldASequenceEndsItAlone) {
