@@ -12,7 +12,7 @@ namespace vc {
 // Dequantized value i = min + code_i * scale, within scale / 2 of x[i * stride].
 void QuantizeAsymmetric(const float* x, int64_t stride, int n, int bits, uint8_t* codes, float* scale, float* min);
 
-// Where QuantizeKiviGroup writes one group.
+// Where QuantizeKiviGroup writes one group; the code arrays zeroed by the caller.
 struct KiviGroupOut {
   uint8_t* k_codes = nullptr;  // [head_dim, group * bits / 8]: channel-major
   float* k_scale = nullptr;    // [head_dim]
@@ -24,9 +24,9 @@ struct KiviGroupOut {
 
 // Quantizes one group of KIVI tokens, k and v [group, head_dim]: each key channel over the group's
 // tokens, each token's values in runs of value_group channels. Bitwise what QuantizeAsymmetric
-// gives run by run (its codes, scales and minimums), four values per SSE2 instruction where
-// there is SSE2 and without a library call per value. bits is 2, 4 or 8; group and value_group
-// are multiples of 8, and value_group divides head_dim.
+// gives run by run (its codes, scales and minimums): with SSE2, four values per instruction and
+// no library call per value; without, QuantizeAsymmetric itself. bits is 2, 4 or 8; group and
+// value_group are multiples of 8, and value_group divides head_dim.
 void QuantizeKiviGroup(const float* k, const float* v, int group, int head_dim, int value_group, int bits,
                        const KiviGroupOut& out);
 

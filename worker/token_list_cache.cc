@@ -1,7 +1,6 @@
 #include "worker/token_list_cache.h"
 
 #include <algorithm>
-#include <cfloat>
 #include <cmath>
 #include <cstring>
 #if defined(__SSE2__)
@@ -36,24 +35,8 @@ void QuantizeAsymmetric(const float* x, int64_t stride, int n, int bits, uint8_t
   }
 }
 
+#if defined(__SSE2__)
 namespace {
-
-// std::nearbyint(y) in the default rounding mode, for 0 <= y < 2^22: adding 2^23 leaves no bits
-// below the units, so the sum is rounded to even there, and the subtraction is exact. (Where
-// float arithmetic runs in a wider format, x87 without SSE, the sum would not be rounded.)
-inline float RoundToEven(float y) {
-#if FLT_EVAL_METHOD == 0
-  return (y + 0x1p23f) - 0x1p23f;
-#else
-  return std::nearbyint(y);
-#endif
-}
-
-// The code QuantizeAsymmetric gives x in a run with minimum lo and step s, with `divisor` s where
-// s > 0 and 1 elsewhere (every value of such a run is lo, so it gets code 0 either way).
-inline uint8_t KiviCode(float x, float lo, float divisor, float levels) {
-  return static_cast<uint8_t>(std::min(levels, std::max(0.0f, RoundToEven((x - lo) / divisor))));
-}
 
 // Packs n codes, each `stride` apart in `codes`, at `bits` per code into out (whole bytes: bits
 // divides 8 and n * bits is a multiple of 8).
@@ -75,14 +58,15 @@ void PackCodes(const uint8_t* codes, size_t stride, int n, int bits, uint8_t* ou
   }
 }
 
-#if defined(__SSE2__)
-// Four lanes of KiviCode, as int32.
+// QuantizeAsymmetric's code for four values x of runs with minimum lo and step s, as int32, with
+// `divisor` s where s > 0 and 1 elsewhere (every value of such a run is lo, so its code is 0
+// either way). Adding 2^23 leaves no bits below the units, so the sum is rounded to even there
+// (std::nearbyint in the default rounding mode) and the subtraction is exact; _mm_max_ps(y, 0)
+// and _mm_min_ps(y, levels) are std::max(0, y) and std::min(levels, y), NaN included.
 inline __m128i KiviCodes4(__m128 x, __m128 lo, __m128 divisor, __m128 levels) {
   const __m128 shift = _mm_set1_ps(0x1p23f);
   __m128 y = _mm_div_ps(_mm_sub_ps(x, lo), divisor);
   y = _mm_sub_ps(_mm_add_ps(y, shift), shift);
-  // _mm_max_ps(y, 0) is y > 0 ? y : 0 and _mm_min_ps(y, levels) is y < levels ? y : levels:
-  // std::max(0, y) and std::min(levels, y), NaN included.
   return _mm_cvttps_epi32(_mm_min_ps(_mm_max_ps(y, _mm_setzero_ps()), levels));
 }
 
@@ -92,109 +76,94 @@ inline void StoreBytes4(__m128i codes, uint8_t* out) {
   const int32_t word = _mm_cvtsi128_si32(bytes);
   std::memcpy(out, &word, 4);
 }
-#endif
 
-}  // namespace
+// s > 0 ? s : 1, per lane.
+inline __m128 Divisor4(__m128 s) {
+  const __m128 positive = _mm_cmpgt_ps(s, _mm_setzero_ps());
+  return _mm_or_ps(_mm_and_ps(positive, s), _mm_andnot_ps(positive, _mm_set1_ps(1.0f)));
+}
 
-void QuantizeKiviGroup(const float* k, const float* v, int group, int head_dim, int value_group, int bits,
-                       const KiviGroupOut& out) {
-  const int d = head_dim, g = group;
-  const float levels = static_cast<float>((1 << bits) - 1);
-  std::vector<float> lo(k, k + d), hi(k, k + d), divisor(static_cast<size_t>(d));
-  std::vector<uint8_t> codes(static_cast<size_t>(std::max(g * d, value_group)));
-  // Keys: each channel over the group's tokens. The loops run along the channels, which are
-  // contiguous, and each channel still sees its tokens in order.
-  int c4 = 0;
-#if defined(__SSE2__)
-  const __m128 levels4 = _mm_set1_ps(levels), zero = _mm_setzero_ps(), one = _mm_set1_ps(1.0f);
-  for (; c4 + 4 <= d; c4 += 4) {
-    __m128 mn = _mm_loadu_ps(k + c4), mx = mn;
+// QuantizeKiviGroup four lanes at a time: group, head_dim and value_group multiples of 4.
+void QuantizeKiviGroupSse2(const float* k, const float* v, int g, int d, int value_group, int bits,
+                           const KiviGroupOut& out) {
+  const __m128 levels = _mm_set1_ps(static_cast<float>((1 << bits) - 1));
+  std::vector<uint8_t> codes(static_cast<size_t>(g) * d);  // unpacked, [token][channel]
+  // Keys: four channels per lane group, over the group's tokens in order.
+  for (int c = 0; c < d; c += 4) {
+    __m128 mn = _mm_loadu_ps(k + c), mx = mn;
     for (int t = 1; t < g; ++t) {
-      const __m128 x = _mm_loadu_ps(k + static_cast<size_t>(t) * d + c4);
+      const __m128 x = _mm_loadu_ps(k + static_cast<size_t>(t) * d + c);
       mn = _mm_min_ps(x, mn);  // x < mn ? x : mn, as std::min(mn, x)
       mx = _mm_max_ps(x, mx);  // x > mx ? x : mx, as std::max(mx, x)
     }
-    const __m128 s = _mm_div_ps(_mm_sub_ps(mx, mn), levels4);
-    const __m128 positive = _mm_cmpgt_ps(s, zero);
-    const __m128 div = _mm_or_ps(_mm_and_ps(positive, s), _mm_andnot_ps(positive, one));
-    _mm_storeu_ps(out.k_scale + c4, s);
-    _mm_storeu_ps(out.k_min + c4, mn);
-    for (int t = 0; t < g; ++t) {
-      const size_t at = static_cast<size_t>(t) * d + c4;
-      StoreBytes4(KiviCodes4(_mm_loadu_ps(k + at), mn, div, levels4), codes.data() + at);
-    }
-  }
-#endif
-  for (int c = c4; c < d; ++c) {
-    for (int t = 1; t < g; ++t) {
-      lo[c] = std::min(lo[c], k[static_cast<size_t>(t) * d + c]);
-      hi[c] = std::max(hi[c], k[static_cast<size_t>(t) * d + c]);
-    }
-    const float s = (hi[c] - lo[c]) / levels;
-    out.k_scale[c] = s;
-    out.k_min[c] = lo[c];
-    divisor[c] = s > 0.0f ? s : 1.0f;
+    const __m128 s = _mm_div_ps(_mm_sub_ps(mx, mn), levels), div = Divisor4(s);
+    _mm_storeu_ps(out.k_scale + c, s);
+    _mm_storeu_ps(out.k_min + c, mn);
     for (int t = 0; t < g; ++t) {
       const size_t at = static_cast<size_t>(t) * d + c;
-      codes[at] = KiviCode(k[at], lo[c], divisor[c], levels);
+      StoreBytes4(KiviCodes4(_mm_loadu_ps(k + at), mn, div, levels), codes.data() + at);
     }
   }
   const size_t run = static_cast<size_t>(g * bits / 8);
   for (int c = 0; c < d; ++c) PackCodes(codes.data() + c, d, g, bits, out.k_codes + c * run);
-  // Values: each token's channels in runs of value_group.
+  // Values: four tokens at a time, a lane each. A 4 x 4 transpose turns four channels of the four
+  // tokens into four channels' vectors, taken in order, so each token's run finds its minimum and
+  // maximum channel by channel as QuantizeAsymmetric does; the codes then go four channels at a time.
   const int runs = d / value_group;
   const size_t row_bytes = static_cast<size_t>(d * bits / 8);
-  auto quantize_run = [&](int t, int r, float mn, float mx) {
-    const float* x = v + static_cast<size_t>(t) * d + r * value_group;
-    const float s = (mx - mn) / levels;
-    out.v_scale[t * runs + r] = s;
-    out.v_min[t * runs + r] = mn;
-    const float div = s > 0.0f ? s : 1.0f;
-    int c = 0;
-#if defined(__SSE2__)
-    for (; c + 4 <= value_group; c += 4) {
-      StoreBytes4(KiviCodes4(_mm_loadu_ps(x + c), _mm_set1_ps(mn), _mm_set1_ps(div), levels4), codes.data() + c);
-    }
-#endif
-    for (; c < value_group; ++c) codes[c] = KiviCode(x[c], mn, div, levels);
-    PackCodes(codes.data(), 1, value_group, bits, out.v_codes + t * row_bytes + r * value_group * bits / 8);
-  };
-  int t4 = 0;
-#if defined(__SSE2__)
-  // Four tokens at a time, a lane each: a 4 x 4 transpose turns four channels of four tokens
-  // into four channels' vectors, taken in order, so each token's minimum and maximum are found
-  // channel by channel as in the scalar loop below.
-  if (value_group % 4 == 0) {
-    for (; t4 + 4 <= g; t4 += 4) {
-      for (int r = 0; r < runs; ++r) {
-        const float* x = v + static_cast<size_t>(t4) * d + r * value_group;
-        __m128 mn = _mm_setr_ps(x[0], x[d], x[2 * d], x[3 * d]), mx = mn;
-        for (int c = 0; c < value_group; c += 4) {
-          __m128 a = _mm_loadu_ps(x + c), b = _mm_loadu_ps(x + d + c), e = _mm_loadu_ps(x + 2 * d + c),
-                 f = _mm_loadu_ps(x + 3 * d + c);
-          _MM_TRANSPOSE4_PS(a, b, e, f);
-          for (const __m128 y : {a, b, e, f}) {
-            mn = _mm_min_ps(y, mn);
-            mx = _mm_max_ps(y, mx);
-          }
+  for (int t0 = 0; t0 < g; t0 += 4) {
+    for (int r = 0; r < runs; ++r) {
+      const float* x = v + static_cast<size_t>(t0) * d + r * value_group;
+      __m128 mn = _mm_setr_ps(x[0], x[d], x[2 * d], x[3 * d]), mx = mn;
+      for (int c = 0; c < value_group; c += 4) {
+        __m128 a = _mm_loadu_ps(x + c), b = _mm_loadu_ps(x + d + c), e = _mm_loadu_ps(x + 2 * d + c),
+               f = _mm_loadu_ps(x + 3 * d + c);
+        _MM_TRANSPOSE4_PS(a, b, e, f);
+        for (const __m128 y : {a, b, e, f}) {
+          mn = _mm_min_ps(y, mn);
+          mx = _mm_max_ps(y, mx);
         }
-        alignas(16) float mns[4], mxs[4];
-        _mm_store_ps(mns, mn);
-        _mm_store_ps(mxs, mx);
-        for (int j = 0; j < 4; ++j) quantize_run(t4 + j, r, mns[j], mxs[j]);
+      }
+      const __m128 s = _mm_div_ps(_mm_sub_ps(mx, mn), levels), div = Divisor4(s);
+      alignas(16) float mns[4], ss[4], divs[4];
+      _mm_store_ps(mns, mn);
+      _mm_store_ps(ss, s);
+      _mm_store_ps(divs, div);
+      for (int j = 0; j < 4; ++j) {
+        const int t = t0 + j;
+        out.v_scale[t * runs + r] = ss[j];
+        out.v_min[t * runs + r] = mns[j];
+        const float* xt = x + static_cast<size_t>(j) * d;
+        for (int c = 0; c < value_group; c += 4) {
+          StoreBytes4(KiviCodes4(_mm_loadu_ps(xt + c), _mm_set1_ps(mns[j]), _mm_set1_ps(divs[j]), levels),
+                      codes.data() + c);
+        }
+        PackCodes(codes.data(), 1, value_group, bits, out.v_codes + t * row_bytes + r * value_group * bits / 8);
       }
     }
   }
+}
+
+}  // namespace
 #endif
-  for (int t = t4; t < g; ++t) {
+
+void QuantizeKiviGroup(const float* k, const float* v, int group, int head_dim, int value_group, int bits,
+                       const KiviGroupOut& out) {
+#if defined(__SSE2__)
+  if (group % 4 == 0 && head_dim % 4 == 0 && value_group % 4 == 0) {
+    return QuantizeKiviGroupSse2(k, v, group, head_dim, value_group, bits, out);
+  }
+#endif
+  const int d = head_dim, runs = d / value_group;
+  const size_t run = static_cast<size_t>(group * bits / 8), row_bytes = static_cast<size_t>(d * bits / 8);
+  for (int c = 0; c < d; ++c) {
+    QuantizeAsymmetric(k + c, d, group, bits, out.k_codes + c * run, out.k_scale + c, out.k_min + c);
+  }
+  for (int t = 0; t < group; ++t) {
     for (int r = 0; r < runs; ++r) {
-      const float* x = v + static_cast<size_t>(t) * d + r * value_group;
-      float mn = x[0], mx = x[0];
-      for (int c = 1; c < value_group; ++c) {
-        mn = std::min(mn, x[c]);
-        mx = std::max(mx, x[c]);
-      }
-      quantize_run(t, r, mn, mx);
+      QuantizeAsymmetric(v + static_cast<size_t>(t) * d + r * value_group, 1, value_group, bits,
+                         out.v_codes + t * row_bytes + r * value_group * bits / 8, out.v_scale + t * runs + r,
+                         out.v_min + t * runs + r);
     }
   }
 }
