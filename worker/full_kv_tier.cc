@@ -92,12 +92,15 @@ absl::Status HostKvTier::Grow(Entry& e, int64_t positions) {
 
 std::shared_ptr<HostKvTier::Entry>& HostKvTier::EntryFor(TierKey key) {
   std::shared_ptr<Entry>& slot = entries_[key];
-  if (slot == nullptr) {
-    slot = std::make_shared<Entry>();
-    slot->k.resize(layout_.num_layers);
-    slot->v.resize(layout_.num_layers);
-  }
+  if (slot == nullptr) slot = NewEntry();
   return slot;
+}
+
+std::shared_ptr<HostKvTier::Entry> HostKvTier::NewEntry() const {
+  auto e = std::make_shared<Entry>();
+  e->k.resize(layout_.num_layers);
+  e->v.resize(layout_.num_layers);
+  return e;
 }
 
 absl::Status HostKvTier::Reserve(TierKey key, int64_t positions) {
@@ -196,9 +199,7 @@ void HostKvTier::Clear(TierKey key) {
   auto it = entries_.find(key);
   if (it == entries_.end()) return;
   // A new entry: a fetch still queued keeps the old one alive.
-  auto fresh = std::make_shared<Entry>();
-  fresh->k.resize(layout_.num_layers);
-  fresh->v.resize(layout_.num_layers);
+  std::shared_ptr<Entry> fresh = NewEntry();
   fresh->reserved_positions = it->second->reserved_positions;
   fresh->reserved_bytes = it->second->reserved_bytes;
   it->second = std::move(fresh);

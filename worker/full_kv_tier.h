@@ -134,6 +134,8 @@ class HostKvTier final : public FullKvTier {
     std::shared_ptr<FetchHandle> handle;
   };
   void IoLoop();
+  // An empty entry: no positions, no reservation.
+  std::shared_ptr<Entry> NewEntry() const;
   // The entry of `key`, made empty if there is none.
   std::shared_ptr<Entry>& EntryFor(TierKey key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Makes e's reservation cover positions up to `positions` if the budget allows; else changes nothing.
