@@ -31,15 +31,14 @@ absl::Status BlockStore::Put(const BlockKey& key, absl::string_view block) {
   // RAM first, so that a different block under a key being read is refused before either tier
   // takes it. RAM holds only what disk holds (its evictions are not demoted), so a block the disk
   // refuses leaves RAM too.
+  // A RAM tier full of pinned blocks only means this block is served from disk for now.
   bool stored = false;
-  absl::Status s = ram_->Put(key, block, nullptr, &stored);
-  if (absl::IsFailedPrecondition(s) || absl::IsUnavailable(s)) return s;
+  const absl::Status s = ram_->Put(key, block, nullptr, &stored);
+  if (!s.ok() && !absl::IsResourceExhausted(s)) return s;
   if (absl::Status d = disk_->Put(key, block); !d.ok()) {
     if (stored) (void)ram_->Delete(key);
     return d;
   }
-  // A RAM tier full of pinned blocks only means this block is served from disk for now.
-  if (!s.ok() && !absl::IsResourceExhausted(s)) return s;
   return absl::OkStatus();
 }
 
@@ -91,14 +90,14 @@ absl::StatusOr<BlockLease> BlockStore::Lease(const BlockKey& key, absl::string_v
   }
   if (absl::Status s = VerifyBlock(*block).status(); !s.ok()) return Drop(key, false, "failed its checks", s);
   hits_disk_++;
-  if (absl::Status s = ram_->Put(key, *block, nullptr); !s.ok()) return s;
-  absl::StatusOr<BlockLease> promoted = ram_->Lease(key, owner);
-  // A copy deleted while it was being read keeps the key's RAM entry until its readers finish, so
-  // this one could not be put there: it is served inline meanwhile.
-  if (absl::IsNotFound(promoted.status())) {
-    return absl::ResourceExhaustedError("an earlier copy of this block is still being read from RAM");
+  // RAM may not take this copy now: full of pinned blocks, another put of the key still copying
+  // in, or a deleted copy still being read (it keeps the key's entry until its readers finish).
+  // The block is then served inline.
+  bool stored = false;
+  if (!ram_->Put(key, *block, nullptr, &stored).ok() || !stored) {
+    return absl::ResourceExhaustedError("RAM cannot take this block now");
   }
-  return promoted;
+  return ram_->Lease(key, owner);
 }
 
 std::pair<uint32_t, uint32_t> BlockStore::Lookup(absl::Span<const BlockKey> keys) const {
