@@ -116,16 +116,6 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(WorkerServerOp
     po.ucx = options.ucx;
     po.block_tokens = options.block_tokens;
     po.link = w->tier_->link();
-    // A store that refuses the token, or a target that is no store, would only ever look like a
-    // store without prefixes: refuse to start. (One that is down may come up later.)
-    {
-      VC_ASSIGN_OR_RETURN(std::unique_ptr<cachestore::StoreClient> probe, cachestore::StoreClient::Create(po.store));
-      const absl::Status st = probe->Stats().status();
-      if (absl::IsUnauthenticated(st) || absl::IsPermissionDenied(st) || absl::IsUnimplemented(st)) {
-        return absl::FailedPreconditionError(
-            absl::StrCat("the store at ", options.store_target, " refused this worker: ", st.message()));
-      }
-    }
     VC_ASSIGN_OR_RETURN(w->prefixes_, StorePrefixes::Create(po, fingerprint, layout));
   }
   VC_ASSIGN_OR_RETURN(w->service_, WorkerService::Create(*w->model_, w->tier_.get(), w->prefixes_.get(), options.service));

@@ -76,6 +76,13 @@ absl::StatusOr<std::unique_ptr<StorePrefixes>> StorePrefixes::Create(const Store
   }
   std::unique_ptr<StorePrefixes> p(new StorePrefixes(options, fingerprint, layout));
   VC_ASSIGN_OR_RETURN(p->client_, cachestore::StoreClient::Create(options.store));
+  // A store that refuses the token, or a target that is no store, would only ever look like a
+  // store without prefixes: an error now. (One that is down may come up later.)
+  if (const absl::Status st = p->client_->Stats().status();
+      absl::IsUnauthenticated(st) || absl::IsPermissionDenied(st) || absl::IsUnimplemented(st)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the store at ", options.store.target, " refused this worker: ", st.message()));
+  }
   if (options.ucx != "off") {
     VC_ASSIGN_OR_RETURN(cachestore::UcxErrorMode mode, cachestore::ParseUcxErrorMode(options.ucx));
     VC_ASSIGN_OR_RETURN(p->reader_, cachestore::UcxReader::Create(mode));

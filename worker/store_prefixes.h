@@ -55,6 +55,8 @@ struct StorePrefixStats {
 
 class StorePrefixes final : public PrefixStore {
  public:
+  // kFailedPrecondition when the store refuses the token or the target is no store; a store that
+  // does not answer is not an error (it may come up later).
   static absl::StatusOr<std::unique_ptr<StorePrefixes>> Create(const StorePrefixOptions& options,
                                                               const std::array<uint8_t, 32>& fingerprint,
                                                               const KvLayout& layout);
