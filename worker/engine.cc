@@ -632,7 +632,7 @@ int64_t VeriCacheEngine::VerifyBlocks(const EngineRequest& r) const {
 }
 
 int64_t VeriCacheEngine::StagingBlocks(const EngineRequest& r) const {
-  return (static_cast<int64_t>(r.prompt.size()) + r.options.max_tokens + max_k_ + 1) / options_.block_size + 1;
+  return (MaxPositions(r) + max_k_ + 1) / options_.block_size + 1;
 }
 
 absl::StatusOr<int64_t> VeriCacheEngine::SizeStaging(absl::Span<const EngineRequest> requests) {

@@ -8,17 +8,21 @@
 namespace vc {
 namespace {
 
+// Element i of a tensor, as float.
+float ElementAt(const TensorView& e, int64_t i) {
+  switch (e.dtype) {
+    case DType::kF32: return reinterpret_cast<const float*>(e.data)[i];
+    case DType::kBF16: return BF16ToF32(reinterpret_cast<const uint16_t*>(e.data)[i]);
+    case DType::kF16: return F16ToF32(reinterpret_cast<const uint16_t*>(e.data)[i]);
+  }
+  return 0.0f;
+}
+
 // kDataLoss naming the tensor and the first element that is NaN or infinite: such a weight turns
 // every logit into NaN, and generation into a run of token 0, with no other sign.
 absl::Status CheckFinite(const std::string& name, const TensorView& v, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
-    bool finite = true;
-    switch (v.dtype) {
-      case DType::kF32: finite = std::isfinite(reinterpret_cast<const float*>(v.data)[i]); break;
-      case DType::kBF16: finite = (reinterpret_cast<const uint16_t*>(v.data)[i] & 0x7f80) != 0x7f80; break;
-      case DType::kF16: finite = (reinterpret_cast<const uint16_t*>(v.data)[i] & 0x7c00) != 0x7c00; break;
-    }
-    if (!finite) {
+    if (!std::isfinite(ElementAt(v, i))) {
       return absl::DataLossError(absl::StrCat("tensor '", name, "' holds a NaN or infinite value (element ", i, ")"));
     }
   }
@@ -36,23 +40,8 @@ absl::StatusOr<std::vector<float>> Vector(const TensorStore& t, const std::strin
   VC_ASSIGN_OR_RETURN(TensorView v, t.Get(name, {n}));
   VC_RETURN_IF_ERROR(CheckFinite(name, v, n));
   std::vector<float> out(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) {
-    switch (v.dtype) {
-      case DType::kF32: out[i] = reinterpret_cast<const float*>(v.data)[i]; break;
-      case DType::kBF16: out[i] = BF16ToF32(reinterpret_cast<const uint16_t*>(v.data)[i]); break;
-      case DType::kF16: out[i] = F16ToF32(reinterpret_cast<const uint16_t*>(v.data)[i]); break;
-    }
-  }
+  for (int64_t i = 0; i < n; ++i) out[i] = ElementAt(v, i);
   return out;
-}
-
-float EmbeddingAt(const TensorView& e, int64_t i) {
-  switch (e.dtype) {
-    case DType::kF32: return reinterpret_cast<const float*>(e.data)[i];
-    case DType::kBF16: return BF16ToF32(reinterpret_cast<const uint16_t*>(e.data)[i]);
-    case DType::kF16: return F16ToF32(reinterpret_cast<const uint16_t*>(e.data)[i]);
-  }
-  return 0.0f;
 }
 
 void AddBias(const std::vector<float>& bias, int64_t n, float* y) {
@@ -228,7 +217,7 @@ absl::Status Model::Forward(absl::Span<const SequenceChunk> chunks, AttentionCac
   std::vector<float> x(n * d), h(n * d), q(n * qd), kk(n * kvd), vv(n * kvd), att(n * qd), o(n * d);
   std::vector<float> g(n * f), u(n * f);
   for (int64_t r = 0; r < n; ++r) {
-    for (int64_t i = 0; i < d; ++i) x[r * d + i] = EmbeddingAt(embed_, int64_t{token[r]} * d + i);
+    for (int64_t i = 0; i < d; ++i) x[r * d + i] = ElementAt(embed_, int64_t{token[r]} * d + i);
   }
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   for (int li = 0; li < c.num_layers; ++li) {

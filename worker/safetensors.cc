@@ -1,6 +1,7 @@
 #include "worker/safetensors.h"
 
 #include <algorithm>
+#include <tuple>
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -129,16 +130,16 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std
     f->entries_.emplace(name, std::move(e));
   }
   // Tensors may not share bytes: a header pointing two at one range describes no real checkpoint.
-  std::vector<std::pair<uint64_t, const std::string*>> spans;
+  std::vector<std::tuple<uint64_t, uint64_t, const std::string*>> spans;  // begin, end, name
   for (const auto& [name, e] : f->entries_) {
-    if (e.end > e.begin) spans.push_back({e.begin, &name});
+    if (e.end > e.begin) spans.emplace_back(e.begin, e.end, &name);
   }
   std::sort(spans.begin(), spans.end());
   for (size_t i = 1; i < spans.size(); ++i) {
-    const Entry& prev = f->entries_.at(*spans[i - 1].second);
-    if (spans[i].first < prev.end) {
-      return Bad(path, absl::StrCat("tensors '", *spans[i - 1].second, "' and '", *spans[i].second,
-                                    "' overlap in the data section"));
+    const auto& [begin, end, name] = spans[i];
+    const auto& [prev_begin, prev_end, prev_name] = spans[i - 1];
+    if (begin < prev_end) {
+      return Bad(path, absl::StrCat("tensors '", *prev_name, "' and '", *name, "' overlap in the data section"));
     }
   }
   return f;
