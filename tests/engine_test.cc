@@ -43,9 +43,8 @@ class EngineExactness : public ::testing::Test {
 
   // Runs the engine on `prompts` and checks each output against GenerateFull.
   static void ExpectExact(const Model& model, const std::vector<std::vector<int32_t>>& prompts,
-                          const GenerateOptions& o, const EngineOptions& eo, EngineStats* total = nullptr,
-                          int64_t tier_bytes = 0) {
-    HostKvTier tier(model.kv_layout(eo.block_size), 0, 1, tier_bytes);
+                          const GenerateOptions& o, const EngineOptions& eo, EngineStats* total = nullptr) {
+    HostKvTier tier(model.kv_layout(eo.block_size), 0);
     auto engine = VeriCacheEngine::Create(model, &tier, eo);
     ASSERT_TRUE(engine.ok()) << engine.status();
     std::vector<EngineRequest> reqs;
