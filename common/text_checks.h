@@ -70,17 +70,21 @@ inline int64_t PortOf(absl::string_view address) {
   return port;
 }
 
-// Whether `target` is an address gRPC will dial as meant: a named scheme (unix:, dns:, ipv4:,
-// ...) as it is, else host:port with a port in [1, 65535]. kInvalidArgument naming `flag`.
-inline absl::Status CheckDialTarget(absl::string_view flag, absl::string_view target) {
-  for (absl::string_view scheme : {"unix:", "unix-abstract:", "dns:", "ipv4:", "ipv6:", "vsock:"}) {
-    if (absl::StartsWith(target, scheme)) return absl::OkStatus();
+// Whether gRPC will take `address` as meant, to listen on (`listen`) or to dial: unix:PATH; to
+// dial, also another named scheme (unix-abstract:, dns:, ipv4:, ...) as it is; else host:port with
+// a port up to 65535 (0 only to listen: any free port), where gRPC itself would take a port past
+// it modulo 65536. kInvalidArgument naming `what`.
+inline absl::Status CheckAddress(absl::string_view what, absl::string_view address, bool listen) {
+  auto bad = [&](absl::string_view why) { return absl::InvalidArgumentError(absl::StrCat(what, " ", address, ": ", why)); };
+  if (absl::StartsWith(address, "unix:")) return address.size() > 5 ? absl::OkStatus() : bad("names no socket path");
+  if (!listen) {
+    for (absl::string_view scheme : {"unix-abstract:", "dns:", "ipv4:", "ipv6:", "vsock:"}) {
+      if (absl::StartsWith(address, scheme)) return absl::OkStatus();
+    }
   }
-  const int64_t port = PortOf(target);
-  if (port <= 0 || target.front() == ':') {
-    return absl::InvalidArgumentError(absl::StrCat(flag, " ", target, ": give host:port"));
-  }
-  if (port > 65535) return absl::InvalidArgumentError(absl::StrCat(flag, " ", target, ": port past 65535"));
+  const int64_t port = PortOf(address);
+  if (port < 0 || (port == 0 && !listen) || address.front() == ':') return bad("give host:port");
+  if (port > 65535) return bad("port past 65535");
   return absl::OkStatus();
 }
 

@@ -12,21 +12,6 @@
 namespace vc {
 namespace {
 
-// host:port with a port gRPC can bind (0: any free one), or unix:PATH. gRPC itself would take the
-// port modulo 65536.
-absl::Status CheckListenAddress(const std::string& address) {
-  if (address.rfind("unix:", 0) == 0) {
-    if (address.size() > 5) return absl::OkStatus();
-    return absl::InvalidArgumentError("listen address 'unix:' names no socket path");
-  }
-  const int64_t port = PortOf(address);
-  if (port < 0 || port > 65535) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("listen address '", address, "' is not host:port with a port from 0 to 65535"));
-  }
-  return absl::OkStatus();
-}
-
 absl::Status CannotListen(const std::string& address, bool tls) {
   return absl::UnavailableError(absl::StrCat("cannot listen on ", address,
                                              tls ? " (the address is taken, or the TLS certificate or key is not valid)"
@@ -63,7 +48,7 @@ std::string HexString(const std::array<uint8_t, 32>& bytes) {
 
 absl::StatusOr<std::unique_ptr<StoreServer>> StoreServer::Start(StoreServerOptions options) {
   std::unique_ptr<StoreServer> s(new StoreServer());
-  VC_RETURN_IF_ERROR(CheckListenAddress(options.listen));
+  VC_RETURN_IF_ERROR(CheckAddress("listen address", options.listen, true));
   VC_RETURN_IF_ERROR(CheckFitsInMemory(options.store.ram.capacity_bytes, "the RAM tier"));
   if (options.ucx != "off") {
     VC_ASSIGN_OR_RETURN(cachestore::UcxErrorMode mode, cachestore::ParseUcxErrorMode(options.ucx));
@@ -84,7 +69,7 @@ StoreServer::~StoreServer() {
 
 absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(WorkerServerOptions options) {
   std::unique_ptr<WorkerServer> w(new WorkerServer());
-  VC_RETURN_IF_ERROR(CheckListenAddress(options.listen));
+  VC_RETURN_IF_ERROR(CheckAddress("listen address", options.listen, true));
   if (options.host_kv_bytes < 1) return absl::InvalidArgumentError("the host KV tier has no memory");
   VC_RETURN_IF_ERROR(CheckFitsInMemory(
       static_cast<uint64_t>(options.staging_bytes) + options.full_kv_bytes + options.prefix_cache_bytes +

@@ -319,16 +319,22 @@ TEST(Files, ReadFileLimitedTakesOnlySmallRegularFiles) {
   EXPECT_FALSE(CheckJsonDepth(R"({"a":[[[1]]]})", 3).ok());
 }
 
-TEST(TextChecks, DialTargets) {
+TEST(TextChecks, Addresses) {
   for (const char* ok : {"127.0.0.1:7070", "store-0.store:7070", "[::1]:8080", "unix:/tmp/s", "dns:///store:7070"}) {
-    EXPECT_TRUE(CheckDialTarget("--store", ok).ok()) << ok;
+    EXPECT_TRUE(CheckAddress("--store", ok, false).ok()) << ok;
   }
   for (const char* bad : {"", "bogus", "127.0.0.1", ":7070", "127.0.0.1:0", "[::1]"}) {
-    const absl::Status st = CheckDialTarget("--store", bad);
+    const absl::Status st = CheckAddress("--store", bad, false);
     EXPECT_NE(st.message().find("give host:port"), absl::string_view::npos) << bad << ": " << st;
   }
   // gRPC would dial port 89999 - 65536 = 24463.
-  EXPECT_NE(CheckDialTarget("--store", "127.0.0.1:89999").message().find("port past 65535"), absl::string_view::npos);
+  EXPECT_NE(CheckAddress("--store", "127.0.0.1:89999", false).message().find("port past 65535"), absl::string_view::npos);
+  // To listen: port 0 is any free port; a unix socket needs its path.
+  EXPECT_TRUE(CheckAddress("listen address", "127.0.0.1:0", true).ok());
+  EXPECT_TRUE(CheckAddress("listen address", "unix:/tmp/w.sock", true).ok());
+  EXPECT_NE(CheckAddress("listen address", "unix:", true).message().find("names no socket path"), absl::string_view::npos);
+  EXPECT_NE(CheckAddress("listen address", "0.0.0.0:70000", true).message().find("port past 65535"),
+            absl::string_view::npos);
 }
 
 TEST(TextChecks, TokensAndUtf8) {

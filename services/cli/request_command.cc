@@ -24,7 +24,7 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
                                                  "top-k", "top-p", "seed", "token", "timeout-ms"},
                                           {}));
   if (!a.Has("target")) return absl::InvalidArgumentError("--target is required");
-  VC_RETURN_IF_ERROR(CheckDialTarget("--target", a.Str("target")));
+  VC_RETURN_IF_ERROR(CheckAddress("--target", a.Str("target"), false));
   if (a.Has("token")) VC_RETURN_IF_ERROR(CheckBearerToken(a.Str("token"), "--token"));
   if (a.Has("prompt") == a.Has("prompt-file")) return absl::InvalidArgumentError("give one of --prompt, --prompt-file");
   vericache::v1::GenerateRequest req;

@@ -77,7 +77,7 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
   o.model_dir = a.Str("model");
   o.listen = a.Str("listen");
   o.store_target = a.Str("store");
-  if (a.Has("store")) VC_RETURN_IF_ERROR(CheckDialTarget("--store", o.store_target));
+  if (a.Has("store")) VC_RETURN_IF_ERROR(CheckAddress("--store", o.store_target, false));
   if (a.Has("store-token-file")) {
     VC_ASSIGN_OR_RETURN(o.store_token, ReadFirstLine(a.Str("store-token-file")));
   } else if (!o.store_target.empty()) {
