@@ -371,13 +371,17 @@ absl::Status VeriCacheEngine::Rebuild(Sequence& s, int64_t length) {
   }
   compressed_->FreeSequence(s.cseq);
   s.cseq = compressed_->Fork(it->second.seq);
-  VC_RETURN_IF_ERROR(compressed_->Reserve(s.cseq, length));
+  return AppendExact(s, it->second.length, length);
+}
+
+absl::Status VeriCacheEngine::AppendExact(Sequence& s, int64_t from, int64_t to) {
+  VC_RETURN_IF_ERROR(compressed_->Reserve(s.cseq, to));
   for (int l = 0; l < model_.config().num_layers; ++l) {
-    for (int64_t p = it->second.length; p < length; ++p) {
+    for (int64_t p = from; p < to; ++p) {
       compressed_->Write(l, s.cseq, p, staging_->K(l, s.sseq, p), staging_->V(l, s.sseq, p));
     }
   }
-  compressed_->Commit(s.cseq, length);
+  compressed_->Commit(s.cseq, to);
   return absl::OkStatus();
 }
 
@@ -424,7 +428,6 @@ absl::Status VeriCacheEngine::Verify(std::vector<Sequence*>& ready) {
   costs_.ObserveVerify(rows_total / static_cast<int>(ready.size()), dt);
 
   const int vocab = model_.config().vocab_size;
-  const int layers = model_.config().num_layers;
   // Every sequence's tokens go out first; the bookkeeping after (the tier, the compressed cache,
   // prefixes shared) does not hold back the later sequences' tokens. (Should the bookkeeping fail,
   // Step ends every request of the batch with that error, after the verified tokens sent.)
@@ -493,13 +496,7 @@ absl::Status VeriCacheEngine::Verify(std::vector<Sequence*>& ready) {
         VC_RETURN_IF_ERROR(Rebuild(s, keep_end));
       } else {
         VC_RETURN_IF_ERROR(compressed_->Truncate(s.cseq, v - 1));
-        VC_RETURN_IF_ERROR(compressed_->Reserve(s.cseq, keep_end));
-        for (int l = 0; l < layers; ++l) {
-          for (int64_t p = v - 1; p < keep_end; ++p) {
-            compressed_->Write(l, s.cseq, p, staging_->K(l, s.sseq, p), staging_->V(l, s.sseq, p));
-          }
-        }
-        compressed_->Commit(s.cseq, keep_end);
+        VC_RETURN_IF_ERROR(AppendExact(s, v - 1, keep_end));
       }
       s.full_len = keep_end;
     }

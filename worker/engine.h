@@ -137,6 +137,9 @@ class VeriCacheEngine {
   absl::Status Recompute(Sequence& s);
   // Replaces the compressed cache of `s` with positions [0, length) of its exact K/V in staging.
   absl::Status Rebuild(Sequence& s, int64_t length);
+  // Writes positions [from, to) of the exact K/V of `s` in staging to its compressed cache, which
+  // holds [0, from), and commits them.
+  absl::Status AppendExact(Sequence& s, int64_t from, int64_t to);
   // Frees the staging of `s`, if it holds any.
   void DropStaging(Sequence& s);
   // Frees the staging of one resident sequence other than `except` (one mid-window first);

@@ -70,8 +70,8 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
   }
 
   VC_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, Model::Load(a.Str("model")));
-  // A compressor given is checked in every mode (full decoding does not use it).
-  if (a.Has("compressor")) {
+  // A compressor given is checked in full mode too, which does not use it (the others build it).
+  if (a.Has("compressor") && mode == "full") {
     VC_RETURN_IF_ERROR(
         MakeCompressedKvCache(compressor, model->kv_layout(o.block_size), model->config().num_heads).status());
   }
