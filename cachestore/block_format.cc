@@ -19,17 +19,17 @@ size_t FixedBytes(uint16_t version) { return kFixedBytes + (version == kEncodedB
 // The whole header: the fixed part, a CRC per layer, the header's CRC.
 size_t HeaderBytes(uint16_t version, uint32_t num_layers) { return FixedBytes(version) + 4 * size_t{num_layers} + 4; }
 
-void Put(std::string* out, uint64_t v, int bytes) {
+}  // namespace
+
+void PutLittleEndian(std::string* out, uint64_t v, int bytes) {
   for (int i = 0; i < bytes; ++i) out->push_back(static_cast<char>((v >> (8 * i)) & 0xff));
 }
 
-uint64_t Get(absl::string_view in, size_t at, int bytes) {
+uint64_t GetLittleEndian(absl::string_view in, size_t at, int bytes) {
   uint64_t v = 0;
   for (int i = bytes - 1; i >= 0; --i) v = (v << 8) | static_cast<uint8_t>(in[at + i]);
   return v;
 }
-
-}  // namespace
 
 uint64_t BlockLayout::layer_bytes() const {
   const uint64_t heads = num_kv_heads, d = head_dim, t = tokens;
@@ -72,33 +72,33 @@ absl::StatusOr<std::string> EncodeBlock(const std::array<uint8_t, 32>& fingerpri
   const bool f32 = layout.encoding == BlockEncoding::kFloat32;
   std::string out;
   out.reserve(BlockBytes(layout));
-  Put(&out, kBlockMagic, 4);
-  Put(&out, f32 ? kBlockFormatVersion : kEncodedBlockFormatVersion, 2);
-  Put(&out, 0, 2);
+  PutLittleEndian(&out, kBlockMagic, 4);
+  PutLittleEndian(&out, f32 ? kBlockFormatVersion : kEncodedBlockFormatVersion, 2);
+  PutLittleEndian(&out, 0, 2);
   out.append(reinterpret_cast<const char*>(fingerprint.data()), fingerprint.size());
-  for (uint32_t v : {layout.num_layers, layout.num_kv_heads, layout.head_dim, layout.tokens}) Put(&out, v, 4);
+  for (uint32_t v : {layout.num_layers, layout.num_kv_heads, layout.head_dim, layout.tokens}) PutLittleEndian(&out, v, 4);
   if (!f32) {
-    Put(&out, static_cast<uint8_t>(layout.encoding), 1);
-    Put(&out, layout.bits, 1);
-    Put(&out, layout.group, 2);
+    PutLittleEndian(&out, static_cast<uint8_t>(layout.encoding), 1);
+    PutLittleEndian(&out, layout.bits, 1);
+    PutLittleEndian(&out, layout.group, 2);
   }
   for (absl::string_view l : layers) {
     if (l.size() != layout.layer_bytes()) {
       return absl::InvalidArgumentError(
           absl::StrCat("layer payload of ", l.size(), " bytes, layout needs ", layout.layer_bytes()));
     }
-    Put(&out, Crc32c(l), 4);
+    PutLittleEndian(&out, Crc32c(l), 4);
   }
-  Put(&out, Crc32c(out), 4);
+  PutLittleEndian(&out, Crc32c(out), 4);
   for (absl::string_view l : layers) out.append(l.data(), l.size());
   return out;
 }
 
 absl::StatusOr<BlockHeader> DecodeBlockHeader(absl::string_view b) {
   if (b.size() < kFixedBytes + 4) return absl::DataLossError(absl::StrCat("block of ", b.size(), " bytes is truncated"));
-  if (Get(b, 0, 4) != kBlockMagic) return absl::DataLossError("not a KV block (bad magic)");
+  if (GetLittleEndian(b, 0, 4) != kBlockMagic) return absl::DataLossError("not a KV block (bad magic)");
   BlockHeader h;
-  h.version = static_cast<uint16_t>(Get(b, 4, 2));
+  h.version = static_cast<uint16_t>(GetLittleEndian(b, 4, 2));
   if (h.version != kBlockFormatVersion && h.version != kEncodedBlockFormatVersion) {
     return absl::DataLossError(absl::StrCat("block format version ", h.version, " (this build reads ",
                                             kBlockFormatVersion, " and ", kEncodedBlockFormatVersion, ")"));
@@ -106,14 +106,14 @@ absl::StatusOr<BlockHeader> DecodeBlockHeader(absl::string_view b) {
   const size_t fixed = FixedBytes(h.version);
   if (b.size() < fixed + 4) return absl::DataLossError(absl::StrCat("block of ", b.size(), " bytes is truncated"));
   std::memcpy(h.fingerprint.data(), b.data() + 8, 32);
-  h.layout.num_layers = static_cast<uint32_t>(Get(b, 40, 4));
-  h.layout.num_kv_heads = static_cast<uint32_t>(Get(b, 44, 4));
-  h.layout.head_dim = static_cast<uint32_t>(Get(b, 48, 4));
-  h.layout.tokens = static_cast<uint32_t>(Get(b, 52, 4));
+  h.layout.num_layers = static_cast<uint32_t>(GetLittleEndian(b, 40, 4));
+  h.layout.num_kv_heads = static_cast<uint32_t>(GetLittleEndian(b, 44, 4));
+  h.layout.head_dim = static_cast<uint32_t>(GetLittleEndian(b, 48, 4));
+  h.layout.tokens = static_cast<uint32_t>(GetLittleEndian(b, 52, 4));
   if (h.version == kEncodedBlockFormatVersion) {
-    h.layout.encoding = static_cast<BlockEncoding>(Get(b, 56, 1));
-    h.layout.bits = static_cast<uint8_t>(Get(b, 57, 1));
-    h.layout.group = static_cast<uint16_t>(Get(b, 58, 2));
+    h.layout.encoding = static_cast<BlockEncoding>(GetLittleEndian(b, 56, 1));
+    h.layout.bits = static_cast<uint8_t>(GetLittleEndian(b, 57, 1));
+    h.layout.group = static_cast<uint16_t>(GetLittleEndian(b, 58, 2));
     if (h.layout.encoding == BlockEncoding::kFloat32) return absl::DataLossError("version 2 block of float32 encoding");
   }
   if (h.layout.num_layers == 0 || h.layout.num_layers > kMaxLayers || h.layout.num_kv_heads == 0 ||
@@ -123,8 +123,8 @@ absl::StatusOr<BlockHeader> DecodeBlockHeader(absl::string_view b) {
   }
   const size_t header_bytes = BlockHeaderBytes(h.layout);
   if (b.size() < header_bytes) return absl::DataLossError("block header is truncated");
-  for (uint32_t l = 0; l < h.layout.num_layers; ++l) h.layer_crc.push_back(static_cast<uint32_t>(Get(b, fixed + 4 * l, 4)));
-  if (Crc32c(b.substr(0, header_bytes - 4)) != Get(b, header_bytes - 4, 4)) {
+  for (uint32_t l = 0; l < h.layout.num_layers; ++l) h.layer_crc.push_back(static_cast<uint32_t>(GetLittleEndian(b, fixed + 4 * l, 4)));
+  if (Crc32c(b.substr(0, header_bytes - 4)) != GetLittleEndian(b, header_bytes - 4, 4)) {
     return absl::DataLossError("block header checksum mismatch");
   }
   return h;
@@ -172,8 +172,8 @@ absl::StatusOr<BlockHeader> CopyAndVerifyBlock(const char* src, size_t size, cha
   std::memcpy(dest, src, copied);
   if (copied == kFixedBytes) {
     const absl::string_view fixed(dest, copied);
-    const auto version = static_cast<uint16_t>(Get(fixed, 4, 2));
-    const auto layers = static_cast<uint32_t>(Get(fixed, 40, 4));
+    const auto version = static_cast<uint16_t>(GetLittleEndian(fixed, 4, 2));
+    const auto layers = static_cast<uint32_t>(GetLittleEndian(fixed, 40, 4));
     copied = std::min<size_t>(size, HeaderBytes(version, std::min(layers, kMaxLayers)));
     std::memcpy(dest + kFixedBytes, src + kFixedBytes, copied - kFixedBytes);
   }

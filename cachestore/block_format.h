@@ -91,6 +91,10 @@ absl::StatusOr<BlockHeader> CopyAndVerifyBlock(const char* src, size_t size, cha
 // The payload of `layer` inside a verified block.
 absl::string_view BlockLayerPayload(absl::string_view block, const BlockHeader& header, uint32_t layer);
 
+// Appends the low `bytes` bytes of v, least significant first; reads them back from in[at].
+void PutLittleEndian(std::string* out, uint64_t v, int bytes);
+uint64_t GetLittleEndian(absl::string_view in, size_t at, int bytes);
+
 }  // namespace vc::cachestore
 
 #endif  // VC_CACHESTORE_BLOCK_FORMAT_H_

@@ -11,6 +11,7 @@
 #include <functional>
 
 #include "absl/strings/str_cat.h"
+#include "cachestore/block_format.h"
 
 namespace vc::cachestore {
 namespace {
@@ -296,16 +297,12 @@ constexpr char kSizesComplete[] = "sizes-complete";
 
 // A block's size in the sizes family: 8 bytes, little-endian.
 std::string SizeValue(uint64_t size) {
-  std::string v(8, '\0');
-  for (int i = 0; i < 8; ++i) v[i] = static_cast<char>(size >> (8 * i));
+  std::string v;
+  PutLittleEndian(&v, size, 8);
   return v;
 }
 
-uint64_t ParseSizeValue(rocksdb::Slice v) {
-  uint64_t size = 0;
-  for (int i = 7; i >= 0; --i) size = (size << 8) | static_cast<uint8_t>(v[i]);
-  return size;
-}
+uint64_t ParseSizeValue(rocksdb::Slice v) { return GetLittleEndian(absl::string_view(v.data(), v.size()), 0, 8); }
 
 }  // namespace
 
