@@ -37,6 +37,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "benchmarks/flags.h"
+#include "cachestore/tier_replay.h"
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
 #include "services/inference_client.h"
@@ -47,11 +48,9 @@
 namespace vc {
 namespace {
 
-struct TraceRequest {
-  double arrival_s = 0;  // after the window's first request, time-scaled
-  int64_t input_length = 0;
-  int64_t output_length = 0;
-  std::vector<int64_t> hash_ids;
+// A trace request and its arrival after the window's first request, time-scaled.
+struct TraceRequest : cachestore::TraceRequest {
+  double arrival_s = 0;
 };
 
 struct Request {
@@ -62,26 +61,14 @@ struct Request {
 };
 
 absl::StatusOr<std::vector<TraceRequest>> ReadTrace(const std::string& path, int first, int count, double time_scale) {
-  std::ifstream in(path);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
+  VC_ASSIGN_OR_RETURN(const std::vector<cachestore::TraceRequest> read, cachestore::ReadMooncakeTrace(path, first, count));
   std::vector<TraceRequest> out;
-  std::string line;
-  double t0 = -1;
-  for (int i = 0; std::getline(in, line) && static_cast<int>(out.size()) < count; ++i) {
-    if (i < first) continue;
-    const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
-    if (j.is_discarded()) return absl::DataLossError(absl::StrCat(path, ": line ", i + 1, " is not JSON"));
+  for (const cachestore::TraceRequest& t : read) {
     TraceRequest r;
-    const double ts = j.at("timestamp").get<double>() / 1e3;
-    if (t0 < 0) t0 = ts;
-    r.arrival_s = (ts - t0) / time_scale;
-    r.input_length = j.at("input_length").get<int64_t>();
-    r.output_length = j.at("output_length").get<int64_t>();
-    r.hash_ids = j.at("hash_ids").get<std::vector<int64_t>>();
-    if (r.hash_ids.empty()) return absl::DataLossError(absl::StrCat(path, ": line ", i + 1, " has no hash_ids"));
+    static_cast<cachestore::TraceRequest&>(r) = t;
+    r.arrival_s = (t.timestamp_ms - read.front().timestamp_ms) / 1e3 / time_scale;
     out.push_back(std::move(r));
   }
-  if (out.empty()) return absl::NotFoundError(absl::StrCat(path, ": no requests from line ", first + 1));
   return out;
 }
 

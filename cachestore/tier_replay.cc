@@ -1,0 +1,238 @@
+#include "cachestore/tier_replay.h"
+
+#include <stdlib.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <array>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "cachestore/block_format.h"
+#include "cachestore/block_key.h"
+#include "cachestore/store.h"
+#include "common/status_macros.h"
+#include "nlohmann/json.hpp"
+
+namespace vc::cachestore {
+namespace {
+
+// The longest trace line read (a request of a million-token prompt in 512-token blocks is
+// about 20 KB of ids).
+constexpr size_t kMaxLineBytes = size_t{16} << 20;
+
+absl::Status BadLine(const std::string& path, int64_t line, absl::string_view why) {
+  return absl::InvalidArgumentError(absl::StrCat(path, ": line ", line, ": ", why));
+}
+
+// A non-negative integer field of `j`, or why not.
+absl::StatusOr<int64_t> Count(const nlohmann::json& j, const char* name) {
+  const auto it = j.find(name);
+  if (it == j.end()) return absl::InvalidArgumentError(absl::StrCat("no \"", name, "\""));
+  if (!it->is_number_integer() || it->get<int64_t>() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("\"", name, "\" is not a non-negative integer"));
+  }
+  return it->get<int64_t>();
+}
+
+absl::StatusOr<TraceRequest> ParseRequest(const std::string& text) {
+  const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return absl::InvalidArgumentError("not a JSON object");
+  TraceRequest r;
+  const auto ts = j.find("timestamp");
+  if (ts == j.end() || !ts->is_number() || !std::isfinite(ts->get<double>()) || ts->get<double>() < 0) {
+    return absl::InvalidArgumentError("\"timestamp\" is not a non-negative number");
+  }
+  r.timestamp_ms = ts->get<double>();
+  VC_ASSIGN_OR_RETURN(r.input_length, Count(j, "input_length"));
+  VC_ASSIGN_OR_RETURN(r.output_length, Count(j, "output_length"));
+  const auto ids = j.find("hash_ids");
+  if (ids == j.end() || !ids->is_array() || ids->empty()) {
+    return absl::InvalidArgumentError("\"hash_ids\" is not a non-empty array");
+  }
+  for (const auto& id : *ids) {
+    if (!id.is_number_integer() || id.get<int64_t>() < 0) {
+      return absl::InvalidArgumentError("a hash id is not a non-negative integer");
+    }
+    r.hash_ids.push_back(id.get<int64_t>());
+  }
+  return r;
+}
+
+// Keys of the whole blocks of a request: the store's own chained keys, over each hash id as two
+// 32-bit "tokens", so a block's key names its whole prefix as a worker's does.
+std::vector<BlockKey> Keys(const TraceRequest& r, int64_t block_tokens) {
+  const size_t whole = std::min<size_t>(r.hash_ids.size(), static_cast<size_t>(r.input_length / block_tokens));
+  std::vector<int32_t> words;
+  words.reserve(2 * whole);
+  for (size_t i = 0; i < whole; ++i) {
+    const uint64_t id = static_cast<uint64_t>(r.hash_ids[i]);
+    words.push_back(static_cast<int32_t>(id & 0xffffffffu));
+    words.push_back(static_cast<int32_t>(id >> 32));
+  }
+  KeyContext context;
+  context.block_tokens = 2;
+  return ChainBlockKeys(context, words);
+}
+
+// Bytes per second of the busiest minute of `events` (time in seconds, bytes).
+double PeakMinute(const std::vector<std::pair<double, double>>& events) {
+  std::map<int64_t, double> per_minute;
+  for (const auto& [t, b] : events) per_minute[static_cast<int64_t>(t / 60.0)] += b;
+  double peak = 0;
+  for (const auto& [m, b] : per_minute) peak = std::max(peak, b / 60.0);
+  return peak;
+}
+
+// What the requests of a replay found and put, tallied into ReplayStats.
+class Tally {
+ public:
+  Tally(const std::vector<TraceRequest>& trace, int64_t block_tokens, uint64_t block_bytes)
+      : t0_(trace.front().timestamp_ms), block_(static_cast<double>(block_bytes)) {
+    st_.block_tokens = block_tokens;
+    st_.duration_s = (trace.back().timestamp_ms - t0_) / 1e3;
+  }
+  // Request r had `blocks` whole blocks; the leading `present` were in the store, `in_ram` of
+  // them in RAM; the rest were put.
+  void Add(const TraceRequest& r, size_t blocks, size_t present, size_t in_ram) {
+    const double t = (r.timestamp_ms - t0_) / 1e3;
+    st_.requests++;
+    st_.prompt_tokens += r.input_length;
+    st_.block_lookups += static_cast<int64_t>(blocks);
+    st_.ram_hits += static_cast<int64_t>(in_ram);
+    st_.disk_hits += static_cast<int64_t>(present - in_ram);
+    st_.blocks_put += static_cast<int64_t>(blocks - present);
+    if (present > 0) ram_reads_.emplace_back(t, static_cast<double>(present) * block_);
+    if (present > in_ram) disk_reads_.emplace_back(t, static_cast<double>(present - in_ram) * block_);
+    if (blocks > present) disk_writes_.emplace_back(t, static_cast<double>(blocks - present) * block_);
+  }
+  ReplayStats Finish(uint64_t ram_blocks, uint64_t disk_blocks) {
+    st_.ram_read_bytes = static_cast<double>(st_.ram_hits + st_.disk_hits) * block_;
+    st_.disk_read_bytes = static_cast<double>(st_.disk_hits) * block_;
+    st_.disk_write_bytes = static_cast<double>(st_.blocks_put) * block_;
+    st_.peak_ram_read_bps = PeakMinute(ram_reads_);
+    st_.peak_disk_read_bps = PeakMinute(disk_reads_);
+    st_.peak_disk_write_bps = PeakMinute(disk_writes_);
+    st_.ram_blocks = ram_blocks;
+    st_.disk_blocks = disk_blocks;
+    return st_;
+  }
+
+ private:
+  const double t0_, block_;
+  ReplayStats st_;
+  std::vector<std::pair<double, double>> ram_reads_, disk_reads_, disk_writes_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::vector<TraceRequest>> ReadMooncakeTrace(const std::string& path, int64_t first, int64_t count) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read the trace ", path));
+  std::vector<TraceRequest> out;
+  std::string line;
+  double last_ms = 0;
+  for (int64_t i = 0; (count < 0 || static_cast<int64_t>(out.size()) < count) && std::getline(in, line); ++i) {
+    if (line.size() > kMaxLineBytes) return BadLine(path, i + 1, "longer than 16 MiB");
+    if (i < first) continue;
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;  // a blank line (the file's end)
+    absl::StatusOr<TraceRequest> r = ParseRequest(line);
+    if (!r.ok()) return BadLine(path, i + 1, r.status().message());
+    if (!out.empty() && r->timestamp_ms < last_ms) return BadLine(path, i + 1, "the timestamp goes back in time");
+    last_ms = r->timestamp_ms;
+    out.push_back(*std::move(r));
+  }
+  if (in.bad()) return absl::DataLossError(absl::StrCat("reading ", path, " failed"));
+  if (out.empty()) return absl::NotFoundError(absl::StrCat(path, ": no requests from line ", first + 1));
+  return out;
+}
+
+absl::StatusOr<ReplayStats> ReplayTrace(const std::vector<TraceRequest>& trace, const ReplayOptions& o) {
+  if (o.scale == 0 || (o.scale & (o.scale - 1)) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("the scale ", o.scale, " is not a power of two"));
+  }
+  if (o.block_tokens <= 0) return absl::InvalidArgumentError("block_tokens must be positive");
+  if (trace.empty()) return absl::InvalidArgumentError("the trace has no requests");
+  // One block as the store keeps it, scaled: a float32 layout of one layer whose payload makes up
+  // the rest after the header, to within 8 bytes a KV head (every block of the replay has these
+  // bytes; keys tell them apart).
+  const uint64_t block = o.block_bytes / o.scale;
+  BlockLayout layout;
+  layout.num_layers = 1;
+  layout.head_dim = 1;
+  const uint64_t header = BlockHeaderBytes(layout);
+  if (block < header + 8) {
+    return absl::InvalidArgumentError(absl::StrCat("a block of ", o.block_bytes, " bytes scaled by 1/", o.scale,
+                                                   " is smaller than a block header"));
+  }
+  const uint64_t units = (block - header) / 8;  // one token's K and V of one float each
+  constexpr uint64_t kMaxTokens = uint64_t{1} << 20;
+  if (units > kMaxTokens * 4096) {
+    return absl::InvalidArgumentError(absl::StrCat("a block of ", block, " bytes is too big to replay; raise the scale"));
+  }
+  layout.num_kv_heads = static_cast<uint32_t>((units + kMaxTokens - 1) / kMaxTokens);
+  layout.tokens = static_cast<uint32_t>(units / layout.num_kv_heads);
+  if (o.ram_bytes < o.block_bytes || o.disk_bytes < o.block_bytes) {
+    return absl::InvalidArgumentError("each tier must hold at least one block");
+  }
+  const std::string payload(layout.layer_bytes(), '\0');
+  VC_ASSIGN_OR_RETURN(const std::string bytes, EncodeBlock({}, layout, {payload}));
+
+  // The disk tier gets a directory of its own under scratch_dir, removed afterwards.
+  std::string dir = (std::filesystem::path(o.scratch_dir) / "vericache-replay-XXXXXX").string();
+  if (::mkdtemp(dir.data()) == nullptr) {
+    return absl::UnavailableError(absl::StrCat("cannot make a directory in ", o.scratch_dir, ": ", std::strerror(errno)));
+  }
+  struct RemoveAfter {
+    std::string path;
+    ~RemoveAfter() {
+      std::error_code ec;
+      std::filesystem::remove_all(path, ec);
+    }
+  } remove_after{dir};
+  StoreOptions so;
+  so.ram.capacity_bytes = o.ram_bytes / o.scale;
+  so.ram.min_slot_bytes = 64;
+  so.disk.path = dir;
+  so.disk.capacity_bytes = o.disk_bytes / o.scale;
+  VC_ASSIGN_OR_RETURN(std::unique_ptr<BlockStore> store, BlockStore::Open(so));
+
+  Tally tally(trace, o.block_tokens, o.block_bytes);
+  for (const TraceRequest& r : trace) {
+    const std::vector<BlockKey> keys = Keys(r, o.block_tokens);
+    const auto [present, in_ram] = store->Lookup(keys);
+    for (uint32_t i = 0; i < present; ++i) {
+      absl::StatusOr<BlockLease> lease = store->Lease(keys[i]);
+      if (lease.ok()) {
+        (void)store->Release(lease->id);
+      } else if (!absl::IsResourceExhausted(lease.status())) {  // exhausted: served inline, still a hit
+        return lease.status();
+      }
+    }
+    for (size_t i = present; i < keys.size(); ++i) VC_RETURN_IF_ERROR(store->Put(keys[i], bytes));
+    tally.Add(r, keys.size(), present, in_ram);
+  }
+  const StoreStats ss = store->Stats();
+  return tally.Finish(ss.ram_blocks, ss.disk_blocks);
+}
+
+ReplayStats UnboundedReplay(const std::vector<TraceRequest>& trace, int64_t block_tokens, uint64_t block_bytes) {
+  if (trace.empty()) return ReplayStats{};
+  Tally tally(trace, block_tokens, block_bytes);
+  absl::flat_hash_set<BlockKey> seen;
+  for (const TraceRequest& r : trace) {
+    const std::vector<BlockKey> keys = Keys(r, block_tokens);
+    size_t present = 0;
+    while (present < keys.size() && seen.contains(keys[present])) ++present;
+    for (size_t i = present; i < keys.size(); ++i) seen.insert(keys[i]);
+    tally.Add(r, keys.size(), present, present);
+  }
+  return tally.Finish(seen.size(), 0);
+}
+
+}  // namespace vc::cachestore

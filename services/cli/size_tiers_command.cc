@@ -1,0 +1,217 @@
+#include "services/cli/size_tiers_command.h"
+
+#include <filesystem>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "cachestore/block_format.h"
+#include "cachestore/tier_replay.h"
+#include "common/status_macros.h"
+#include "nlohmann/json.hpp"
+#include "services/cli/args.h"
+#include "worker/model_config.h"
+
+namespace vc::cli {
+namespace {
+
+constexpr char kUsage[] =
+    "usage: vericache size-tiers --trace FILE (--model DIR | --kv-bytes-per-token N)\n"
+    "                            --ram-bytes SIZE[,SIZE...] --disk-bytes SIZE[,SIZE...]\n"
+    "                            [--block-tokens N] [--first N] [--requests N] [--scratch-dir DIR]\n"
+    "                            [--scale N] [--json]\n"
+    "Replays a Mooncake-format trace (one JSON object per line: timestamp, input_length,\n"
+    "output_length, hash_ids) through a real cache store, RAM tier over RocksDB, once per pair of\n"
+    "sizes, as workers drive it: look a prompt's blocks up, read the leading ones present, put the\n"
+    "rest. Prints the prompt tokens each tier serves and the bytes per second each reads and writes.\n"
+    "  --model DIR      a checkpoint whose full-KV blocks the store would hold (float32 K and V of\n"
+    "                   every layer); or --kv-bytes-per-token N for any other model\n"
+    "  SIZE             bytes, or with a binary suffix: 512M, 64G, 2T\n"
+    "  --block-tokens N tokens per hash id of the trace (512 for Mooncake's)\n"
+    "  --scale N        sizes are divided by this power of two for the replay (default: blocks of\n"
+    "                   8 KiB or more)\n"
+    "  --scratch-dir DIR where the disk tier is made at that scale, in a new directory removed\n"
+    "                   afterwards (default: the temporary directory)\n";
+
+absl::StatusOr<std::vector<uint64_t>> Sizes(const Args& a, const std::string& name) {
+  if (!a.Has(name)) return absl::InvalidArgumentError(absl::StrCat("--", name, " is required"));
+  std::vector<uint64_t> out;
+  for (absl::string_view part : absl::StrSplit(a.Str(name), ',')) {
+    absl::StatusOr<uint64_t> v = ParseByteSize(part);
+    if (!v.ok()) return absl::InvalidArgumentError(absl::StrCat("--", name, ": ", v.status().message()));
+    out.push_back(*v);
+  }
+  if (out.size() > 16) return absl::InvalidArgumentError(absl::StrCat("--", name, " lists more than 16 sizes"));
+  return out;
+}
+
+std::string Human(double bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  int u = 0;
+  while (bytes >= 1024 && u < 5) bytes /= 1024, ++u;
+  return absl::StrFormat(bytes < 10 ? "%.2f %s" : bytes < 100 ? "%.1f %s" : "%.0f %s", bytes, units[u]);
+}
+
+std::string Rate(double bytes, double seconds) {
+  return seconds > 0 ? absl::StrCat(Human(bytes / seconds), "/s") : "-";
+}
+
+nlohmann::json ToJson(const cachestore::ReplayStats& s) {
+  return {{"requests", s.requests},
+          {"prompt_tokens", s.prompt_tokens},
+          {"block_lookups", s.block_lookups},
+          {"ram_hits", s.ram_hits},
+          {"disk_hits", s.disk_hits},
+          {"blocks_put", s.blocks_put},
+          {"hit_tokens", s.hit_tokens()},
+          {"duration_s", s.duration_s},
+          {"ram_read_bytes", s.ram_read_bytes},
+          {"disk_read_bytes", s.disk_read_bytes},
+          {"disk_write_bytes", s.disk_write_bytes},
+          {"peak_ram_read_bps", s.peak_ram_read_bps},
+          {"peak_disk_read_bps", s.peak_disk_read_bps},
+          {"peak_disk_write_bps", s.peak_disk_write_bps},
+          {"ram_blocks", s.ram_blocks},
+          {"disk_blocks", s.disk_blocks}};
+}
+
+void PrintRow(std::ostream& out, const std::string& ram, const std::string& disk, const cachestore::ReplayStats& s,
+              bool unbounded) {
+  const double tokens = static_cast<double>(s.prompt_tokens);
+  const double bt = static_cast<double>(s.block_tokens);
+  out << absl::StrFormat("| %s | %s | %.1f%% | %.1f%% | %.1f%% | %s (%s) | %s (%s) | %s (%s) |\n", ram, disk,
+                         100.0 * static_cast<double>(s.hit_tokens()) / tokens,
+                         100.0 * static_cast<double>(s.ram_hits) * bt / tokens,
+                         unbounded ? 0.0 : 100.0 * static_cast<double>(s.disk_hits) * bt / tokens,
+                         Rate(s.ram_read_bytes, s.duration_s), Human(s.peak_ram_read_bps) + "/s",
+                         unbounded ? "-" : Rate(s.disk_read_bytes, s.duration_s),
+                         unbounded ? "-" : Human(s.peak_disk_read_bps) + "/s", Rate(s.disk_write_bytes, s.duration_s),
+                         Human(s.peak_disk_write_bps) + "/s");
+}
+
+absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
+  VC_ASSIGN_OR_RETURN(Args a, Args::Parse(argv, {"trace", "model", "kv-bytes-per-token", "ram-bytes", "disk-bytes",
+                                                 "block-tokens", "first", "requests", "scratch-dir", "scale"},
+                                          {"json"}));
+  if (!a.Has("trace")) return absl::InvalidArgumentError("--trace is required");
+  if (a.Has("model") == a.Has("kv-bytes-per-token")) {
+    return absl::InvalidArgumentError("give one of --model and --kv-bytes-per-token");
+  }
+  VC_ASSIGN_OR_RETURN(const std::vector<uint64_t> rams, Sizes(a, "ram-bytes"));
+  VC_ASSIGN_OR_RETURN(const std::vector<uint64_t> disks, Sizes(a, "disk-bytes"));
+  VC_ASSIGN_OR_RETURN(const int64_t block_tokens, a.Int("block-tokens", 512, 1, 1 << 20));
+  VC_ASSIGN_OR_RETURN(const int64_t first, a.Int("first", 0, 0, int64_t{1} << 40));
+  VC_ASSIGN_OR_RETURN(const int64_t requests, a.Int("requests", -1, 1, int64_t{1} << 40));
+
+  uint64_t block_bytes = 0;
+  std::string what;
+  if (a.Has("model")) {
+    VC_ASSIGN_OR_RETURN(const ModelConfig c, LoadModelConfig(a.Str("model")));
+    cachestore::BlockLayout bl;
+    bl.num_layers = static_cast<uint32_t>(c.num_layers);
+    bl.num_kv_heads = static_cast<uint32_t>(c.num_kv_heads);
+    bl.head_dim = static_cast<uint32_t>(c.head_dim);
+    bl.tokens = static_cast<uint32_t>(block_tokens);
+    block_bytes = cachestore::BlockBytes(bl);
+    what = absl::StrCat("blocks of ", a.Str("model"), "'s float32 KV");
+  } else {
+    VC_ASSIGN_OR_RETURN(const int64_t per_token, a.Int("kv-bytes-per-token", 0, 1, int64_t{1} << 30));
+    if (static_cast<uint64_t>(per_token) > (uint64_t{1} << 50) / static_cast<uint64_t>(block_tokens)) {
+      return absl::InvalidArgumentError("--kv-bytes-per-token times --block-tokens is past 1 PiB");
+    }
+    block_bytes = static_cast<uint64_t>(per_token) * static_cast<uint64_t>(block_tokens);
+    what = absl::StrCat("blocks of ", per_token, " bytes per token");
+  }
+  for (uint64_t s : rams) {
+    if (s < block_bytes) return absl::InvalidArgumentError(absl::StrCat("--ram-bytes ", s, " holds no block of ", block_bytes, " bytes"));
+  }
+  for (uint64_t s : disks) {
+    if (s < block_bytes) return absl::InvalidArgumentError(absl::StrCat("--disk-bytes ", s, " holds no block of ", block_bytes, " bytes"));
+  }
+  uint64_t scale = 1;
+  if (a.Has("scale")) {
+    VC_ASSIGN_OR_RETURN(const int64_t s, a.Int("scale", 1, 1, int64_t{1} << 40));
+    scale = static_cast<uint64_t>(s);
+    if ((scale & (scale - 1)) != 0) return absl::InvalidArgumentError("--scale must be a power of two");
+  } else {
+    while (block_bytes / (scale * 2) >= 8192) scale *= 2;
+  }
+  std::string scratch = a.Str("scratch-dir");
+  if (scratch.empty()) {
+    std::error_code ec;
+    scratch = std::filesystem::temp_directory_path(ec).string();
+    if (ec) scratch = "/tmp";
+  }
+
+  VC_ASSIGN_OR_RETURN(const std::vector<cachestore::TraceRequest> trace,
+                      cachestore::ReadMooncakeTrace(a.Str("trace"), first, requests));
+  const cachestore::ReplayStats unbounded = cachestore::UnboundedReplay(trace, block_tokens, block_bytes);
+  const bool json = a.Has("json");
+  nlohmann::json results = nlohmann::json::array();
+  if (!json) {
+    out << absl::StrFormat(
+        "%d requests over %.0f s, %d prompt tokens; %s: %s a block of %d tokens; replayed at 1/%d scale\n",
+        unbounded.requests, unbounded.duration_s, unbounded.prompt_tokens, what, Human(static_cast<double>(block_bytes)),
+        block_tokens, scale);
+    out << "| RAM | disk | prompt tokens from the store | from RAM | from disk | RAM reads: mean (peak minute) "
+           "| disk reads | disk writes |\n|---|---|---:|---:|---:|---:|---:|---:|\n";
+    PrintRow(out, "unbounded", absl::StrCat("(", Human(static_cast<double>(unbounded.ram_blocks) * block_bytes), " of blocks)"),
+             unbounded, true);
+    out.flush();
+  }
+  for (uint64_t ram : rams) {
+    for (uint64_t disk : disks) {
+      cachestore::ReplayOptions o;
+      o.block_tokens = block_tokens;
+      o.block_bytes = block_bytes;
+      o.ram_bytes = ram;
+      o.disk_bytes = disk;
+      o.scale = scale;
+      o.scratch_dir = scratch;
+      VC_ASSIGN_OR_RETURN(const cachestore::ReplayStats s, cachestore::ReplayTrace(trace, o));
+      if (json) {
+        nlohmann::json j = ToJson(s);
+        j["ram_bytes"] = ram;
+        j["disk_bytes"] = disk;
+        results.push_back(std::move(j));
+      } else {
+        PrintRow(out, Human(static_cast<double>(ram)), Human(static_cast<double>(disk)), s, false);
+        out.flush();
+      }
+    }
+  }
+  if (json) {
+    nlohmann::json j = {{"block_bytes", block_bytes}, {"block_tokens", block_tokens}, {"scale", scale},
+                        {"unbounded", ToJson(unbounded)}, {"replays", results}};
+    out << j.dump(2) << "\n";
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<uint64_t> ParseByteSize(absl::string_view text) {
+  absl::string_view t = absl::StripAsciiWhitespace(text);
+  uint64_t shift = 0;
+  for (const auto& [suffix, s] : {std::pair<absl::string_view, uint64_t>{"KiB", 10}, {"MiB", 20}, {"GiB", 30},
+                                  {"TiB", 40}, {"K", 10}, {"M", 20}, {"G", 30}, {"T", 40}}) {
+    if (absl::ConsumeSuffix(&t, suffix)) {
+      shift = s;
+      break;
+    }
+  }
+  uint64_t v = 0;
+  if (t.empty() || !absl::ascii_isdigit(static_cast<unsigned char>(t[0])) || !absl::SimpleAtoi(t, &v) || v == 0 ||
+      v >= (uint64_t{1} << (60 - shift))) {
+    return absl::InvalidArgumentError(absl::StrCat("'", text, "' is not a size (bytes, or with K, M, G or T) in [1, 2^60)"));
+  }
+  return v << shift;
+}
+
+int RunSizeTiersCommand(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
+  return RunSubcommand("size-tiers", kUsage, args, out, err, Run);
+}
+
+}  // namespace vc::cli

@@ -1,0 +1,233 @@
+// Replaying request traces through a real BlockStore (cachestore/tier_replay.h) and the
+// `vericache size-tiers` command around it.
+#include "cachestore/tier_replay.h"
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "services/cli/size_tiers_command.h"
+#include "tests/testing/tiny_model.h"
+
+namespace vc::cachestore {
+namespace {
+
+constexpr int64_t kBt = 512;
+
+TraceRequest Req(double ms, int64_t input, std::vector<int64_t> ids) {
+  TraceRequest r;
+  r.timestamp_ms = ms;
+  r.input_length = input;
+  r.output_length = 1;
+  r.hash_ids = std::move(ids);
+  return r;
+}
+
+// Prefixes shared as a conversation shares them; the last request's third block is partial, so
+// it has two whole blocks. Every store that holds everything serves 2 + 3 + 2 = 7 blocks and is
+// asked to put 3 + 1 + 1 + 1 = 6.
+std::vector<TraceRequest> SharedPrefixes() {
+  return {Req(0, 3 * kBt, {1, 2, 3}), Req(1000, 3 * kBt, {1, 2, 4}), Req(2000, kBt, {5}),
+          Req(3000, 4 * kBt, {1, 2, 3, 6}), Req(61000, 2 * kBt + 100, {1, 2, 7})};
+}
+
+class TierReplayTest : public ::testing::Test {
+ protected:
+  void SetUp() override { dir_ = vc::testing::TempDir("tier_replay"); }
+  ReplayOptions Options(uint64_t ram_blocks, uint64_t disk_blocks) const {
+    ReplayOptions o;
+    o.block_tokens = kBt;
+    o.block_bytes = 64 << 10;
+    o.ram_bytes = ram_blocks * o.block_bytes;
+    o.disk_bytes = disk_blocks * o.block_bytes;
+    o.scale = 1;
+    o.scratch_dir = dir_;
+    return o;
+  }
+  std::string WriteTrace(const std::string& text, const std::string& name = "trace.jsonl") const {
+    const std::string path = dir_ + "/" + name;
+    std::ofstream(path) << text;
+    return path;
+  }
+  std::string dir_;
+};
+
+TEST_F(TierReplayTest, AStoreThatHoldsEverythingServesWhatAnUnboundedOneWould) {
+  const std::vector<TraceRequest> trace = SharedPrefixes();
+  const ReplayStats u = UnboundedReplay(trace, kBt, 64 << 10);
+  EXPECT_EQ(u.ram_hits, 7);
+  EXPECT_EQ(u.blocks_put, 6);
+  EXPECT_EQ(u.block_lookups, 13);
+  absl::StatusOr<ReplayStats> s = ReplayTrace(trace, Options(64, 64));
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->ram_hits, 7);
+  EXPECT_EQ(s->disk_hits, 0);
+  EXPECT_EQ(s->blocks_put, 6);
+  EXPECT_EQ(s->hit_tokens(), 7 * kBt);
+  EXPECT_EQ(s->prompt_tokens, (3 + 3 + 1 + 4 + 2) * kBt + 100);
+  EXPECT_EQ(s->ram_blocks, 6u);
+  EXPECT_EQ(s->disk_blocks, 6u);
+  // Bytes at full scale, over the trace's 61 s; the first minute holds all but the last request.
+  EXPECT_DOUBLE_EQ(s->duration_s, 61.0);
+  EXPECT_DOUBLE_EQ(s->ram_read_bytes, 7.0 * (64 << 10));
+  EXPECT_DOUBLE_EQ(s->disk_read_bytes, 0);
+  EXPECT_DOUBLE_EQ(s->disk_write_bytes, 6.0 * (64 << 10));
+  EXPECT_DOUBLE_EQ(s->peak_ram_read_bps, 5.0 * (64 << 10) / 60);
+  EXPECT_DOUBLE_EQ(s->peak_disk_write_bps, 6.0 * (64 << 10) / 60);
+  // The scratch directory is left as it was.
+  EXPECT_TRUE(std::filesystem::is_empty(dir_));
+}
+
+TEST_F(TierReplayTest, WhatRamCannotHoldIsServedFromDisk) {
+  // RAM holds one block: the last one put or brought up, never one the next request starts with.
+  absl::StatusOr<ReplayStats> s = ReplayTrace(SharedPrefixes(), Options(1, 64));
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->ram_hits, 0);
+  EXPECT_EQ(s->disk_hits, 7);
+  EXPECT_EQ(s->blocks_put, 6);
+  EXPECT_DOUBLE_EQ(s->disk_read_bytes, 7.0 * (64 << 10));
+  EXPECT_EQ(s->ram_blocks, 1u);
+}
+
+TEST_F(TierReplayTest, ScaledReplaysAgree) {
+  // 1/64 of every size: the same hits.
+  ReplayOptions o = Options(1, 64);
+  o.scale = 64;
+  absl::StatusOr<ReplayStats> s = ReplayTrace(SharedPrefixes(), o);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->ram_hits, 0);
+  EXPECT_EQ(s->disk_hits, 7);
+  EXPECT_DOUBLE_EQ(s->disk_read_bytes, 7.0 * (64 << 10));  // reported at full scale
+}
+
+TEST_F(TierReplayTest, BadOptionsAreRefused) {
+  ReplayOptions o = Options(4, 4);
+  o.scale = 3;
+  EXPECT_TRUE(absl::IsInvalidArgument(ReplayTrace(SharedPrefixes(), o).status()));
+  o.scale = 1 << 16;  // a 1-byte block
+  EXPECT_TRUE(absl::IsInvalidArgument(ReplayTrace(SharedPrefixes(), o).status()));
+  o = Options(4, 4);
+  o.ram_bytes = o.block_bytes - 1;
+  EXPECT_TRUE(absl::IsInvalidArgument(ReplayTrace(SharedPrefixes(), o).status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(ReplayTrace({}, Options(4, 4)).status()));
+  o = Options(4, 4);
+  o.scratch_dir = dir_ + "/no/such/dir";
+  EXPECT_TRUE(absl::IsUnavailable(ReplayTrace(SharedPrefixes(), o).status()));
+}
+
+TEST_F(TierReplayTest, ReadsMooncakeTraces) {
+  const std::string path = WriteTrace(
+      "{\"timestamp\": 0, \"input_length\": 6758, \"output_length\": 500, \"hash_ids\": [0, 1, 2]}\n"
+      "{\"timestamp\": 5, \"input_length\": 700, \"output_length\": 3, \"hash_ids\": [0, 14]}\n"
+      "{\"timestamp\": 5.5, \"input_length\": 10, \"output_length\": 0, \"hash_ids\": [9]}\n\n");
+  absl::StatusOr<std::vector<TraceRequest>> t = ReadMooncakeTrace(path);
+  ASSERT_TRUE(t.ok()) << t.status();
+  ASSERT_EQ(t->size(), 3u);
+  EXPECT_EQ((*t)[0].input_length, 6758);
+  EXPECT_EQ((*t)[0].output_length, 500);
+  EXPECT_EQ((*t)[1].hash_ids, (std::vector<int64_t>{0, 14}));
+  EXPECT_DOUBLE_EQ((*t)[2].timestamp_ms, 5.5);
+  t = ReadMooncakeTrace(path, 1, 1);
+  ASSERT_TRUE(t.ok()) << t.status();
+  ASSERT_EQ(t->size(), 1u);
+  EXPECT_EQ((*t)[0].input_length, 700);
+  EXPECT_TRUE(absl::IsNotFound(ReadMooncakeTrace(path, 3).status()));
+  EXPECT_TRUE(absl::IsNotFound(ReadMooncakeTrace(dir_ + "/absent.jsonl").status()));
+}
+
+TEST_F(TierReplayTest, BadTraceLinesAreNamed) {
+  const std::string good = "{\"timestamp\": 0, \"input_length\": 1, \"output_length\": 1, \"hash_ids\": [1]}\n";
+  for (const std::string& bad : {
+           std::string("not json"),
+           std::string("[1, 2]"),
+           std::string("{\"input_length\": 1, \"output_length\": 1, \"hash_ids\": [1]}"),
+           std::string("{\"timestamp\": -1, \"input_length\": 1, \"output_length\": 1, \"hash_ids\": [1]}"),
+           std::string("{\"timestamp\": 1, \"input_length\": -5, \"output_length\": 1, \"hash_ids\": [1]}"),
+           std::string("{\"timestamp\": 1, \"input_length\": 1.5, \"output_length\": 1, \"hash_ids\": [1]}"),
+           std::string("{\"timestamp\": 1, \"input_length\": 1, \"output_length\": \"2\", \"hash_ids\": [1]}"),
+           std::string("{\"timestamp\": 1, \"input_length\": 1, \"output_length\": 1, \"hash_ids\": []}"),
+           std::string("{\"timestamp\": 1, \"input_length\": 1, \"output_length\": 1, \"hash_ids\": [1, \"x\"]}"),
+           std::string("{\"timestamp\": 1, \"input_length\": 1, \"output_length\": 1, \"hash_ids\": [-3]}"),
+       }) {
+    const absl::Status s = ReadMooncakeTrace(WriteTrace(good + bad + "\n")).status();
+    EXPECT_TRUE(absl::IsInvalidArgument(s)) << bad << ": " << s;
+    EXPECT_NE(s.message().find("line 2"), std::string::npos) << s;
+  }
+  const std::string back = "{\"timestamp\": 10, \"input_length\": 1, \"output_length\": 1, \"hash_ids\": [1]}\n";
+  const absl::Status s = ReadMooncakeTrace(WriteTrace(back + good)).status();
+  EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+  EXPECT_NE(s.message().find("back in time"), std::string::npos) << s;
+}
+
+TEST(ByteSizeTest, ParsesBinarySuffixes) {
+  EXPECT_EQ(*cli::ParseByteSize("100"), 100u);
+  EXPECT_EQ(*cli::ParseByteSize("512M"), uint64_t{512} << 20);
+  EXPECT_EQ(*cli::ParseByteSize("64G"), uint64_t{64} << 30);
+  EXPECT_EQ(*cli::ParseByteSize("64GiB"), uint64_t{64} << 30);
+  EXPECT_EQ(*cli::ParseByteSize("2T"), uint64_t{2} << 40);
+  EXPECT_EQ(*cli::ParseByteSize("8K"), uint64_t{8} << 10);
+  for (const char* bad : {"", "0", "-1", "1.5G", "G", "64g", "+5", "1048576T", "99999999999999999999"}) {
+    EXPECT_FALSE(cli::ParseByteSize(bad).ok()) << bad;
+  }
+}
+
+struct CommandRun {
+  int code;
+  std::string out, err;
+};
+
+CommandRun SizeTiers(const std::vector<std::string>& args) {
+  std::ostringstream out, err;
+  const int code = cli::RunSizeTiersCommand(args, out, err);
+  return {code, out.str(), err.str()};
+}
+
+TEST_F(TierReplayTest, Command) {
+  std::string text;
+  for (const TraceRequest& r : SharedPrefixes()) {
+    nlohmann::json j = {{"timestamp", r.timestamp_ms}, {"input_length", r.input_length},
+                        {"output_length", r.output_length}, {"hash_ids", r.hash_ids}};
+    text += j.dump() + "\n";
+  }
+  const std::string trace = WriteTrace(text);
+  // 128 bytes a token: 64 KiB blocks, as above.
+  CommandRun r = SizeTiers({"--trace", trace, "--kv-bytes-per-token", "128", "--ram-bytes", "64K,4M", "--disk-bytes",
+                     "4M", "--scratch-dir", dir_, "--json"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["block_bytes"], 64 << 10);
+  EXPECT_EQ(j["unbounded"]["ram_hits"], 7);
+  ASSERT_EQ(j["replays"].size(), 2u);
+  EXPECT_EQ(j["replays"][0]["ram_bytes"], 64 << 10);
+  EXPECT_EQ(j["replays"][0]["disk_hits"], 7);
+  EXPECT_EQ(j["replays"][1]["ram_hits"], 7);
+
+  r = SizeTiers({"--trace", trace, "--kv-bytes-per-token", "128", "--ram-bytes", "4M", "--disk-bytes", "4M",
+                 "--scratch-dir", dir_});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("| 4.00 MiB | 4.00 MiB | 53.0% | 53.0% | 0.0% |"), std::string::npos) << r.out;
+
+  // Bad input: exit 2 and a line that names it.
+  const std::vector<std::vector<std::string>> bad = {
+      {"--kv-bytes-per-token", "128", "--ram-bytes", "4M", "--disk-bytes", "4M"},
+      {"--trace", trace, "--ram-bytes", "4M", "--disk-bytes", "4M"},
+      {"--trace", trace, "--kv-bytes-per-token", "128", "--model", dir_, "--ram-bytes", "4M", "--disk-bytes", "4M"},
+      {"--trace", trace, "--kv-bytes-per-token", "128", "--ram-bytes", "4Q", "--disk-bytes", "4M"},
+      {"--trace", trace, "--kv-bytes-per-token", "128", "--ram-bytes", "1K", "--disk-bytes", "4M"},
+      {"--trace", trace, "--kv-bytes-per-token", "128", "--ram-bytes", "4M", "--disk-bytes", "4M", "--scale", "3"},
+      {"--trace", trace, "--kv-bytes-per-token", "0", "--ram-bytes", "4M", "--disk-bytes", "4M"},
+      {"--trace", dir_ + "/absent", "--kv-bytes-per-token", "128", "--ram-bytes", "4M", "--disk-bytes", "4M"},
+      {"--trace", WriteTrace("{]\n", "bad.jsonl"), "--kv-bytes-per-token", "128", "--ram-bytes", "4M", "--disk-bytes", "4M"},
+      {"--trace", trace, "--model", dir_ + "/absent", "--ram-bytes", "4M", "--disk-bytes", "4M"},
+  };
+  for (const auto& args : bad) {
+    r = SizeTiers(args);
+    EXPECT_EQ(r.code, 2) << args[1] << " " << r.err;
+    EXPECT_NE(r.err.find("vericache size-tiers: "), std::string::npos) << r.err;
+  }
+}
+
+}  // namespace
+}  // namespace vc::cachestore
