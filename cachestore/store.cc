@@ -62,6 +62,7 @@ absl::StatusOr<std::string> BlockStore::Get(const BlockKey& key, bool* from_ram)
     return block.status();
   }
   if (absl::Status s = VerifyBlock(*block).status(); !s.ok()) return Drop(key, true, "failed its checks", s);
+  disk_->Touch(key);
   if (ram) {
     hits_ram_++;
   } else {
@@ -75,7 +76,10 @@ absl::StatusOr<std::string> BlockStore::Get(const BlockKey& key, bool* from_ram)
 absl::StatusOr<BlockLease> BlockStore::Lease(const BlockKey& key, absl::string_view owner) {
   absl::StatusOr<BlockLease> lease = ram_->Lease(key, owner);
   if (!absl::IsNotFound(lease.status())) {
-    if (lease.ok()) hits_ram_++;
+    if (lease.ok()) {
+      hits_ram_++;
+      disk_->Touch(key);
+    }
     return lease;
   }
   // A lease the owner's cap would refuse is refused before the block is read and promoted.
@@ -90,6 +94,7 @@ absl::StatusOr<BlockLease> BlockStore::Lease(const BlockKey& key, absl::string_v
   }
   if (absl::Status s = VerifyBlock(*block).status(); !s.ok()) return Drop(key, false, "failed its checks", s);
   hits_disk_++;
+  disk_->Touch(key);
   // RAM may not take this copy now: full of pinned blocks, another put of the key still copying
   // in, or a deleted copy still being read (it keeps the key's entry until its readers finish).
   // The block is then served inline.

@@ -485,6 +485,12 @@ absl::Status DiskTier::Delete(const BlockKey& key) {
   return Erase(key);
 }
 
+void DiskTier::Touch(const BlockKey& key) {
+  absl::MutexLock l(&mu_);
+  auto it = sizes_.find(key);
+  if (it != sizes_.end()) order_.splice(order_.end(), order_, it->second.second);
+}
+
 void DiskTier::Index(const BlockKey& key, uint64_t size) {
   order_.push_back(key);
   sizes_[key] = {size, std::prev(order_.end())};

@@ -1,7 +1,8 @@
 // Storage tiers of the cache store: a host-RAM tier (one contiguous region carved into
 // power-of-two slots by a buddy allocator, so the room blocks of one size free is there for blocks
 // of another; a byte budget with LRU eviction between high and low watermarks, leases that pin blocks being read)
-// over a persistent RocksDB tier (values in blob files, its own byte budget, oldest-first eviction).
+// over a persistent RocksDB tier (values in blob files, its own byte budget, least-recently-used
+// eviction, a read from either tier counting as a use).
 // Both are thread-safe; neither holds its lock across RocksDB calls or copies of block payloads
 // larger than a slot.
 //
@@ -176,9 +177,13 @@ class DiskTier {
   static absl::StatusOr<std::unique_ptr<DiskTier>> Open(const DiskTierOptions& options);
   ~DiskTier();
 
-  // Stores the block, evicting the oldest blocks beyond the byte budget.
+  // Stores the block, evicting the least recently used blocks (by Put and Touch) beyond the byte
+  // budget.
   absl::Status Put(const BlockKey& key, absl::string_view block);
   absl::StatusOr<std::string> Get(const BlockKey& key);
+  // Marks the block as just used, so that it is evicted last (nothing when absent). The order is
+  // kept in memory only: after a restart blocks are evicted in RocksDB's key order.
+  void Touch(const BlockKey& key);
   absl::Status Delete(const BlockKey& key);
   bool Contains(const BlockKey& key) const;
   // The stored size of the block, from the index (no read); 0 when absent.
@@ -201,7 +206,8 @@ class DiskTier {
   rocksdb::ColumnFamilyHandle* blocks_ = nullptr;    // the default family: key -> block
   rocksdb::ColumnFamilyHandle* sizes_cf_ = nullptr;  // key -> block size (8 bytes, little-endian)
   mutable absl::Mutex mu_;
-  // Insertion order for eviction, rebuilt from the database on open (RocksDB key order then).
+  // Use order for eviction, least recent first (Put and Touch move a block to the back), rebuilt
+  // from the database on open (RocksDB key order then).
   std::list<BlockKey> order_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<BlockKey, std::pair<uint64_t, std::list<BlockKey>::iterator>> sizes_ ABSL_GUARDED_BY(mu_);
   uint64_t used_ ABSL_GUARDED_BY(mu_) = 0;

@@ -1,5 +1,5 @@
 // The RAM and disk tiers: budgets, LRU eviction, leases and their expiry, persistence across
-// reopen.
+// reopen; and what the store's reads do to the disk tier's eviction order.
 #include <atomic>
 #include <chrono>
 #include <filesystem>
@@ -9,9 +9,11 @@
 
 #include <rocksdb/db.h>
 
+#include "cachestore/store.h"
 #include "cachestore/tiers.h"
 #include "common/clock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/blocks.h"
 #include "tests/testing/tiny_model.h"
 
 namespace vc::cachestore {
@@ -338,6 +340,52 @@ TEST(DiskTier, PersistsAcrossReopenAndEvictsOldest) {
     EXPECT_TRUE((*t)->Get(Key(9)).ok());
   }
   EXPECT_EQ(DiskTier::Open({"/proc/no/such/dir", 1, false}).status().code(), absl::StatusCode::kUnavailable);
+}
+
+TEST(DiskTier, EvictsTheLeastRecentlyUsed) {
+  const std::string dir = vc::testing::TempDir("disk_tier_lru");
+  auto t = DiskTier::Open({dir, 35000, false});  // room for three 10 KB blocks
+  ASSERT_TRUE(t.ok()) << t.status();
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE((*t)->Put(Key(i), Block(i)).ok());
+  (*t)->Touch(Key(0));   // now 1 is the least recently used
+  (*t)->Touch(Key(42));  // absent: nothing
+  ASSERT_TRUE((*t)->Put(Key(3), Block(3)).ok());
+  EXPECT_TRUE((*t)->Contains(Key(0)));
+  EXPECT_FALSE((*t)->Contains(Key(1)));
+  EXPECT_TRUE((*t)->Contains(Key(2)));
+  // A put again counts as a use too.
+  ASSERT_TRUE((*t)->Put(Key(2), Block(2)).ok());
+  ASSERT_TRUE((*t)->Put(Key(4), Block(4)).ok());
+  EXPECT_FALSE((*t)->Contains(Key(0)));
+  EXPECT_TRUE((*t)->Contains(Key(2)));
+  EXPECT_TRUE((*t)->Contains(Key(3)));
+  EXPECT_EQ((*t)->blocks(), 3u);
+}
+
+// A block read from either tier is a use of its disk copy: a shared prefix read all the time
+// outlives blocks written after it and never read again.
+TEST(BlockStore, ReadsKeepBlocksOnDisk) {
+  const std::string dir = vc::testing::TempDir("block_store_lru");
+  const std::string block = vc::testing::RandomBlock(1, 7);
+  StoreOptions o;
+  o.ram.capacity_bytes = 2 * block.size();
+  o.ram.min_slot_bytes = 64;
+  o.disk.path = dir;
+  o.disk.capacity_bytes = 3 * block.size();
+  auto store = BlockStore::Open(o);
+  ASSERT_TRUE(store.ok()) << store.status();
+  BlockStore& s = **store;
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(s.Put(Key(i), vc::testing::RandomBlock(i + 1, 7)).ok());
+  // Key 0 is read (from disk: RAM keeps the last puts) and by lease; key 1 by Get.
+  auto lease = s.Lease(Key(0));
+  ASSERT_TRUE(lease.ok()) << lease.status();
+  ASSERT_TRUE(s.Release(lease->id).ok());
+  ASSERT_TRUE(s.Get(Key(1), nullptr).ok());
+  ASSERT_TRUE(s.Put(Key(3), vc::testing::RandomBlock(4, 7)).ok());  // evicts key 2 from disk
+  ASSERT_TRUE(s.Put(Key(4), vc::testing::RandomBlock(5, 7)).ok());  // and then key 0
+  bool from_ram = true;
+  EXPECT_TRUE(absl::IsNotFound(s.Get(Key(2), &from_ram).status()));
+  EXPECT_TRUE(s.Get(Key(1), &from_ram).ok());
 }
 
 // Writes blocks [first, first + n) of 10 KB and reopens once, so that they sit in a blob file of
