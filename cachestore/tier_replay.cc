@@ -198,6 +198,7 @@ absl::StatusOr<ReplayStats> ReplayTrace(const std::vector<TraceRequest>& trace, 
   StoreOptions so;
   so.ram.capacity_bytes = o.ram_bytes / o.scale;
   so.ram.min_slot_bytes = 64;
+  so.ram.hot_fraction = o.hot_fraction;
   so.disk.path = dir;
   so.disk.capacity_bytes = o.disk_bytes / o.scale;
   VC_ASSIGN_OR_RETURN(std::unique_ptr<BlockStore> store, BlockStore::Open(so));

@@ -44,6 +44,7 @@ struct ReplayOptions {
   uint64_t ram_bytes = 0;            // the RAM tier's capacity at full scale
   uint64_t disk_bytes = 0;           // the disk tier's budget at full scale
   uint64_t scale = 1;                // a power of two; every size above is divided by it
+  double hot_fraction = 0.5;         // RamTierOptions::hot_fraction
   std::string scratch_dir;           // the disk tier's RocksDB lives in a new directory under this one
 };
 

@@ -37,7 +37,10 @@ RamTier::RamTier(const RamTierOptions& options)
       clock_(options.clock != nullptr ? options.clock : SteadyClock()),
       owned_region_(options.region != nullptr ? nullptr : new char[options.capacity_bytes]),
       region_(options.region != nullptr ? options.region : owned_region_.get()),
-      unit_(std::max<uint64_t>(1, options.min_slot_bytes)) {
+      unit_(std::max<uint64_t>(1, options.min_slot_bytes)),
+      hot_cap_(static_cast<uint64_t>(
+          (options.hot_fraction > 0 ? std::min(options.hot_fraction, 1.0) : 0.0) *
+          static_cast<double>(options.capacity_bytes))) {
   // The region as aligned power-of-two pieces, largest first (the binary digits of its size in
   // slot units), each free as a whole.
   absl::MutexLock l(&mu_);
@@ -98,6 +101,29 @@ void RamTier::Unpin(const BlockKey& key) {
   }
 }
 
+void RamTier::Unlink(Entry& e) {
+  if (e.lru == cold_) ++cold_;
+  if (e.hot) hot_bytes_ -= e.slot;
+  e.hot = false;
+  lru_.erase(e.lru);
+}
+
+void RamTier::Touch(Entry& e) {
+  if (!e.hot) {
+    if (e.lru == cold_) ++cold_;
+    e.hot = true;
+    hot_bytes_ += e.slot;
+  }
+  lru_.splice(lru_.begin(), lru_, e.lru);
+  // Past its share, the hot segment's least recent blocks become the cold segment's most recent.
+  while (hot_bytes_ > hot_cap_ && cold_ != lru_.begin()) {
+    cold_ = std::prev(cold_);
+    Entry& h = entries_[*cold_];
+    h.hot = false;
+    hot_bytes_ -= h.slot;
+  }
+}
+
 void RamTier::ExpireLeases(absl::Duration now) {
   while (!leases_.empty() && leases_.begin()->second.deadline <= now) EndLease(leases_.begin());
 }
@@ -141,7 +167,7 @@ absl::Status RamTier::Put(const BlockKey& key, absl::string_view block,
         return absl::FailedPreconditionError("a different block under this key is being read; retry later");
       }
       Free(e);
-      lru_.erase(e.lru);
+      Unlink(e);
       entries_.erase(it);
     }
     // Evict least-recently-used unpinned blocks above the high watermark (down to the low one),
@@ -165,7 +191,8 @@ absl::Status RamTier::Put(const BlockKey& key, absl::string_view block,
       if (evicted != nullptr) evicted->emplace_back(*victim, std::string(region_ + e.offset, e.size));
       Free(e);
       const BlockKey k = *victim;
-      victim = lru_.erase(victim);
+      ++victim;
+      Unlink(e);
       entries_.erase(k);
       if (evicting && used_ + slot > low) continue;
       evicting = false;
@@ -176,8 +203,8 @@ absl::Status RamTier::Put(const BlockKey& key, absl::string_view block,
     e.slot = slot;
     e.size = block.size();
     e.pins = 1;  // held while copying in, so it cannot be evicted under us
-    lru_.push_front(key);
-    e.lru = lru_.begin();
+    e.lru = lru_.insert(cold_, key);  // the cold segment's most recent
+    cold_ = e.lru;
     used_ += slot;
     entries_[key] = e;
   }
@@ -198,7 +225,7 @@ absl::StatusOr<std::string> RamTier::Get(const BlockKey& key) {
     if (it == entries_.end() || it->second.dead || !it->second.ready) return absl::NotFoundError("no such block");
     Entry& e = it->second;
     ++e.pins;
-    lru_.splice(lru_.begin(), lru_, e.lru);
+    Touch(e);
     offset = e.offset;
     size = e.size;
   }
@@ -218,7 +245,7 @@ absl::Status RamTier::Delete(const BlockKey& key) {
   absl::MutexLock l(&mu_);
   auto it = entries_.find(key);
   if (it == entries_.end() || it->second.dead) return absl::NotFoundError("no such block");
-  lru_.erase(it->second.lru);
+  Unlink(it->second);
   if (it->second.pins > 0) {
     it->second.dead = true;  // readers finish; freed at the last release
     it->second.lru = lru_.end();
@@ -242,7 +269,7 @@ absl::StatusOr<BlockLease> RamTier::Lease(const BlockKey& key, absl::string_view
                                                      options_.max_leased_bytes_per_owner, " per owner"));
   }
   ++e.pins;
-  lru_.splice(lru_.begin(), lru_, e.lru);
+  Touch(e);
   leased_bytes_[owner] += e.slot;
   const uint64_t id = next_lease_++;
   leases_.emplace_hint(leases_.end(), id,

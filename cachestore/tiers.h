@@ -57,6 +57,12 @@ struct RamTierOptions {
   double high_watermark = 0.95;  // eviction starts above this fraction of capacity...
   double low_watermark = 0.85;   // ...and stops below this one
   uint64_t min_slot_bytes = 4096;
+  // Segmented LRU: a block enters the cold segment and moves to the hot one when it is read (Get
+  // or Lease); eviction takes the cold segment's least recent blocks first. The hot segment holds
+  // at most this fraction of capacity; past it, its least recent blocks turn cold again. So blocks
+  // put and never read, most of a prefix cache's, cannot push out the ones being reused. 0 is
+  // plain LRU (every block cold, in order of use); values past [0, 1] are taken as its ends.
+  double hot_fraction = 0.5;
   // A lease not released this long after it was granted expires (see the top of this file). > 0.
   int64_t lease_ttl_ms = 30'000;
   // Bytes of RAM (the blocks' slots) one owner's live leases may pin at once; 0: no cap. Past
@@ -117,6 +123,7 @@ class RamTier {
     int pins = 0;
     bool ready = false;  // payload copied in; invisible to readers until then
     bool dead = false;   // deleted while pinned: freed at the last release
+    bool hot = false;    // in the hot segment of lru_ (read since it was put)
     std::list<BlockKey>::iterator lru;
   };
   struct LeaseRecord {
@@ -129,6 +136,10 @@ class RamTier {
   uint64_t SlotFor(uint64_t size) const;
   // Drops every lease whose deadline is not after `now`.
   void ExpireLeases(absl::Duration now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Takes e out of lru_ (and its segment).
+  void Unlink(Entry& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A read of e: to the front of the hot segment, which then sheds blocks past its share.
+  void Touch(Entry& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Drops one pin of `key`, freeing a deleted block at its last one.
   void Unpin(const BlockKey& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Bytes `owner`'s live leases pin, and whether one more slot of `slot` bytes keeps it within
@@ -149,6 +160,7 @@ class RamTier {
   char* const region_;
   mutable absl::Mutex mu_;
   const uint64_t unit_;        // min_slot_bytes (at least 1): slots are unit_ times a power of two
+  const uint64_t hot_cap_;     // bytes the hot segment may hold
   uint64_t largest_slot_ = 0;  // the region's biggest aligned power-of-two piece
   uint64_t used_ ABSL_GUARDED_BY(mu_) = 0;  // bytes of live slots
   // Free slots: size -> offsets (no size with none). A slot of s bytes sits at a multiple of s
@@ -156,7 +168,10 @@ class RamTier {
   // slot of 2s that holds it, at offset XOR s.
   std::map<uint64_t, std::set<uint64_t>> free_slots_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<BlockKey, Entry> entries_ ABSL_GUARDED_BY(mu_);
-  std::list<BlockKey> lru_ ABSL_GUARDED_BY(mu_);  // front = most recent
+  // Front = most recent: the hot segment, then from cold_ on the cold one.
+  std::list<BlockKey> lru_ ABSL_GUARDED_BY(mu_);
+  std::list<BlockKey>::iterator cold_ ABSL_GUARDED_BY(mu_) = lru_.end();  // the cold segment's first
+  uint64_t hot_bytes_ ABSL_GUARDED_BY(mu_) = 0;                            // slots of hot blocks
   // Live leases by id. Every lease gets the same time to live and ids grow with the (monotonic)
   // clock, so id order is deadline order and the expired leases are always a prefix.
   std::map<uint64_t, LeaseRecord> leases_ ABSL_GUARDED_BY(mu_);

@@ -49,6 +49,47 @@ TEST(RamTier, PutGetAndLruEvictionWithinBudget) {
   EXPECT_FALSE(t.Contains(Key(1)));
 }
 
+// Segmented LRU: blocks read since they were put (Get or Lease) are evicted after the blocks that
+// were not, up to their share of the tier; past it the least recent of them turn cold again.
+TEST(RamTier, BlocksReadSincePutOutliveBlocksNeverRead) {
+  RamTierOptions o;
+  o.capacity_bytes = 4 * 16384;  // four slots
+  o.high_watermark = 1.0;
+  o.low_watermark = 1.0;
+  o.hot_fraction = 0.5;  // two of them
+  RamTier t(o);
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(t.Put(Key(i), Block(i), nullptr).ok());
+  ASSERT_TRUE(t.Get(Key(0)).ok());
+  auto lease = t.Lease(Key(1));
+  ASSERT_TRUE(lease.ok());
+  ASSERT_TRUE(t.Release(lease->id).ok());
+  // Six puts: under plain LRU they would push 0 and 1 out too.
+  std::vector<std::pair<BlockKey, std::string>> evicted;
+  for (int i = 4; i < 10; ++i) ASSERT_TRUE(t.Put(Key(i), Block(i), &evicted).ok());
+  ASSERT_EQ(evicted.size(), 6u);
+  EXPECT_EQ(evicted[0].first, Key(2));
+  EXPECT_EQ(evicted[1].first, Key(3));
+  for (int i : {0, 1, 8, 9}) EXPECT_TRUE(t.Contains(Key(i))) << i;
+  // Reading 8 and 9 takes the hot segment past its two slots: 0 and 1, its least recent, are the
+  // next to go.
+  ASSERT_TRUE(t.Get(Key(8)).ok());
+  ASSERT_TRUE(t.Get(Key(9)).ok());
+  evicted.clear();
+  ASSERT_TRUE(t.Put(Key(10), Block(10), &evicted).ok());
+  ASSERT_TRUE(t.Put(Key(11), Block(11), &evicted).ok());
+  ASSERT_EQ(evicted.size(), 2u);
+  EXPECT_EQ(evicted[0].first, Key(0));
+  EXPECT_EQ(evicted[1].first, Key(1));
+  for (int i : {8, 9, 10, 11}) EXPECT_TRUE(t.Contains(Key(i))) << i;
+  // Deleting and replacing blocks keeps the segments whole.
+  ASSERT_TRUE(t.Delete(Key(9)).ok());
+  ASSERT_TRUE(t.Delete(Key(10)).ok());
+  ASSERT_TRUE(t.Put(Key(8), Block(8), nullptr).ok());
+  for (int i = 12; i < 20; ++i) ASSERT_TRUE(t.Put(Key(i), Block(i), nullptr).ok());
+  EXPECT_EQ(t.blocks(), 4u);
+  for (int i : {16, 17, 18, 19}) EXPECT_TRUE(t.Contains(Key(i))) << i;
+}
+
 TEST(RamTier, LeasesPinBlocks) {
   RamTierOptions o;
   o.capacity_bytes = 4 * 16384;
@@ -159,7 +200,9 @@ RamTierOptions FourSlots(const Clock* clock) {
 
 TEST(RamTier, ExpiredLeaseNoLongerPins) {
   ManualClock clock;
-  RamTier t(FourSlots(&clock));
+  RamTierOptions o = FourSlots(&clock);
+  o.hot_fraction = 0;  // plain LRU: the leased block is the least recently used below
+  RamTier t(o);
   ASSERT_TRUE(t.Put(Key(0), Block(0), nullptr).ok());
   auto lease = t.Lease(Key(0), "reader");
   ASSERT_TRUE(lease.ok());

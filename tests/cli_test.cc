@@ -1,9 +1,11 @@
-// `vericache generate` end to end, in process: output formats and every bad-input exit.
+// `vericache generate` end to end, in process: output formats and every bad-input exit; and the
+// store command's flag checks.
 #include <sstream>
 
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "services/cli/generate_command.h"
+#include "services/cli/store_command.h"
 #include "tests/testing/tiny_model.h"
 
 namespace vc::cli {
@@ -76,6 +78,18 @@ TEST_F(CliTest, BadInputsExitNonZeroWithAMessage) {
     CliRun r = Generate(c.args);
     EXPECT_NE(r.code, 0) << c.expect;
     EXPECT_NE(r.err.find(c.expect), std::string::npos) << "stderr: " << r.err;
+  }
+}
+
+// The store's flags are checked before it opens anything.
+TEST_F(CliTest, StoreRefusesBadTierFlags) {
+  for (const char* f : {"1.5", "-0.1", "nan", "half"}) {
+    std::ostringstream out, err;
+    const int code = RunStoreCommand({"--listen", "127.0.0.1:0", "--data-dir", dir_ + "/store", "--tokens",
+                                      dir_ + "/absent-tokens", "--ram-hot-fraction", f},
+                                     out, err);
+    EXPECT_EQ(code, 2) << f;
+    EXPECT_NE(err.str().find("--ram-hot-fraction"), std::string::npos) << err.str();
   }
 }
 

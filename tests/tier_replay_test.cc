@@ -218,6 +218,7 @@ TEST_F(TierReplayTest, Command) {
       {"--trace", trace, "--kv-bytes-per-token", "128", "--ram-bytes", "1K", "--disk-bytes", "4M"},
       {"--trace", trace, "--kv-bytes-per-token", "128", "--ram-bytes", "4M", "--disk-bytes", "4M", "--scale", "3"},
       {"--trace", trace, "--kv-bytes-per-token", "0", "--ram-bytes", "4M", "--disk-bytes", "4M"},
+      {"--trace", trace, "--kv-bytes-per-token", "128", "--ram-bytes", "4M", "--disk-bytes", "4M", "--ram-hot-fraction", "2"},
       {"--trace", dir_ + "/absent", "--kv-bytes-per-token", "128", "--ram-bytes", "4M", "--disk-bytes", "4M"},
       {"--trace", WriteTrace("{]\n", "bad.jsonl"), "--kv-bytes-per-token", "128", "--ram-bytes", "4M", "--disk-bytes", "4M"},
       {"--trace", trace, "--model", dir_ + "/absent", "--ram-bytes", "4M", "--disk-bytes", "4M"},

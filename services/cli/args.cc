@@ -4,6 +4,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 
 namespace vc::cli {
 
@@ -62,6 +63,12 @@ absl::StatusOr<double> Args::Double(const std::string& name, double fallback) co
     return absl::InvalidArgumentError(absl::StrCat("--", name, " must be a finite number, got '", it->second, "'"));
   }
   return v;
+}
+
+absl::StatusOr<double> HotFraction(const Args& a) {
+  VC_ASSIGN_OR_RETURN(const double f, a.Double("ram-hot-fraction", 0.5));
+  if (f < 0 || f > 1) return absl::InvalidArgumentError("--ram-hot-fraction must be in [0, 1]");
+  return f;
 }
 
 int RunSubcommand(absl::string_view name, absl::string_view usage, const std::vector<std::string>& args,

@@ -33,6 +33,9 @@ class Args {
   std::map<std::string, std::string> values_;
 };
 
+// --ram-hot-fraction (cachestore::RamTierOptions::hot_fraction), in [0, 1]; 0.5 when absent.
+absl::StatusOr<double> HotFraction(const Args& a);
+
 // Runs one subcommand: prints `usage` for --help / -h; otherwise calls run(args, out) and turns
 // its status into an exit code (0 ok; 2 bad input: invalid argument, not found, data loss, out of
 // range; 1 anything else), printing "vericache <name>: <message>" to `err`.

@@ -21,7 +21,7 @@ constexpr char kUsage[] =
     "usage: vericache size-tiers --trace FILE (--model DIR | --kv-bytes-per-token N)\n"
     "                            --ram-bytes SIZE[,SIZE...] --disk-bytes SIZE[,SIZE...]\n"
     "                            [--block-tokens N] [--first N] [--requests N] [--scratch-dir DIR]\n"
-    "                            [--scale N] [--json]\n"
+    "                            [--ram-hot-fraction F] [--scale N] [--json]\n"
     "Replays a Mooncake-format trace (one JSON object per line: timestamp, input_length,\n"
     "output_length, hash_ids) through a real cache store, RAM tier over RocksDB, once per pair of\n"
     "sizes, as workers drive it: look a prompt's blocks up, read the leading ones present, put the\n"
@@ -30,6 +30,7 @@ constexpr char kUsage[] =
     "                   every layer); or --kv-bytes-per-token N for any other model\n"
     "  SIZE             bytes, or with a binary suffix: 512M, 64G, 2T\n"
     "  --block-tokens N tokens per hash id of the trace (512 for Mooncake's)\n"
+    "  --ram-hot-fraction F  as the store's (vericache store --help)\n"
     "  --scale N        sizes are divided by this power of two for the replay (default: blocks of\n"
     "                   8 KiB or more)\n"
     "  --scratch-dir DIR where the disk tier is made at that scale, in a new directory removed\n"
@@ -93,7 +94,8 @@ void PrintRow(std::ostream& out, const std::string& ram, const std::string& disk
 
 absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
   VC_ASSIGN_OR_RETURN(Args a, Args::Parse(argv, {"trace", "model", "kv-bytes-per-token", "ram-bytes", "disk-bytes",
-                                                 "block-tokens", "first", "requests", "scratch-dir", "scale"},
+                                                 "block-tokens", "first", "requests", "scratch-dir", "scale",
+                                                 "ram-hot-fraction"},
                                           {"json"}));
   if (!a.Has("trace")) return absl::InvalidArgumentError("--trace is required");
   if (a.Has("model") == a.Has("kv-bytes-per-token")) {
@@ -104,6 +106,7 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
   VC_ASSIGN_OR_RETURN(const int64_t block_tokens, a.Int("block-tokens", 512, 1, 1 << 20));
   VC_ASSIGN_OR_RETURN(const int64_t first, a.Int("first", 0, 0, int64_t{1} << 40));
   VC_ASSIGN_OR_RETURN(const int64_t requests, a.Int("requests", -1, 1, int64_t{1} << 40));
+  VC_ASSIGN_OR_RETURN(const double hot_fraction, HotFraction(a));
 
   uint64_t block_bytes = 0;
   std::string what;
@@ -169,6 +172,7 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
       o.ram_bytes = ram;
       o.disk_bytes = disk;
       o.scale = scale;
+      o.hot_fraction = hot_fraction;
       o.scratch_dir = scratch;
       VC_ASSIGN_OR_RETURN(const cachestore::ReplayStats s, cachestore::ReplayTrace(trace, o));
       if (json) {

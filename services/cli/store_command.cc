@@ -20,7 +20,7 @@ namespace {
 constexpr char kUsage[] =
     "usage: vericache store --listen HOST:PORT --data-dir DIR --tokens FILE [--ram-bytes N] [--disk-bytes N]\n"
     "                       [--secret-file FILE] [--tls-cert PEM --tls-key PEM] [--ucx none|peer|off]\n"
-    "                       [--lease-ttl-ms N] [--lease-bytes-per-tenant N]\n"
+    "                       [--lease-ttl-ms N] [--lease-bytes-per-tenant N] [--ram-hot-fraction F]\n"
     "  --tokens FILE    lines of 'token tenant'; requests without a listed Bearer token are refused\n"
     "  --ucx MODE       one-sided UCX reads of the RAM tier, with UCX error handling 'none' (shared\n"
     "                   memory and CMA allowed; the default) or 'peer' (dead peers reported; TCP only\n"
@@ -29,7 +29,11 @@ constexpr char kUsage[] =
     "                   it (default 30000); a read outlasting its lease is discarded by the client\n"
     "  --lease-bytes-per-tenant N\n"
     "                   RAM one tenant's live leases may pin (default half of --ram-bytes; 0: no\n"
-    "                   cap); past it its blocks are served inline over gRPC\n";
+    "                   cap); past it its blocks are served inline over gRPC\n"
+    "  --ram-hot-fraction F\n"
+    "                   share of RAM kept for blocks read since they were put (default 0.5; 0: plain\n"
+    "                   LRU); the rest holds new blocks, evicted first. vericache size-tiers replays\n"
+    "                   a trace to choose it\n";
 
 // A secret, certificate or key file: small, and never empty.
 absl::StatusOr<std::string> ReadAll(const std::string& path, absl::string_view what) {
@@ -41,7 +45,7 @@ absl::StatusOr<std::string> ReadAll(const std::string& path, absl::string_view w
 absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
   VC_ASSIGN_OR_RETURN(Args a, Args::Parse(argv, {"listen", "data-dir", "tokens", "ram-bytes", "disk-bytes",
                                                  "secret-file", "tls-cert", "tls-key", "ucx", "lease-ttl-ms",
-                                                 "lease-bytes-per-tenant"},
+                                                 "lease-bytes-per-tenant", "ram-hot-fraction"},
                                           {}));
   for (const char* req : {"listen", "data-dir", "tokens"}) {
     if (!a.Has(req)) return absl::InvalidArgumentError(absl::StrCat("--", req, " is required"));
@@ -53,6 +57,7 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
   o.ram.capacity_bytes = static_cast<uint64_t>(ram);
   VC_ASSIGN_OR_RETURN(int64_t lease_cap, a.Int("lease-bytes-per-tenant", ram / 2, 0, ram));
   o.ram.max_leased_bytes_per_owner = static_cast<uint64_t>(lease_cap);
+  VC_ASSIGN_OR_RETURN(o.ram.hot_fraction, HotFraction(a));
   o.disk.path = a.Str("data-dir");
   o.disk.capacity_bytes = static_cast<uint64_t>(disk);
   StoreServiceOptions so;
