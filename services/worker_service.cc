@@ -87,6 +87,18 @@ class Scheduler {
 
   bool has_full() const { return full_ != nullptr; }
 
+  // Requests ended, failed and refused so far, with their stats summed, and those in flight.
+  struct Totals {
+    int64_t ended = 0, failed = 0, refused = 0, in_flight = 0;
+    EngineStats sum;
+  };
+  Totals totals() const {
+    absl::MutexLock l(&mu_);
+    Totals t = totals_;
+    t.in_flight = in_system_;
+    return t;
+  }
+
   ~Scheduler() {
     {
       absl::MutexLock l(&mu_);
@@ -101,6 +113,7 @@ class Scheduler {
     absl::MutexLock l(&mu_);
     if (stop_) return absl::UnavailableError("the worker is shutting down");
     if (in_system_ >= max_requests_) {
+      totals_.refused++;
       return absl::ResourceExhaustedError(
           absl::StrCat("the worker holds ", in_system_, " requests, its limit; retry later"));
     }
@@ -146,9 +159,13 @@ class Scheduler {
       for (Item& it : items) {
         std::shared_ptr<RequestStream> stream = it.stream;
         const int64_t id = drivers_[it.engine].submit(std::move(it.request), [this, stream](absl::Status st, EngineResult r) {
+          {
+            absl::MutexLock l(&mu_);
+            in_system_--;
+            (st.ok() ? totals_.ended : totals_.failed)++;
+            Add(r.stats, &totals_.sum);
+          }
           stream->Done(std::move(st), std::move(r));
-          absl::MutexLock l(&mu_);
-          in_system_--;
         });
         live.push_back({it.engine, id, std::move(stream)});
       }
@@ -168,13 +185,27 @@ class Scheduler {
     for (Live& x : live) x.stream->Done(absl::UnavailableError("the worker is shutting down"), {});
   }
 
+  // The counts a worker's GetStats reports, of one request's stats.
+  static void Add(const EngineStats& s, EngineStats* sum) {
+    sum->prompt_tokens += s.prompt_tokens;
+    sum->emitted += s.emitted;
+    sum->prefix_store_tokens += s.prefix_store_tokens;
+    sum->prefix_compressed_tokens += s.prefix_compressed_tokens;
+    sum->prefix_compressed_store_tokens += s.prefix_compressed_store_tokens;
+    sum->recomputed_tokens += s.recomputed_tokens;
+    sum->drafted += s.drafted;
+    sum->accepted_drafts += s.accepted_drafts;
+    sum->verifies += s.verifies;
+  }
+
   std::unique_ptr<VeriCacheEngine> vericache_;
   std::unique_ptr<FullKvEngine> full_;
   std::vector<Driver> drivers_;
   const int max_requests_;
-  absl::Mutex mu_;
+  mutable absl::Mutex mu_;
   std::vector<Item> inbox_ ABSL_GUARDED_BY(mu_);
   int in_system_ ABSL_GUARDED_BY(mu_) = 0;
+  Totals totals_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;
 };
@@ -207,7 +238,7 @@ void FillStats(const EngineStats& s, v1::Mode mode, v1::GenerateStats* out) {
 }  // namespace
 
 WorkerService::WorkerService(const Model& model, const WorkerServiceOptions& options, PrefixStore* prefixes)
-    : model_(model), options_(options), prefixes_(prefixes) {}
+    : model_(model), options_(options), prefixes_(prefixes), started_(absl::Now()) {}
 
 WorkerService::~WorkerService() = default;
 
@@ -284,17 +315,25 @@ absl::StatusOr<EngineRequest> WorkerService::Parse(const v1::GenerateRequest& re
 
 grpc::Status WorkerService::Generate(grpc::ServerContext* ctx, const v1::GenerateRequest* req,
                                      grpc::ServerWriter<v1::GenerateResponse>* writer) {
-  if (absl::Status a = Authenticate(ctx); !a.ok()) return ToGrpcStatus(a);
+  if (absl::Status a = Authenticate(ctx); !a.ok()) {
+    invalid_++;
+    return ToGrpcStatus(a);
+  }
   absl::StatusOr<EngineRequest> parsed = Parse(*req);
-  if (!parsed.ok()) return ToGrpcStatus(parsed.status());
+  if (!parsed.ok()) {
+    invalid_++;
+    return ToGrpcStatus(parsed.status());
+  }
   v1::Mode mode = req->mode() == v1::MODE_UNSPECIFIED ? v1::MODE_VERICACHE : req->mode();
   int engine = kVeriCache;
   if (mode == v1::MODE_FULL) {
     if (!scheduler_->has_full()) {
+      invalid_++;
       return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "this worker serves no MODE_FULL requests");
     }
     engine = kFull;
   } else if (mode != v1::MODE_VERICACHE) {
+    invalid_++;
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, absl::StrCat("unknown mode ", static_cast<int>(mode)));
   }
   // gRPC's "no deadline" is the end of time; absl saturates it to the infinite future.
@@ -344,6 +383,41 @@ grpc::Status WorkerService::GetModelInfo(grpc::ServerContext* ctx, const v1::Get
   resp->set_prefix_block_tokens(prefixes_ != nullptr ? static_cast<uint32_t>(prefixes_->block_tokens()) : 0);
   resp->set_max_batch(static_cast<uint32_t>(options_.engine.max_batch));
   resp->set_default_mode(v1::MODE_VERICACHE);
+  return grpc::Status::OK;
+}
+
+grpc::Status WorkerService::GetStats(grpc::ServerContext* ctx, const v1::GetStatsRequest*, v1::WorkerStats* resp) {
+  if (absl::Status a = Authenticate(ctx); !a.ok()) return ToGrpcStatus(a);
+  const Scheduler::Totals t = scheduler_->totals();
+  resp->set_uptime_micros(static_cast<uint64_t>(absl::ToInt64Microseconds(absl::Now() - started_)));
+  resp->set_requests_in_flight(static_cast<uint32_t>(t.in_flight));
+  resp->set_requests_ended(static_cast<uint64_t>(t.ended));
+  resp->set_requests_failed(static_cast<uint64_t>(t.failed));
+  resp->set_requests_refused(static_cast<uint64_t>(t.refused));
+  resp->set_requests_invalid(static_cast<uint64_t>(invalid_.load()));
+  resp->set_prompt_tokens(static_cast<uint64_t>(t.sum.prompt_tokens));
+  resp->set_generated_tokens(static_cast<uint64_t>(t.sum.emitted));
+  resp->set_prefix_store_tokens(static_cast<uint64_t>(t.sum.prefix_store_tokens));
+  resp->set_prefix_compressed_tokens(static_cast<uint64_t>(t.sum.prefix_compressed_tokens));
+  resp->set_prefix_compressed_store_tokens(static_cast<uint64_t>(t.sum.prefix_compressed_store_tokens));
+  resp->set_recomputed_tokens(static_cast<uint64_t>(t.sum.recomputed_tokens));
+  resp->set_drafted_tokens(static_cast<uint64_t>(t.sum.drafted));
+  resp->set_accepted_drafts(static_cast<uint64_t>(t.sum.accepted_drafts));
+  resp->set_verify_passes(static_cast<uint64_t>(t.sum.verifies));
+  if (prefixes_ != nullptr) {
+    const StorePrefixStats p = prefixes_->stats();
+    v1::StoreLinkStats* o = resp->mutable_store();
+    o->set_lookups(static_cast<uint64_t>(p.lookups));
+    o->set_lookup_failures(static_cast<uint64_t>(p.lookup_failures));
+    o->set_lookups_skipped(static_cast<uint64_t>(p.lookups_skipped));
+    o->set_blocks_hit(static_cast<uint64_t>(p.blocks_hit));
+    o->set_blocks_read(static_cast<uint64_t>(p.blocks_read));
+    o->set_read_failures(static_cast<uint64_t>(p.read_failures));
+    o->set_bytes_read(static_cast<uint64_t>(p.bytes_read));
+    o->set_blocks_published(static_cast<uint64_t>(p.blocks_published));
+    o->set_publish_failures(static_cast<uint64_t>(p.publish_failures));
+    o->set_publish_dropped(static_cast<uint64_t>(p.publish_dropped));
+  }
   return grpc::Status::OK;
 }
 

@@ -11,6 +11,7 @@
 #ifndef VC_SERVICES_WORKER_SERVICE_H_
 #define VC_SERVICES_WORKER_SERVICE_H_
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <set>
@@ -21,6 +22,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "grpcpp/grpcpp.h"
 #include "services/write_watchdog.h"
 #include "vericache/v1/inference.grpc.pb.h"
@@ -62,6 +64,8 @@ class WorkerService final : public vericache::v1::Inference::Service {
                         grpc::ServerWriter<vericache::v1::GenerateResponse>* writer) override;
   grpc::Status GetModelInfo(grpc::ServerContext* ctx, const vericache::v1::GetModelInfoRequest* req,
                             vericache::v1::ModelInfo* resp) override;
+  grpc::Status GetStats(grpc::ServerContext* ctx, const vericache::v1::GetStatsRequest* req,
+                        vericache::v1::WorkerStats* resp) override;
 
  private:
   WorkerService(const Model& model, const WorkerServiceOptions& options, PrefixStore* prefixes);
@@ -73,6 +77,8 @@ class WorkerService final : public vericache::v1::Inference::Service {
   const WorkerServiceOptions options_;
   PrefixStore* const prefixes_;
   std::string compressor_;
+  const absl::Time started_;
+  std::atomic<int64_t> invalid_{0};  // calls refused before admission as invalid or unauthenticated
   std::unique_ptr<Scheduler> scheduler_;
   std::unique_ptr<WriteWatchdog<grpc::ServerContext>> watchdog_;
 };

@@ -8,12 +8,14 @@
 
 #include <atomic>
 #include <future>
+#include <sstream>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "cachestore/block_format.h"
 #include "cachestore/block_key.h"
 #include "gtest/gtest.h"
+#include "services/cli/stats_command.h"
 #include "services/inference_client.h"
 #include "services/servers.h"
 #include "services/write_watchdog.h"
@@ -273,6 +275,89 @@ TEST_F(WorkerServiceTest, OverloadCancellationAndAuthentication) {
   }
   ASSERT_TRUE(after.status.ok()) << after.status;
   EXPECT_EQ(after.tokens, Want(p, 6));
+
+  // GetStats counts all of it, and takes the clients' token too.
+  v1::WorkerStats stats;
+  {
+    grpc::ClientContext ctx;
+    EXPECT_EQ(stub->GetStats(&ctx, v1::GetStatsRequest(), &stats).error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  }
+  grpc::ClientContext ctx;
+  ctx.AddMetadata("authorization", "Bearer client-token");
+  ASSERT_TRUE(stub->GetStats(&ctx, v1::GetStatsRequest(), &stats).ok());
+  EXPECT_EQ(stats.requests_invalid(), 2u);
+  EXPECT_GE(stats.requests_refused(), 1u);
+  EXPECT_EQ(stats.requests_failed(), 1u);  // past its deadline
+  EXPECT_EQ(stats.requests_ended(), 1u);
+  EXPECT_EQ(stats.requests_in_flight(), 0u);
+  EXPECT_GE(stats.generated_tokens(), 6u);  // and what the long request streamed before its deadline
+  EXPECT_FALSE(stats.has_store());
+}
+
+// GetStats, and `vericache stats` on it and on the store: requests, tokens and the traffic with
+// the store, summed over requests.
+TEST_F(WorkerServiceTest, StatsReportRequestsAndStoreTraffic) {
+  auto store = StartStore();
+  auto worker = StartWorker(store->target());
+  auto stub = InferenceStub(worker->target());
+  const auto get = [&] {
+    v1::WorkerStats s;
+    grpc::ClientContext ctx;
+    EXPECT_TRUE(stub->GetStats(&ctx, v1::GetStatsRequest(), &s).ok());
+    return s;
+  };
+  const auto p = Prompt(200, 1);  // six whole blocks of 32 tokens
+  const GenerateReply first = CallGenerate(*stub, Request(p, 8));
+  ASSERT_TRUE(first.status.ok()) << first.status;
+  for (int i = 0; i < 250 && get().store().blocks_published() < 6; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // the puts run in the background
+  }
+  const GenerateReply second = CallGenerate(*stub, Request(p, 8));
+  ASSERT_TRUE(second.status.ok()) << second.status;
+  EXPECT_EQ(second.tokens, Want(p, 8));
+  ASSERT_GT(second.stats.prefix_store_tokens(), 0u);
+  v1::GenerateRequest empty = Request({}, 4);
+  EXPECT_EQ(CallGenerate(*stub, empty).status.code(), absl::StatusCode::kInvalidArgument);
+
+  const v1::WorkerStats s = get();
+  EXPECT_EQ(s.requests_ended(), 2u);
+  EXPECT_EQ(s.requests_failed(), 0u);
+  EXPECT_EQ(s.requests_invalid(), 1u);
+  EXPECT_EQ(s.prompt_tokens(), first.stats.prompt_tokens() + second.stats.prompt_tokens());
+  EXPECT_EQ(s.generated_tokens(), 16u);
+  EXPECT_EQ(s.prefix_store_tokens(), second.stats.prefix_store_tokens());
+  EXPECT_EQ(s.drafted_tokens(), first.stats.drafted_tokens() + second.stats.drafted_tokens());
+  EXPECT_EQ(s.verify_passes(), first.stats.verify_passes() + second.stats.verify_passes());
+  ASSERT_TRUE(s.has_store());
+  EXPECT_EQ(s.store().lookups(), 2u);
+  EXPECT_EQ(s.store().blocks_hit(), 6u);
+  EXPECT_EQ(s.store().blocks_read(), 6u);
+  EXPECT_GT(s.store().bytes_read(), 0u);
+  EXPECT_EQ(s.store().blocks_published(), 6u);
+  EXPECT_EQ(s.store().publish_failures() + s.store().read_failures() + s.store().lookup_failures(), 0u);
+
+  const auto run = [](const std::vector<std::string>& args, std::string* out, std::string* err) {
+    std::ostringstream o, e;
+    const int code = cli::RunStatsCommand(args, o, e);
+    *out = o.str();
+    *err = e.str();
+    return code;
+  };
+  std::string out, err;
+  ASSERT_EQ(run({"--target", worker->target()}, &out, &err), 0) << err;
+  EXPECT_NE(out.find("0 in flight, 2 ended, 0 failed"), std::string::npos) << out;
+  EXPECT_NE(out.find("6 blocks read"), std::string::npos) << out;
+  ASSERT_EQ(run({"--target", store->target(), "--token", "tok"}, &out, &err), 0) << err;
+  EXPECT_NE(out.find("RAM tier: "), std::string::npos) << out;
+  EXPECT_NE(out.find("6 blocks"), std::string::npos) << out;
+  ASSERT_EQ(run({"--target", store->target(), "--token", "tok", "--json"}, &out, &err), 0) << err;
+  EXPECT_NE(out.find("\"kind\": \"store\""), std::string::npos) << out;
+  // A store needs its token; a target that is not there, or not an address, is an error.
+  EXPECT_EQ(run({"--target", store->target()}, &out, &err), 1);
+  EXPECT_NE(err.find("Bearer"), std::string::npos) << err;
+  EXPECT_EQ(run({"--target", "127.0.0.1:1", "--timeout-ms", "300"}, &out, &err), 1);
+  EXPECT_EQ(run({"--target", "nowhere"}, &out, &err), 2);
+  EXPECT_EQ(run({"--target", worker->target(), "--token", "bad token"}, &out, &err), 2);
 }
 
 // What could never work is refused before anything runs, with the reason: a request whose full KV

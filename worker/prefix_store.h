@@ -34,6 +34,14 @@ struct PagedDest {
 
 using PrefixName = std::array<uint8_t, 32>;
 
+// A prefix store's traffic since it was made.
+struct StorePrefixStats {
+  int64_t lookups = 0, lookup_failures = 0, blocks_hit = 0;
+  int64_t lookups_skipped = 0;  // answered "no prefix" at once while backing off after a failure
+  int64_t blocks_read = 0, read_failures = 0, bytes_read = 0;
+  int64_t blocks_published = 0, publish_failures = 0, publish_dropped = 0;
+};
+
 class PrefixStore {
  public:
   virtual ~PrefixStore() = default;
@@ -71,6 +79,9 @@ class PrefixStore {
   // to * block_tokens()) of `seq` in `full`, and puts them like Publish.
   virtual void PublishCompressed(absl::Span<const PrefixName> /*names*/, int /*from*/, int /*to*/,
                                  const CompressedKvCache& /*codec*/, const PagedKvCache& /*full*/, SeqId /*seq*/) {}
+
+  // Counts of lookups, reads and puts so far (zeros where a store keeps none). Thread-safe.
+  virtual StorePrefixStats stats() const { return {}; }
 };
 
 }  // namespace vc

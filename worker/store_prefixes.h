@@ -46,13 +46,6 @@ struct StorePrefixOptions {
   int64_t max_publish_queue_bytes = int64_t{256} << 20;
 };
 
-struct StorePrefixStats {
-  int64_t lookups = 0, lookup_failures = 0, blocks_hit = 0;
-  int64_t lookups_skipped = 0;  // answered "no prefix" at once while backing off after a failure
-  int64_t blocks_read = 0, read_failures = 0, bytes_read = 0;
-  int64_t blocks_published = 0, publish_failures = 0, publish_dropped = 0;
-};
-
 class StorePrefixes final : public PrefixStore {
  public:
   // kFailedPrecondition when the store refuses the token or the target is no store; a store that
@@ -75,7 +68,7 @@ class StorePrefixes final : public PrefixStore {
 
   // Waits until every block published so far has been put (or failed).
   void Flush();
-  StorePrefixStats stats() const;
+  StorePrefixStats stats() const override;
 
  private:
   StorePrefixes(const StorePrefixOptions& options, const std::array<uint8_t, 32>& fingerprint, const KvLayout& layout);

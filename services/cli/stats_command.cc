@@ -1,0 +1,155 @@
+#include "services/cli/stats_command.h"
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "common/files.h"
+#include "common/status_macros.h"
+#include "common/text_checks.h"
+#include "google/protobuf/util/json_util.h"
+#include "grpcpp/grpcpp.h"
+#include "services/cli/args.h"
+#include "vericache/v1/cache_store.grpc.pb.h"
+#include "vericache/v1/inference.grpc.pb.h"
+
+namespace vc::cli {
+namespace {
+
+namespace v1 = vericache::v1;
+
+constexpr char kUsage[] =
+    "usage: vericache stats --target HOST:PORT [--token TOKEN | --token-file FILE] [--tls-ca PEM]\n"
+    "                       [--timeout-ms N] [--json]\n"
+    "  asks a worker (Inference.GetStats) or, when the target is a cache store, the store\n"
+    "  (CacheStore.Stats) what it has done since it started, and prints it\n"
+    "  --token, --token-file  the bearer token the target takes (a store always needs one)\n"
+    "  --tls-ca PEM     root certificates of a store serving TLS\n";
+
+std::string Bytes(uint64_t b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  double v = static_cast<double>(b);
+  int u = 0;
+  while (v >= 1024 && u < 5) v /= 1024, ++u;
+  return u == 0 ? absl::StrCat(b, " B") : absl::StrFormat("%.2f %s", v, units[u]);
+}
+
+std::string Share(uint64_t part, uint64_t whole) {
+  return whole == 0 ? "-" : absl::StrFormat("%.1f%%", 100.0 * static_cast<double>(part) / static_cast<double>(whole));
+}
+
+absl::Status FromGrpc(const grpc::Status& s, const std::string& target) {
+  return absl::Status(static_cast<absl::StatusCode>(s.error_code()), absl::StrCat(target, ": ", s.error_message()));
+}
+
+std::string Json(const google::protobuf::Message& m, const char* kind) {
+  google::protobuf::util::JsonPrintOptions o;
+  o.preserve_proto_field_names = true;
+  o.always_print_primitive_fields = true;
+  std::string body;
+  (void)google::protobuf::util::MessageToJsonString(m, &body, o);
+  return absl::StrCat("{\"kind\": \"", kind, "\", \"stats\": ", body, "}\n");
+}
+
+void PrintWorker(const std::string& target, const v1::WorkerStats& s, std::ostream& out) {
+  const int64_t up = static_cast<int64_t>(s.uptime_micros() / 1000000);
+  out << absl::StrFormat("worker %s, up %dh %02dm %02ds\n", target, up / 3600, up / 60 % 60, up % 60);
+  out << absl::StrFormat("requests: %d in flight, %d ended, %d failed, %d refused at the request limit, %d invalid\n",
+                         s.requests_in_flight(), s.requests_ended(), s.requests_failed(), s.requests_refused(),
+                         s.requests_invalid());
+  const uint64_t p = s.prompt_tokens();
+  out << absl::StrFormat(
+      "prompt tokens: %d (full KV from the store %s, compressed KV reused %s, compressed KV from the store %s, "
+      "recomputed after a failed read %s); generated tokens: %d\n",
+      p, Share(s.prefix_store_tokens(), p), Share(s.prefix_compressed_tokens(), p),
+      Share(s.prefix_compressed_store_tokens(), p), Share(s.recomputed_tokens(), p), s.generated_tokens());
+  out << absl::StrFormat("drafts: %d drafted, %d accepted (%s), %d verify passes\n", s.drafted_tokens(),
+                         s.accepted_drafts(), Share(s.accepted_drafts(), s.drafted_tokens()), s.verify_passes());
+  if (!s.has_store()) {
+    out << "cache store: none\n";
+    return;
+  }
+  const v1::StoreLinkStats& c = s.store();
+  out << absl::StrFormat(
+      "cache store: %d lookups (%d failed, %d skipped while backing off), %d blocks found; %d blocks read "
+      "(%s, %d reads failed); %d blocks published (%d failed, %d dropped with the put queue full)\n",
+      c.lookups(), c.lookup_failures(), c.lookups_skipped(), c.blocks_hit(), c.blocks_read(), Bytes(c.bytes_read()),
+      c.read_failures(), c.blocks_published(), c.publish_failures(), c.publish_dropped());
+}
+
+void PrintStore(const std::string& target, const v1::StatsResponse& s, std::ostream& out) {
+  out << absl::StrFormat("cache store %s\n", target);
+  out << absl::StrFormat("RAM tier: %s of %s used (%s), %d blocks\n", Bytes(s.ram_used_bytes()),
+                         Bytes(s.ram_capacity_bytes()), Share(s.ram_used_bytes(), s.ram_capacity_bytes()),
+                         s.ram_blocks());
+  out << absl::StrFormat("disk tier: %s of %s used (%s), %d blocks\n", Bytes(s.disk_used_bytes()),
+                         Bytes(s.disk_capacity_bytes()), Share(s.disk_used_bytes(), s.disk_capacity_bytes()),
+                         s.disk_blocks());
+  const uint64_t reads = s.hits_ram() + s.hits_disk() + s.misses();
+  out << absl::StrFormat("block reads: %d from RAM (%s), %d from disk (%s), %d not found (%s); %d corrupt blocks dropped\n",
+                         s.hits_ram(), Share(s.hits_ram(), reads), s.hits_disk(), Share(s.hits_disk(), reads),
+                         s.misses(), Share(s.misses(), reads), s.corrupt_blocks_dropped());
+}
+
+absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
+  VC_ASSIGN_OR_RETURN(Args a, Args::Parse(argv, {"target", "token", "token-file", "tls-ca", "timeout-ms"}, {"json"}));
+  if (!a.Has("target")) return absl::InvalidArgumentError("--target is required");
+  const std::string target = a.Str("target");
+  VC_RETURN_IF_ERROR(CheckAddress("--target", target, false));
+  if (a.Has("token") && a.Has("token-file")) return absl::InvalidArgumentError("give one of --token, --token-file");
+  std::string token = a.Str("token");
+  if (a.Has("token-file")) {
+    VC_ASSIGN_OR_RETURN(const std::string text, ReadFileLimited(a.Str("token-file"), 1 << 16, "token file"));
+    token = text.substr(0, text.find('\n'));
+  }
+  if (a.Has("token") || a.Has("token-file")) VC_RETURN_IF_ERROR(CheckBearerToken(token, "the token"));
+  VC_ASSIGN_OR_RETURN(const int64_t timeout_ms, a.Int("timeout-ms", 5000, 1, int64_t{24} * 3600 * 1000));
+  std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials();
+  if (a.Has("tls-ca")) {
+    grpc::SslCredentialsOptions ssl;
+    VC_ASSIGN_OR_RETURN(ssl.pem_root_certs, ReadFileLimited(a.Str("tls-ca"), 1 << 20, "TLS root certificates"));
+    creds = grpc::SslCredentials(ssl);
+  }
+  const std::shared_ptr<grpc::Channel> channel = grpc::CreateChannel(target, creds);
+  const auto call = [&](grpc::ClientContext* ctx) {
+    if (!token.empty()) ctx->AddMetadata("authorization", "Bearer " + token);
+    ctx->set_deadline(absl::ToChronoTime(absl::Now() + absl::Milliseconds(timeout_ms)));
+  };
+  {
+    grpc::ClientContext ctx;
+    call(&ctx);
+    v1::WorkerStats stats;
+    const grpc::Status s = v1::Inference::NewStub(channel)->GetStats(&ctx, v1::GetStatsRequest(), &stats);
+    if (s.ok()) {
+      if (a.Has("json")) {
+        out << Json(stats, "worker");
+      } else {
+        PrintWorker(target, stats, out);
+      }
+      return absl::OkStatus();
+    }
+    if (s.error_code() != grpc::StatusCode::UNIMPLEMENTED) return FromGrpc(s, target);
+  }
+  // Not a worker: a cache store?
+  grpc::ClientContext ctx;
+  call(&ctx);
+  v1::StatsResponse stats;
+  const grpc::Status s = v1::CacheStore::NewStub(channel)->Stats(&ctx, v1::StatsRequest(), &stats);
+  if (s.error_code() == grpc::StatusCode::UNIMPLEMENTED) {
+    return absl::FailedPreconditionError(absl::StrCat(target, " serves neither vericache.v1.Inference nor vericache.v1.CacheStore"));
+  }
+  if (!s.ok()) return FromGrpc(s, target);
+  if (a.Has("json")) {
+    out << Json(stats, "store");
+  } else {
+    PrintStore(target, stats, out);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int RunStatsCommand(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
+  return RunSubcommand("stats", kUsage, args, out, err, Run);
+}
+
+}  // namespace vc::cli

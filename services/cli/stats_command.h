@@ -1,0 +1,15 @@
+// `vericache stats`: what a running worker or cache store reports of itself.
+#ifndef VC_SERVICES_CLI_STATS_COMMAND_H_
+#define VC_SERVICES_CLI_STATS_COMMAND_H_
+
+#include <ostream>
+#include <string>
+#include <vector>
+
+namespace vc::cli {
+
+int RunStatsCommand(const std::vector<std::string>& args, std::ostream& out, std::ostream& err);
+
+}  // namespace vc::cli
+
+#endif  // VC_SERVICES_CLI_STATS_COMMAND_H_
