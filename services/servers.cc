@@ -3,6 +3,7 @@
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "cachestore/store_client.h"
 #include "common/memory.h"
 #include "common/status_macros.h"
@@ -96,6 +97,7 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(WorkerServerOp
     }
     StorePrefixOptions po;
     po.store.target = options.store_target;
+    for (absl::string_view t : absl::StrSplit(options.store_target, ',')) po.shards.emplace_back(t);
     po.store.token = options.store_token;
     po.store.timeout_ms = options.store_timeout_ms;
     po.ucx = options.ucx;

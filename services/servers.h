@@ -53,7 +53,8 @@ class StoreServer {
 struct WorkerServerOptions {
   std::string model_dir = "models/vc-code-4m";
   std::string listen = "127.0.0.1:0";
-  // The cache store; empty: none (every prefix is computed, nothing is published).
+  // The cache store (host:port), or its shards (host:port,host:port,...); empty: none (every
+  // prefix is computed, nothing is published).
   std::string store_target;
   std::string store_token;
   int64_t store_timeout_ms = 2000;

@@ -16,6 +16,7 @@
 #include "cachestore/block_key.h"
 #include "gtest/gtest.h"
 #include "services/cli/stats_command.h"
+#include "vericache/v1/cache_store.grpc.pb.h"
 #include "services/inference_client.h"
 #include "services/servers.h"
 #include "services/write_watchdog.h"
@@ -40,10 +41,10 @@ class WorkerServiceTest : public ::testing::Test {
     model_ = std::move(*model);
   }
 
-  std::unique_ptr<StoreServer> StartStore() {
+  std::unique_ptr<StoreServer> StartStore(const std::string& db = "db") {
     StoreServerOptions so;
     so.store.ram.capacity_bytes = uint64_t{64} << 20;
-    so.store.disk.path = dir_ + "/db";
+    so.store.disk.path = dir_ + "/" + db;
     so.store.disk.capacity_bytes = uint64_t{256} << 20;
     so.service.tokens = {{"tok", "tenant"}};
     so.service.secret = "s";
@@ -358,6 +359,54 @@ TEST_F(WorkerServiceTest, StatsReportRequestsAndStoreTraffic) {
   EXPECT_EQ(run({"--target", "127.0.0.1:1", "--timeout-ms", "300"}, &out, &err), 1);
   EXPECT_EQ(run({"--target", "nowhere"}, &out, &err), 2);
   EXPECT_EQ(run({"--target", worker->target(), "--token", "bad token"}, &out, &err), 2);
+}
+
+// Two stores as shards: a prompt's blocks are spread over both, read back from both, and a shard
+// that goes away costs only the prefix from its first block on.
+TEST_F(WorkerServiceTest, BlocksAreSpreadOverStoreShards) {
+  auto a = StartStore("db_a");
+  auto b = StartStore("db_b");
+  auto worker = StartWorker(a->target() + "," + b->target());
+  auto stub = InferenceStub(worker->target());
+  const auto stats_of = [](StoreServer& s) {
+    v1::StatsResponse r;
+    grpc::ClientContext ctx;
+    ctx.AddMetadata("authorization", "Bearer tok");
+    EXPECT_TRUE(v1::CacheStore::NewStub(grpc::CreateChannel(s.target(), grpc::InsecureChannelCredentials()))
+                    ->Stats(&ctx, v1::StatsRequest(), &r)
+                    .ok());
+    return r;
+  };
+  const auto p = Prompt(600, 2);  // 18 whole blocks of 32 tokens
+  const auto want = Want(p, 8);
+  const GenerateReply first = CallGenerate(*stub, Request(p, 8));
+  ASSERT_TRUE(first.status.ok()) << first.status;
+  EXPECT_EQ(first.tokens, want);
+  for (int i = 0; i < 250 && stats_of(*a).disk_blocks() + stats_of(*b).disk_blocks() < 18; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // the puts run in the background
+  }
+  const uint64_t on_a = stats_of(*a).disk_blocks(), on_b = stats_of(*b).disk_blocks();
+  EXPECT_EQ(on_a + on_b, 18u);
+  EXPECT_GT(on_a, 0u);
+  EXPECT_GT(on_b, 0u);
+  const GenerateReply second = CallGenerate(*stub, Request(p, 8));
+  ASSERT_TRUE(second.status.ok()) << second.status;
+  EXPECT_EQ(second.tokens, want);
+  EXPECT_EQ(second.stats.prefix_store_tokens(), 18u * 32);
+  EXPECT_EQ(stats_of(*a).hits_ram() + stats_of(*b).hits_ram(), 18u);
+  // Shard b goes away: the prefix found ends at the first of its blocks.
+  b.reset();
+  const GenerateReply third = CallGenerate(*stub, Request(p, 8));
+  ASSERT_TRUE(third.status.ok()) << third.status;
+  EXPECT_EQ(third.tokens, want);
+  EXPECT_LT(third.stats.prefix_store_tokens(), 18u * 32);
+  EXPECT_EQ(third.stats.recomputed_tokens(), 0u);
+  // Every worker must list a shard once.
+  WorkerServerOptions o;
+  o.model_dir = dir_ + "/model";
+  o.store_target = a->target() + "," + a->target();
+  o.store_token = "tok";
+  EXPECT_EQ(WorkerServer::Start(o).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 // What could never work is refused before anything runs, with the reason: a request whose full KV

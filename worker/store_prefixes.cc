@@ -5,6 +5,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <future>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -75,13 +76,30 @@ absl::StatusOr<std::unique_ptr<StorePrefixes>> StorePrefixes::Create(const Store
                                                    layout.block_size));
   }
   std::unique_ptr<StorePrefixes> p(new StorePrefixes(options, fingerprint, layout));
-  VC_ASSIGN_OR_RETURN(p->client_, cachestore::StoreClient::Create(options.store));
-  // A store that refuses the token, or a target that is no store, would only ever look like a
-  // store without prefixes: an error now. (One that is down may come up later.)
-  if (const absl::Status st = p->client_->Stats().status();
-      absl::IsUnauthenticated(st) || absl::IsPermissionDenied(st) || absl::IsUnimplemented(st)) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("the store at ", options.store.target, " refused this worker: ", st.message()));
+  std::vector<std::string> targets = options.shards;
+  if (targets.empty()) targets.push_back(options.store.target);
+  for (const std::string& target : targets) {
+    for (const Shard& other : p->shards_) {
+      if (other.target == target) return absl::InvalidArgumentError(absl::StrCat("the store ", target, " is listed twice"));
+    }
+    Shard shard;
+    shard.target = target;
+    const std::array<uint8_t, 32> digest = cachestore::Sha256(target);
+    std::memcpy(&shard.seed, digest.data(), sizeof(shard.seed));
+    cachestore::StoreClientOptions o = options.store;
+    o.target = target;
+    VC_ASSIGN_OR_RETURN(shard.client, cachestore::StoreClient::Create(o));
+    // A store that refuses the token, or a target that is no store, would only ever look like a
+    // store without prefixes: an error now. (One that is down may come up later.)
+    if (const absl::Status st = shard.client->Stats().status();
+        absl::IsUnauthenticated(st) || absl::IsPermissionDenied(st) || absl::IsUnimplemented(st)) {
+      return absl::FailedPreconditionError(absl::StrCat("the store at ", target, " refused this worker: ", st.message()));
+    }
+    p->shards_.push_back(std::move(shard));
+  }
+  {
+    absl::MutexLock l(&p->mu_);
+    p->skip_lookups_until_.assign(p->shards_.size(), absl::InfinitePast());
   }
   if (options.ucx != "off") {
     VC_ASSIGN_OR_RETURN(cachestore::UcxErrorMode mode, cachestore::ParseUcxErrorMode(options.ucx));
@@ -105,28 +123,74 @@ std::vector<PrefixName> StorePrefixes::Names(absl::Span<const int32_t> tokens) c
   return out;
 }
 
-int StorePrefixes::Lookup(absl::Span<const PrefixName> names) {
+size_t StorePrefixes::ShardOf(const PrefixName& name) const {
+  if (shards_.size() == 1) return 0;
+  // Rendezvous hashing: the shard whose salted hash of the name is highest. Names are SHA-256
+  // digests, so 8 of their bytes mixed with each shard's salt (SplitMix64's finalizer) suffice.
+  uint64_t word;
+  std::memcpy(&word, name.data(), sizeof(word));
+  size_t best = 0;
+  uint64_t best_score = 0;
+  for (size_t s = 0; s < shards_.size(); ++s) {
+    uint64_t z = word ^ shards_[s].seed;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    if (s == 0 || z > best_score) best = s, best_score = z;
+  }
+  return best;
+}
+
+size_t StorePrefixes::LookupShard(size_t s, absl::Span<const cachestore::BlockKey> keys) {
   {
     absl::MutexLock l(&mu_);
-    if (absl::Now() < skip_lookups_until_) {
+    if (absl::Now() < skip_lookups_until_[s]) {
       stats_.lookups_skipped++;
       return 0;
     }
   }
-  std::vector<cachestore::BlockKey> keys;
-  for (const PrefixName& n : names) keys.push_back(ToKey(n));
   const absl::Time start = absl::Now();
-  auto got = client_->Lookup(keys);
+  auto got = shards_[s].client->Lookup(std::vector<cachestore::BlockKey>(keys.begin(), keys.end()));
   const absl::Time end = absl::Now();
   absl::MutexLock l(&mu_);
   stats_.lookups++;
   if (!got.ok()) {
     stats_.lookup_failures++;
-    skip_lookups_until_ = end + std::max(8 * (end - start), absl::Milliseconds(50));
+    skip_lookups_until_[s] = end + std::max(8 * (end - start), absl::Milliseconds(50));
     return 0;
   }
-  stats_.blocks_hit += got->first;
-  return static_cast<int>(std::min<size_t>(got->first, names.size()));
+  return std::min<size_t>(got->first, keys.size());
+}
+
+int StorePrefixes::Lookup(absl::Span<const PrefixName> names) {
+  // Each shard is asked about its own blocks, in prompt order; the prefix ends at the first block
+  // missing from its shard.
+  std::vector<std::vector<cachestore::BlockKey>> keys(shards_.size());
+  std::vector<std::vector<size_t>> idx(shards_.size());
+  for (size_t i = 0; i < names.size(); ++i) {
+    const size_t s = ShardOf(names[i]);
+    keys[s].push_back(ToKey(names[i]));
+    idx[s].push_back(i);
+  }
+  std::vector<size_t> found(shards_.size(), 0);
+  std::vector<std::future<size_t>> asked(shards_.size());
+  for (size_t s = 0; s < shards_.size(); ++s) {
+    if (keys[s].empty()) continue;
+    if (shards_.size() == 1) {
+      found[s] = LookupShard(s, keys[s]);
+    } else {
+      asked[s] = std::async(std::launch::async, [this, s, &keys] { return LookupShard(s, keys[s]); });
+    }
+  }
+  size_t n = names.size();
+  for (size_t s = 0; s < shards_.size(); ++s) {
+    if (keys[s].empty()) continue;
+    if (asked[s].valid()) found[s] = asked[s].get();
+    if (found[s] < idx[s].size()) n = std::min(n, idx[s][found[s]]);
+  }
+  absl::MutexLock l(&mu_);
+  stats_.blocks_hit += static_cast<int64_t>(n);
+  return static_cast<int>(n);
 }
 
 cachestore::BlockLayout StorePrefixes::FullLayout() const {
@@ -147,65 +211,30 @@ cachestore::BlockLayout StorePrefixes::CompressedLayout(const CompressedKvCache:
 }
 
 absl::Status StorePrefixes::ReadBlocks(absl::Span<const PrefixName> names, const cachestore::BlockLayout& want,
+                                       bool in_order,
                                        const std::function<absl::Status(size_t, absl::string_view,
                                                                         const cachestore::BlockHeader&)>& use) {
   int64_t bytes = 0;
   absl::Status status;
   const auto start = std::chrono::steady_clock::now();
-  // One-sided reads go out in batches (about two round trips per batch); inline reads one block
-  // at a time.
-  std::vector<cachestore::BlockKey> keys;
-  for (const PrefixName& n : names) keys.push_back(ToKey(n));
-  // Remote blocks land in this thread's reusable buffer, one slot per block of the layout we want
-  // (a block of another size does not fit and fails its read), at most 16 MiB of slots per batch.
-  const size_t slot = cachestore::BlockBytes(want);
-  const size_t per_batch = std::max<size_t>(1, (size_t{16} << 20) / slot);
-  thread_local std::vector<char> buffer;
-  std::vector<absl::StatusOr<size_t>> sizes;
-  for (size_t b = 0; b < names.size() && status.ok(); ++b) {
-    const cachestore::BlockKey& key = keys[b];
-    if (reader_ != nullptr && b % per_batch == 0) {
-      const size_t count = std::min(per_batch, names.size() - b);
-      if (buffer.size() < slot * count) buffer.resize(slot * count);
-      std::vector<absl::Span<char>> slots;
-      for (size_t i = 0; i < count; ++i) slots.emplace_back(buffer.data() + i * slot, slot);
-      sizes = client_->GetRemoteBatchInto(absl::MakeConstSpan(keys).subspan(b, count), slots, reader_.get(),
-                                          &fingerprint_);
+  // Batches of one shard each: runs of consecutive blocks in order, or all of a shard's blocks.
+  std::vector<std::pair<size_t, std::vector<size_t>>> batches;
+  if (in_order) {
+    for (size_t i = 0; i < names.size(); ++i) {
+      const size_t s = ShardOf(names[i]);
+      if (batches.empty() || batches.back().first != s) batches.push_back({s, {}});
+      batches.back().second.push_back(i);
     }
-    absl::StatusOr<std::string> inline_block;
-    absl::string_view block;
-    if (reader_ != nullptr) {
-      const absl::StatusOr<size_t>& size = sizes[b % per_batch];
-      if (!size.ok()) {
-        status = size.status();
-        break;
-      }
-      block = absl::string_view(buffer.data() + (b % per_batch) * slot, *size);
-    } else {
-      inline_block = client_->Get(key, &fingerprint_);
-      if (!inline_block.ok()) {
-        status = inline_block.status();
-        break;
-      }
-      block = *inline_block;
+  } else {
+    std::vector<std::vector<size_t>> by_shard(shards_.size());
+    for (size_t i = 0; i < names.size(); ++i) by_shard[ShardOf(names[i])].push_back(i);
+    for (size_t s = 0; s < shards_.size(); ++s) {
+      if (!by_shard[s].empty()) batches.push_back({s, std::move(by_shard[s])});
     }
-    // Remote reads checked the checksums end to end; inline bytes are checked here. The model and
-    // the layout are ours to check.
-    absl::StatusOr<cachestore::BlockHeader> h = reader_ != nullptr ? cachestore::DecodeBlockHeader(block)
-                                                                   : cachestore::VerifyBlock(block, fingerprint_);
-    if (h.ok() && h->fingerprint != fingerprint_) {
-      h = absl::DataLossError(absl::StrCat("block ", key.Hex(), " belongs to another model"));
-    }
-    if (!h.ok()) {
-      status = h.status();
-      break;
-    }
-    if (h->layout != want) {
-      status = absl::DataLossError(absl::StrCat("block ", key.Hex(), " has another KV layout"));
-      break;
-    }
-    status = use(b, block, *h);
-    bytes += static_cast<int64_t>(block.size());
+  }
+  for (const auto& [s, idx] : batches) {
+    status = ReadFromShard(s, names, idx, want, &bytes, use);
+    if (!status.ok()) break;
   }
   if (options_.link != nullptr) options_.link->Transfer(bytes, start);
   absl::MutexLock l(&mu_);
@@ -218,10 +247,63 @@ absl::Status StorePrefixes::ReadBlocks(absl::Span<const PrefixName> names, const
   return status;
 }
 
+absl::Status StorePrefixes::ReadFromShard(size_t s, absl::Span<const PrefixName> names, absl::Span<const size_t> idx,
+                                          const cachestore::BlockLayout& want, int64_t* bytes,
+                                          const std::function<absl::Status(size_t, absl::string_view,
+                                                                           const cachestore::BlockHeader&)>& use) {
+  cachestore::StoreClient& client = *shards_[s].client;
+  // One-sided reads go out in batches (about two round trips per batch); inline reads one block
+  // at a time.
+  std::vector<cachestore::BlockKey> keys;
+  for (size_t i : idx) keys.push_back(ToKey(names[i]));
+  // Remote blocks land in this thread's reusable buffer, one slot per block of the layout we want
+  // (a block of another size does not fit and fails its read), at most 16 MiB of slots per batch.
+  const size_t slot = cachestore::BlockBytes(want);
+  const size_t per_batch = std::max<size_t>(1, (size_t{16} << 20) / slot);
+  thread_local std::vector<char> buffer;
+  std::vector<absl::StatusOr<size_t>> sizes;
+  for (size_t b = 0; b < keys.size(); ++b) {
+    const cachestore::BlockKey& key = keys[b];
+    if (reader_ != nullptr && b % per_batch == 0) {
+      const size_t count = std::min(per_batch, keys.size() - b);
+      if (buffer.size() < slot * count) buffer.resize(slot * count);
+      std::vector<absl::Span<char>> slots;
+      for (size_t i = 0; i < count; ++i) slots.emplace_back(buffer.data() + i * slot, slot);
+      sizes = client.GetRemoteBatchInto(absl::MakeConstSpan(keys).subspan(b, count), slots, reader_.get(),
+                                        &fingerprint_);
+    }
+    absl::StatusOr<std::string> inline_block;
+    absl::string_view block;
+    if (reader_ != nullptr) {
+      const absl::StatusOr<size_t>& size = sizes[b % per_batch];
+      if (!size.ok()) return size.status();
+      block = absl::string_view(buffer.data() + (b % per_batch) * slot, *size);
+    } else {
+      inline_block = client.Get(key, &fingerprint_);
+      if (!inline_block.ok()) return inline_block.status();
+      block = *inline_block;
+    }
+    // Remote reads checked the checksums end to end; inline bytes are checked here. The model and
+    // the layout are ours to check.
+    absl::StatusOr<cachestore::BlockHeader> h = reader_ != nullptr ? cachestore::DecodeBlockHeader(block)
+                                                                   : cachestore::VerifyBlock(block, fingerprint_);
+    if (h.ok() && h->fingerprint != fingerprint_) {
+      h = absl::DataLossError(absl::StrCat("block ", key.Hex(), " belongs to another model"));
+    }
+    if (!h.ok()) return h.status();
+    if (h->layout != want) return absl::DataLossError(absl::StrCat("block ", key.Hex(), " has another KV layout"));
+    VC_RETURN_IF_ERROR(use(idx[b], block, *h));
+    *bytes += static_cast<int64_t>(block.size());
+  }
+  return absl::OkStatus();
+}
+
 absl::Status StorePrefixes::Read(absl::Span<const PrefixName> names, const PagedDest& dest) {
   const int64_t bt = options_.block_tokens;
   const int64_t row = int64_t{layout_.num_kv_heads} * layout_.head_dim;
-  return ReadBlocks(names, FullLayout(), [&](size_t b, absl::string_view block, const cachestore::BlockHeader& h) {
+  // Each block has its own place in dest, so the shards' blocks may come in any order.
+  return ReadBlocks(names, FullLayout(), /*in_order=*/false,
+                    [&](size_t b, absl::string_view block, const cachestore::BlockHeader& h) {
     for (int l = 0; l < layout_.num_layers; ++l) {
       const absl::string_view payload = cachestore::BlockLayerPayload(block, h, l);
       const float* k = reinterpret_cast<const float*>(payload.data());
@@ -251,7 +333,8 @@ absl::Status StorePrefixes::ReadCompressed(absl::Span<const PrefixName> names, C
   const CompressedKvCache::BlockCodec codec = cache.block_codec();
   if (codec.bits == 0) return absl::FailedPreconditionError(absl::StrCat(cache.spec(), " has no stored block form"));
   const cachestore::BlockLayout want = CompressedLayout(codec);
-  return ReadBlocks(names, want, [&](size_t, absl::string_view block, const cachestore::BlockHeader& h) {
+  // Appended one after another: in order.
+  return ReadBlocks(names, want, /*in_order=*/true, [&](size_t, absl::string_view block, const cachestore::BlockHeader& h) {
     std::vector<absl::string_view> layers;
     for (int l = 0; l < layout_.num_layers; ++l) layers.push_back(cachestore::BlockLayerPayload(block, h, l));
     return cache.AppendBlock(seq, options_.block_tokens, layers);
@@ -312,13 +395,13 @@ void StorePrefixes::Enqueue(absl::Span<const PrefixName> names, int from, int to
       continue;
     }
     queued_bytes_ += static_cast<int64_t>(block->size());
-    queue_.emplace_back(ToKey(names[b]), std::move(*block));
+    queue_.push_back({ShardOf(names[b]), ToKey(names[b]), std::move(*block)});
   }
 }
 
 void StorePrefixes::PublishLoop() {
   while (true) {
-    std::pair<cachestore::BlockKey, std::string> job;
+    Put job;
     {
       absl::MutexLock l(&mu_);
       mu_.Await(absl::Condition(
@@ -329,10 +412,10 @@ void StorePrefixes::PublishLoop() {
       queue_.pop_front();
       in_progress_++;
     }
-    const absl::Status st = client_->Put(job.first, job.second);
+    const absl::Status st = shards_[job.shard].client->Put(job.key, job.block);
     absl::MutexLock l(&mu_);
     in_progress_--;
-    queued_bytes_ -= static_cast<int64_t>(job.second.size());
+    queued_bytes_ -= static_cast<int64_t>(job.block.size());
     if (st.ok()) {
       stats_.blocks_published++;
     } else {

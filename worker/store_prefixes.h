@@ -3,6 +3,12 @@
 // are leased one-sided UCX gets (or inline gRPC bytes), and publishing encodes blocks in the
 // store's checksummed format and puts them from a background thread.
 //
+// The store may be several stores (shards): each block lives on the one its name picks by
+// rendezvous hashing over the shards' targets, so every worker that lists the same targets (in
+// any order) finds it there, and adding a shard moves about 1/n of the blocks. A lookup asks every
+// shard holding some of a prompt's blocks, in parallel; the prefix found ends at the first block
+// missing from its shard. A shard that is down costs the blocks it holds, not the others'.
+//
 // Nothing here can make a worker's output wrong: a block that is missing, of another model or
 // layout, or fails its checksums is an error the engine answers by recomputing. A store that is
 // down only makes lookups miss (after the client's timeout) and puts fail.
@@ -36,7 +42,10 @@ namespace vc {
 absl::StatusOr<std::array<uint8_t, 32>> ModelFingerprint(const std::string& dir);
 
 struct StorePrefixOptions {
+  // The store's client settings; with `shards` empty, store.target is the one store.
   cachestore::StoreClientOptions store;
+  // The stores blocks are spread over (host:port each), the same settings otherwise.
+  std::vector<std::string> shards;
   // "none" or "peer": UCX error-handling mode of one-sided reads; "off": inline gRPC bytes.
   std::string ucx = "none";
   int block_tokens = 256;
@@ -48,8 +57,9 @@ struct StorePrefixOptions {
 
 class StorePrefixes final : public PrefixStore {
  public:
-  // kFailedPrecondition when the store refuses the token or the target is no store; a store that
-  // does not answer is not an error (it may come up later).
+  // kFailedPrecondition when a store refuses the token or a target is no store, kInvalidArgument
+  // when a shard is listed twice; a store that does not answer is not an error (it may come up
+  // later).
   static absl::StatusOr<std::unique_ptr<StorePrefixes>> Create(const StorePrefixOptions& options,
                                                               const std::array<uint8_t, 32>& fingerprint,
                                                               const KvLayout& layout);
@@ -73,6 +83,8 @@ class StorePrefixes final : public PrefixStore {
  private:
   StorePrefixes(const StorePrefixOptions& options, const std::array<uint8_t, 32>& fingerprint, const KvLayout& layout);
   void PublishLoop();
+  // The shard that holds the block of this name.
+  size_t ShardOf(const PrefixName& name) const;
   // Encodes blocks [from, to) with `encode` (block index -> bytes) and queues their puts; stops,
   // counting the rest as dropped, while the queue is over its byte limit.
   void Enqueue(absl::Span<const PrefixName> names, int from, int to,
@@ -80,29 +92,47 @@ class StorePrefixes final : public PrefixStore {
   cachestore::BlockLayout FullLayout() const;
   cachestore::BlockLayout CompressedLayout(const CompressedKvCache::BlockCodec& codec) const;
   // Reads blocks names[0..n) of layout `want`, checks them, and hands each to `use` (block index,
-  // bytes, header), stopping at the first error.
-  absl::Status ReadBlocks(absl::Span<const PrefixName> names, const cachestore::BlockLayout& want,
+  // bytes, header), stopping at the first error: in index order when `in_order`, else a shard at
+  // a time (one batch each).
+  absl::Status ReadBlocks(absl::Span<const PrefixName> names, const cachestore::BlockLayout& want, bool in_order,
                           const std::function<absl::Status(size_t, absl::string_view, const cachestore::BlockHeader&)>& use);
+  // Blocks idx of `names` from shard `s`, as ReadBlocks reads them; adds the bytes read to *bytes.
+  absl::Status ReadFromShard(size_t s, absl::Span<const PrefixName> names, absl::Span<const size_t> idx,
+                             const cachestore::BlockLayout& want, int64_t* bytes,
+                             const std::function<absl::Status(size_t, absl::string_view, const cachestore::BlockHeader&)>& use);
+  // Leading names (of `names`, all on shard s) that shard holds; 0 while it is backed off or when
+  // it cannot be asked.
+  size_t LookupShard(size_t s, absl::Span<const cachestore::BlockKey> keys);
 
   const StorePrefixOptions options_;
   const std::array<uint8_t, 32> fingerprint_;
   const KvLayout layout_;
   cachestore::KeyContext keys_;
-  std::unique_ptr<cachestore::StoreClient> client_;
-  std::unique_ptr<cachestore::UcxReader> reader_;  // null with ucx "off"
+  struct Shard {
+    std::string target;
+    uint64_t seed = 0;  // its rendezvous-hashing weight salt, from the target
+    std::unique_ptr<cachestore::StoreClient> client;
+  };
+  std::vector<Shard> shards_;
+  std::unique_ptr<cachestore::UcxReader> reader_;  // null with ucx "off"; serves every shard
 
+  struct Put {
+    size_t shard;
+    cachestore::BlockKey key;
+    std::string block;
+  };
   mutable absl::Mutex mu_;
-  std::deque<std::pair<cachestore::BlockKey, std::string>> queue_ ABSL_GUARDED_BY(mu_);
+  std::deque<Put> queue_ ABSL_GUARDED_BY(mu_);
   int64_t queued_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   int in_progress_ ABSL_GUARDED_BY(mu_) = 0;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   StorePrefixStats stats_ ABSL_GUARDED_BY(mu_);
-  // After a failed lookup, lookups are skipped (answered "no prefix": the worker computes) until
-  // then: for 8 times as long as the failed one took, 50 ms at least. Lookups run on the
-  // worker's scheduling thread, so a store that hangs would otherwise stall the batch for its
-  // timeout at every request; this way it stalls it a ninth of the time at most, and a store that
-  // refuses at once (down, restarting) is tried again soon.
-  absl::Time skip_lookups_until_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  // After a failed lookup of a shard, its lookups are skipped (answered "no prefix": the worker
+  // computes) until then: for 8 times as long as the failed one took, 50 ms at least. Lookups run
+  // on the worker's scheduling thread, so a store that hangs would otherwise stall the batch for
+  // its timeout at every request; this way it stalls it a ninth of the time at most, and a store
+  // that refuses at once (down, restarting) is tried again soon. Per shard.
+  std::vector<absl::Time> skip_lookups_until_ ABSL_GUARDED_BY(mu_);
   std::thread publisher_;
 };
 

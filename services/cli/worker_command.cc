@@ -16,14 +16,16 @@ namespace vc::cli {
 namespace {
 
 constexpr char kUsage[] =
-    "usage: vericache worker --model DIR --listen HOST:PORT [--store HOST:PORT --store-token-file FILE]\n"
+    "usage: vericache worker --model DIR --listen HOST:PORT [--store HOST:PORT[,...] --store-token-file FILE]\n"
     "                        [--ucx none|peer|off] [--block-tokens N] [--compressor SPEC] [--max-batch N]\n"
     "                        [--staging-mib N] [--full-kv-mib N] [--prefix-cache-mib N] [--host-kv-mib N]\n"
     "                        [--max-requests N] [--client-write-timeout-ms N]\n"
     "                        [--client-tokens FILE] [--store-timeout-ms N] [--draft-window K] [--keep-staged 0|1]\n"
     "                        [--stored-compressed 0|1]\n"
     "  --store HOST:PORT       the cache store: prompts' prefixes are looked up there, their full KV\n"
-    "                          read over UCX while the worker drafts, and prefixes it lacked published\n"
+    "                          read over UCX while the worker drafts, and prefixes it lacked published.\n"
+    "                          Several, comma-separated: blocks are spread over them by their names\n"
+    "                          (every worker must list the same stores, in any order)\n"
     "  --store-token-file FILE the bearer token the worker presents to the store (one line)\n"
     "  --ucx MODE              one-sided reads with UCX error handling 'none' (shared memory, CMA; the\n"
     "                          default) or 'peer' (TCP only on one host); 'off': blocks inline over gRPC\n"
@@ -77,7 +79,9 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
   o.model_dir = a.Str("model");
   o.listen = a.Str("listen");
   o.store_target = a.Str("store");
-  if (a.Has("store")) VC_RETURN_IF_ERROR(CheckAddress("--store", o.store_target, false));
+  if (a.Has("store")) {
+    for (absl::string_view t : absl::StrSplit(o.store_target, ',')) VC_RETURN_IF_ERROR(CheckAddress("--store", t, false));
+  }
   if (a.Has("store-token-file")) {
     VC_ASSIGN_OR_RETURN(o.store_token, ReadFirstLine(a.Str("store-token-file")));
   } else if (!o.store_target.empty()) {
