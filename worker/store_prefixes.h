@@ -7,7 +7,8 @@
 // rendezvous hashing over the shards' targets, so every worker that lists the same targets (in
 // any order) finds it there, and adding a shard moves about 1/n of the blocks. A lookup asks every
 // shard holding some of a prompt's blocks, in parallel; the prefix found ends at the first block
-// missing from its shard. A shard that is down costs the blocks it holds, not the others'.
+// missing from its shard. A read takes the shards' blocks from all of them at once. A shard that
+// is down costs the blocks it holds, not the others'.
 //
 // Nothing here can make a worker's output wrong: a block that is missing, of another model or
 // layout, or fails its checksums is an error the engine answers by recomputing. A store that is
@@ -92,8 +93,8 @@ class StorePrefixes final : public PrefixStore {
   cachestore::BlockLayout FullLayout() const;
   cachestore::BlockLayout CompressedLayout(const CompressedKvCache::BlockCodec& codec) const;
   // Reads blocks names[0..n) of layout `want`, checks them, and hands each to `use` (block index,
-  // bytes, header), stopping at the first error: in index order when `in_order`, else a shard at
-  // a time (one batch each).
+  // bytes, header), stopping at the first error: in index order on this thread when `in_order`,
+  // else the shards at once (one batch each, `use` called from their threads).
   absl::Status ReadBlocks(absl::Span<const PrefixName> names, const cachestore::BlockLayout& want, bool in_order,
                           const std::function<absl::Status(size_t, absl::string_view, const cachestore::BlockHeader&)>& use);
   // Blocks idx of `names` from shard `s`, as ReadBlocks reads them; adds the bytes read to *bytes.
