@@ -2,9 +2,12 @@
 
 #include <cmath>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/files.h"
 #include "common/status_macros.h"
+#include "common/text_checks.h"
 
 namespace vc::cli {
 
@@ -63,6 +66,14 @@ absl::StatusOr<double> Args::Double(const std::string& name, double fallback) co
     return absl::InvalidArgumentError(absl::StrCat("--", name, " must be a finite number, got '", it->second, "'"));
   }
   return v;
+}
+
+absl::StatusOr<std::string> ReadBearerTokenFile(const std::string& path) {
+  VC_ASSIGN_OR_RETURN(const std::string text, ReadFileLimited(path, 1 << 20, "token file"));
+  const std::string line(absl::StripAsciiWhitespace(text.substr(0, text.find('\n'))));
+  if (line.empty()) return absl::InvalidArgumentError(absl::StrCat(path, " holds no token"));
+  VC_RETURN_IF_ERROR(CheckBearerToken(line, absl::StrCat("the token in ", path)));
+  return line;
 }
 
 absl::StatusOr<double> HotFraction(const Args& a) {

@@ -33,6 +33,10 @@ class Args {
   std::map<std::string, std::string> values_;
 };
 
+// The bearer token on the first line of the file at `path` (whitespace around it dropped);
+// kInvalidArgument when there is none or it is not a valid token.
+absl::StatusOr<std::string> ReadBearerTokenFile(const std::string& path);
+
 // --ram-hot-fraction (cachestore::RamTierOptions::hot_fraction), in [0, 1]; 0.5 when absent.
 absl::StatusOr<double> HotFraction(const Args& a);
 

@@ -97,11 +97,10 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
   VC_RETURN_IF_ERROR(CheckAddress("--target", target, false));
   if (a.Has("token") && a.Has("token-file")) return absl::InvalidArgumentError("give one of --token, --token-file");
   std::string token = a.Str("token");
+  if (a.Has("token")) VC_RETURN_IF_ERROR(CheckBearerToken(token, "--token"));
   if (a.Has("token-file")) {
-    VC_ASSIGN_OR_RETURN(const std::string text, ReadFileLimited(a.Str("token-file"), 1 << 16, "token file"));
-    token = text.substr(0, text.find('\n'));
+    VC_ASSIGN_OR_RETURN(token, ReadBearerTokenFile(a.Str("token-file")));
   }
-  if (a.Has("token") || a.Has("token-file")) VC_RETURN_IF_ERROR(CheckBearerToken(token, "the token"));
   VC_ASSIGN_OR_RETURN(const int64_t timeout_ms, a.Int("timeout-ms", 5000, 1, int64_t{24} * 3600 * 1000));
   std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials();
   if (a.Has("tls-ca")) {

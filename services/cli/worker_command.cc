@@ -44,14 +44,6 @@ constexpr char kUsage[] =
     "                          store's variant of a prefix this worker has no compressed copy of\n"
     "                          (default 0)\n";
 
-absl::StatusOr<std::string> ReadFirstLine(const std::string& path) {
-  VC_ASSIGN_OR_RETURN(const std::string text, ReadFileLimited(path, 1 << 20, "token file"));
-  const std::string line(absl::StripAsciiWhitespace(text.substr(0, text.find('\n'))));
-  if (line.empty()) return absl::InvalidArgumentError(absl::StrCat(path, " holds no token"));
-  VC_RETURN_IF_ERROR(CheckBearerToken(line, absl::StrCat("the token in ", path)));
-  return line;
-}
-
 absl::StatusOr<std::set<std::string>> ReadTokens(const std::string& path) {
   VC_ASSIGN_OR_RETURN(const std::string text, ReadFileLimited(path, 16 << 20, "client token file"));
   std::set<std::string> tokens;
@@ -83,7 +75,7 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
     for (absl::string_view t : absl::StrSplit(o.store_target, ',')) VC_RETURN_IF_ERROR(CheckAddress("--store", t, false));
   }
   if (a.Has("store-token-file")) {
-    VC_ASSIGN_OR_RETURN(o.store_token, ReadFirstLine(a.Str("store-token-file")));
+    VC_ASSIGN_OR_RETURN(o.store_token, ReadBearerTokenFile(a.Str("store-token-file")));
   } else if (!o.store_target.empty()) {
     return absl::InvalidArgumentError("--store needs --store-token-file");
   }
