@@ -31,11 +31,15 @@ absl::Status BadLine(const std::string& path, int64_t line, absl::string_view wh
 }
 
 // A non-negative integer field of `j`, or why not.
+// Past these a trace is not one of requests (and sums of its lengths could overflow).
+constexpr int64_t kMaxLength = int64_t{1} << 40;  // tokens in one prompt or output
+constexpr double kMaxTimestampMs = 1e15;           // about 31,700 years
+
 absl::StatusOr<int64_t> Count(const nlohmann::json& j, const char* name) {
   const auto it = j.find(name);
   if (it == j.end()) return absl::InvalidArgumentError(absl::StrCat("no \"", name, "\""));
-  if (!it->is_number_integer() || it->get<int64_t>() < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("\"", name, "\" is not a non-negative integer"));
+  if (!it->is_number_integer() || it->get<int64_t>() < 0 || it->get<int64_t>() > kMaxLength) {
+    return absl::InvalidArgumentError(absl::StrCat("\"", name, "\" is not an integer in [0, 2^40]"));
   }
   return it->get<int64_t>();
 }
@@ -45,8 +49,8 @@ absl::StatusOr<TraceRequest> ParseRequest(const std::string& text) {
   if (j.is_discarded() || !j.is_object()) return absl::InvalidArgumentError("not a JSON object");
   TraceRequest r;
   const auto ts = j.find("timestamp");
-  if (ts == j.end() || !ts->is_number() || !std::isfinite(ts->get<double>()) || ts->get<double>() < 0) {
-    return absl::InvalidArgumentError("\"timestamp\" is not a non-negative number");
+  if (ts == j.end() || !ts->is_number() || !(ts->get<double>() >= 0 && ts->get<double>() <= kMaxTimestampMs)) {
+    return absl::InvalidArgumentError("\"timestamp\" is not a number of milliseconds in [0, 1e15]");
   }
   r.timestamp_ms = ts->get<double>();
   VC_ASSIGN_OR_RETURN(r.input_length, Count(j, "input_length"));
@@ -132,15 +136,26 @@ class Tally {
 }  // namespace
 
 absl::StatusOr<std::vector<TraceRequest>> ReadMooncakeTrace(const std::string& path, int64_t first, int64_t count) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) return absl::InvalidArgumentError(absl::StrCat("the trace ", path, " is a directory"));
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::NotFoundError(absl::StrCat("cannot read the trace ", path));
   std::vector<TraceRequest> out;
-  std::string line;
+  // Lines are read into a buffer of bounded size, so a file that is one huge line is refused
+  // without being held in memory.
+  std::vector<char> buf(kMaxLineBytes + 1);
   double last_ms = 0;
-  for (int64_t i = 0; (count < 0 || static_cast<int64_t>(out.size()) < count) && std::getline(in, line); ++i) {
-    if (line.size() > kMaxLineBytes) return BadLine(path, i + 1, "longer than 16 MiB");
+  for (int64_t i = 0; count < 0 || static_cast<int64_t>(out.size()) < count; ++i) {
+    if (!in.getline(buf.data(), static_cast<std::streamsize>(buf.size()))) {
+      if (in.bad()) return absl::DataLossError(absl::StrCat("reading ", path, " failed"));
+      if (in.eof() && in.gcount() == 0) break;
+      if (!in.eof()) return BadLine(path, i + 1, "longer than 16 MiB");
+    }
     if (i < first) continue;
+    const std::string line(buf.data(), static_cast<size_t>(std::max<std::streamsize>(0, in.gcount() - (in.eof() ? 0 : 1))));
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;  // a blank line (the file's end)
+    // (The JSON parser would take a NUL byte for the end of the text.)
+    if (line.find('\0') != std::string::npos) return BadLine(path, i + 1, "holds a NUL byte");
     absl::StatusOr<TraceRequest> r = ParseRequest(line);
     if (!r.ok()) return BadLine(path, i + 1, r.status().message());
     if (!out.empty() && r->timestamp_ms < last_ms) return BadLine(path, i + 1, "the timestamp goes back in time");

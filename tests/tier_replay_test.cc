@@ -150,9 +150,14 @@ TEST_F(TierReplayTest, BadTraceLinesAreNamed) {
            std::string("{\"timestamp\": 1, \"input_length\": 1, \"output_length\": 1, \"hash_ids\": []}"),
            std::string("{\"timestamp\": 1, \"input_length\": 1, \"output_length\": 1, \"hash_ids\": [1, \"x\"]}"),
            std::string("{\"timestamp\": 1, \"input_length\": 1, \"output_length\": 1, \"hash_ids\": [-3]}"),
+           std::string("{\"timestamp\": 1, \"input_length\": 2000000000000, \"output_length\": 1, \"hash_ids\": [1]}"),
+           std::string("{\"timestamp\": 1e300, \"input_length\": 1, \"output_length\": 1, \"hash_ids\": [1]}"),
+           std::string("{\"timestamp\": 1, \"input_length\": 1, \"output_length\": 1, \"hash_ids\": [1]}") +
+               std::string(1, '\0') + "x",
+           std::string(17 << 20, ' '),
        }) {
     const absl::Status s = ReadMooncakeTrace(WriteTrace(good + bad + "\n")).status();
-    EXPECT_TRUE(absl::IsInvalidArgument(s)) << bad << ": " << s;
+    EXPECT_TRUE(absl::IsInvalidArgument(s)) << bad.substr(0, 100) << ": " << s;
     EXPECT_NE(s.message().find("line 2"), std::string::npos) << s;
   }
   const std::string back = "{\"timestamp\": 10, \"input_length\": 1, \"output_length\": 1, \"hash_ids\": [1]}\n";
