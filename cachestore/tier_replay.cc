@@ -173,28 +173,40 @@ absl::StatusOr<ReplayStats> ReplayTrace(const std::vector<TraceRequest>& trace, 
   }
   if (o.block_tokens <= 0) return absl::InvalidArgumentError("block_tokens must be positive");
   if (trace.empty()) return absl::InvalidArgumentError("the trace has no requests");
+  if (o.ram_bytes < o.block_bytes || o.disk_bytes < o.block_bytes) {
+    return absl::InvalidArgumentError("each tier must hold at least one block");
+  }
+  // The RAM tier's region is allocated whole.
+  constexpr uint64_t kMaxScaledRam = uint64_t{4} << 30;
+  if (o.ram_bytes / o.scale > kMaxScaledRam) {
+    return absl::InvalidArgumentError(absl::StrCat("a RAM tier of ", o.ram_bytes, " bytes at 1/", o.scale,
+                                                   " scale is past 4 GiB; raise the scale"));
+  }
   // One block as the store keeps it, scaled: a float32 layout of one layer whose payload makes up
-  // the rest after the header, to within 8 bytes a KV head (every block of the replay has these
-  // bytes; keys tell them apart).
-  const uint64_t block = o.block_bytes / o.scale;
+  // the rest after the header (every block of the replay has these bytes; keys tell them apart).
+  // Its size is the full block's over the scale, rounded so that it takes the RAM slot the full
+  // block would, scaled: the store gives a block the smallest power-of-two slot (of at least 4096
+  // bytes) that holds it, and a block just past a power of two, as a power-of-two payload plus
+  // its header is, must not round down into half of it.
   BlockLayout layout;
   layout.num_layers = 1;
   layout.head_dim = 1;
   const uint64_t header = BlockHeaderBytes(layout);
-  if (block < header + 8) {
+  const uint64_t want = (o.block_bytes + o.scale - 1) / o.scale;
+  if (want < header + 16) {
     return absl::InvalidArgumentError(absl::StrCat("a block of ", o.block_bytes, " bytes scaled by 1/", o.scale,
                                                    " is smaller than a block header"));
   }
-  const uint64_t units = (block - header) / 8;  // one token's K and V of one float each
+  uint64_t units = (want - header) / 8;  // one token's K and V of one float each
+  uint64_t full_slot = RamTierOptions().min_slot_bytes;
+  while (full_slot < o.block_bytes) full_slot *= 2;
+  if ((header + 8 * units) * o.scale <= full_slot / 2) ++units;
   constexpr uint64_t kMaxTokens = uint64_t{1} << 20;
   if (units > kMaxTokens * 4096) {
-    return absl::InvalidArgumentError(absl::StrCat("a block of ", block, " bytes is too big to replay; raise the scale"));
+    return absl::InvalidArgumentError(absl::StrCat("a block of ", want, " bytes is too big to replay; raise the scale"));
   }
   layout.num_kv_heads = static_cast<uint32_t>((units + kMaxTokens - 1) / kMaxTokens);
   layout.tokens = static_cast<uint32_t>(units / layout.num_kv_heads);
-  if (o.ram_bytes < o.block_bytes || o.disk_bytes < o.block_bytes) {
-    return absl::InvalidArgumentError("each tier must hold at least one block");
-  }
   const std::string payload(layout.layer_bytes(), '\0');
   VC_ASSIGN_OR_RETURN(const std::string bytes, EncodeBlock({}, layout, {payload}));
 
@@ -221,14 +233,21 @@ absl::StatusOr<ReplayStats> ReplayTrace(const std::vector<TraceRequest>& trace, 
   Tally tally(trace, o.block_tokens, o.block_bytes);
   for (const TraceRequest& r : trace) {
     const std::vector<BlockKey> keys = Keys(r, o.block_tokens);
-    const auto [present, in_ram] = store->Lookup(keys);
-    for (uint32_t i = 0; i < present; ++i) {
-      absl::StatusOr<BlockLease> lease = store->Lease(keys[i]);
+    // The leading blocks present, leased one by one as a worker's batch leases them: a lease
+    // from disk brings its block up to RAM, which may push out a later block of the run (one
+    // whose disk copy is gone, too); the run then ends there.
+    const size_t listed = store->Lookup(keys).first;
+    size_t present = 0, in_ram = 0;
+    for (; present < listed; ++present) {
+      const bool from_ram = store->ram().Contains(keys[present]);
+      absl::StatusOr<BlockLease> lease = store->Lease(keys[present]);
+      if (absl::IsNotFound(lease.status())) break;
       if (lease.ok()) {
         (void)store->Release(lease->id);
       } else if (!absl::IsResourceExhausted(lease.status())) {  // exhausted: served inline, still a hit
         return lease.status();
       }
+      in_ram += from_ram;
     }
     for (size_t i = present; i < keys.size(); ++i) VC_RETURN_IF_ERROR(store->Put(keys[i], bytes));
     tally.Add(r, keys.size(), present, in_ram);

@@ -88,6 +88,17 @@ TEST(RamTier, BlocksReadSincePutOutliveBlocksNeverRead) {
   for (int i = 12; i < 20; ++i) ASSERT_TRUE(t.Put(Key(i), Block(i), nullptr).ok());
   EXPECT_EQ(t.blocks(), 4u);
   for (int i : {16, 17, 18, 19}) EXPECT_TRUE(t.Contains(Key(i))) << i;
+  // A hot block deleted while it is leased leaves its segment at once; its slot frees at the
+  // release. The hot segment still keeps what is read.
+  auto held = t.Lease(Key(18));
+  ASSERT_TRUE(held.ok());
+  ASSERT_TRUE(t.Delete(Key(18)).ok());
+  ASSERT_TRUE(t.Release(held->id).ok());
+  ASSERT_TRUE(t.Get(Key(19)).ok());
+  ASSERT_TRUE(t.Get(Key(17)).ok());
+  for (int i = 20; i < 30; ++i) ASSERT_TRUE(t.Put(Key(i), Block(i), nullptr).ok());
+  EXPECT_EQ(t.blocks(), 4u);
+  for (int i : {17, 19, 28, 29}) EXPECT_TRUE(t.Contains(Key(i))) << i;
 }
 
 TEST(RamTier, LeasesPinBlocks) {

@@ -102,6 +102,33 @@ TEST_F(TierReplayTest, ScaledReplaysAgree) {
   EXPECT_DOUBLE_EQ(s->disk_read_bytes, 7.0 * (64 << 10));  // reported at full scale
 }
 
+// A block just past a power of two (a power-of-two payload and its header) takes a slot twice its
+// payload in the store's RAM; scaled down, it must too, or the scaled RAM would hold twice the
+// blocks. So replays at any scale agree with the full-size one.
+TEST_F(TierReplayTest, ScaledBlocksTakeTheSlotsFullOnesWould) {
+  std::vector<TraceRequest> trace;
+  for (int i = 0; i < 40; ++i) {  // prefixes of 3 blocks: 0 and 1 often, the others once each
+    const int64_t p = i % 3 < 2 ? i % 3 : i;
+    trace.push_back(Req(1000.0 * i, 3 * kBt, {100 * p, 100 * p + 1, 100 * p + 2}));
+  }
+  ReplayOptions o = Options(0, 64);
+  o.block_bytes = (64 << 10) + 100;
+  o.ram_bytes = 8 * (128 << 10);  // eight slots of 128 KiB
+  o.disk_bytes = 64 * o.block_bytes;
+  absl::StatusOr<ReplayStats> full = ReplayTrace(trace, o);
+  ASSERT_TRUE(full.ok()) << full.status();
+  EXPECT_GT(full->ram_hits, 0);
+  EXPECT_GT(full->disk_hits, 0);
+  for (uint64_t scale : {8, 64, 512}) {
+    o.scale = scale;
+    absl::StatusOr<ReplayStats> s = ReplayTrace(trace, o);
+    ASSERT_TRUE(s.ok()) << s.status();
+    EXPECT_EQ(s->ram_hits, full->ram_hits) << scale;
+    EXPECT_EQ(s->disk_hits, full->disk_hits) << scale;
+    EXPECT_EQ(s->ram_blocks, full->ram_blocks) << scale;
+  }
+}
+
 TEST_F(TierReplayTest, BadOptionsAreRefused) {
   ReplayOptions o = Options(4, 4);
   o.scale = 3;
@@ -112,6 +139,10 @@ TEST_F(TierReplayTest, BadOptionsAreRefused) {
   o.ram_bytes = o.block_bytes - 1;
   EXPECT_TRUE(absl::IsInvalidArgument(ReplayTrace(SharedPrefixes(), o).status()));
   EXPECT_TRUE(absl::IsInvalidArgument(ReplayTrace({}, Options(4, 4)).status()));
+  o = Options(4, 4);
+  o.ram_bytes = uint64_t{1} << 50;  // a 1 PiB region at 1/8: refused, not allocated
+  o.scale = 8;
+  EXPECT_TRUE(absl::IsInvalidArgument(ReplayTrace(SharedPrefixes(), o).status()));
   o = Options(4, 4);
   o.scratch_dir = dir_ + "/no/such/dir";
   EXPECT_TRUE(absl::IsUnavailable(ReplayTrace(SharedPrefixes(), o).status()));

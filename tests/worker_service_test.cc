@@ -225,6 +225,42 @@ TEST_F(WorkerServiceTest, AStoreThatHangsIsWaitedOutOnceNotByEveryRequest) {
   close(fd);
 }
 
+// With shards, one that hangs holds up only its own puts: the other's blocks are published at once.
+TEST_F(WorkerServiceTest, AShardThatHangsHoldsUpOnlyItsOwnPuts) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);  // listens, never answers
+  ASSERT_GE(fd, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(listen(fd, 16), 0);
+  socklen_t len = sizeof(addr);
+  ASSERT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  auto store = StartStore();
+  auto worker = StartWorker(store->target() + ",127.0.0.1:" + std::to_string(ntohs(addr.sin_port)));
+  auto stub = InferenceStub(worker->target());
+  const auto p = Prompt(600, 3);  // 18 whole blocks, about half on each shard
+  GenerateReply r = CallGenerate(*stub, Request(p, 8));
+  ASSERT_TRUE(r.status.ok()) << r.status;
+  EXPECT_EQ(r.tokens, Want(p, 8));
+  // Each put to the hanging shard waits out the 300 ms timeout; the good shard's are done long
+  // before the first of those fails.
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  const int64_t early = worker->prefixes()->stats().blocks_published;
+  for (int i = 0; i < 500; ++i) {
+    const StorePrefixStats s = worker->prefixes()->stats();
+    if (s.blocks_published + s.publish_failures >= 18) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  const StorePrefixStats s = worker->prefixes()->stats();
+  EXPECT_EQ(s.blocks_published + s.publish_failures, 18);
+  EXPECT_GT(s.publish_failures, 0);
+  EXPECT_GT(s.blocks_published, 0);
+  EXPECT_EQ(early, s.blocks_published);
+  worker.reset();
+  close(fd);
+}
+
 TEST_F(WorkerServiceTest, ModeFullStreamsTheSameTokens) {
   auto store = StartStore();
   auto worker = StartWorker(store->target());

@@ -34,7 +34,9 @@ struct PagedDest {
 
 using PrefixName = std::array<uint8_t, 32>;
 
-// A prefix store's traffic since it was made.
+// A prefix store's traffic since it was made. With several store shards, lookups,
+// lookup_failures and lookups_skipped count calls to each shard; blocks_hit counts the leading
+// blocks found per prompt.
 struct StorePrefixStats {
   int64_t lookups = 0, lookup_failures = 0, blocks_hit = 0;
   int64_t lookups_skipped = 0;  // answered "no prefix" at once while backing off after a failure

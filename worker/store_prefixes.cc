@@ -102,10 +102,20 @@ absl::StatusOr<std::unique_ptr<StorePrefixes>> StorePrefixes::Create(const Store
     p->skip_lookups_until_.assign(p->shards_.size(), absl::InfinitePast());
   }
   if (options.ucx != "off") {
+    // A reader (a UCX worker) per shard: one reader's reads take turns, so the shards' would too.
     VC_ASSIGN_OR_RETURN(cachestore::UcxErrorMode mode, cachestore::ParseUcxErrorMode(options.ucx));
-    VC_ASSIGN_OR_RETURN(p->reader_, cachestore::UcxReader::Create(mode));
+    for (Shard& shard : p->shards_) {
+      VC_ASSIGN_OR_RETURN(shard.reader, cachestore::UcxReader::Create(mode));
+    }
   }
-  p->publisher_ = std::thread([raw = p.get()] { raw->PublishLoop(); });
+  {
+    absl::MutexLock l(&p->mu_);
+    p->outboxes_.resize(p->shards_.size());
+  }
+  // A publisher per shard, so a shard that hangs holds up only its own puts.
+  for (size_t s = 0; s < p->shards_.size(); ++s) {
+    p->publishers_.emplace_back([raw = p.get(), s] { raw->PublishLoop(s); });
+  }
   return p;
 }
 
@@ -114,7 +124,7 @@ StorePrefixes::~StorePrefixes() {
     absl::MutexLock l(&mu_);
     stop_ = true;
   }
-  if (publisher_.joinable()) publisher_.join();
+  for (std::thread& t : publishers_) t.join();
 }
 
 std::vector<PrefixName> StorePrefixes::Names(absl::Span<const int32_t> tokens) const {
@@ -238,8 +248,8 @@ absl::Status StorePrefixes::ReadBlocks(absl::Span<const PrefixName> names, const
       if (!status.ok()) break;
     }
   } else {
-    // The shards are read at once, each on a thread of its own (this one reads the first): their
-    // blocks go to places of their own, and their links add up.
+    // The shards are read at once, each on a thread of its own (this one reads the first) with
+    // its own UCX reader: their blocks go to places of their own.
     std::vector<int64_t> got(batches.size(), 0);
     std::vector<std::future<absl::Status>> rest;
     for (size_t i = 1; i < batches.size(); ++i) {
@@ -267,6 +277,7 @@ absl::Status StorePrefixes::ReadFromShard(size_t s, absl::Span<const PrefixName>
                                           const std::function<absl::Status(size_t, absl::string_view,
                                                                            const cachestore::BlockHeader&)>& use) {
   cachestore::StoreClient& client = *shards_[s].client;
+  cachestore::UcxReader* const reader = shards_[s].reader.get();
   // One-sided reads go out in batches (about two round trips per batch); inline reads one block
   // at a time.
   std::vector<cachestore::BlockKey> keys;
@@ -279,17 +290,17 @@ absl::Status StorePrefixes::ReadFromShard(size_t s, absl::Span<const PrefixName>
   std::vector<absl::StatusOr<size_t>> sizes;
   for (size_t b = 0; b < keys.size(); ++b) {
     const cachestore::BlockKey& key = keys[b];
-    if (reader_ != nullptr && b % per_batch == 0) {
+    if (reader != nullptr && b % per_batch == 0) {
       const size_t count = std::min(per_batch, keys.size() - b);
       if (buffer.size() < slot * count) buffer.resize(slot * count);
       std::vector<absl::Span<char>> slots;
       for (size_t i = 0; i < count; ++i) slots.emplace_back(buffer.data() + i * slot, slot);
-      sizes = client.GetRemoteBatchInto(absl::MakeConstSpan(keys).subspan(b, count), slots, reader_.get(),
+      sizes = client.GetRemoteBatchInto(absl::MakeConstSpan(keys).subspan(b, count), slots, reader,
                                         &fingerprint_);
     }
     absl::StatusOr<std::string> inline_block;
     absl::string_view block;
-    if (reader_ != nullptr) {
+    if (reader != nullptr) {
       const absl::StatusOr<size_t>& size = sizes[b % per_batch];
       if (!size.ok()) return size.status();
       block = absl::string_view(buffer.data() + (b % per_batch) * slot, *size);
@@ -300,7 +311,7 @@ absl::Status StorePrefixes::ReadFromShard(size_t s, absl::Span<const PrefixName>
     }
     // Remote reads checked the checksums end to end; inline bytes are checked here. The model and
     // the layout are ours to check.
-    absl::StatusOr<cachestore::BlockHeader> h = reader_ != nullptr ? cachestore::DecodeBlockHeader(block)
+    absl::StatusOr<cachestore::BlockHeader> h = reader != nullptr ? cachestore::DecodeBlockHeader(block)
                                                                    : cachestore::VerifyBlock(block, fingerprint_);
     if (h.ok() && h->fingerprint != fingerprint_) {
       h = absl::DataLossError(absl::StrCat("block ", key.Hex(), " belongs to another model"));
@@ -395,12 +406,15 @@ void StorePrefixes::Publish(absl::Span<const PrefixName> names, int from, int to
 
 void StorePrefixes::Enqueue(absl::Span<const PrefixName> names, int from, int to,
                             const std::function<absl::StatusOr<std::string>(int)>& encode) {
+  // Each shard's puts wait in its own outbox, of its share of the byte limit.
+  const int64_t limit = options_.max_publish_queue_bytes / static_cast<int64_t>(shards_.size());
   for (int b = from; b < to; ++b) {
+    const size_t s = ShardOf(names[b]);
     {
       absl::MutexLock l(&mu_);
-      if (queued_bytes_ > options_.max_publish_queue_bytes) {
-        stats_.publish_dropped += to - b;
-        return;
+      if (outboxes_[s].bytes > limit) {
+        stats_.publish_dropped++;
+        continue;
       }
     }
     absl::StatusOr<std::string> block = encode(b);
@@ -409,28 +423,32 @@ void StorePrefixes::Enqueue(absl::Span<const PrefixName> names, int from, int to
       stats_.publish_failures++;
       continue;
     }
-    queued_bytes_ += static_cast<int64_t>(block->size());
-    queue_.push_back({ShardOf(names[b]), ToKey(names[b]), std::move(*block)});
+    outboxes_[s].bytes += static_cast<int64_t>(block->size());
+    outboxes_[s].puts.push_back({ToKey(names[b]), std::move(*block)});
   }
 }
 
-void StorePrefixes::PublishLoop() {
+void StorePrefixes::PublishLoop(size_t s) {
+  struct Wake {
+    StorePrefixes* p;
+    size_t s;
+  } wake{this, s};
   while (true) {
     Put job;
     {
       absl::MutexLock l(&mu_);
       mu_.Await(absl::Condition(
-          +[](StorePrefixes* p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->mu_) { return p->stop_ || !p->queue_.empty(); },
-          this));
+          +[](Wake* w) ABSL_NO_THREAD_SAFETY_ANALYSIS { return w->p->stop_ || !w->p->outboxes_[w->s].puts.empty(); },
+          &wake));
       if (stop_) return;  // blocks not yet put are dropped: publishing is best effort
-      job = std::move(queue_.front());
-      queue_.pop_front();
-      in_progress_++;
+      job = std::move(outboxes_[s].puts.front());
+      outboxes_[s].puts.pop_front();
+      outboxes_[s].in_progress++;
     }
-    const absl::Status st = shards_[job.shard].client->Put(job.key, job.block);
+    const absl::Status st = shards_[s].client->Put(job.key, job.block);
     absl::MutexLock l(&mu_);
-    in_progress_--;
-    queued_bytes_ -= static_cast<int64_t>(job.block.size());
+    outboxes_[s].in_progress--;
+    outboxes_[s].bytes -= static_cast<int64_t>(job.block.size());
     if (st.ok()) {
       stats_.blocks_published++;
     } else {
@@ -442,7 +460,12 @@ void StorePrefixes::PublishLoop() {
 void StorePrefixes::Flush() {
   absl::MutexLock l(&mu_);
   mu_.Await(absl::Condition(
-      +[](StorePrefixes* p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->mu_) { return p->queue_.empty() && p->in_progress_ == 0; },
+      +[](StorePrefixes* p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->mu_) {
+        for (const Outbox& o : p->outboxes_) {
+          if (!o.puts.empty() || o.in_progress > 0) return false;
+        }
+        return true;
+      },
       this));
 }
 

@@ -52,7 +52,8 @@ struct StorePrefixOptions {
   int block_tokens = 256;
   // Optional: reads are paced through this link (benchmarks standing for a slower network).
   LinkPacer* link = nullptr;
-  // Encoded blocks waiting to be put; publishing beyond this drops blocks (counted).
+  // Encoded blocks waiting to be put, split evenly among the shards; a block past its shard's
+  // share is dropped (counted).
   int64_t max_publish_queue_bytes = int64_t{256} << 20;
 };
 
@@ -83,11 +84,12 @@ class StorePrefixes final : public PrefixStore {
 
  private:
   StorePrefixes(const StorePrefixOptions& options, const std::array<uint8_t, 32>& fingerprint, const KvLayout& layout);
-  void PublishLoop();
+  // Puts the blocks queued for shard s until the store is destroyed.
+  void PublishLoop(size_t s);
   // The shard that holds the block of this name.
   size_t ShardOf(const PrefixName& name) const;
-  // Encodes blocks [from, to) with `encode` (block index -> bytes) and queues their puts; stops,
-  // counting the rest as dropped, while the queue is over its byte limit.
+  // Encodes blocks [from, to) with `encode` (block index -> bytes) and queues their puts on their
+  // shards; a block whose shard's queue is over its share of the byte limit is dropped (counted).
   void Enqueue(absl::Span<const PrefixName> names, int from, int to,
                const std::function<absl::StatusOr<std::string>(int)>& encode);
   cachestore::BlockLayout FullLayout() const;
@@ -113,19 +115,22 @@ class StorePrefixes final : public PrefixStore {
     std::string target;
     uint64_t seed = 0;  // its rendezvous-hashing weight salt, from the target
     std::unique_ptr<cachestore::StoreClient> client;
+    std::unique_ptr<cachestore::UcxReader> reader;  // null with ucx "off"
   };
   std::vector<Shard> shards_;
-  std::unique_ptr<cachestore::UcxReader> reader_;  // null with ucx "off"; serves every shard
 
   struct Put {
-    size_t shard;
     cachestore::BlockKey key;
     std::string block;
   };
+  // A shard's puts waiting for its publisher thread.
+  struct Outbox {
+    std::deque<Put> puts;
+    int64_t bytes = 0;    // of the puts waiting or in progress
+    int in_progress = 0;
+  };
   mutable absl::Mutex mu_;
-  std::deque<Put> queue_ ABSL_GUARDED_BY(mu_);
-  int64_t queued_bytes_ ABSL_GUARDED_BY(mu_) = 0;
-  int in_progress_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<Outbox> outboxes_ ABSL_GUARDED_BY(mu_);  // by shard
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   StorePrefixStats stats_ ABSL_GUARDED_BY(mu_);
   // After a failed lookup of a shard, its lookups are skipped (answered "no prefix": the worker
@@ -134,7 +139,7 @@ class StorePrefixes final : public PrefixStore {
   // its timeout at every request; this way it stalls it a ninth of the time at most, and a store
   // that refuses at once (down, restarting) is tried again soon. Per shard.
   std::vector<absl::Time> skip_lookups_until_ ABSL_GUARDED_BY(mu_);
-  std::thread publisher_;
+  std::vector<std::thread> publishers_;  // by shard
 };
 
 }  // namespace vc

@@ -80,12 +80,13 @@ nlohmann::json ToJson(const cachestore::ReplayStats& s) {
 
 void PrintRow(std::ostream& out, const std::string& ram, const std::string& disk, const cachestore::ReplayStats& s,
               bool unbounded) {
-  const double tokens = static_cast<double>(s.prompt_tokens);
-  const double bt = static_cast<double>(s.block_tokens);
-  out << absl::StrFormat("| %s | %s | %.1f%% | %.1f%% | %.1f%% | %s (%s) | %s (%s) | %s (%s) |\n", ram, disk,
-                         100.0 * static_cast<double>(s.hit_tokens()) / tokens,
-                         100.0 * static_cast<double>(s.ram_hits) * bt / tokens,
-                         unbounded ? 0.0 : 100.0 * static_cast<double>(s.disk_hits) * bt / tokens,
+  const auto pct = [&](int64_t blocks) {
+    if (s.prompt_tokens == 0) return std::string("-");
+    return absl::StrFormat("%.1f%%", 100.0 * static_cast<double>(blocks * s.block_tokens) /
+                                         static_cast<double>(s.prompt_tokens));
+  };
+  out << absl::StrFormat("| %s | %s | %s | %s | %s | %s (%s) | %s (%s) | %s (%s) |\n", ram, disk,
+                         pct(s.ram_hits + s.disk_hits), pct(s.ram_hits), unbounded ? "0.0%" : pct(s.disk_hits),
                          Rate(s.ram_read_bytes, s.duration_s), Human(s.peak_ram_read_bps) + "/s",
                          unbounded ? "-" : Rate(s.disk_read_bytes, s.duration_s),
                          unbounded ? "-" : Human(s.peak_disk_read_bps) + "/s", Rate(s.disk_write_bytes, s.duration_s),
