@@ -29,6 +29,24 @@ namespace {
 
 namespace v1 = vericache::v1;
 
+// A loopback socket that listens and never answers (a store that hangs): its descriptor, its port
+// in *port; -1 on failure.
+int HangingListener(int* port) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return -1;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || listen(fd, 16) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    close(fd);
+    return -1;
+  }
+  *port = ntohs(addr.sin_port);
+  return fd;
+}
+
 class WorkerServiceTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -202,16 +220,10 @@ TEST_F(WorkerServiceTest, NoStoreMeansComputeEverything) {
 TEST_F(WorkerServiceTest, AStoreThatHangsIsWaitedOutOnceNotByEveryRequest) {
   // A socket that listens and never answers: a lookup waits out its timeout (300 ms here) on the
   // scheduling thread. The next requests, within 8 times that, do not look up; all are exact.
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  int port = 0;
+  const int fd = HangingListener(&port);
   ASSERT_GE(fd, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-  ASSERT_EQ(listen(fd, 16), 0);
-  socklen_t len = sizeof(addr);
-  ASSERT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
-  auto worker = StartWorker("127.0.0.1:" + std::to_string(ntohs(addr.sin_port)));
+  auto worker = StartWorker("127.0.0.1:" + std::to_string(port));
   auto stub = InferenceStub(worker->target());
   for (int salt : {1, 2, 3}) {
     const auto p = Prompt(100, salt);
@@ -227,17 +239,11 @@ TEST_F(WorkerServiceTest, AStoreThatHangsIsWaitedOutOnceNotByEveryRequest) {
 
 // With shards, one that hangs holds up only its own puts: the other's blocks are published at once.
 TEST_F(WorkerServiceTest, AShardThatHangsHoldsUpOnlyItsOwnPuts) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);  // listens, never answers
+  int port = 0;
+  const int fd = HangingListener(&port);
   ASSERT_GE(fd, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-  ASSERT_EQ(listen(fd, 16), 0);
-  socklen_t len = sizeof(addr);
-  ASSERT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
   auto store = StartStore();
-  auto worker = StartWorker(store->target() + ",127.0.0.1:" + std::to_string(ntohs(addr.sin_port)));
+  auto worker = StartWorker(store->target() + ",127.0.0.1:" + std::to_string(port));
   auto stub = InferenceStub(worker->target());
   const auto p = Prompt(600, 3);  // 18 whole blocks, about half on each shard
   GenerateReply r = CallGenerate(*stub, Request(p, 8));
