@@ -176,37 +176,48 @@ absl::StatusOr<ReplayStats> ReplayTrace(const std::vector<TraceRequest>& trace, 
   if (o.ram_bytes < o.block_bytes || o.disk_bytes < o.block_bytes) {
     return absl::InvalidArgumentError("each tier must hold at least one block");
   }
-  // The RAM tier's region is allocated whole.
-  constexpr uint64_t kMaxScaledRam = uint64_t{4} << 30;
-  if (o.ram_bytes / o.scale > kMaxScaledRam) {
-    return absl::InvalidArgumentError(absl::StrCat("a RAM tier of ", o.ram_bytes, " bytes at 1/", o.scale,
-                                                   " scale is past 4 GiB; raise the scale"));
-  }
-  // One block as the store keeps it, scaled: a float32 layout of one layer whose payload makes up
-  // the rest after the header (every block of the replay has these bytes; keys tell them apart).
-  // Its size is the full block's over the scale, rounded so that it takes the RAM slot the full
-  // block would, scaled: the store gives a block the smallest power-of-two slot (of at least 4096
-  // bytes) that holds it, and a block just past a power of two, as a power-of-two payload plus
-  // its header is, must not round down into half of it.
+  if (o.slot_bytes == 0) return absl::InvalidArgumentError("slot_bytes must be positive");
+  // Each tier is scaled so that it holds as many blocks as the full-size one. The RAM tier gives a
+  // block the smallest slot of unit times a power of two that holds it; the scaled tier's unit is
+  // the full one's over the scale, rounded up, and its region as many units as the full one's.
+  // The scaled block is the full one's size over the scale, moved if need be into the slot size
+  // class the full block is in (so that, say, a block of a power-of-two payload plus its header
+  // does not round down into a slot of half its size), and the disk tier holds as many of them as
+  // the full one holds of full blocks. A float32 layout of one layer whose payload makes up the
+  // rest after the header gives a block any size in steps of 8 bytes (every block of the replay
+  // has the same bytes; keys tell them apart).
+  const uint64_t unit = (o.slot_bytes + o.scale - 1) / o.scale;
+  uint64_t lo = 0, hi = unit;  // the class: sizes in (lo, hi]
+  for (uint64_t full = o.slot_bytes; full < o.block_bytes; full *= 2) lo = hi, hi *= 2;
   BlockLayout layout;
   layout.num_layers = 1;
   layout.head_dim = 1;
   const uint64_t header = BlockHeaderBytes(layout);
   const uint64_t want = (o.block_bytes + o.scale - 1) / o.scale;
-  if (want < header + 16) {
+  if (want < header + 16 || hi < header + 16) {
     return absl::InvalidArgumentError(absl::StrCat("a block of ", o.block_bytes, " bytes scaled by 1/", o.scale,
                                                    " is smaller than a block header"));
   }
-  uint64_t units = (want - header) / 8;  // one token's K and V of one float each
-  uint64_t full_slot = RamTierOptions().min_slot_bytes;
-  while (full_slot < o.block_bytes) full_slot *= 2;
-  if ((header + 8 * units) * o.scale <= full_slot / 2) ++units;
+  uint64_t units = (std::min(want, hi) - header) / 8;  // one token's K and V of one float each
+  if (header + 8 * units <= lo) units = (lo - header) / 8 + 1;
   constexpr uint64_t kMaxTokens = uint64_t{1} << 20;
   if (units > kMaxTokens * 4096) {
     return absl::InvalidArgumentError(absl::StrCat("a block of ", want, " bytes is too big to replay; raise the scale"));
   }
   layout.num_kv_heads = static_cast<uint32_t>((units + kMaxTokens - 1) / kMaxTokens);
-  layout.tokens = static_cast<uint32_t>(units / layout.num_kv_heads);
+  layout.tokens = static_cast<uint32_t>((units + layout.num_kv_heads - 1) / layout.num_kv_heads);
+  if (BlockBytes(layout) > hi) layout.tokens = static_cast<uint32_t>(units / layout.num_kv_heads);
+  const uint64_t block = BlockBytes(layout);
+  const auto scaled = [](uint64_t bytes, uint64_t num, uint64_t den) {
+    return static_cast<uint64_t>(static_cast<unsigned __int128>(bytes) * num / den);
+  };
+  const uint64_t ram = scaled(o.ram_bytes, unit, o.slot_bytes);
+  const uint64_t disk = scaled(o.disk_bytes, block, o.block_bytes);
+  constexpr uint64_t kMaxScaledRam = uint64_t{4} << 30;  // the RAM tier's region is allocated whole
+  if (ram > kMaxScaledRam) {
+    return absl::InvalidArgumentError(absl::StrCat("a RAM tier of ", o.ram_bytes, " bytes at 1/", o.scale,
+                                                   " scale is past 4 GiB; raise the scale"));
+  }
   const std::string payload(layout.layer_bytes(), '\0');
   VC_ASSIGN_OR_RETURN(const std::string bytes, EncodeBlock({}, layout, {payload}));
 
@@ -223,11 +234,11 @@ absl::StatusOr<ReplayStats> ReplayTrace(const std::vector<TraceRequest>& trace, 
     }
   } remove_after{dir};
   StoreOptions so;
-  so.ram.capacity_bytes = o.ram_bytes / o.scale;
-  so.ram.min_slot_bytes = 64;
+  so.ram.capacity_bytes = ram;
+  so.ram.min_slot_bytes = unit;
   so.ram.hot_fraction = o.hot_fraction;
   so.disk.path = dir;
-  so.disk.capacity_bytes = o.disk_bytes / o.scale;
+  so.disk.capacity_bytes = disk;
   VC_ASSIGN_OR_RETURN(std::unique_ptr<BlockStore> store, BlockStore::Open(so));
 
   Tally tally(trace, o.block_tokens, o.block_bytes);

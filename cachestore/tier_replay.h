@@ -6,8 +6,8 @@
 // each tier reads and writes.
 //
 // Block payloads are scaled down by a power of two (ReplayOptions::scale) and so are both tiers'
-// capacities, so a trace of terabytes replays in a scratch directory of gigabytes; the RAM tier's
-// power-of-two slots keep their proportions under such a scale. Requests replay one after another,
+// capacities and the RAM tier's slot unit, so a trace of terabytes replays in a scratch directory
+// of gigabytes; a scaled block takes the slot (unit times a power of two) the full one would. Requests replay one after another,
 // so two that arrive together and share a new prefix count as a miss and a hit, where a busy
 // worker fleet might miss twice.
 #ifndef VC_CACHESTORE_TIER_REPLAY_H_
@@ -45,6 +45,7 @@ struct ReplayOptions {
   uint64_t disk_bytes = 0;           // the disk tier's budget at full scale
   uint64_t scale = 1;                // a power of two; every size above is divided by it
   double hot_fraction = 0.5;         // RamTierOptions::hot_fraction
+  uint64_t slot_bytes = 4096;        // RamTierOptions::min_slot_bytes, at full scale
   std::string scratch_dir;           // the disk tier's RocksDB lives in a new directory under this one
 };
 

@@ -56,6 +56,9 @@ struct RamTierOptions {
   uint64_t capacity_bytes = uint64_t{1} << 30;
   double high_watermark = 0.95;  // eviction starts above this fraction of capacity...
   double low_watermark = 0.85;   // ...and stops below this one
+  // Blocks take slots of this many bytes times a power of two (the smallest that holds them). Any
+  // size works: a block of B bytes wastes nothing when this is B (or B over a power of two), where
+  // with the default a block of a power-of-two payload plus its header takes twice its size.
   uint64_t min_slot_bytes = 4096;
   // Segmented LRU: a block enters the cold segment and moves to the hot one when it is read (Get
   // or Lease); eviction takes the cold segment's least recent blocks first. The hot segment holds

@@ -101,6 +101,24 @@ TEST(RamTier, BlocksReadSincePutOutliveBlocksNeverRead) {
   for (int i : {17, 19, 28, 29}) EXPECT_TRUE(t.Contains(Key(i))) << i;
 }
 
+// Slots are the unit times a power of two, for any unit: blocks of a power-of-two payload plus a
+// header fill units of their own size, where the default unit gives each a slot twice its size.
+TEST(RamTier, AUnitOfTheBlockSizeFitsTwiceTheBlocks) {
+  const size_t block = (64 << 10) + 64;
+  for (const uint64_t unit : {uint64_t{4096}, uint64_t{block}}) {
+    RamTierOptions o;
+    o.capacity_bytes = 8 * block;
+    o.high_watermark = 1.0;
+    o.low_watermark = 1.0;
+    o.min_slot_bytes = unit;
+    RamTier t(o);
+    for (int i = 0; i < 20; ++i) ASSERT_TRUE(t.Put(Key(i), Block(i, block), nullptr).ok());
+    EXPECT_EQ(t.blocks(), unit == 4096 ? 4u : 8u) << unit;
+    for (int i = 12; i < 20; ++i) EXPECT_EQ(t.Contains(Key(i)), unit != 4096 || i >= 16) << unit << " " << i;
+    EXPECT_EQ(*t.Get(Key(19)), Block(19, block));
+  }
+}
+
 TEST(RamTier, LeasesPinBlocks) {
   RamTierOptions o;
   o.capacity_bytes = 4 * 16384;

@@ -8,6 +8,7 @@
 
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "cachestore/block_format.h"
 #include "services/cli/size_tiers_command.h"
 #include "tests/testing/tiny_model.h"
 
@@ -228,15 +229,16 @@ TEST_F(TierReplayTest, Command) {
     text += j.dump() + "\n";
   }
   const std::string trace = WriteTrace(text);
-  // 128 bytes a token: 64 KiB blocks, as above.
-  CommandRun r = SizeTiers({"--trace", trace, "--kv-bytes-per-token", "128", "--ram-bytes", "64K,4M", "--disk-bytes",
-                     "4M", "--scratch-dir", dir_, "--json"});
+  // 128 bytes a token: 64 KiB blocks and a header, which take slots of 128 KiB: one in the first
+  // RAM tier.
+  CommandRun r = SizeTiers({"--trace", trace, "--kv-bytes-per-token", "128", "--ram-bytes", "128K,4M",
+                            "--disk-bytes", "4M", "--scratch-dir", dir_, "--json"});
   ASSERT_EQ(r.code, 0) << r.err;
   const nlohmann::json j = nlohmann::json::parse(r.out);
-  EXPECT_EQ(j["block_bytes"], 64 << 10);
+  EXPECT_EQ(j["block_bytes"], (64 << 10) + BlockHeaderBytes(1));
   EXPECT_EQ(j["unbounded"]["ram_hits"], 7);
   ASSERT_EQ(j["replays"].size(), 2u);
-  EXPECT_EQ(j["replays"][0]["ram_bytes"], 64 << 10);
+  EXPECT_EQ(j["replays"][0]["ram_bytes"], 128 << 10);
   EXPECT_EQ(j["replays"][0]["disk_hits"], 7);
   EXPECT_EQ(j["replays"][1]["ram_hits"], 7);
 
@@ -244,6 +246,10 @@ TEST_F(TierReplayTest, Command) {
                  "--scratch-dir", dir_});
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.out.find("| 4.00 MiB | 4.00 MiB | 53.0% | 53.0% | 0.0% |"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("a block takes 128 KiB with --ram-slot-bytes 4096 (50.0% of it used); --ram-slot-bytes 4160 "
+                       "would use 98.6%"),
+            std::string::npos)
+      << r.out;
 
   // Bad input: exit 2 and a line that names it.
   const std::vector<std::vector<std::string>> bad = {

@@ -1,5 +1,6 @@
 #include "services/cli/args.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "absl/strings/ascii.h"
@@ -80,6 +81,12 @@ absl::StatusOr<double> HotFraction(const Args& a) {
   VC_ASSIGN_OR_RETURN(const double f, a.Double("ram-hot-fraction", 0.5));
   if (f < 0 || f > 1) return absl::InvalidArgumentError("--ram-hot-fraction must be in [0, 1]");
   return f;
+}
+
+absl::StatusOr<uint64_t> RamSlotBytes(const Args& a, uint64_t ram) {
+  VC_ASSIGN_OR_RETURN(const int64_t n, a.Int("ram-slot-bytes", 4096, 64, static_cast<int64_t>(std::max<uint64_t>(ram, 64))));
+  if (n % 64 != 0) return absl::InvalidArgumentError("--ram-slot-bytes must be a multiple of 64");
+  return static_cast<uint64_t>(n);
 }
 
 int RunSubcommand(absl::string_view name, absl::string_view usage, const std::vector<std::string>& args,

@@ -40,6 +40,10 @@ absl::StatusOr<std::string> ReadBearerTokenFile(const std::string& path);
 // --ram-hot-fraction (cachestore::RamTierOptions::hot_fraction), in [0, 1]; 0.5 when absent.
 absl::StatusOr<double> HotFraction(const Args& a);
 
+// --ram-slot-bytes (cachestore::RamTierOptions::min_slot_bytes): a multiple of 64 in [64, ram];
+// 4096 when absent.
+absl::StatusOr<uint64_t> RamSlotBytes(const Args& a, uint64_t ram);
+
 // Runs one subcommand: prints `usage` for --help / -h; otherwise calls run(args, out) and turns
 // its status into an exit code (0 ok; 2 bad input: invalid argument, not found, data loss, out of
 // range; 1 anything else), printing "vericache <name>: <message>" to `err`.

@@ -18,19 +18,20 @@ namespace vc::cli {
 namespace {
 
 constexpr char kUsage[] =
-    "usage: vericache size-tiers --trace FILE (--model DIR | --kv-bytes-per-token N)\n"
+    "usage: vericache size-tiers --trace FILE (--model DIR | --kv-bytes-per-token N [--layers L])\n"
     "                            --ram-bytes SIZE[,SIZE...] --disk-bytes SIZE[,SIZE...]\n"
     "                            [--block-tokens N] [--first N] [--requests N] [--scratch-dir DIR]\n"
-    "                            [--ram-hot-fraction F] [--scale N] [--json]\n"
+    "                            [--ram-hot-fraction F] [--ram-slot-bytes N] [--scale N] [--json]\n"
     "Replays a Mooncake-format trace (one JSON object per line: timestamp, input_length,\n"
     "output_length, hash_ids) through a real cache store, RAM tier over RocksDB, once per pair of\n"
     "sizes, as workers drive it: look a prompt's blocks up, read the leading ones present, put the\n"
     "rest. Prints the prompt tokens each tier serves and the bytes per second each reads and writes.\n"
     "  --model DIR      a checkpoint whose full-KV blocks the store would hold (float32 K and V of\n"
-    "                   every layer); or --kv-bytes-per-token N for any other model\n"
+    "                   every layer); or --kv-bytes-per-token N for any other model, whose blocks\n"
+    "                   carry a header for --layers L layers (default 1)\n"
     "  SIZE             bytes, or with a binary suffix: 512M, 64G, 2T\n"
     "  --block-tokens N tokens per hash id of the trace (512 for Mooncake's)\n"
-    "  --ram-hot-fraction F  as the store's (vericache store --help)\n"
+    "  --ram-hot-fraction F, --ram-slot-bytes N  as the store's (vericache store --help)\n"
     "  --scale N        sizes are divided by this power of two for the replay (default: blocks of\n"
     "                   8 KiB or more)\n"
     "  --scratch-dir DIR where the disk tier is made at that scale, in a new directory removed\n"
@@ -78,6 +79,23 @@ nlohmann::json ToJson(const cachestore::ReplayStats& s) {
           {"disk_blocks", s.disk_blocks}};
 }
 
+// The RAM slot a block takes with units of `slot` bytes, how full, and a unit that fits it: the
+// block's size over 16, rounded up to 64 bytes, so a block fills 16 units and one of about a
+// fifth of it (its 4-bit KIVI variant) four.
+std::string SlotLine(uint64_t block, uint64_t slot) {
+  uint64_t taken = slot;
+  while (taken < block) taken *= 2;
+  const uint64_t fit = std::max<uint64_t>(64, ((block + 15) / 16 + 63) / 64 * 64);
+  uint64_t fit_taken = fit;
+  while (fit_taken < block) fit_taken *= 2;
+  return absl::StrFormat("RAM slots: a block takes %s with --ram-slot-bytes %d (%.1f%% of it used)%s\n",
+                         Human(static_cast<double>(taken)), slot, 100.0 * static_cast<double>(block) / static_cast<double>(taken),
+                         taken == fit_taken || static_cast<double>(block) / static_cast<double>(taken) > 0.99
+                             ? std::string()
+                             : absl::StrFormat("; --ram-slot-bytes %d would use %.1f%%", fit,
+                                               100.0 * static_cast<double>(block) / static_cast<double>(fit_taken)));
+}
+
 void PrintRow(std::ostream& out, const std::string& ram, const std::string& disk, const cachestore::ReplayStats& s,
               bool unbounded) {
   const auto pct = [&](int64_t blocks) {
@@ -96,7 +114,7 @@ void PrintRow(std::ostream& out, const std::string& ram, const std::string& disk
 absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
   VC_ASSIGN_OR_RETURN(Args a, Args::Parse(argv, {"trace", "model", "kv-bytes-per-token", "ram-bytes", "disk-bytes",
                                                  "block-tokens", "first", "requests", "scratch-dir", "scale",
-                                                 "ram-hot-fraction"},
+                                                 "ram-hot-fraction", "ram-slot-bytes", "layers"},
                                           {"json"}));
   if (!a.Has("trace")) return absl::InvalidArgumentError("--trace is required");
   if (a.Has("model") == a.Has("kv-bytes-per-token")) {
@@ -108,9 +126,12 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
   VC_ASSIGN_OR_RETURN(const int64_t first, a.Int("first", 0, 0, int64_t{1} << 40));
   VC_ASSIGN_OR_RETURN(const int64_t requests, a.Int("requests", -1, 1, int64_t{1} << 40));
   VC_ASSIGN_OR_RETURN(const double hot_fraction, HotFraction(a));
+  // (Checked against the sizes below: every RAM size must take a slot.)
+  VC_ASSIGN_OR_RETURN(const uint64_t slot_bytes, RamSlotBytes(a, uint64_t{1} << 50));
 
   uint64_t block_bytes = 0;
   std::string what;
+  if (a.Has("layers") && !a.Has("kv-bytes-per-token")) return absl::InvalidArgumentError("--layers goes with --kv-bytes-per-token");
   if (a.Has("model")) {
     VC_ASSIGN_OR_RETURN(const ModelConfig c, LoadModelConfig(a.Str("model")));
     cachestore::BlockLayout bl;
@@ -125,8 +146,10 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
     if (static_cast<uint64_t>(per_token) > (uint64_t{1} << 50) / static_cast<uint64_t>(block_tokens)) {
       return absl::InvalidArgumentError("--kv-bytes-per-token times --block-tokens is past 1 PiB");
     }
-    block_bytes = static_cast<uint64_t>(per_token) * static_cast<uint64_t>(block_tokens);
-    what = absl::StrCat("blocks of ", per_token, " bytes per token");
+    VC_ASSIGN_OR_RETURN(const int64_t layers, a.Int("layers", 1, 1, 4096));
+    block_bytes = static_cast<uint64_t>(per_token) * static_cast<uint64_t>(block_tokens) +
+                  cachestore::BlockHeaderBytes(static_cast<uint32_t>(layers));
+    what = absl::StrCat("blocks of ", per_token, " bytes per token and a header");
   }
   for (uint64_t s : rams) {
     if (s < block_bytes) return absl::InvalidArgumentError(absl::StrCat("--ram-bytes ", s, " holds no block of ", block_bytes, " bytes"));
@@ -159,6 +182,7 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
         "%d requests over %.0f s, %d prompt tokens; %s: %s a block of %d tokens; replayed at 1/%d scale\n",
         unbounded.requests, unbounded.duration_s, unbounded.prompt_tokens, what, Human(static_cast<double>(block_bytes)),
         block_tokens, scale);
+    out << SlotLine(block_bytes, slot_bytes);
     out << "| RAM | disk | prompt tokens from the store | from RAM | from disk | RAM reads: mean (peak minute) "
            "| disk reads | disk writes |\n|---|---|---:|---:|---:|---:|---:|---:|\n";
     PrintRow(out, "unbounded", absl::StrCat("(", Human(static_cast<double>(unbounded.ram_blocks) * block_bytes), " of blocks)"),
@@ -174,6 +198,7 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
       o.disk_bytes = disk;
       o.scale = scale;
       o.hot_fraction = hot_fraction;
+      o.slot_bytes = slot_bytes;
       o.scratch_dir = scratch;
       VC_ASSIGN_OR_RETURN(const cachestore::ReplayStats s, cachestore::ReplayTrace(trace, o));
       if (json) {

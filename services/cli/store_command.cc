@@ -21,6 +21,7 @@ constexpr char kUsage[] =
     "usage: vericache store --listen HOST:PORT --data-dir DIR --tokens FILE [--ram-bytes N] [--disk-bytes N]\n"
     "                       [--secret-file FILE] [--tls-cert PEM --tls-key PEM] [--ucx none|peer|off]\n"
     "                       [--lease-ttl-ms N] [--lease-bytes-per-tenant N] [--ram-hot-fraction F]\n"
+    "                       [--ram-slot-bytes N]\n"
     "  --tokens FILE    lines of 'token tenant'; requests without a listed Bearer token are refused\n"
     "  --ucx MODE       one-sided UCX reads of the RAM tier, with UCX error handling 'none' (shared\n"
     "                   memory and CMA allowed; the default) or 'peer' (dead peers reported; TCP only\n"
@@ -33,7 +34,11 @@ constexpr char kUsage[] =
     "  --ram-hot-fraction F\n"
     "                   share of RAM kept for blocks read since they were put (default 0.5; 0: plain\n"
     "                   LRU); the rest holds new blocks, evicted first. vericache size-tiers replays\n"
-    "                   a trace to choose it\n";
+    "                   a trace to choose it\n"
+    "  --ram-slot-bytes N\n"
+    "                   RAM is handed out in slots of N bytes times a power of two (default 4096, a\n"
+    "                   multiple of 64); with N a block's size over a power of two, blocks of that\n"
+    "                   size fill their slots (vericache size-tiers prints the value for a model)\n";
 
 // A secret, certificate or key file: small, and never empty.
 absl::StatusOr<std::string> ReadAll(const std::string& path, absl::string_view what) {
@@ -45,7 +50,7 @@ absl::StatusOr<std::string> ReadAll(const std::string& path, absl::string_view w
 absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
   VC_ASSIGN_OR_RETURN(Args a, Args::Parse(argv, {"listen", "data-dir", "tokens", "ram-bytes", "disk-bytes",
                                                  "secret-file", "tls-cert", "tls-key", "ucx", "lease-ttl-ms",
-                                                 "lease-bytes-per-tenant", "ram-hot-fraction"},
+                                                 "lease-bytes-per-tenant", "ram-hot-fraction", "ram-slot-bytes"},
                                           {}));
   for (const char* req : {"listen", "data-dir", "tokens"}) {
     if (!a.Has(req)) return absl::InvalidArgumentError(absl::StrCat("--", req, " is required"));
@@ -58,6 +63,7 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
   VC_ASSIGN_OR_RETURN(int64_t lease_cap, a.Int("lease-bytes-per-tenant", ram / 2, 0, ram));
   o.ram.max_leased_bytes_per_owner = static_cast<uint64_t>(lease_cap);
   VC_ASSIGN_OR_RETURN(o.ram.hot_fraction, HotFraction(a));
+  VC_ASSIGN_OR_RETURN(o.ram.min_slot_bytes, RamSlotBytes(a, static_cast<uint64_t>(ram)));
   o.disk.path = a.Str("data-dir");
   o.disk.capacity_bytes = static_cast<uint64_t>(disk);
   StoreServiceOptions so;
