@@ -1,6 +1,7 @@
-// Storage tiers of the cache store: a host-RAM tier (one contiguous region carved into
-// power-of-two slots by a buddy allocator, so the room blocks of one size free is there for blocks
-// of another; a byte budget with LRU eviction between high and low watermarks, leases that pin blocks being read)
+// Storage tiers of the cache store: a host-RAM tier (one contiguous region carved into slots of a
+// unit times a power of two by a buddy allocator, so the room blocks of one size free is there for
+// blocks of another; a byte budget with segmented-LRU eviction between high and low watermarks,
+// leases that pin blocks being read)
 // over a persistent RocksDB tier (values in blob files, its own byte budget, least-recently-used
 // eviction, a read from either tier counting as a use).
 // Both are thread-safe; neither holds its lock across RocksDB calls or copies of block payloads
