@@ -183,7 +183,9 @@ absl::StatusOr<ReplayStats> ReplayTrace(const std::vector<TraceRequest>& trace, 
   // The scaled block is the full one's size over the scale, moved if need be into the slot size
   // class the full block is in (so that, say, a block of a power-of-two payload plus its header
   // does not round down into a slot of half its size), and the disk tier holds as many of them as
-  // the full one holds of full blocks. A float32 layout of one layer whose payload makes up the
+  // the full one holds of full blocks. (Exact when the scale divides the unit; otherwise the
+  // scaled region's size is rounded down to a byte, so the RAM watermarks, fractions of it, may
+  // fall a slot apart from the full tier's.) A float32 layout of one layer whose payload makes up the
   // rest after the header gives a block any size in steps of 8 bytes (every block of the replay
   // has the same bytes; keys tell them apart).
   const uint64_t unit = (o.slot_bytes + o.scale - 1) / o.scale;
@@ -215,8 +217,9 @@ absl::StatusOr<ReplayStats> ReplayTrace(const std::vector<TraceRequest>& trace, 
   const uint64_t disk = scaled(o.disk_bytes, block, o.block_bytes);
   constexpr uint64_t kMaxScaledRam = uint64_t{4} << 30;  // the RAM tier's region is allocated whole
   if (ram > kMaxScaledRam) {
-    return absl::InvalidArgumentError(absl::StrCat("a RAM tier of ", o.ram_bytes, " bytes at 1/", o.scale,
-                                                   " scale is past 4 GiB; raise the scale"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a RAM tier of ", o.ram_bytes, " bytes at 1/", o.scale, " scale is past 4 GiB; ",
+        unit > 1 ? "raise the scale" : "a scale past the slot unit shrinks it no further: raise the slot unit"));
   }
   const std::string payload(layout.layer_bytes(), '\0');
   VC_ASSIGN_OR_RETURN(const std::string bytes, EncodeBlock({}, layout, {payload}));

@@ -417,6 +417,19 @@ grpc::Status WorkerService::GetStats(grpc::ServerContext* ctx, const v1::GetStat
     o->set_blocks_published(static_cast<uint64_t>(p.blocks_published));
     o->set_publish_failures(static_cast<uint64_t>(p.publish_failures));
     o->set_publish_dropped(static_cast<uint64_t>(p.publish_dropped));
+    for (const StoreShardStats& sh : p.shards) {
+      v1::StoreShardStats* x = o->add_shards();
+      x->set_target(sh.target);
+      x->set_lookups(static_cast<uint64_t>(sh.lookups));
+      x->set_lookup_failures(static_cast<uint64_t>(sh.lookup_failures));
+      x->set_lookups_skipped(static_cast<uint64_t>(sh.lookups_skipped));
+      x->set_blocks_read(static_cast<uint64_t>(sh.blocks_read));
+      x->set_read_failures(static_cast<uint64_t>(sh.read_failures));
+      x->set_bytes_read(static_cast<uint64_t>(sh.bytes_read));
+      x->set_blocks_published(static_cast<uint64_t>(sh.blocks_published));
+      x->set_publish_failures(static_cast<uint64_t>(sh.publish_failures));
+      x->set_publish_dropped(static_cast<uint64_t>(sh.publish_dropped));
+    }
   }
   return grpc::Status::OK;
 }

@@ -91,7 +91,7 @@ TEST_F(CliTest, StoreRefusesBadTierFlags) {
     EXPECT_EQ(code, 2) << f;
     EXPECT_NE(err.str().find("--ram-hot-fraction"), std::string::npos) << err.str();
   }
-  for (const char* n : {"100", "0", "-64", "2048G"}) {
+  for (const char* n : {"100", "0", "-64", "2147483648"}) {  // the last: past the 1 GiB of RAM
     std::ostringstream out, err;
     const int code = RunStoreCommand({"--listen", "127.0.0.1:0", "--data-dir", dir_ + "/store", "--tokens",
                                       dir_ + "/absent-tokens", "--ram-slot-bytes", n},

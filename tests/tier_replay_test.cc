@@ -100,6 +100,7 @@ TEST_F(TierReplayTest, ScaledReplaysAgree) {
   ASSERT_TRUE(s.ok()) << s.status();
   EXPECT_EQ(s->ram_hits, 0);
   EXPECT_EQ(s->disk_hits, 7);
+  EXPECT_EQ(s->ram_blocks, 1u);
   EXPECT_DOUBLE_EQ(s->disk_read_bytes, 7.0 * (64 << 10));  // reported at full scale
 }
 
@@ -240,6 +241,7 @@ TEST_F(TierReplayTest, Command) {
   ASSERT_EQ(j["replays"].size(), 2u);
   EXPECT_EQ(j["replays"][0]["ram_bytes"], 128 << 10);
   EXPECT_EQ(j["replays"][0]["disk_hits"], 7);
+  EXPECT_EQ(j["replays"][0]["ram_blocks"], 1);
   EXPECT_EQ(j["replays"][1]["ram_hits"], 7);
 
   r = SizeTiers({"--trace", trace, "--kv-bytes-per-token", "128", "--ram-bytes", "4M", "--disk-bytes", "4M",
@@ -258,6 +260,9 @@ TEST_F(TierReplayTest, Command) {
       {"--trace", trace, "--kv-bytes-per-token", "128", "--model", dir_, "--ram-bytes", "4M", "--disk-bytes", "4M"},
       {"--trace", trace, "--kv-bytes-per-token", "128", "--ram-bytes", "4Q", "--disk-bytes", "4M"},
       {"--trace", trace, "--kv-bytes-per-token", "128", "--ram-bytes", "1K", "--disk-bytes", "4M"},
+      {"--trace", trace, "--kv-bytes-per-token", "128", "--ram-bytes", "100K", "--disk-bytes", "4M"},  // < a slot
+      {"--trace", trace, "--kv-bytes-per-token", "128", "--ram-bytes", "4M", "--disk-bytes", "4M", "--ram-slot-bytes",
+       "8388608"},
       {"--trace", trace, "--kv-bytes-per-token", "128", "--ram-bytes", "4M", "--disk-bytes", "4M", "--scale", "3"},
       {"--trace", trace, "--kv-bytes-per-token", "0", "--ram-bytes", "4M", "--disk-bytes", "4M"},
       {"--trace", trace, "--kv-bytes-per-token", "128", "--ram-bytes", "4M", "--disk-bytes", "4M", "--ram-hot-fraction", "2"},

@@ -263,6 +263,9 @@ TEST_F(WorkerServiceTest, AShardThatHangsHoldsUpOnlyItsOwnPuts) {
   EXPECT_GT(s.publish_failures, 0);
   EXPECT_GT(s.blocks_published, 0);
   EXPECT_EQ(early, s.blocks_published);
+  ASSERT_EQ(s.shards.size(), 2u);
+  EXPECT_EQ(s.shards[0].blocks_published, s.blocks_published);
+  EXPECT_EQ(s.shards[1].publish_failures, s.publish_failures);
   worker.reset();
   close(fd);
 }
@@ -436,6 +439,24 @@ TEST_F(WorkerServiceTest, BlocksAreSpreadOverStoreShards) {
   EXPECT_EQ(second.tokens, want);
   EXPECT_EQ(second.stats.prefix_store_tokens(), 18u * 32);
   EXPECT_EQ(stats_of(*a).hits_ram() + stats_of(*b).hits_ram(), 18u);
+  // The worker's stats count each shard's part, in --store order.
+  const StorePrefixStats ws = worker->prefixes()->stats();
+  ASSERT_EQ(ws.shards.size(), 2u);
+  EXPECT_EQ(ws.shards[0].target, a->target());
+  EXPECT_EQ(ws.shards[1].target, b->target());
+  EXPECT_EQ(ws.shards[0].blocks_published, static_cast<int64_t>(on_a));
+  EXPECT_EQ(ws.shards[1].blocks_published, static_cast<int64_t>(on_b));
+  EXPECT_EQ(ws.shards[0].blocks_read, static_cast<int64_t>(on_a));
+  EXPECT_EQ(ws.shards[1].blocks_read, static_cast<int64_t>(on_b));
+  EXPECT_EQ(ws.shards[0].lookups, 2);
+  EXPECT_EQ(ws.shards[1].lookups, 2);
+  std::ostringstream out, err;
+  ASSERT_EQ(cli::RunStatsCommand({"--target", worker->target()}, out, err), 0) << err.str();
+  EXPECT_NE(out.str().find(absl::StrCat("  shard ", a->target(), ": 2 lookups (0 failed, 0 skipped), ", on_a,
+                                        " blocks read")),
+            std::string::npos)
+      << out.str();
+  EXPECT_NE(out.str().find(absl::StrCat("  shard ", b->target(), ": 2 lookups")), std::string::npos) << out.str();
   // Shard b goes away: the prefix found ends at the first of its blocks.
   b.reset();
   const GenerateReply third = CallGenerate(*stub, Request(p, 8));
@@ -443,6 +464,8 @@ TEST_F(WorkerServiceTest, BlocksAreSpreadOverStoreShards) {
   EXPECT_EQ(third.tokens, want);
   EXPECT_LT(third.stats.prefix_store_tokens(), 18u * 32);
   EXPECT_EQ(third.stats.recomputed_tokens(), 0u);
+  EXPECT_EQ(worker->prefixes()->stats().shards[1].lookup_failures, 1);
+  EXPECT_EQ(worker->prefixes()->stats().shards[0].lookup_failures, 0);
   // Every worker must list a shard once.
   WorkerServerOptions o;
   o.model_dir = dir_ + "/model";

@@ -10,6 +10,7 @@
 
 #include <array>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -34,14 +35,23 @@ struct PagedDest {
 
 using PrefixName = std::array<uint8_t, 32>;
 
+// One store shard's part of a prefix store's traffic.
+struct StoreShardStats {
+  std::string target;
+  int64_t lookups = 0, lookup_failures = 0, lookups_skipped = 0;
+  int64_t blocks_read = 0, read_failures = 0, bytes_read = 0;  // read_failures: reads of its blocks that failed
+  int64_t blocks_published = 0, publish_failures = 0, publish_dropped = 0;
+};
+
 // A prefix store's traffic since it was made. With several store shards, lookups,
 // lookup_failures and lookups_skipped count calls to each shard; blocks_hit counts the leading
-// blocks found per prompt.
+// blocks found per prompt; `shards` holds each shard's part.
 struct StorePrefixStats {
   int64_t lookups = 0, lookup_failures = 0, blocks_hit = 0;
   int64_t lookups_skipped = 0;  // answered "no prefix" at once while backing off after a failure
   int64_t blocks_read = 0, read_failures = 0, bytes_read = 0;
   int64_t blocks_published = 0, publish_failures = 0, publish_dropped = 0;
+  std::vector<StoreShardStats> shards;
 };
 
 class PrefixStore {

@@ -100,6 +100,7 @@ absl::StatusOr<std::unique_ptr<StorePrefixes>> StorePrefixes::Create(const Store
   {
     absl::MutexLock l(&p->mu_);
     p->skip_lookups_until_.assign(p->shards_.size(), absl::InfinitePast());
+    for (const Shard& shard : p->shards_) p->stats_.shards.push_back({shard.target});
   }
   if (options.ucx != "off") {
     // A reader (a UCX worker) per shard: one reader's reads take turns, so the shards' would too.
@@ -156,6 +157,7 @@ size_t StorePrefixes::LookupShard(size_t s, absl::Span<const cachestore::BlockKe
     absl::MutexLock l(&mu_);
     if (absl::Now() < skip_lookups_until_[s]) {
       stats_.lookups_skipped++;
+      stats_.shards[s].lookups_skipped++;
       return 0;
     }
   }
@@ -164,8 +166,10 @@ size_t StorePrefixes::LookupShard(size_t s, absl::Span<const cachestore::BlockKe
   const absl::Time end = absl::Now();
   absl::MutexLock l(&mu_);
   stats_.lookups++;
+  stats_.shards[s].lookups++;
   if (!got.ok()) {
     stats_.lookup_failures++;
+    stats_.shards[s].lookup_failures++;
     skip_lookups_until_[s] = end + std::max(8 * (end - start), absl::Milliseconds(50));
     return 0;
   }
@@ -242,9 +246,23 @@ absl::Status StorePrefixes::ReadBlocks(absl::Span<const PrefixName> names, const
       if (!by_shard[s].empty()) batches.push_back({s, std::move(by_shard[s])});
     }
   }
+  // Each batch's outcome, counted for its shard.
+  const auto count = [this](size_t s, const absl::Status& st, size_t blocks, int64_t b) {
+    absl::MutexLock l(&mu_);
+    StoreShardStats& c = stats_.shards[s];
+    c.bytes_read += b;
+    if (st.ok()) {
+      c.blocks_read += static_cast<int64_t>(blocks);
+    } else {
+      c.read_failures++;
+    }
+  };
   if (in_order || batches.size() < 2) {
     for (const auto& [s, idx] : batches) {
-      status = ReadFromShard(s, names, idx, want, &bytes, use);
+      int64_t b = 0;
+      status = ReadFromShard(s, names, idx, want, &b, use);
+      bytes += b;
+      count(s, status, idx.size(), b);
       if (!status.ok()) break;
     }
   } else {
@@ -257,9 +275,14 @@ absl::Status StorePrefixes::ReadBlocks(absl::Span<const PrefixName> names, const
         return ReadFromShard(batches[i].first, names, batches[i].second, want, &got[i], use);
       }));
     }
-    status = ReadFromShard(batches[0].first, names, batches[0].second, want, &got[0], use);
-    for (auto& f : rest) status.Update(f.get());
-    for (int64_t g : got) bytes += g;
+    std::vector<absl::Status> outcome(batches.size());
+    outcome[0] = ReadFromShard(batches[0].first, names, batches[0].second, want, &got[0], use);
+    for (size_t i = 1; i < batches.size(); ++i) outcome[i] = rest[i - 1].get();
+    for (size_t i = 0; i < batches.size(); ++i) {
+      status.Update(outcome[i]);
+      bytes += got[i];
+      count(batches[i].first, outcome[i], batches[i].second.size(), got[i]);
+    }
   }
   if (options_.link != nullptr) options_.link->Transfer(bytes, start);
   absl::MutexLock l(&mu_);
@@ -414,6 +437,7 @@ void StorePrefixes::Enqueue(absl::Span<const PrefixName> names, int from, int to
       absl::MutexLock l(&mu_);
       if (outboxes_[s].bytes > limit) {
         stats_.publish_dropped++;
+        stats_.shards[s].publish_dropped++;
         continue;
       }
     }
@@ -421,6 +445,7 @@ void StorePrefixes::Enqueue(absl::Span<const PrefixName> names, int from, int to
     absl::MutexLock l(&mu_);
     if (!block.ok()) {
       stats_.publish_failures++;
+      stats_.shards[s].publish_failures++;
       continue;
     }
     outboxes_[s].bytes += static_cast<int64_t>(block->size());
@@ -451,8 +476,10 @@ void StorePrefixes::PublishLoop(size_t s) {
     outboxes_[s].bytes -= static_cast<int64_t>(job.block.size());
     if (st.ok()) {
       stats_.blocks_published++;
+      stats_.shards[s].blocks_published++;
     } else {
       stats_.publish_failures++;
+      stats_.shards[s].publish_failures++;
     }
   }
 }

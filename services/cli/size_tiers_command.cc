@@ -126,7 +126,7 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
   VC_ASSIGN_OR_RETURN(const int64_t first, a.Int("first", 0, 0, int64_t{1} << 40));
   VC_ASSIGN_OR_RETURN(const int64_t requests, a.Int("requests", -1, 1, int64_t{1} << 40));
   VC_ASSIGN_OR_RETURN(const double hot_fraction, HotFraction(a));
-  // (Checked against the sizes below: every RAM size must take a slot.)
+  // (Checked against the RAM sizes below: each must hold a block's slot.)
   VC_ASSIGN_OR_RETURN(const uint64_t slot_bytes, RamSlotBytes(a, uint64_t{1} << 50));
 
   uint64_t block_bytes = 0;
@@ -151,8 +151,14 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
                   cachestore::BlockHeaderBytes(static_cast<uint32_t>(layers));
     what = absl::StrCat("blocks of ", per_token, " bytes per token and a header");
   }
+  // A RAM tier holds a block only if it holds the block's slot: the unit times a power of two.
+  uint64_t slot = slot_bytes;
+  while (slot < block_bytes) slot *= 2;
   for (uint64_t s : rams) {
-    if (s < block_bytes) return absl::InvalidArgumentError(absl::StrCat("--ram-bytes ", s, " holds no block of ", block_bytes, " bytes"));
+    if (s < slot) {
+      return absl::InvalidArgumentError(absl::StrCat("--ram-bytes ", s, " holds no slot of ", slot, " bytes, which a block of ",
+                                                     block_bytes, " takes with --ram-slot-bytes ", slot_bytes));
+    }
   }
   for (uint64_t s : disks) {
     if (s < block_bytes) return absl::InvalidArgumentError(absl::StrCat("--disk-bytes ", s, " holds no block of ", block_bytes, " bytes"));

@@ -74,6 +74,15 @@ void PrintWorker(const std::string& target, const v1::WorkerStats& s, std::ostre
       "(%s, %d reads failed); %d blocks published (%d failed, %d dropped with the put queue full)\n",
       c.lookups(), c.lookup_failures(), c.lookups_skipped(), c.blocks_hit(), c.blocks_read(), Bytes(c.bytes_read()),
       c.read_failures(), c.blocks_published(), c.publish_failures(), c.publish_dropped());
+  if (c.shards_size() < 2) return;
+  for (const v1::StoreShardStats& sh : c.shards()) {
+    out << absl::StrFormat(
+        "  shard %s: %d lookups (%d failed, %d skipped), %d blocks read (%s, %d reads failed), %d published "
+        "(%d failed, %d dropped)\n",
+        sh.target(), sh.lookups(), sh.lookup_failures(), sh.lookups_skipped(), sh.blocks_read(),
+        Bytes(sh.bytes_read()), sh.read_failures(), sh.blocks_published(), sh.publish_failures(),
+        sh.publish_dropped());
+  }
 }
 
 void PrintStore(const std::string& target, const v1::StatsResponse& s, std::ostream& out) {
