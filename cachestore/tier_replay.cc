@@ -3,10 +3,10 @@
 #include <stdlib.h>
 
 #include <algorithm>
-#include <cerrno>
-#include <cstring>
 #include <array>
+#include <cerrno>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -30,11 +30,11 @@ absl::Status BadLine(const std::string& path, int64_t line, absl::string_view wh
   return absl::InvalidArgumentError(absl::StrCat(path, ": line ", line, ": ", why));
 }
 
-// A non-negative integer field of `j`, or why not.
 // Past these a trace is not one of requests (and sums of its lengths could overflow).
 constexpr int64_t kMaxLength = int64_t{1} << 40;  // tokens in one prompt or output
 constexpr double kMaxTimestampMs = 1e15;           // about 31,700 years
 
+// An integer field of `j` in [0, kMaxLength], or why not.
 absl::StatusOr<int64_t> Count(const nlohmann::json& j, const char* name) {
   const auto it = j.find(name);
   if (it == j.end()) return absl::InvalidArgumentError(absl::StrCat("no \"", name, "\""));
@@ -137,7 +137,9 @@ class Tally {
 
 absl::StatusOr<std::vector<TraceRequest>> ReadMooncakeTrace(const std::string& path, int64_t first, int64_t count) {
   std::error_code ec;
-  if (std::filesystem::is_directory(path, ec)) return absl::InvalidArgumentError(absl::StrCat("the trace ", path, " is a directory"));
+  if (std::filesystem::is_directory(path, ec)) {
+    return absl::InvalidArgumentError(absl::StrCat("the trace ", path, " is a directory"));
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::NotFoundError(absl::StrCat("cannot read the trace ", path));
   std::vector<TraceRequest> out;

@@ -5,11 +5,11 @@
 // with: how many prompt tokens each tier serves, so the prefill it saves, and the bytes per second
 // each tier reads and writes.
 //
-// Block payloads are scaled down by a power of two (ReplayOptions::scale) and so are both tiers'
-// capacities and the RAM tier's slot unit, so a trace of terabytes replays in a scratch directory
-// of gigabytes; a scaled block takes the slot (unit times a power of two) the full one would. Requests replay one after another,
-// so two that arrive together and share a new prefix count as a miss and a hit, where a busy
-// worker fleet might miss twice.
+// Block payloads are scaled down by about a power of two (ReplayOptions::scale), and each tier by
+// the ratio that keeps the number of blocks it holds, so a trace of terabytes replays in a scratch
+// directory of gigabytes; a scaled block takes the RAM slot (unit times a power of two) the full
+// one would. Requests replay one after another, so two that arrive together and share a new prefix
+// count as a miss and a hit, where a busy worker fleet might miss twice.
 #ifndef VC_CACHESTORE_TIER_REPLAY_H_
 #define VC_CACHESTORE_TIER_REPLAY_H_
 

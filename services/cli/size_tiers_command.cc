@@ -89,7 +89,8 @@ std::string SlotLine(uint64_t block, uint64_t slot) {
   uint64_t fit_taken = fit;
   while (fit_taken < block) fit_taken *= 2;
   return absl::StrFormat("RAM slots: a block takes %s with --ram-slot-bytes %d (%.1f%% of it used)%s\n",
-                         Human(static_cast<double>(taken)), slot, 100.0 * static_cast<double>(block) / static_cast<double>(taken),
+                         Human(static_cast<double>(taken)), slot,
+                         100.0 * static_cast<double>(block) / static_cast<double>(taken),
                          taken == fit_taken || static_cast<double>(block) / static_cast<double>(taken) > 0.99
                              ? std::string()
                              : absl::StrFormat("; --ram-slot-bytes %d would use %.1f%%", fit,
@@ -131,7 +132,9 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
 
   uint64_t block_bytes = 0;
   std::string what;
-  if (a.Has("layers") && !a.Has("kv-bytes-per-token")) return absl::InvalidArgumentError("--layers goes with --kv-bytes-per-token");
+  if (a.Has("layers") && !a.Has("kv-bytes-per-token")) {
+    return absl::InvalidArgumentError("--layers goes with --kv-bytes-per-token");
+  }
   if (a.Has("model")) {
     VC_ASSIGN_OR_RETURN(const ModelConfig c, LoadModelConfig(a.Str("model")));
     cachestore::BlockLayout bl;
@@ -156,12 +159,15 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
   while (slot < block_bytes) slot *= 2;
   for (uint64_t s : rams) {
     if (s < slot) {
-      return absl::InvalidArgumentError(absl::StrCat("--ram-bytes ", s, " holds no slot of ", slot, " bytes, which a block of ",
-                                                     block_bytes, " takes with --ram-slot-bytes ", slot_bytes));
+      return absl::InvalidArgumentError(absl::StrCat("--ram-bytes ", s, " holds no slot of ", slot,
+                                                     " bytes, which a block of ", block_bytes,
+                                                     " takes with --ram-slot-bytes ", slot_bytes));
     }
   }
   for (uint64_t s : disks) {
-    if (s < block_bytes) return absl::InvalidArgumentError(absl::StrCat("--disk-bytes ", s, " holds no block of ", block_bytes, " bytes"));
+    if (s < block_bytes) {
+      return absl::InvalidArgumentError(absl::StrCat("--disk-bytes ", s, " holds no block of ", block_bytes, " bytes"));
+    }
   }
   uint64_t scale = 1;
   if (a.Has("scale")) {
@@ -191,8 +197,8 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
     out << SlotLine(block_bytes, slot_bytes);
     out << "| RAM | disk | prompt tokens from the store | from RAM | from disk | RAM reads: mean (peak minute) "
            "| disk reads | disk writes |\n|---|---|---:|---:|---:|---:|---:|---:|\n";
-    PrintRow(out, "unbounded", absl::StrCat("(", Human(static_cast<double>(unbounded.ram_blocks) * block_bytes), " of blocks)"),
-             unbounded, true);
+    const double distinct = static_cast<double>(unbounded.ram_blocks) * static_cast<double>(block_bytes);
+    PrintRow(out, "unbounded", absl::StrCat("(", Human(distinct), " of blocks)"), unbounded, true);
     out.flush();
   }
   for (uint64_t ram : rams) {
@@ -220,6 +226,7 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
   }
   if (json) {
     nlohmann::json j = {{"block_bytes", block_bytes}, {"block_tokens", block_tokens}, {"scale", scale},
+                        {"ram_slot_bytes", slot_bytes}, {"block_slot_bytes", slot},
                         {"unbounded", ToJson(unbounded)}, {"replays", results}};
     out << j.dump(2) << "\n";
   }

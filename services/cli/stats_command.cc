@@ -143,7 +143,8 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
   v1::StatsResponse stats;
   const grpc::Status s = v1::CacheStore::NewStub(channel)->Stats(&ctx, v1::StatsRequest(), &stats);
   if (s.error_code() == grpc::StatusCode::UNIMPLEMENTED) {
-    return absl::FailedPreconditionError(absl::StrCat(target, " serves neither vericache.v1.Inference nor vericache.v1.CacheStore"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(target, " serves neither vericache.v1.Inference nor vericache.v1.CacheStore"));
   }
   if (!s.ok()) return FromGrpc(s, target);
   if (a.Has("json")) {
