@@ -1,5 +1,6 @@
 // The exactness contract: every VeriCache generation equals sequential full-KV decoding token for
 // token, for every compressor, draft window, batch size, greedy and sampled.
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -152,6 +153,49 @@ TEST_F(EngineExactness, HostTierForOneSequenceAtATimeOnlyDelays) {
   }
   ASSERT_EQ(done, 3);
   for (int b = 0; b < 3; ++b) EXPECT_EQ(results[b].tokens, GenerateFull(*model_, prompts[b], o)->tokens) << b;
+}
+
+TEST_F(EngineExactness, SmallRequestsPassOneThatMustWaitAFewTimesAtMost) {
+  // The host tier holds one long sequence and one short one. A second long request has to wait
+  // for the first; short ones behind it do not wait with it, but only 8 of them pass it: then it
+  // holds up the rest until it is admitted. Every output is exact.
+  const HostKvTier sizing(model_->kv_layout(16), 0);
+  GenerateOptions long_o, short_o;
+  long_o.max_tokens = 1200;
+  short_o.max_tokens = 2;
+  long_o.stop_at_eos = short_o.stop_at_eos = false;
+  const int64_t long_len = 100, short_len = 40;
+  HostKvTier tier(model_->kv_layout(16), 0, 1,
+                  sizing.BytesFor(long_len + long_o.max_tokens) + sizing.BytesFor(short_len + short_o.max_tokens));
+  EngineOptions eo;
+  eo.compressor = "kivi:bits=4";
+  eo.staging_blocks = 2 * ((long_len + long_o.max_tokens) / 16 + 4);
+  auto engine = VeriCacheEngine::Create(*model_, &tier, eo);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<GenerateOptions> opts;
+  std::vector<EngineResult> results(14);
+  std::vector<int> done_order;
+  for (int b = 0; b < 14; ++b) {
+    const bool is_long = b < 2;
+    prompts.push_back(RandomPrompt(static_cast<int>(is_long ? long_len : short_len), 400 + b));
+    opts.push_back(is_long ? long_o : short_o);
+    (*engine)->Submit(MakeRequest(prompts.back(), opts.back()), [&, b](absl::Status st, EngineResult r) {
+      EXPECT_TRUE(st.ok()) << st;
+      results[b] = std::move(r);
+      done_order.push_back(b);
+    });
+  }
+  for (int i = 0; i < 5000 && !(*engine)->Idle(); ++i) {
+    const absl::Status st = (*engine)->Step();
+    ASSERT_TRUE(st.ok()) << st;
+    EXPECT_LE((*engine)->active(), 2u);
+  }
+  ASSERT_EQ(done_order.size(), 14u);
+  // Before the first long request ends, exactly 8 short ones have passed the second.
+  const auto first_long = std::find(done_order.begin(), done_order.end(), 0);
+  EXPECT_EQ(first_long - done_order.begin(), 8) << "short requests done before the first long one";
+  for (int b = 0; b < 14; ++b) EXPECT_EQ(results[b].tokens, GenerateFull(*model_, prompts[b], opts[b])->tokens) << b;
 }
 
 TEST_F(EngineExactness, PrefixRecomputedUnderATightHostTierHasItsRoom) {

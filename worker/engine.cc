@@ -27,6 +27,7 @@ struct VeriCacheEngine::Sequence : QueuedRequest {
   std::vector<PrefixName> cnames;
   int cpublish_from = -1;
   int generated = 0;
+  int passed = 0;  // requests admitted ahead of this one while it waited
   int k = -1;  // current window; -1 between windows
   int first_window = -1;  // >= 0: the first window's size, chosen at admission
   std::vector<int32_t> drafts;
@@ -534,21 +535,30 @@ absl::Status VeriCacheEngine::Step() {
   RequestQueue<Sequence>::TellAll(ended);
   auto& pending = requests_.pending;
   auto& active = requests_.active;
-  while (!pending.empty() && static_cast<int>(active.size()) < options_.max_batch) {
-    Sequence& s = *pending.front();
+  // Requests are admitted in order, but one that does not fit yet (its memory is taken by the
+  // batch) does not hold up later ones that do: it waits, and they pass it, kMaxPasses of them at
+  // most; then nothing passes it until it is admitted. (A step tries kMaxWaitingTried waiting
+  // requests at most: each try may ask the store for its prefix.)
+  constexpr int kMaxPasses = 8, kMaxWaitingTried = 4;
+  int waiting_tried = 0;
+  for (size_t i = 0; i < pending.size() && static_cast<int>(active.size()) < options_.max_batch;) {
+    Sequence& s = *pending[i];
     absl::Status st = Admit(s);
-    if (absl::IsResourceExhausted(st) && !active.empty()) {  // wait for staging to free up
+    if (absl::IsResourceExhausted(st) && !active.empty()) {  // wait for staging or the tier to free up
       Release(s);
       s.ResetAdmission();
-      break;
+      if (s.passed >= kMaxPasses || ++waiting_tried >= kMaxWaitingTried) break;
+      ++i;
+      continue;
     }
-    std::unique_ptr<Sequence> owned = std::move(pending.front());
-    pending.pop_front();
+    std::unique_ptr<Sequence> owned = std::move(pending[i]);
+    pending.erase(pending.begin() + static_cast<std::ptrdiff_t>(i));
     if (!st.ok()) {
       Release(s);
       RequestQueue<Sequence>::Tell(s, std::move(st));
       continue;
     }
+    for (size_t j = 0; j < i; ++j) pending[j]->passed++;  // those it passed
     active.push_back(std::move(owned));
   }
 
