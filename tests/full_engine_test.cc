@@ -157,6 +157,32 @@ TEST_F(FullEngineTest, ManyRequestsInATightPoolMatchGenerateFull) {
   }
 }
 
+TEST_F(FullEngineTest, SmallRequestsPassOneThatMustWaitAFewTimesAtMost) {
+  // The pool holds one long request and one short one. A second long one waits for the first;
+  // short ones behind it pass it, 8 of them, and then wait behind it. Every output is exact.
+  std::vector<EngineRequest> reqs;
+  for (int i = 0; i < 14; ++i) {
+    const bool is_long = i < 2;
+    reqs.push_back(MakeRequest(RandomPrompt(is_long ? 100 : 20, 500 + i), Options(is_long ? 400 : 2, 0.0f, 1)));
+  }
+  auto engine = Engine((100 + 400) / 16 + 1 + 2, 4);
+  ASSERT_NE(engine, nullptr);
+  std::vector<int> done_order;
+  std::vector<EngineResult> results(reqs.size());
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    engine->Submit(reqs[i], [&, i](absl::Status st, EngineResult r) {
+      EXPECT_TRUE(st.ok()) << st;
+      results[i] = std::move(r);
+      done_order.push_back(static_cast<int>(i));
+    });
+  }
+  for (int step = 0; step < 5000 && !engine->Idle(); ++step) ASSERT_TRUE(engine->Step().ok());
+  ASSERT_EQ(done_order.size(), reqs.size());
+  EXPECT_EQ(std::find(done_order.begin(), done_order.end(), 0) - done_order.begin(), 8)
+      << "short requests done before the first long one";
+  for (size_t i = 0; i < reqs.size(); ++i) EXPECT_EQ(results[i].tokens, Reference(*model_, reqs[i])) << i;
+}
+
 TEST_F(FullEngineTest, EveryBatchSizeGivesTheSameTokens) {
   std::vector<EngineRequest> reqs;
   for (int i = 0; i < 6; ++i) {

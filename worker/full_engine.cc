@@ -21,6 +21,7 @@ struct FullKvEngine::Sequence : QueuedRequest {
   std::vector<PrefixName> names;  // of the prompt's full blocks, with a PrefixStore
   int publish_from = -1;          // blocks [publish_from, names.size()) to publish; -1: none
   int generated = 0;
+  int passed = 0;  // requests admitted ahead of this one while it waited for room
 };
 
 FullKvEngine::FullKvEngine(const Model& model, const FullEngineOptions& options, PrefixStore* prefixes)
@@ -175,12 +176,20 @@ absl::Status FullKvEngine::Step() {
       absl::Now(), [&](const Sequence& s) { return Check(s.request); }, [&](Sequence& s) { Leave(s); });
   auto& pending = requests_.pending;
   auto& active = requests_.active;
-  // First come, first served: the head of the queue waits for room rather than being overtaken.
-  while (!pending.empty() && static_cast<int>(active.size()) < options_.max_batch &&
-         cache_.free_blocks() >= BlocksFor(pending.front()->request)) {
-    Admit(*pending.front());
-    active.push_back(std::move(pending.front()));
-    pending.pop_front();
+  // In order, but a request waiting for room does not hold up later ones that fit: they pass it,
+  // kMaxPasses of them at most; then nothing passes it until it is admitted.
+  constexpr int kMaxPasses = 8;
+  for (size_t i = 0; i < pending.size() && static_cast<int>(active.size()) < options_.max_batch;) {
+    Sequence& s = *pending[i];
+    if (cache_.free_blocks() < BlocksFor(s.request)) {
+      if (s.passed >= kMaxPasses) break;
+      ++i;
+      continue;
+    }
+    Admit(s);
+    active.push_back(std::move(pending[i]));
+    pending.erase(pending.begin() + static_cast<std::ptrdiff_t>(i));
+    for (size_t j = 0; j < i; ++j) pending[j]->passed++;  // those it passed
   }
   const absl::Status status = active.empty() ? absl::OkStatus() : Pass();
   for (auto& e : requests_.TakeFinished(status, [&](Sequence& s) { Leave(s); })) ended.push_back(std::move(e));
