@@ -128,6 +128,7 @@ StoreStats BlockStore::Stats() const {
   s.ram_used_bytes = ram_->used_bytes();
   s.ram_capacity_bytes = ram_->region_bytes();
   s.ram_blocks = ram_->blocks();
+  s.ram_block_bytes = ram_->block_bytes();
   s.disk_used_bytes = disk_->used_bytes();
   s.disk_capacity_bytes = disk_->capacity_bytes();
   s.disk_blocks = disk_->blocks();

@@ -24,6 +24,7 @@ inline constexpr int kMaxKeysPerLeaseCall = 4096;
 
 struct StoreStats {
   uint64_t ram_used_bytes = 0, ram_capacity_bytes = 0, ram_blocks = 0;
+  uint64_t ram_block_bytes = 0;  // of the blocks in the slots ram_used_bytes counts
   uint64_t disk_used_bytes = 0, disk_capacity_bytes = 0, disk_blocks = 0;
   uint64_t hits_ram = 0, hits_disk = 0, misses = 0, corrupt_dropped = 0;
 };

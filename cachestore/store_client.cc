@@ -525,6 +525,7 @@ absl::StatusOr<StoreStats> StoreClient::Stats() {
   out.ram_used_bytes = r.ram_used_bytes();
   out.ram_capacity_bytes = r.ram_capacity_bytes();
   out.ram_blocks = r.ram_blocks();
+  out.ram_block_bytes = r.ram_block_bytes();
   out.disk_used_bytes = r.disk_used_bytes();
   out.disk_capacity_bytes = r.disk_capacity_bytes();
   out.disk_blocks = r.disk_blocks();

@@ -80,6 +80,7 @@ uint64_t RamTier::Allocate(uint64_t slot) {
 
 void RamTier::Free(Entry& e) {
   used_ -= e.slot;
+  block_bytes_ -= e.size;
   uint64_t offset = e.offset, size = e.slot;
   while (size < largest_slot_) {
     const uint64_t buddy = (offset / unit_ ^ size / unit_) * unit_;
@@ -206,6 +207,7 @@ absl::Status RamTier::Put(const BlockKey& key, absl::string_view block,
     e.lru = lru_.insert(cold_, key);  // the cold segment's most recent
     cold_ = e.lru;
     used_ += slot;
+    block_bytes_ += block.size();
     entries_[key] = e;
   }
   std::memcpy(region_ + offset, block.data(), block.size());
@@ -306,6 +308,11 @@ absl::Status RamTier::Release(uint64_t lease_id, absl::string_view owner) {
 uint64_t RamTier::used_bytes() const {
   absl::MutexLock l(&mu_);
   return used_;
+}
+
+uint64_t RamTier::block_bytes() const {
+  absl::MutexLock l(&mu_);
+  return block_bytes_;
 }
 
 size_t RamTier::blocks() const {

@@ -118,7 +118,9 @@ class RamTier {
   // The region blocks live in (registered once with the data plane).
   const char* region() const { return region_; }
   uint64_t region_bytes() const { return options_.capacity_bytes; }
+  // Bytes of the slots taken, and of the blocks in them (the rest of the slots is unused).
   uint64_t used_bytes() const;
+  uint64_t block_bytes() const;
   size_t blocks() const;
 
  private:
@@ -166,7 +168,8 @@ class RamTier {
   const uint64_t unit_;        // min_slot_bytes (at least 1): slots are unit_ times a power of two
   const uint64_t hot_cap_;     // bytes the hot segment may hold
   uint64_t largest_slot_ = 0;  // the region's biggest aligned power-of-two piece
-  uint64_t used_ ABSL_GUARDED_BY(mu_) = 0;  // bytes of live slots
+  uint64_t used_ ABSL_GUARDED_BY(mu_) = 0;         // bytes of live slots
+  uint64_t block_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // bytes of the blocks in them
   // Free slots: size -> offsets (no size with none). A slot of s bytes sits at a multiple of s
   // (counted from the region's base in min_slot_bytes units), and its buddy, the other half of the
   // slot of 2s that holds it, at offset XOR s.

@@ -234,6 +234,7 @@ grpc::ServerUnaryReactor* CacheStoreService::Stats(grpc::CallbackServerContext* 
   resp->set_hits_disk(s.hits_disk);
   resp->set_misses(s.misses);
   resp->set_corrupt_blocks_dropped(s.corrupt_dropped);
+  resp->set_ram_block_bytes(s.ram_block_bytes);
   return Done(ctx, absl::OkStatus());
 }
 

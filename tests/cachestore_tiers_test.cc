@@ -114,8 +114,12 @@ TEST(RamTier, AUnitOfTheBlockSizeFitsTwiceTheBlocks) {
     RamTier t(o);
     for (int i = 0; i < 20; ++i) ASSERT_TRUE(t.Put(Key(i), Block(i, block), nullptr).ok());
     EXPECT_EQ(t.blocks(), unit == 4096 ? 4u : 8u) << unit;
+    EXPECT_EQ(t.block_bytes(), t.blocks() * block) << unit;  // the blocks' bytes, whatever their slots
+    EXPECT_EQ(t.used_bytes(), t.blocks() * (unit == 4096 ? 2 * (64 << 10) : block)) << unit;
     for (int i = 12; i < 20; ++i) EXPECT_EQ(t.Contains(Key(i)), unit != 4096 || i >= 16) << unit << " " << i;
     EXPECT_EQ(*t.Get(Key(19)), Block(19, block));
+    ASSERT_TRUE(t.Delete(Key(19)).ok());
+    EXPECT_EQ(t.block_bytes(), t.blocks() * block) << unit;
   }
 }
 

@@ -102,6 +102,9 @@ TEST(StoreService, PutLookupGetDeleteRoundTrip) {
   auto stats = a->Stats();
   ASSERT_TRUE(stats.ok());
   EXPECT_EQ(stats->disk_blocks, 2u);
+  EXPECT_EQ(stats->ram_blocks, 2u);
+  EXPECT_EQ(stats->ram_block_bytes, MakeBlock(1).size() + MakeBlock(2).size());
+  EXPECT_GE(stats->ram_used_bytes, stats->ram_block_bytes);  // the blocks' slots
 }
 
 // A Put of a different block under a key being read is refused by both tiers alike: the RAM copy

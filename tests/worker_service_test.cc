@@ -395,6 +395,7 @@ TEST_F(WorkerServiceTest, StatsReportRequestsAndStoreTraffic) {
   EXPECT_NE(out.find("6 blocks read"), std::string::npos) << out;
   ASSERT_EQ(run({"--target", store->target(), "--token", "tok"}, &out, &err), 0) << err;
   EXPECT_NE(out.find("RAM tier: "), std::string::npos) << out;
+  EXPECT_NE(out.find("6 blocks of "), std::string::npos) << out;  // and the share of their slots they fill
   EXPECT_NE(out.find("6 blocks"), std::string::npos) << out;
   ASSERT_EQ(run({"--target", store->target(), "--token", "tok", "--json"}, &out, &err), 0) << err;
   EXPECT_NE(out.find("\"kind\": \"store\""), std::string::npos) << out;

@@ -87,9 +87,10 @@ void PrintWorker(const std::string& target, const v1::WorkerStats& s, std::ostre
 
 void PrintStore(const std::string& target, const v1::StatsResponse& s, std::ostream& out) {
   out << absl::StrFormat("cache store %s\n", target);
-  out << absl::StrFormat("RAM tier: %s of %s used (%s), %d blocks\n", Bytes(s.ram_used_bytes()),
-                         Bytes(s.ram_capacity_bytes()), Share(s.ram_used_bytes(), s.ram_capacity_bytes()),
-                         s.ram_blocks());
+  out << absl::StrFormat("RAM tier: %s of %s in slots (%s), %d blocks of %s (%s of their slots)\n",
+                         Bytes(s.ram_used_bytes()), Bytes(s.ram_capacity_bytes()),
+                         Share(s.ram_used_bytes(), s.ram_capacity_bytes()), s.ram_blocks(), Bytes(s.ram_block_bytes()),
+                         Share(s.ram_block_bytes(), s.ram_used_bytes()));
   out << absl::StrFormat("disk tier: %s of %s used (%s), %d blocks\n", Bytes(s.disk_used_bytes()),
                          Bytes(s.disk_capacity_bytes()), Share(s.disk_used_bytes(), s.disk_capacity_bytes()),
                          s.disk_blocks());
