@@ -156,9 +156,10 @@ TEST_F(EngineExactness, HostTierForOneSequenceAtATimeOnlyDelays) {
 }
 
 TEST_F(EngineExactness, SmallRequestsPassOneThatMustWaitAFewTimesAtMost) {
-  // The host tier holds one long sequence and one short one. A second long request has to wait
-  // for the first; short ones behind it do not wait with it, but only 8 of them pass it: then it
-  // holds up the rest until it is admitted. Every output is exact.
+  // The host tier holds one long sequence and three short ones. A second long request has to wait
+  // for the first; short ones behind it do not wait with it, but only 8 of them pass it, even
+  // when several are admitted in one step: then it holds up the rest until it is admitted. Every
+  // output is exact.
   const HostKvTier sizing(model_->kv_layout(16), 0);
   GenerateOptions long_o, short_o;
   long_o.max_tokens = 1200;
@@ -166,7 +167,7 @@ TEST_F(EngineExactness, SmallRequestsPassOneThatMustWaitAFewTimesAtMost) {
   long_o.stop_at_eos = short_o.stop_at_eos = false;
   const int64_t long_len = 100, short_len = 40;
   HostKvTier tier(model_->kv_layout(16), 0, 1,
-                  sizing.BytesFor(long_len + long_o.max_tokens) + sizing.BytesFor(short_len + short_o.max_tokens));
+                  sizing.BytesFor(long_len + long_o.max_tokens) + 3 * sizing.BytesFor(short_len + short_o.max_tokens));
   EngineOptions eo;
   eo.compressor = "kivi:bits=4";
   eo.staging_blocks = 2 * ((long_len + long_o.max_tokens) / 16 + 4);
@@ -189,7 +190,7 @@ TEST_F(EngineExactness, SmallRequestsPassOneThatMustWaitAFewTimesAtMost) {
   for (int i = 0; i < 5000 && !(*engine)->Idle(); ++i) {
     const absl::Status st = (*engine)->Step();
     ASSERT_TRUE(st.ok()) << st;
-    EXPECT_LE((*engine)->active(), 2u);
+    EXPECT_LE((*engine)->active(), 4u);
   }
   ASSERT_EQ(done_order.size(), 14u);
   // Before the first long request ends, exactly 8 short ones have passed the second.

@@ -158,14 +158,15 @@ TEST_F(FullEngineTest, ManyRequestsInATightPoolMatchGenerateFull) {
 }
 
 TEST_F(FullEngineTest, SmallRequestsPassOneThatMustWaitAFewTimesAtMost) {
-  // The pool holds one long request and one short one. A second long one waits for the first;
-  // short ones behind it pass it, 8 of them, and then wait behind it. Every output is exact.
+  // The pool holds one long request and three short ones. A second long one waits for the first;
+  // short ones behind it pass it, 8 of them (several in one step), and then wait behind it.
+  // Every output is exact.
   std::vector<EngineRequest> reqs;
   for (int i = 0; i < 14; ++i) {
     const bool is_long = i < 2;
     reqs.push_back(MakeRequest(RandomPrompt(is_long ? 100 : 20, 500 + i), Options(is_long ? 400 : 2, 0.0f, 1)));
   }
-  auto engine = Engine((100 + 400) / 16 + 1 + 2, 4);
+  auto engine = Engine((100 + 400) / 16 + 1 + 3 * 2, 4);
   ASSERT_NE(engine, nullptr);
   std::vector<int> done_order;
   std::vector<EngineResult> results(reqs.size());

@@ -541,13 +541,16 @@ absl::Status VeriCacheEngine::Step() {
   // requests at most: each try may ask the store for its prefix.)
   constexpr int kMaxPasses = 8, kMaxWaitingTried = 4;
   int waiting_tried = 0;
+  int budget = kMaxPasses;  // admissions that may still pass the requests waiting before i
   for (size_t i = 0; i < pending.size() && static_cast<int>(active.size()) < options_.max_batch;) {
+    if (i > 0 && budget <= 0) break;
     Sequence& s = *pending[i];
     absl::Status st = Admit(s);
     if (absl::IsResourceExhausted(st) && !active.empty()) {  // wait for staging or the tier to free up
       Release(s);
       s.ResetAdmission();
-      if (s.passed >= kMaxPasses || ++waiting_tried >= kMaxWaitingTried) break;
+      budget = std::min(budget, kMaxPasses - s.passed);
+      if (budget <= 0 || ++waiting_tried >= kMaxWaitingTried) break;
       ++i;
       continue;
     }
@@ -559,6 +562,7 @@ absl::Status VeriCacheEngine::Step() {
       continue;
     }
     for (size_t j = 0; j < i; ++j) pending[j]->passed++;  // those it passed
+    if (i > 0) --budget;
     active.push_back(std::move(owned));
   }
 

@@ -179,10 +179,13 @@ absl::Status FullKvEngine::Step() {
   // In order, but a request waiting for room does not hold up later ones that fit: they pass it,
   // kMaxPasses of them at most; then nothing passes it until it is admitted.
   constexpr int kMaxPasses = 8;
+  int budget = kMaxPasses;  // admissions that may still pass the requests waiting before i
   for (size_t i = 0; i < pending.size() && static_cast<int>(active.size()) < options_.max_batch;) {
+    if (i > 0 && budget <= 0) break;
     Sequence& s = *pending[i];
     if (cache_.free_blocks() < BlocksFor(s.request)) {
-      if (s.passed >= kMaxPasses) break;
+      budget = std::min(budget, kMaxPasses - s.passed);
+      if (budget <= 0) break;
       ++i;
       continue;
     }
@@ -190,6 +193,7 @@ absl::Status FullKvEngine::Step() {
     active.push_back(std::move(pending[i]));
     pending.erase(pending.begin() + static_cast<std::ptrdiff_t>(i));
     for (size_t j = 0; j < i; ++j) pending[j]->passed++;  // those it passed
+    if (i > 0) --budget;
   }
   const absl::Status status = active.empty() ? absl::OkStatus() : Pass();
   for (auto& e : requests_.TakeFinished(status, [&](Sequence& s) { Leave(s); })) ended.push_back(std::move(e));

@@ -66,7 +66,8 @@ class FullKvEngine {
   void Cancel(RequestId id);
   // One scheduling step: ends cancelled and expired requests, fails queued requests that are
   // invalid (kInvalidArgument) or that the pool could never hold (kResourceExhausted), admits
-  // queued ones in order while max_batch and the pool allow, then runs one batched pass over every
+  // queued ones in order while max_batch and the pool allow (one waiting for room is passed by 8
+  // later ones that fit, at most), then runs one batched pass over every
   // sequence in flight. An error is the engine's own (a failed pass); every request in flight has
   // been ended with it.
   absl::Status Step();
