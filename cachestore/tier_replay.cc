@@ -16,6 +16,7 @@
 #include "cachestore/block_format.h"
 #include "cachestore/block_key.h"
 #include "cachestore/store.h"
+#include "cachestore/tiers.h"
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
 
@@ -191,8 +192,9 @@ absl::StatusOr<ReplayStats> ReplayTrace(const std::vector<TraceRequest>& trace, 
   // rest after the header gives a block any size in steps of 8 bytes (every block of the replay
   // has the same bytes; keys tell them apart).
   const uint64_t unit = (o.slot_bytes + o.scale - 1) / o.scale;
-  uint64_t lo = 0, hi = unit;  // the class: sizes in (lo, hi]
-  for (uint64_t full = o.slot_bytes; full < o.block_bytes; full *= 2) lo = hi, hi *= 2;
+  // The class: sizes in (lo, hi], the scaled unit times the power of two the full slot is.
+  const uint64_t hi = unit * (RamSlotBytes(o.slot_bytes, o.block_bytes) / o.slot_bytes);
+  const uint64_t lo = hi == unit ? 0 : hi / 2;
   BlockLayout layout;
   layout.num_layers = 1;
   layout.head_dim = 1;

@@ -43,7 +43,7 @@ struct ReplayOptions {
   uint64_t block_bytes = 0;          // one stored block, header included, at full scale
   uint64_t ram_bytes = 0;            // the RAM tier's capacity at full scale
   uint64_t disk_bytes = 0;           // the disk tier's budget at full scale
-  uint64_t scale = 1;                // a power of two; every size above is divided by it
+  uint64_t scale = 1;                // a power of two; blocks and tiers are about this much smaller
   double hot_fraction = 0.5;         // RamTierOptions::hot_fraction
   uint64_t slot_bytes = 4096;        // RamTierOptions::min_slot_bytes, at full scale
   std::string scratch_dir;           // the disk tier's RocksDB lives in a new directory under this one
@@ -68,9 +68,10 @@ struct ReplayStats {
   int64_t hit_tokens() const { return (ram_hits + disk_hits) * block_tokens; }
 };
 
-// Replays `trace` through a BlockStore of the options' sizes divided by `scale` (rounded down).
+// Replays `trace` through a BlockStore scaled from the options' sizes (see the top of this file).
 // kInvalidArgument when a tier cannot hold one block, a scaled block is smaller than a block
-// header, or the scale is not a power of two; the store's own errors otherwise.
+// header, the scaled RAM tier would pass 4 GiB, or the scale is not a power of two; the store's
+// own errors otherwise.
 absl::StatusOr<ReplayStats> ReplayTrace(const std::vector<TraceRequest>& trace, const ReplayOptions& options);
 
 // What an unbounded store would serve: every leading block seen before, in any earlier request

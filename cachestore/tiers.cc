@@ -58,10 +58,14 @@ RamTier::RamTier(const RamTierOptions& options)
 
 RamTier::~RamTier() = default;
 
-uint64_t RamTier::SlotFor(uint64_t size) const {
-  uint64_t slot = unit_;
-  while (slot < size && slot <= largest_slot_) slot *= 2;  // past the largest: refused by the caller
+uint64_t RamSlotBytes(uint64_t unit, uint64_t size) {
+  uint64_t slot = std::max<uint64_t>(1, unit);
+  while (slot < size && slot <= UINT64_MAX / 2) slot *= 2;
   return slot;
+}
+
+uint64_t RamTier::SlotFor(uint64_t size) const {
+  return RamSlotBytes(unit_, size);  // past the largest slot: refused by the caller
 }
 
 uint64_t RamTier::Allocate(uint64_t slot) {

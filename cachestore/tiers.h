@@ -53,6 +53,10 @@ struct BlockLease {
   uint64_t size = 0;
 };
 
+// The slot a block of `size` bytes takes in a RAM tier whose slots are `unit` bytes times a
+// power of two: the smallest that holds it.
+uint64_t RamSlotBytes(uint64_t unit, uint64_t size);
+
 struct RamTierOptions {
   uint64_t capacity_bytes = uint64_t{1} << 30;
   double high_watermark = 0.95;  // eviction starts above this fraction of capacity...

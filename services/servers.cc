@@ -96,7 +96,6 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(WorkerServerOp
                                                      w->model_->config().max_position_embeddings));
     }
     StorePrefixOptions po;
-    po.store.target = options.store_target;
     for (absl::string_view t : absl::StrSplit(options.store_target, ',')) po.shards.emplace_back(t);
     po.store.token = options.store_token;
     po.store.timeout_ms = options.store_timeout_ms;

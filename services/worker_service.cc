@@ -315,26 +315,21 @@ absl::StatusOr<EngineRequest> WorkerService::Parse(const v1::GenerateRequest& re
 
 grpc::Status WorkerService::Generate(grpc::ServerContext* ctx, const v1::GenerateRequest* req,
                                      grpc::ServerWriter<v1::GenerateResponse>* writer) {
-  if (absl::Status a = Authenticate(ctx); !a.ok()) {
+  // Calls refused before admission are counted as invalid.
+  const auto refuse = [&](const absl::Status& why) {
     invalid_++;
-    return ToGrpcStatus(a);
-  }
+    return ToGrpcStatus(why);
+  };
+  if (absl::Status a = Authenticate(ctx); !a.ok()) return refuse(a);
   absl::StatusOr<EngineRequest> parsed = Parse(*req);
-  if (!parsed.ok()) {
-    invalid_++;
-    return ToGrpcStatus(parsed.status());
-  }
+  if (!parsed.ok()) return refuse(parsed.status());
   v1::Mode mode = req->mode() == v1::MODE_UNSPECIFIED ? v1::MODE_VERICACHE : req->mode();
   int engine = kVeriCache;
   if (mode == v1::MODE_FULL) {
-    if (!scheduler_->has_full()) {
-      invalid_++;
-      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "this worker serves no MODE_FULL requests");
-    }
+    if (!scheduler_->has_full()) return refuse(absl::InvalidArgumentError("this worker serves no MODE_FULL requests"));
     engine = kFull;
   } else if (mode != v1::MODE_VERICACHE) {
-    invalid_++;
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, absl::StrCat("unknown mode ", static_cast<int>(mode)));
+    return refuse(absl::InvalidArgumentError(absl::StrCat("unknown mode ", static_cast<int>(mode))));
   }
   // gRPC's "no deadline" is the end of time; absl saturates it to the infinite future.
   const auto deadline = ctx->deadline();

@@ -75,10 +75,9 @@ absl::StatusOr<std::unique_ptr<StorePrefixes>> StorePrefixes::Create(const Store
                                                    " tokens is not a multiple of the KV block size ",
                                                    layout.block_size));
   }
+  if (options.shards.empty()) return absl::InvalidArgumentError("no store given");
   std::unique_ptr<StorePrefixes> p(new StorePrefixes(options, fingerprint, layout));
-  std::vector<std::string> targets = options.shards;
-  if (targets.empty()) targets.push_back(options.store.target);
-  for (const std::string& target : targets) {
+  for (const std::string& target : options.shards) {
     for (const Shard& other : p->shards_) {
       if (other.target == target) return absl::InvalidArgumentError(absl::StrCat("the store ", target, " is listed twice"));
     }
@@ -156,7 +155,6 @@ size_t StorePrefixes::LookupShard(size_t s, absl::Span<const cachestore::BlockKe
   {
     absl::MutexLock l(&mu_);
     if (absl::Now() < skip_lookups_until_[s]) {
-      stats_.lookups_skipped++;
       stats_.shards[s].lookups_skipped++;
       return 0;
     }
@@ -165,10 +163,8 @@ size_t StorePrefixes::LookupShard(size_t s, absl::Span<const cachestore::BlockKe
   auto got = shards_[s].client->Lookup(std::vector<cachestore::BlockKey>(keys.begin(), keys.end()));
   const absl::Time end = absl::Now();
   absl::MutexLock l(&mu_);
-  stats_.lookups++;
   stats_.shards[s].lookups++;
   if (!got.ok()) {
-    stats_.lookup_failures++;
     stats_.shards[s].lookup_failures++;
     skip_lookups_until_[s] = end + std::max(8 * (end - start), absl::Milliseconds(50));
     return 0;
@@ -257,36 +253,28 @@ absl::Status StorePrefixes::ReadBlocks(absl::Span<const PrefixName> names, const
       c.read_failures++;
     }
   };
-  if (in_order || batches.size() < 2) {
-    for (const auto& [s, idx] : batches) {
-      int64_t b = 0;
-      status = ReadFromShard(s, names, idx, want, &b, use);
-      bytes += b;
-      count(s, status, idx.size(), b);
-      if (!status.ok()) break;
-    }
-  } else {
-    // The shards are read at once, each on a thread of its own (this one reads the first) with
-    // its own UCX reader: their blocks go to places of their own.
-    std::vector<int64_t> got(batches.size(), 0);
-    std::vector<std::future<absl::Status>> rest;
-    for (size_t i = 1; i < batches.size(); ++i) {
-      rest.push_back(std::async(std::launch::async, [&, i] {
-        return ReadFromShard(batches[i].first, names, batches[i].second, want, &got[i], use);
-      }));
-    }
-    std::vector<absl::Status> outcome(batches.size());
-    outcome[0] = ReadFromShard(batches[0].first, names, batches[0].second, want, &got[0], use);
-    for (size_t i = 1; i < batches.size(); ++i) outcome[i] = rest[i - 1].get();
-    for (size_t i = 0; i < batches.size(); ++i) {
-      status.Update(outcome[i]);
-      bytes += got[i];
-      count(batches[i].first, outcome[i], batches[i].second.size(), got[i]);
-    }
+  // In order, one batch after another (stopping at a failure); else the shards at once, each on a
+  // thread of its own (this one reads the first) with its own UCX reader: their blocks go to
+  // places of their own.
+  const bool at_once = !in_order && batches.size() > 1;
+  std::vector<int64_t> got(batches.size(), 0);
+  std::vector<std::future<absl::Status>> rest;
+  for (size_t i = 1; at_once && i < batches.size(); ++i) {
+    rest.push_back(std::async(std::launch::async, [&, i] {
+      return ReadFromShard(batches[i].first, names, batches[i].second, want, &got[i], use);
+    }));
+  }
+  for (size_t i = 0; i < batches.size(); ++i) {
+    const absl::Status outcome = at_once && i > 0 ? rest[i - 1].get()
+                                                  : ReadFromShard(batches[i].first, names, batches[i].second, want,
+                                                                  &got[i], use);
+    status.Update(outcome);
+    bytes += got[i];
+    count(batches[i].first, outcome, batches[i].second.size(), got[i]);
+    if (!at_once && !status.ok()) break;
   }
   if (options_.link != nullptr) options_.link->Transfer(bytes, start);
   absl::MutexLock l(&mu_);
-  stats_.bytes_read += bytes;
   if (status.ok()) {
     stats_.blocks_read += static_cast<int64_t>(names.size());
   } else {
@@ -305,11 +293,27 @@ absl::Status StorePrefixes::ReadFromShard(size_t s, absl::Span<const PrefixName>
   // at a time.
   std::vector<cachestore::BlockKey> keys;
   for (size_t i : idx) keys.push_back(ToKey(names[i]));
-  // Remote blocks land in this thread's reusable buffer, one slot per block of the layout we want
-  // (a block of another size does not fit and fails its read), at most 16 MiB of slots per batch.
+  // Remote blocks land in a buffer of the store's, one slot per block of the layout we want (a
+  // block of another size does not fit and fails its read), at most 16 MiB of slots per batch.
+  // Buffers are kept for the next read: a shard's read may run on a thread made for it.
   const size_t slot = cachestore::BlockBytes(want);
   const size_t per_batch = std::max<size_t>(1, (size_t{16} << 20) / slot);
-  thread_local std::vector<char> buffer;
+  std::vector<char> buffer;
+  {
+    absl::MutexLock l(&buffers_mu_);
+    if (!buffers_.empty()) {
+      buffer = std::move(buffers_.back());
+      buffers_.pop_back();
+    }
+  }
+  struct GiveBack {
+    StorePrefixes* p;
+    std::vector<char>* buffer;
+    ~GiveBack() {
+      absl::MutexLock l(&p->buffers_mu_);
+      p->buffers_.push_back(std::move(*buffer));
+    }
+  } give_back{this, &buffer};
   std::vector<absl::StatusOr<size_t>> sizes;
   for (size_t b = 0; b < keys.size(); ++b) {
     const cachestore::BlockKey& key = keys[b];
@@ -436,7 +440,6 @@ void StorePrefixes::Enqueue(absl::Span<const PrefixName> names, int from, int to
     {
       absl::MutexLock l(&mu_);
       if (outboxes_[s].bytes > limit) {
-        stats_.publish_dropped++;
         stats_.shards[s].publish_dropped++;
         continue;
       }
@@ -444,7 +447,6 @@ void StorePrefixes::Enqueue(absl::Span<const PrefixName> names, int from, int to
     absl::StatusOr<std::string> block = encode(b);
     absl::MutexLock l(&mu_);
     if (!block.ok()) {
-      stats_.publish_failures++;
       stats_.shards[s].publish_failures++;
       continue;
     }
@@ -474,13 +476,7 @@ void StorePrefixes::PublishLoop(size_t s) {
     absl::MutexLock l(&mu_);
     outboxes_[s].in_progress--;
     outboxes_[s].bytes -= static_cast<int64_t>(job.block.size());
-    if (st.ok()) {
-      stats_.blocks_published++;
-      stats_.shards[s].blocks_published++;
-    } else {
-      stats_.publish_failures++;
-      stats_.shards[s].publish_failures++;
-    }
+    (st.ok() ? stats_.shards[s].blocks_published : stats_.shards[s].publish_failures)++;
   }
 }
 
@@ -498,7 +494,19 @@ void StorePrefixes::Flush() {
 
 StorePrefixStats StorePrefixes::stats() const {
   absl::MutexLock l(&mu_);
-  return stats_;
+  // Counts kept per shard are summed here; blocks_hit, blocks_read and read_failures are counted
+  // per prompt or per read.
+  StorePrefixStats out = stats_;
+  for (const StoreShardStats& s : stats_.shards) {
+    out.lookups += s.lookups;
+    out.lookup_failures += s.lookup_failures;
+    out.lookups_skipped += s.lookups_skipped;
+    out.bytes_read += s.bytes_read;
+    out.blocks_published += s.blocks_published;
+    out.publish_failures += s.publish_failures;
+    out.publish_dropped += s.publish_dropped;
+  }
+  return out;
 }
 
 }  // namespace vc

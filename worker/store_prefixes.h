@@ -43,9 +43,9 @@ namespace vc {
 absl::StatusOr<std::array<uint8_t, 32>> ModelFingerprint(const std::string& dir);
 
 struct StorePrefixOptions {
-  // The store's client settings; with `shards` empty, store.target is the one store.
+  // The store's client settings but its target.
   cachestore::StoreClientOptions store;
-  // The stores blocks are spread over (host:port each), the same settings otherwise.
+  // The stores blocks are spread over (host:port each): one or more.
   std::vector<std::string> shards;
   // "none" or "peer": UCX error-handling mode of one-sided reads; "off": inline gRPC bytes.
   std::string ucx = "none";
@@ -60,7 +60,7 @@ struct StorePrefixOptions {
 class StorePrefixes final : public PrefixStore {
  public:
   // kFailedPrecondition when a store refuses the token or a target is no store, kInvalidArgument
-  // when a shard is listed twice; a store that does not answer is not an error (it may come up
+  // when no shard is given or one is listed twice; a store that does not answer is not an error (it may come up
   // later).
   static absl::StatusOr<std::unique_ptr<StorePrefixes>> Create(const StorePrefixOptions& options,
                                                               const std::array<uint8_t, 32>& fingerprint,
@@ -140,6 +140,9 @@ class StorePrefixes final : public PrefixStore {
   // that refuses at once (down, restarting) is tried again soon. Per shard.
   std::vector<absl::Time> skip_lookups_until_ ABSL_GUARDED_BY(mu_);
   std::vector<std::thread> publishers_;  // by shard
+  // Read buffers not in use (ReadFromShard's), as many as reads have run at once.
+  absl::Mutex buffers_mu_;
+  std::vector<std::vector<char>> buffers_ ABSL_GUARDED_BY(buffers_mu_);
 };
 
 }  // namespace vc

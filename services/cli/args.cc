@@ -6,6 +6,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/files.h"
 #include "common/status_macros.h"
 #include "common/text_checks.h"
@@ -67,6 +68,14 @@ absl::StatusOr<double> Args::Double(const std::string& name, double fallback) co
     return absl::InvalidArgumentError(absl::StrCat("--", name, " must be a finite number, got '", it->second, "'"));
   }
   return v;
+}
+
+std::string FormatBytes(double bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  int u = 0;
+  while (bytes >= 1024 && u < 5) bytes /= 1024, ++u;
+  if (u == 0) return absl::StrFormat("%.0f B", bytes);
+  return absl::StrFormat(bytes < 10 ? "%.2f %s" : bytes < 100 ? "%.1f %s" : "%.0f %s", bytes, units[u]);
 }
 
 absl::StatusOr<std::string> ReadBearerTokenFile(const std::string& path) {

@@ -33,6 +33,9 @@ class Args {
   std::map<std::string, std::string> values_;
 };
 
+// `bytes` in B, KiB, MiB, ... (the largest unit it is one of), to 3 significant digits.
+std::string FormatBytes(double bytes);
+
 // The bearer token on the first line of the file at `path` (whitespace around it dropped);
 // kInvalidArgument when there is none or it is not a valid token.
 absl::StatusOr<std::string> ReadBearerTokenFile(const std::string& path);

@@ -9,6 +9,7 @@
 #include "absl/strings/str_split.h"
 #include "cachestore/block_format.h"
 #include "cachestore/tier_replay.h"
+#include "cachestore/tiers.h"
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
 #include "services/cli/args.h"
@@ -49,15 +50,8 @@ absl::StatusOr<std::vector<uint64_t>> Sizes(const Args& a, const std::string& na
   return out;
 }
 
-std::string Human(double bytes) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
-  int u = 0;
-  while (bytes >= 1024 && u < 5) bytes /= 1024, ++u;
-  return absl::StrFormat(bytes < 10 ? "%.2f %s" : bytes < 100 ? "%.1f %s" : "%.0f %s", bytes, units[u]);
-}
-
 std::string Rate(double bytes, double seconds) {
-  return seconds > 0 ? absl::StrCat(Human(bytes / seconds), "/s") : "-";
+  return seconds > 0 ? absl::StrCat(FormatBytes(bytes / seconds), "/s") : "-";
 }
 
 nlohmann::json ToJson(const cachestore::ReplayStats& s) {
@@ -83,13 +77,11 @@ nlohmann::json ToJson(const cachestore::ReplayStats& s) {
 // block's size over 16, rounded up to 64 bytes, so a block fills 16 units and one of about a
 // fifth of it (its 4-bit KIVI variant) four.
 std::string SlotLine(uint64_t block, uint64_t slot) {
-  uint64_t taken = slot;
-  while (taken < block) taken *= 2;
+  const uint64_t taken = cachestore::RamSlotBytes(slot, block);
   const uint64_t fit = std::max<uint64_t>(64, ((block + 15) / 16 + 63) / 64 * 64);
-  uint64_t fit_taken = fit;
-  while (fit_taken < block) fit_taken *= 2;
+  const uint64_t fit_taken = cachestore::RamSlotBytes(fit, block);
   return absl::StrFormat("RAM slots: a block takes %s with --ram-slot-bytes %d (%.1f%% of it used)%s\n",
-                         Human(static_cast<double>(taken)), slot,
+                         FormatBytes(static_cast<double>(taken)), slot,
                          100.0 * static_cast<double>(block) / static_cast<double>(taken),
                          taken == fit_taken || static_cast<double>(block) / static_cast<double>(taken) > 0.99
                              ? std::string()
@@ -106,10 +98,10 @@ void PrintRow(std::ostream& out, const std::string& ram, const std::string& disk
   };
   out << absl::StrFormat("| %s | %s | %s | %s | %s | %s (%s) | %s (%s) | %s (%s) |\n", ram, disk,
                          pct(s.ram_hits + s.disk_hits), pct(s.ram_hits), unbounded ? "0.0%" : pct(s.disk_hits),
-                         Rate(s.ram_read_bytes, s.duration_s), Human(s.peak_ram_read_bps) + "/s",
+                         Rate(s.ram_read_bytes, s.duration_s), FormatBytes(s.peak_ram_read_bps) + "/s",
                          unbounded ? "-" : Rate(s.disk_read_bytes, s.duration_s),
-                         unbounded ? "-" : Human(s.peak_disk_read_bps) + "/s", Rate(s.disk_write_bytes, s.duration_s),
-                         Human(s.peak_disk_write_bps) + "/s");
+                         unbounded ? "-" : FormatBytes(s.peak_disk_read_bps) + "/s", Rate(s.disk_write_bytes, s.duration_s),
+                         FormatBytes(s.peak_disk_write_bps) + "/s");
 }
 
 absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
@@ -155,8 +147,7 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
     what = absl::StrCat("blocks of ", per_token, " bytes per token and a header");
   }
   // A RAM tier holds a block only if it holds the block's slot: the unit times a power of two.
-  uint64_t slot = slot_bytes;
-  while (slot < block_bytes) slot *= 2;
+  const uint64_t slot = cachestore::RamSlotBytes(slot_bytes, block_bytes);
   for (uint64_t s : rams) {
     if (s < slot) {
       return absl::InvalidArgumentError(absl::StrCat("--ram-bytes ", s, " holds no slot of ", slot,
@@ -192,13 +183,13 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
   if (!json) {
     out << absl::StrFormat(
         "%d requests over %.0f s, %d prompt tokens; %s: %s a block of %d tokens; replayed at 1/%d scale\n",
-        unbounded.requests, unbounded.duration_s, unbounded.prompt_tokens, what, Human(static_cast<double>(block_bytes)),
+        unbounded.requests, unbounded.duration_s, unbounded.prompt_tokens, what, FormatBytes(static_cast<double>(block_bytes)),
         block_tokens, scale);
     out << SlotLine(block_bytes, slot_bytes);
     out << "| RAM | disk | prompt tokens from the store | from RAM | from disk | RAM reads: mean (peak minute) "
            "| disk reads | disk writes |\n|---|---|---:|---:|---:|---:|---:|---:|\n";
     const double distinct = static_cast<double>(unbounded.ram_blocks) * static_cast<double>(block_bytes);
-    PrintRow(out, "unbounded", absl::StrCat("(", Human(distinct), " of blocks)"), unbounded, true);
+    PrintRow(out, "unbounded", absl::StrCat("(", FormatBytes(distinct), " of blocks)"), unbounded, true);
     out.flush();
   }
   for (uint64_t ram : rams) {
@@ -219,7 +210,7 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
         j["disk_bytes"] = disk;
         results.push_back(std::move(j));
       } else {
-        PrintRow(out, Human(static_cast<double>(ram)), Human(static_cast<double>(disk)), s, false);
+        PrintRow(out, FormatBytes(static_cast<double>(ram)), FormatBytes(static_cast<double>(disk)), s, false);
         out.flush();
       }
     }

@@ -25,14 +25,6 @@ constexpr char kUsage[] =
     "  --token, --token-file  the bearer token the target takes (a store always needs one)\n"
     "  --tls-ca PEM     root certificates of a store serving TLS\n";
 
-std::string Bytes(uint64_t b) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
-  double v = static_cast<double>(b);
-  int u = 0;
-  while (v >= 1024 && u < 5) v /= 1024, ++u;
-  return u == 0 ? absl::StrCat(b, " B") : absl::StrFormat("%.2f %s", v, units[u]);
-}
-
 std::string Share(uint64_t part, uint64_t whole) {
   return whole == 0 ? "-" : absl::StrFormat("%.1f%%", 100.0 * static_cast<double>(part) / static_cast<double>(whole));
 }
@@ -72,7 +64,7 @@ void PrintWorker(const std::string& target, const v1::WorkerStats& s, std::ostre
   out << absl::StrFormat(
       "cache store: %d lookups (%d failed, %d skipped while backing off), %d blocks found; %d blocks read "
       "(%s, %d reads failed); %d blocks published (%d failed, %d dropped with the put queue full)\n",
-      c.lookups(), c.lookup_failures(), c.lookups_skipped(), c.blocks_hit(), c.blocks_read(), Bytes(c.bytes_read()),
+      c.lookups(), c.lookup_failures(), c.lookups_skipped(), c.blocks_hit(), c.blocks_read(), FormatBytes(c.bytes_read()),
       c.read_failures(), c.blocks_published(), c.publish_failures(), c.publish_dropped());
   if (c.shards_size() < 2) return;
   for (const v1::StoreShardStats& sh : c.shards()) {
@@ -80,7 +72,7 @@ void PrintWorker(const std::string& target, const v1::WorkerStats& s, std::ostre
         "  shard %s: %d lookups (%d failed, %d skipped), %d blocks read (%s, %d reads failed), %d published "
         "(%d failed, %d dropped)\n",
         sh.target(), sh.lookups(), sh.lookup_failures(), sh.lookups_skipped(), sh.blocks_read(),
-        Bytes(sh.bytes_read()), sh.read_failures(), sh.blocks_published(), sh.publish_failures(),
+        FormatBytes(sh.bytes_read()), sh.read_failures(), sh.blocks_published(), sh.publish_failures(),
         sh.publish_dropped());
   }
 }
@@ -88,11 +80,11 @@ void PrintWorker(const std::string& target, const v1::WorkerStats& s, std::ostre
 void PrintStore(const std::string& target, const v1::StatsResponse& s, std::ostream& out) {
   out << absl::StrFormat("cache store %s\n", target);
   out << absl::StrFormat("RAM tier: %s of %s in slots (%s), %d blocks of %s (%s of their slots)\n",
-                         Bytes(s.ram_used_bytes()), Bytes(s.ram_capacity_bytes()),
-                         Share(s.ram_used_bytes(), s.ram_capacity_bytes()), s.ram_blocks(), Bytes(s.ram_block_bytes()),
+                         FormatBytes(s.ram_used_bytes()), FormatBytes(s.ram_capacity_bytes()),
+                         Share(s.ram_used_bytes(), s.ram_capacity_bytes()), s.ram_blocks(), FormatBytes(s.ram_block_bytes()),
                          Share(s.ram_block_bytes(), s.ram_used_bytes()));
-  out << absl::StrFormat("disk tier: %s of %s used (%s), %d blocks\n", Bytes(s.disk_used_bytes()),
-                         Bytes(s.disk_capacity_bytes()), Share(s.disk_used_bytes(), s.disk_capacity_bytes()),
+  out << absl::StrFormat("disk tier: %s of %s used (%s), %d blocks\n", FormatBytes(s.disk_used_bytes()),
+                         FormatBytes(s.disk_capacity_bytes()), Share(s.disk_used_bytes(), s.disk_capacity_bytes()),
                          s.disk_blocks());
   const uint64_t reads = s.hits_ram() + s.hits_disk() + s.misses();
   out << absl::StrFormat("block reads: %d from RAM (%s), %d from disk (%s), %d not found (%s); %d corrupt blocks dropped\n",
