@@ -27,7 +27,6 @@ struct VeriCacheEngine::Sequence : QueuedRequest {
   std::vector<PrefixName> cnames;
   int cpublish_from = -1;
   int generated = 0;
-  int passed = 0;  // requests admitted ahead of this one while it waited
   int k = -1;  // current window; -1 between windows
   int first_window = -1;  // >= 0: the first window's size, chosen at admission
   std::vector<int32_t> drafts;
@@ -533,38 +532,20 @@ absl::Status VeriCacheEngine::Step() {
       },
       [&](Sequence& s) { Release(s); });
   RequestQueue<Sequence>::TellAll(ended);
-  auto& pending = requests_.pending;
   auto& active = requests_.active;
-  // Requests are admitted in order, but one that does not fit yet (its memory is taken by the
-  // batch) does not hold up later ones that do: it waits, and they pass it, kMaxPasses of them at
-  // most; then nothing passes it until it is admitted. (A step tries kMaxWaitingTried waiting
-  // requests at most: each try may ask the store for its prefix.)
-  constexpr int kMaxPasses = 8, kMaxWaitingTried = 4;
-  int waiting_tried = 0;
-  int budget = kMaxPasses;  // admissions that may still pass the requests waiting before i
-  for (size_t i = 0; i < pending.size() && static_cast<int>(active.size()) < options_.max_batch;) {
-    if (i > 0 && budget <= 0) break;
-    Sequence& s = *pending[i];
+  // A request that does not fit yet (its memory is taken by the batch) waits; a step tries 4 such
+  // at most, since each try may ask the store for its prefix.
+  requests_.AdmitInOrder(static_cast<size_t>(options_.max_batch), /*max_waiting_tried=*/4, [&](Sequence& s) {
     absl::Status st = Admit(s);
+    if (st.ok()) return Admission::kAdmitted;
+    Release(s);
     if (absl::IsResourceExhausted(st) && !active.empty()) {  // wait for staging or the tier to free up
-      Release(s);
       s.ResetAdmission();
-      budget = std::min(budget, kMaxPasses - s.passed);
-      if (budget <= 0 || ++waiting_tried >= kMaxWaitingTried) break;
-      ++i;
-      continue;
+      return Admission::kWait;
     }
-    std::unique_ptr<Sequence> owned = std::move(pending[i]);
-    pending.erase(pending.begin() + static_cast<std::ptrdiff_t>(i));
-    if (!st.ok()) {
-      Release(s);
-      RequestQueue<Sequence>::Tell(s, std::move(st));
-      continue;
-    }
-    for (size_t j = 0; j < i; ++j) pending[j]->passed++;  // those it passed
-    if (i > 0) --budget;
-    active.push_back(std::move(owned));
-  }
+    RequestQueue<Sequence>::Tell(s, std::move(st));
+    return Admission::kRefused;
+  });
 
   // Sequences still waiting for their first token claim staging first (time to first token).
   std::vector<Sequence*> order;

@@ -1,6 +1,7 @@
 #include "worker/full_engine.h"
 
 #include <algorithm>
+#include <climits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -21,7 +22,6 @@ struct FullKvEngine::Sequence : QueuedRequest {
   std::vector<PrefixName> names;  // of the prompt's full blocks, with a PrefixStore
   int publish_from = -1;          // blocks [publish_from, names.size()) to publish; -1: none
   int generated = 0;
-  int passed = 0;  // requests admitted ahead of this one while it waited for room
 };
 
 FullKvEngine::FullKvEngine(const Model& model, const FullEngineOptions& options, PrefixStore* prefixes)
@@ -174,27 +174,12 @@ absl::Status FullKvEngine::Step() {
   // that admission below can use it.
   std::vector<RequestQueue<Sequence>::Ended> ended = requests_.TakeEnded(
       absl::Now(), [&](const Sequence& s) { return Check(s.request); }, [&](Sequence& s) { Leave(s); });
-  auto& pending = requests_.pending;
   auto& active = requests_.active;
-  // In order, but a request waiting for room does not hold up later ones that fit: they pass it,
-  // kMaxPasses of them at most; then nothing passes it until it is admitted.
-  constexpr int kMaxPasses = 8;
-  int budget = kMaxPasses;  // admissions that may still pass the requests waiting before i
-  for (size_t i = 0; i < pending.size() && static_cast<int>(active.size()) < options_.max_batch;) {
-    if (i > 0 && budget <= 0) break;
-    Sequence& s = *pending[i];
-    if (cache_.free_blocks() < BlocksFor(s.request)) {
-      budget = std::min(budget, kMaxPasses - s.passed);
-      if (budget <= 0) break;
-      ++i;
-      continue;
-    }
+  requests_.AdmitInOrder(static_cast<size_t>(options_.max_batch), INT_MAX, [&](Sequence& s) {
+    if (cache_.free_blocks() < BlocksFor(s.request)) return Admission::kWait;
     Admit(s);
-    active.push_back(std::move(pending[i]));
-    pending.erase(pending.begin() + static_cast<std::ptrdiff_t>(i));
-    for (size_t j = 0; j < i; ++j) pending[j]->passed++;  // those it passed
-    if (i > 0) --budget;
-  }
+    return Admission::kAdmitted;
+  });
   const absl::Status status = active.empty() ? absl::OkStatus() : Pass();
   for (auto& e : requests_.TakeFinished(status, [&](Sequence& s) { Leave(s); })) ended.push_back(std::move(e));
   RequestQueue<Sequence>::TellAll(ended);

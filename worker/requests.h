@@ -4,6 +4,7 @@
 #ifndef VC_WORKER_REQUESTS_H_
 #define VC_WORKER_REQUESTS_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -95,6 +96,14 @@ struct QueuedRequest {
   bool checked = false;  // passed the engine's check while queued
   bool done = false;     // generated what it was asked for, or ended early with `failed`
   absl::Status failed;   // why it ended early, reported when it is taken out as done
+  int passed = 0;        // requests admitted ahead of this one while it waited for room
+};
+
+// What an engine makes of a queued request it tries to admit (RequestQueue::AdmitInOrder).
+enum class Admission {
+  kAdmitted,  // it joins the batch
+  kWait,      // it does not fit yet and stays queued
+  kRefused,   // it is taken out; the engine has told it why
 };
 
 // Submitted requests (`pending`, in order) and the batch in flight (`active`) of sequences of type
@@ -186,6 +195,34 @@ class RequestQueue {
   static void TellAll(std::vector<Ended>& ended) {
     for (Ended& e : ended) Tell(*e.seq, std::move(e.why));
     ended.clear();
+  }
+
+  // Admits queued requests in order while fewer than `max_active` are in flight, by
+  // try_admit(Seq&) -> Admission. One that has to wait does not hold up later ones that fit: they
+  // pass it, kMaxPasses of them in all (across calls) at most; then nothing passes it until it is
+  // admitted. At most `max_waiting_tried` waiting requests are tried per call.
+  template <typename TryAdmit>
+  void AdmitInOrder(size_t max_active, int max_waiting_tried, TryAdmit try_admit) {
+    constexpr int kMaxPasses = 8;
+    int waiting_tried = 0;
+    int budget = kMaxPasses;  // admissions that may still pass the requests waiting before i
+    for (size_t i = 0; i < pending.size() && active.size() < max_active;) {
+      if (i > 0 && budget <= 0) break;
+      Seq& s = *pending[i];
+      const Admission a = try_admit(s);
+      if (a == Admission::kWait) {
+        budget = std::min(budget, kMaxPasses - s.passed);
+        if (budget <= 0 || ++waiting_tried >= max_waiting_tried) break;
+        ++i;
+        continue;
+      }
+      std::unique_ptr<Seq> owned = std::move(pending[i]);
+      pending.erase(pending.begin() + static_cast<std::ptrdiff_t>(i));
+      if (a == Admission::kRefused) continue;
+      for (size_t j = 0; j < i; ++j) pending[j]->passed++;  // those it passed
+      if (i > 0) --budget;
+      active.push_back(std::move(owned));
+    }
   }
 
   bool Idle() const { return pending.empty() && active.empty(); }
