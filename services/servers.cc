@@ -97,6 +97,7 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(WorkerServerOp
     }
     StorePrefixOptions po;
     for (absl::string_view t : absl::StrSplit(options.store_target, ',')) po.shards.emplace_back(t);
+    po.replicas = options.store_replicas;
     po.store.token = options.store_token;
     po.store.timeout_ms = options.store_timeout_ms;
     po.ucx = options.ucx;

@@ -56,6 +56,7 @@ struct WorkerServerOptions {
   // The cache store (host:port), or its shards (host:port,host:port,...); empty: none (every
   // prefix is computed, nothing is published).
   std::string store_target;
+  int store_replicas = 1;  // shards holding each block, up to the number of shards
   std::string store_token;
   int64_t store_timeout_ms = 2000;
   std::string ucx = "none";  // one-sided reads: "none", "peer"; "off": inline gRPC

@@ -1,11 +1,12 @@
 // `vericache generate` end to end, in process: output formats and every bad-input exit; and the
-// store command's flag checks.
+// store and worker commands' flag checks.
 #include <sstream>
 
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "services/cli/generate_command.h"
 #include "services/cli/store_command.h"
+#include "services/cli/worker_command.h"
 #include "tests/testing/tiny_model.h"
 
 namespace vc::cli {
@@ -98,6 +99,20 @@ TEST_F(CliTest, StoreRefusesBadTierFlags) {
                                      out, err);
     EXPECT_EQ(code, 2) << n;
     EXPECT_NE(err.str().find("--ram-slot-bytes"), std::string::npos) << err.str();
+  }
+}
+
+TEST_F(CliTest, WorkerRefusesMoreReplicasThanStores) {
+  for (const std::vector<std::string>& flags :
+       {std::vector<std::string>{"--store", "127.0.0.1:1", "--store-replicas", "2"},
+        {"--store", "127.0.0.1:1,127.0.0.1:2", "--store-replicas", "3"},
+        {"--store", "127.0.0.1:1", "--store-replicas", "0"},
+        {"--store-replicas", "2"}}) {
+    std::vector<std::string> args = {"--model", dir_, "--listen", "127.0.0.1:0"};
+    args.insert(args.end(), flags.begin(), flags.end());
+    std::ostringstream out, err;
+    EXPECT_EQ(RunWorkerCommand(args, out, err), 2) << flags[1];
+    EXPECT_NE(err.str().find("--store-replicas"), std::string::npos) << err.str();
   }
 }
 

@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "cachestore/block_format.h"
 #include "cachestore/block_key.h"
+#include "cachestore/store_client.h"
 #include "gtest/gtest.h"
 #include "services/cli/stats_command.h"
 #include "vericache/v1/cache_store.grpc.pb.h"
@@ -473,6 +474,114 @@ TEST_F(WorkerServiceTest, BlocksAreSpreadOverStoreShards) {
   o.store_target = a->target() + "," + a->target();
   o.store_token = "tok";
   EXPECT_EQ(WorkerServer::Start(o).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// With two replicas of every block over two stores: a block missing from one store is read from
+// the other, and a store that goes away costs no prefix at all. Every output exact.
+TEST_F(WorkerServiceTest, ReplicasKeepPrefixesWhenAStoreLosesThemOrGoesAway) {
+  auto a = StartStore("db_a");
+  auto b = StartStore("db_b");
+  WorkerServerOptions wo;
+  wo.store_replicas = 2;
+  auto worker = StartWorker(a->target() + "," + b->target(), wo);
+  auto stub = InferenceStub(worker->target());
+  const auto blocks_on = [](StoreServer& s) {
+    v1::StatsResponse r;
+    grpc::ClientContext ctx;
+    ctx.AddMetadata("authorization", "Bearer tok");
+    EXPECT_TRUE(v1::CacheStore::NewStub(grpc::CreateChannel(s.target(), grpc::InsecureChannelCredentials()))
+                    ->Stats(&ctx, v1::StatsRequest(), &r)
+                    .ok());
+    return r.disk_blocks();
+  };
+  const auto p = Prompt(600, 2);  // 18 whole blocks of 32 tokens
+  std::vector<int32_t> q;         // 18 others, none shared with p
+  for (int i = 0; i < 600; ++i) q.push_back((i * 7 + 3) % 250 + 1);
+  const auto want_p = Want(p, 8), want_q = Want(q, 8);
+  ASSERT_EQ(CallGenerate(*stub, Request(p, 8)).tokens, want_p);
+  ASSERT_EQ(CallGenerate(*stub, Request(q, 8)).tokens, want_q);
+  for (int i = 0; i < 250 && blocks_on(*a) + blocks_on(*b) < 72; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // the puts run in the background
+  }
+  EXPECT_EQ(blocks_on(*a), 36u);
+  EXPECT_EQ(blocks_on(*b), 36u);
+  EXPECT_EQ(worker->prefixes()->stats().shards[0].blocks_published, 36);
+  EXPECT_EQ(worker->prefixes()->stats().shards[1].blocks_published, 36);
+
+  // Store a loses p's blocks: the lookup finds them on b, and the read, failing on a, takes a's
+  // share from b.
+  cachestore::StoreClientOptions co;
+  co.target = a->target();
+  co.token = "tok";
+  auto client = cachestore::StoreClient::Create(co);
+  ASSERT_TRUE(client.ok()) << client.status();
+  for (const PrefixName& name : worker->prefixes()->Names(p)) {
+    cachestore::BlockKey key;
+    key.bytes = name;
+    ASSERT_TRUE((*client)->Delete(key).ok());
+  }
+  const StorePrefixStats before = worker->prefixes()->stats();
+  const GenerateReply lost = CallGenerate(*stub, Request(p, 8));
+  ASSERT_TRUE(lost.status.ok()) << lost.status;
+  EXPECT_EQ(lost.tokens, want_p);
+  EXPECT_EQ(lost.stats.prefix_store_tokens(), 18u * 32);
+  EXPECT_EQ(lost.stats.recomputed_tokens(), 0u);
+  const StorePrefixStats after = worker->prefixes()->stats();
+  EXPECT_EQ(after.shards[0].read_failures - before.shards[0].read_failures, 1);
+  EXPECT_EQ(after.shards[1].blocks_read - before.shards[1].blocks_read, 18);
+  EXPECT_EQ(after.read_failures, before.read_failures);
+
+  // Store b goes away: q's prefix is whole on a.
+  b.reset();
+  const GenerateReply gone = CallGenerate(*stub, Request(q, 8));
+  ASSERT_TRUE(gone.status.ok()) << gone.status;
+  EXPECT_EQ(gone.tokens, want_q);
+  EXPECT_EQ(gone.stats.prefix_store_tokens(), 18u * 32);
+  EXPECT_EQ(gone.stats.recomputed_tokens(), 0u);
+
+  // More replicas than stores cannot be placed.
+  WorkerServerOptions o;
+  o.model_dir = dir_ + "/model";
+  o.store_target = a->target();
+  o.store_replicas = 2;
+  o.store_token = "tok";
+  EXPECT_EQ(WorkerServer::Start(o).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// Compressed prefixes are read in order; with replicas, blocks a store has lost come from the
+// other store in their place in that order.
+TEST_F(WorkerServiceTest, ReplicasServeStoredCompressedPrefixesInOrder) {
+  auto a = StartStore("db_a");
+  auto b = StartStore("db_b");
+  WorkerServerOptions o;
+  o.store_replicas = 2;
+  o.service.engine.stored_compressed_prefixes = true;
+  const auto x = Prompt(170, 1), y = Prompt(170, 2);  // the same 5 leading blocks
+  {
+    auto first = StartWorker(a->target() + "," + b->target(), o);
+    ASSERT_TRUE(CallGenerate(*InferenceStub(first->target()), Request(x, 12)).status.ok());
+    first->prefixes()->Flush();
+    EXPECT_EQ(first->prefixes()->stats().shards[0].blocks_published, 10);
+    EXPECT_EQ(first->prefixes()->stats().shards[1].blocks_published, 10);
+  }
+  auto second = StartWorker(a->target() + "," + b->target(), o);
+  cachestore::StoreClientOptions co;
+  co.target = a->target();
+  co.token = "tok";
+  auto client = cachestore::StoreClient::Create(co);
+  ASSERT_TRUE(client.ok()) << client.status();
+  for (const PrefixName& name : second->prefixes()->CompressedNames(absl::MakeConstSpan(y).first(160), {4, 32})) {
+    cachestore::BlockKey key;
+    key.bytes = name;
+    ASSERT_TRUE((*client)->Delete(key).ok());
+  }
+  const GenerateReply r = CallGenerate(*InferenceStub(second->target()), Request(y, 20, 5));
+  ASSERT_TRUE(r.status.ok()) << r.status;
+  EXPECT_EQ(r.tokens, Want(y, 20, 5));
+  EXPECT_EQ(r.stats.prefix_store_tokens(), 160u);
+  EXPECT_EQ(r.stats.prefix_compressed_store_tokens(), 160u);
+  EXPECT_GT(r.stats.drafted_tokens(), 0u);
+  EXPECT_EQ(second->prefixes()->stats().read_failures, 0);
 }
 
 // What could never work is refused before anything runs, with the reason: a request whose full KV

@@ -1,10 +1,12 @@
 #include "worker/store_prefixes.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <future>
 
 #include "absl/strings/match.h"
@@ -76,6 +78,10 @@ absl::StatusOr<std::unique_ptr<StorePrefixes>> StorePrefixes::Create(const Store
                                                    layout.block_size));
   }
   if (options.shards.empty()) return absl::InvalidArgumentError("no store given");
+  if (options.replicas < 1 || static_cast<size_t>(options.replicas) > options.shards.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(options.replicas, " replicas of each block need as many stores; ",
+                                                   options.shards.size(), " given"));
+  }
   std::unique_ptr<StorePrefixes> p(new StorePrefixes(options, fingerprint, layout));
   for (const std::string& target : options.shards) {
     for (const Shard& other : p->shards_) {
@@ -133,22 +139,25 @@ std::vector<PrefixName> StorePrefixes::Names(absl::Span<const int32_t> tokens) c
   return out;
 }
 
-size_t StorePrefixes::ShardOf(const PrefixName& name) const {
-  if (shards_.size() == 1) return 0;
-  // Rendezvous hashing: the shard whose salted hash of the name is highest. Names are SHA-256
+absl::InlinedVector<size_t, 4> StorePrefixes::ShardsOf(const PrefixName& name) const {
+  if (shards_.size() == 1) return {0};
+  // Rendezvous hashing: the shards whose salted hashes of the name are highest. Names are SHA-256
   // digests, so 8 of their bytes mixed with each shard's salt (SplitMix64's finalizer) suffice.
   uint64_t word;
   std::memcpy(&word, name.data(), sizeof(word));
-  size_t best = 0;
-  uint64_t best_score = 0;
+  absl::InlinedVector<std::pair<uint64_t, size_t>, 4> scored;
   for (size_t s = 0; s < shards_.size(); ++s) {
     uint64_t z = word ^ shards_[s].seed;
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
     z ^= z >> 31;
-    if (s == 0 || z > best_score) best = s, best_score = z;
+    scored.push_back({z, s});
   }
-  return best;
+  const size_t r = static_cast<size_t>(options_.replicas);
+  std::partial_sort(scored.begin(), scored.begin() + r, scored.end(), std::greater<>());
+  absl::InlinedVector<size_t, 4> out;
+  for (size_t i = 0; i < r; ++i) out.push_back(scored[i].second);
+  return out;
 }
 
 size_t StorePrefixes::LookupShard(size_t s, absl::Span<const cachestore::BlockKey> keys) {
@@ -173,14 +182,16 @@ size_t StorePrefixes::LookupShard(size_t s, absl::Span<const cachestore::BlockKe
 }
 
 int StorePrefixes::Lookup(absl::Span<const PrefixName> names) {
-  // Each shard is asked about its own blocks, in prompt order; the prefix ends at the first block
-  // missing from its shard.
+  // Each shard is asked about its own blocks (those it holds a replica of), in prompt order; the
+  // prefix ends at the first block none of its shards has among the leading blocks it holds.
   std::vector<std::vector<cachestore::BlockKey>> keys(shards_.size());
-  std::vector<std::vector<size_t>> idx(shards_.size());
+  // Where each block is asked: (shard, its place in that shard's keys).
+  std::vector<absl::InlinedVector<std::pair<size_t, size_t>, 4>> asked_at(names.size());
   for (size_t i = 0; i < names.size(); ++i) {
-    const size_t s = ShardOf(names[i]);
-    keys[s].push_back(ToKey(names[i]));
-    idx[s].push_back(i);
+    for (size_t s : ShardsOf(names[i])) {
+      asked_at[i].push_back({s, keys[s].size()});
+      keys[s].push_back(ToKey(names[i]));
+    }
   }
   std::vector<size_t> found(shards_.size(), 0);
   std::vector<std::future<size_t>> asked(shards_.size());
@@ -192,11 +203,13 @@ int StorePrefixes::Lookup(absl::Span<const PrefixName> names) {
       asked[s] = std::async(std::launch::async, [this, s, &keys] { return LookupShard(s, keys[s]); });
     }
   }
-  size_t n = names.size();
   for (size_t s = 0; s < shards_.size(); ++s) {
-    if (keys[s].empty()) continue;
     if (asked[s].valid()) found[s] = asked[s].get();
-    if (found[s] < idx[s].size()) n = std::min(n, idx[s][found[s]]);
+  }
+  size_t n = 0;
+  while (n < names.size() && std::any_of(asked_at[n].begin(), asked_at[n].end(),
+                                         [&](const std::pair<size_t, size_t>& at) { return at.second < found[at.first]; })) {
+    ++n;
   }
   absl::MutexLock l(&mu_);
   stats_.blocks_hit += static_cast<int64_t>(n);
@@ -224,54 +237,85 @@ absl::Status StorePrefixes::ReadBlocks(absl::Span<const PrefixName> names, const
                                        bool in_order,
                                        const std::function<absl::Status(size_t, absl::string_view,
                                                                         const cachestore::BlockHeader&)>& use) {
-  int64_t bytes = 0;
-  absl::Status status;
   const auto start = std::chrono::steady_clock::now();
-  // Batches of one shard each: runs of consecutive blocks in order, or all of a shard's blocks.
-  std::vector<std::pair<size_t, std::vector<size_t>>> batches;
-  if (in_order) {
-    for (size_t i = 0; i < names.size(); ++i) {
-      const size_t s = ShardOf(names[i]);
-      if (batches.empty() || batches.back().first != s) batches.push_back({s, {}});
-      batches.back().second.push_back(i);
-    }
-  } else {
-    std::vector<std::vector<size_t>> by_shard(shards_.size());
-    for (size_t i = 0; i < names.size(); ++i) by_shard[ShardOf(names[i])].push_back(i);
-    for (size_t s = 0; s < shards_.size(); ++s) {
-      if (!by_shard[s].empty()) batches.push_back({s, std::move(by_shard[s])});
-    }
+  // Shards whose lookups are backed off are asked after the block's other replicas; a shard that
+  // fails a read here is not asked again in this call.
+  std::vector<bool> backed_off(shards_.size()), failed(shards_.size(), false);
+  {
+    absl::MutexLock l(&mu_);
+    const absl::Time now = absl::Now();
+    for (size_t s = 0; s < shards_.size(); ++s) backed_off[s] = now < skip_lookups_until_[s];
   }
+  std::vector<absl::InlinedVector<size_t, 4>> replicas;
+  for (const PrefixName& name : names) replicas.push_back(ShardsOf(name));
+  // The shard to ask for block i; shards_.size() when every replica has failed.
+  const auto choose = [&](size_t i) {
+    size_t pick = shards_.size();
+    for (size_t s : replicas[i]) {
+      if (failed[s]) continue;
+      if (!backed_off[s]) return s;
+      if (pick == shards_.size()) pick = s;
+    }
+    return pick;
+  };
+  // An error of `use` is not the shard's: nothing is asked again after one.
+  std::atomic<bool> use_failed{false};
+  const auto use_once = [&](size_t b, absl::string_view block, const cachestore::BlockHeader& h) {
+    absl::Status st = use(b, block, h);
+    if (!st.ok()) use_failed = true;
+    return st;
+  };
   // Each batch's outcome, counted for its shard.
   const auto count = [this](size_t s, const absl::Status& st, size_t blocks, int64_t b) {
     absl::MutexLock l(&mu_);
     StoreShardStats& c = stats_.shards[s];
     c.bytes_read += b;
-    if (st.ok()) {
-      c.blocks_read += static_cast<int64_t>(blocks);
-    } else {
-      c.read_failures++;
-    }
+    c.blocks_read += static_cast<int64_t>(blocks);
+    if (!st.ok()) c.read_failures++;
   };
-  // In order, one batch after another (stopping at a failure); else the shards at once, each on a
-  // thread of its own (this one reads the first) with its own UCX reader: their blocks go to
-  // places of their own.
-  const bool at_once = !in_order && batches.size() > 1;
-  std::vector<int64_t> got(batches.size(), 0);
-  std::vector<std::future<absl::Status>> rest;
-  for (size_t i = 1; at_once && i < batches.size(); ++i) {
-    rest.push_back(std::async(std::launch::async, [&, i] {
-      return ReadFromShard(batches[i].first, names, batches[i].second, want, &got[i], use);
-    }));
-  }
-  for (size_t i = 0; i < batches.size(); ++i) {
-    const absl::Status outcome = at_once && i > 0 ? rest[i - 1].get()
-                                                  : ReadFromShard(batches[i].first, names, batches[i].second, want,
-                                                                  &got[i], use);
-    status.Update(outcome);
-    bytes += got[i];
-    count(batches[i].first, outcome, batches[i].second.size(), got[i]);
-    if (!at_once && !status.ok()) break;
+  int64_t bytes = 0;
+  absl::Status status;
+  std::vector<size_t> pending(names.size());
+  for (size_t i = 0; i < pending.size(); ++i) pending[i] = i;
+  while (!pending.empty() && status.ok()) {
+    // Batches of one shard each: in order, the leading run of pending blocks that share a shard;
+    // else all of them, by shard.
+    std::vector<std::pair<size_t, std::vector<size_t>>> batches;
+    for (size_t i : pending) {
+      const size_t s = choose(i);
+      auto it = std::find_if(batches.begin(), batches.end(), [s](const auto& b) { return b.first == s; });
+      if (in_order && !batches.empty() && it != batches.end() - 1) break;
+      if (it == batches.end()) it = batches.insert(batches.end(), {s, {}});
+      it->second.push_back(i);
+    }
+    // The shards at once, each on a thread of its own (this one reads the first) with its own UCX
+    // reader: their blocks go to places of their own.
+    std::vector<int64_t> got(batches.size(), 0);
+    std::vector<size_t> used(batches.size(), 0);
+    const auto read = [&](size_t k) {
+      return ReadFromShard(batches[k].first, names, batches[k].second, want, &got[k], &used[k], use_once);
+    };
+    std::vector<std::future<absl::Status>> rest;
+    for (size_t k = 1; k < batches.size(); ++k) rest.push_back(std::async(std::launch::async, read, k));
+    std::vector<bool> handed(names.size(), false);
+    absl::Status round;
+    for (size_t k = 0; k < batches.size(); ++k) {
+      const absl::Status outcome = k == 0 ? read(0) : rest[k - 1].get();
+      bytes += got[k];
+      count(batches[k].first, outcome, used[k], got[k]);
+      for (size_t u = 0; u < used[k]; ++u) handed[batches[k].second[u]] = true;
+      if (!outcome.ok()) {
+        failed[batches[k].first] = true;
+        round = outcome;
+      }
+    }
+    std::erase_if(pending, [&](size_t i) { return handed[i]; });
+    // The blocks not handed over are asked of their next replicas; the error stands when a block
+    // has none left.
+    if (!round.ok() && (use_failed || std::any_of(pending.begin(), pending.end(),
+                                                  [&](size_t i) { return choose(i) == shards_.size(); }))) {
+      status = round;
+    }
   }
   if (options_.link != nullptr) options_.link->Transfer(bytes, start);
   absl::MutexLock l(&mu_);
@@ -284,7 +328,7 @@ absl::Status StorePrefixes::ReadBlocks(absl::Span<const PrefixName> names, const
 }
 
 absl::Status StorePrefixes::ReadFromShard(size_t s, absl::Span<const PrefixName> names, absl::Span<const size_t> idx,
-                                          const cachestore::BlockLayout& want, int64_t* bytes,
+                                          const cachestore::BlockLayout& want, int64_t* bytes, size_t* used,
                                           const std::function<absl::Status(size_t, absl::string_view,
                                                                            const cachestore::BlockHeader&)>& use) {
   cachestore::StoreClient& client = *shards_[s].client;
@@ -345,8 +389,9 @@ absl::Status StorePrefixes::ReadFromShard(size_t s, absl::Span<const PrefixName>
     }
     if (!h.ok()) return h.status();
     if (h->layout != want) return absl::DataLossError(absl::StrCat("block ", key.Hex(), " has another KV layout"));
-    VC_RETURN_IF_ERROR(use(idx[b], block, *h));
     *bytes += static_cast<int64_t>(block.size());
+    VC_RETURN_IF_ERROR(use(idx[b], block, *h));
+    ++*used;
   }
   return absl::OkStatus();
 }
@@ -433,25 +478,33 @@ void StorePrefixes::Publish(absl::Span<const PrefixName> names, int from, int to
 
 void StorePrefixes::Enqueue(absl::Span<const PrefixName> names, int from, int to,
                             const std::function<absl::StatusOr<std::string>(int)>& encode) {
-  // Each shard's puts wait in its own outbox, of its share of the byte limit.
+  // Each shard's puts wait in its own outbox, of its share of the byte limit; a block is encoded
+  // once for all its replicas.
   const int64_t limit = options_.max_publish_queue_bytes / static_cast<int64_t>(shards_.size());
   for (int b = from; b < to; ++b) {
-    const size_t s = ShardOf(names[b]);
+    absl::InlinedVector<size_t, 4> to_shards;
     {
       absl::MutexLock l(&mu_);
-      if (outboxes_[s].bytes > limit) {
-        stats_.shards[s].publish_dropped++;
-        continue;
+      for (size_t s : ShardsOf(names[b])) {
+        if (outboxes_[s].bytes > limit) {
+          stats_.shards[s].publish_dropped++;
+        } else {
+          to_shards.push_back(s);
+        }
       }
     }
+    if (to_shards.empty()) continue;
     absl::StatusOr<std::string> block = encode(b);
     absl::MutexLock l(&mu_);
     if (!block.ok()) {
-      stats_.shards[s].publish_failures++;
+      for (size_t s : to_shards) stats_.shards[s].publish_failures++;
       continue;
     }
-    outboxes_[s].bytes += static_cast<int64_t>(block->size());
-    outboxes_[s].puts.push_back({ToKey(names[b]), std::move(*block)});
+    const auto shared = std::make_shared<const std::string>(std::move(*block));
+    for (size_t s : to_shards) {
+      outboxes_[s].bytes += static_cast<int64_t>(shared->size());
+      outboxes_[s].puts.push_back({ToKey(names[b]), shared});
+    }
   }
 }
 
@@ -472,10 +525,10 @@ void StorePrefixes::PublishLoop(size_t s) {
       outboxes_[s].puts.pop_front();
       outboxes_[s].in_progress++;
     }
-    const absl::Status st = shards_[s].client->Put(job.key, job.block);
+    const absl::Status st = shards_[s].client->Put(job.key, *job.block);
     absl::MutexLock l(&mu_);
     outboxes_[s].in_progress--;
-    outboxes_[s].bytes -= static_cast<int64_t>(job.block.size());
+    outboxes_[s].bytes -= static_cast<int64_t>(job.block->size());
     (st.ok() ? stats_.shards[s].blocks_published : stats_.shards[s].publish_failures)++;
   }
 }

@@ -7,8 +7,10 @@
 // rendezvous hashing over the shards' targets, so every worker that lists the same targets (in
 // any order) finds it there, and adding a shard moves about 1/n of the blocks. A lookup asks every
 // shard holding some of a prompt's blocks, in parallel; the prefix found ends at the first block
-// missing from its shard. A read takes the shards' blocks from all of them at once. A shard that
-// is down costs the blocks it holds, not the others'.
+// missing from its shards. A read takes the shards' blocks from all of them at once. A shard that
+// is down costs the blocks it holds, not the others'; with replicas, not even those: each block is
+// put on the `replicas` shards its name ranks highest, a lookup finds it on any of them, and a read
+// that fails on one shard takes the blocks it wanted there from their next replicas.
 //
 // Nothing here can make a worker's output wrong: a block that is missing, of another model or
 // layout, or fails its checksums is an error the engine answers by recomputing. A store that is
@@ -27,6 +29,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/inlined_vector.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "cachestore/block_format.h"
@@ -47,6 +50,8 @@ struct StorePrefixOptions {
   cachestore::StoreClientOptions store;
   // The stores blocks are spread over (host:port each): one or more.
   std::vector<std::string> shards;
+  // How many shards hold each block (1 to the number of shards).
+  int replicas = 1;
   // "none" or "peer": UCX error-handling mode of one-sided reads; "off": inline gRPC bytes.
   std::string ucx = "none";
   int block_tokens = 256;
@@ -60,8 +65,8 @@ struct StorePrefixOptions {
 class StorePrefixes final : public PrefixStore {
  public:
   // kFailedPrecondition when a store refuses the token or a target is no store, kInvalidArgument
-  // when no shard is given or one is listed twice; a store that does not answer is not an error (it may come up
-  // later).
+  // when no shard is given, one is listed twice or there are fewer shards than replicas; a store
+  // that does not answer is not an error (it may come up later).
   static absl::StatusOr<std::unique_ptr<StorePrefixes>> Create(const StorePrefixOptions& options,
                                                               const std::array<uint8_t, 32>& fingerprint,
                                                               const KvLayout& layout);
@@ -86,22 +91,26 @@ class StorePrefixes final : public PrefixStore {
   StorePrefixes(const StorePrefixOptions& options, const std::array<uint8_t, 32>& fingerprint, const KvLayout& layout);
   // Puts the blocks queued for shard s until the store is destroyed.
   void PublishLoop(size_t s);
-  // The shard that holds the block of this name.
-  size_t ShardOf(const PrefixName& name) const;
+  // The shards that hold the block of this name, best first: options_.replicas of them.
+  absl::InlinedVector<size_t, 4> ShardsOf(const PrefixName& name) const;
   // Encodes blocks [from, to) with `encode` (block index -> bytes) and queues their puts on their
-  // shards; a block whose shard's queue is over its share of the byte limit is dropped (counted).
+  // shards; a shard whose queue is over its share of the byte limit drops its copy (counted).
   void Enqueue(absl::Span<const PrefixName> names, int from, int to,
                const std::function<absl::StatusOr<std::string>(int)>& encode);
   cachestore::BlockLayout FullLayout() const;
   cachestore::BlockLayout CompressedLayout(const CompressedKvCache::BlockCodec& codec) const;
   // Reads blocks names[0..n) of layout `want`, checks them, and hands each to `use` (block index,
-  // bytes, header), stopping at the first error: in index order on this thread when `in_order`,
-  // else the shards at once (one batch each, `use` called from their threads).
+  // bytes, header) once: in index order on this thread when `in_order`, else the shards at once
+  // (one batch each, `use` called from their threads). Each block is asked of its first replica
+  // whose lookups are not backed off; a shard that fails a read is not asked again in this call,
+  // its blocks not yet handed over going to their next replicas. The error is that of the last
+  // shard tried for a block no replica could give.
   absl::Status ReadBlocks(absl::Span<const PrefixName> names, const cachestore::BlockLayout& want, bool in_order,
                           const std::function<absl::Status(size_t, absl::string_view, const cachestore::BlockHeader&)>& use);
-  // Blocks idx of `names` from shard `s`, as ReadBlocks reads them; adds the bytes read to *bytes.
+  // Blocks idx of `names` from shard `s`, in that order, as ReadBlocks reads them, stopping at the
+  // first error; adds the bytes read to *bytes and the blocks handed to `use` to *used.
   absl::Status ReadFromShard(size_t s, absl::Span<const PrefixName> names, absl::Span<const size_t> idx,
-                             const cachestore::BlockLayout& want, int64_t* bytes,
+                             const cachestore::BlockLayout& want, int64_t* bytes, size_t* used,
                              const std::function<absl::Status(size_t, absl::string_view, const cachestore::BlockHeader&)>& use);
   // Leading names (of `names`, all on shard s) that shard holds; 0 while it is backed off or when
   // it cannot be asked.
@@ -121,7 +130,7 @@ class StorePrefixes final : public PrefixStore {
 
   struct Put {
     cachestore::BlockKey key;
-    std::string block;
+    std::shared_ptr<const std::string> block;  // shared by the block's replicas
   };
   // A shard's puts waiting for its publisher thread.
   struct Outbox {

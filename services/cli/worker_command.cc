@@ -2,6 +2,8 @@
 
 #include <signal.h>
 
+#include <algorithm>
+
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -17,6 +19,7 @@ namespace {
 
 constexpr char kUsage[] =
     "usage: vericache worker --model DIR --listen HOST:PORT [--store HOST:PORT[,...] --store-token-file FILE]\n"
+    "                        [--store-replicas N]\n"
     "                        [--ucx none|peer|off] [--block-tokens N] [--compressor SPEC] [--max-batch N]\n"
     "                        [--staging-mib N] [--full-kv-mib N] [--prefix-cache-mib N] [--host-kv-mib N]\n"
     "                        [--max-requests N] [--client-write-timeout-ms N]\n"
@@ -26,6 +29,8 @@ constexpr char kUsage[] =
     "                          read over UCX while the worker drafts, and prefixes it lacked published.\n"
     "                          Several, comma-separated: blocks are spread over them by their names\n"
     "                          (every worker must list the same stores, in any order)\n"
+    "  --store-replicas N      stores holding each block (default 1): with N, a block is found while\n"
+    "                          any N - 1 of its stores are down, for N times the puts and store space\n"
     "  --store-token-file FILE the bearer token the worker presents to the store (one line)\n"
     "  --ucx MODE              one-sided reads with UCX error handling 'none' (shared memory, CMA; the\n"
     "                          default) or 'peer' (TCP only on one host); 'off': blocks inline over gRPC\n"
@@ -60,7 +65,7 @@ absl::StatusOr<std::set<std::string>> ReadTokens(const std::string& path) {
 absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
   VC_ASSIGN_OR_RETURN(
       Args a, Args::Parse(argv,
-                          {"model", "listen", "store", "store-token-file", "ucx", "block-tokens", "compressor",
+                          {"model", "listen", "store", "store-replicas", "store-token-file", "ucx", "block-tokens", "compressor",
                            "max-batch", "staging-mib", "full-kv-mib", "prefix-cache-mib", "host-kv-mib", "client-write-timeout-ms", "max-requests",
                            "client-tokens", "store-timeout-ms", "draft-window", "keep-staged", "stored-compressed"},
                           {}));
@@ -74,6 +79,13 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
   if (a.Has("store")) {
     for (absl::string_view t : absl::StrSplit(o.store_target, ',')) VC_RETURN_IF_ERROR(CheckAddress("--store", t, false));
   }
+  VC_ASSIGN_OR_RETURN(const int64_t replicas, a.Int("store-replicas", 1, 1, 64));
+  const int64_t stores = o.store_target.empty() ? 0 : 1 + std::count(o.store_target.begin(), o.store_target.end(), ',');
+  if (replicas > 1 && replicas > stores) {
+    return absl::InvalidArgumentError(absl::StrCat("--store-replicas ", replicas, " needs as many stores in --store; ",
+                                                   stores, " given"));
+  }
+  o.store_replicas = static_cast<int>(replicas);
   if (a.Has("store-token-file")) {
     VC_ASSIGN_OR_RETURN(o.store_token, ReadBearerTokenFile(a.Str("store-token-file")));
   } else if (!o.store_target.empty()) {
@@ -122,7 +134,8 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
   pthread_sigmask(SIG_BLOCK, &sigs, nullptr);  // before any thread starts: only sigwait gets them
   VC_ASSIGN_OR_RETURN(std::unique_ptr<WorkerServer> w, WorkerServer::Start(o));
   out << "vericache worker listening on port " << w->port() << " (model " << o.model_dir << ", compressor "
-      << eo.compressor << ", store " << (o.store_target.empty() ? "none" : o.store_target) << ", UCX " << o.ucx
+      << eo.compressor << ", store " << (o.store_target.empty() ? "none" : o.store_target)
+      << (o.store_replicas > 1 ? absl::StrCat(" (", o.store_replicas, " replicas)") : "") << ", UCX " << o.ucx
       << ")" << std::endl;
   int sig = 0;
   sigwait(&sigs, &sig);
