@@ -264,13 +264,14 @@ absl::StatusOr<std::unique_ptr<WorkerService>> WorkerService::Create(const Model
   return w;
 }
 
-absl::Status WorkerService::Authenticate(grpc::ServerContext* ctx) const {
-  if (options_.client_tokens.empty()) return absl::OkStatus();
+absl::StatusOr<std::string> WorkerService::Authenticate(grpc::ServerContext* ctx) const {
+  if (options_.client_tokens.empty()) return std::string();
   auto it = ctx->client_metadata().find("authorization");
   if (it != ctx->client_metadata().end()) {
     const std::string value(it->second.data(), it->second.size());
-    if (absl::StartsWith(value, "Bearer ") && options_.client_tokens.count(value.substr(7)) > 0) {
-      return absl::OkStatus();
+    if (absl::StartsWith(value, "Bearer ")) {
+      const auto token = options_.client_tokens.find(value.substr(7));
+      if (token != options_.client_tokens.end()) return token->second;
     }
   }
   return absl::UnauthenticatedError("a valid bearer token is required");
@@ -320,9 +321,11 @@ grpc::Status WorkerService::Generate(grpc::ServerContext* ctx, const v1::Generat
     invalid_++;
     return ToGrpcStatus(why);
   };
-  if (absl::Status a = Authenticate(ctx); !a.ok()) return refuse(a);
+  absl::StatusOr<std::string> tenant = Authenticate(ctx);
+  if (!tenant.ok()) return refuse(tenant.status());
   absl::StatusOr<EngineRequest> parsed = Parse(*req);
   if (!parsed.ok()) return refuse(parsed.status());
+  parsed->tenant = *std::move(tenant);
   v1::Mode mode = req->mode() == v1::MODE_UNSPECIFIED ? v1::MODE_VERICACHE : req->mode();
   int engine = kVeriCache;
   if (mode == v1::MODE_FULL) {
@@ -366,7 +369,7 @@ grpc::Status WorkerService::Generate(grpc::ServerContext* ctx, const v1::Generat
 
 grpc::Status WorkerService::GetModelInfo(grpc::ServerContext* ctx, const v1::GetModelInfoRequest*,
                                          v1::ModelInfo* resp) {
-  if (absl::Status a = Authenticate(ctx); !a.ok()) return ToGrpcStatus(a);
+  if (absl::Status a = Authenticate(ctx).status(); !a.ok()) return ToGrpcStatus(a);
   const ModelConfig& c = model_.config();
   resp->set_architecture(c.architecture);
   resp->set_vocab_size(static_cast<uint32_t>(c.vocab_size));
@@ -382,7 +385,7 @@ grpc::Status WorkerService::GetModelInfo(grpc::ServerContext* ctx, const v1::Get
 }
 
 grpc::Status WorkerService::GetStats(grpc::ServerContext* ctx, const v1::GetStatsRequest*, v1::WorkerStats* resp) {
-  if (absl::Status a = Authenticate(ctx); !a.ok()) return ToGrpcStatus(a);
+  if (absl::Status a = Authenticate(ctx).status(); !a.ok()) return ToGrpcStatus(a);
   const Scheduler::Totals t = scheduler_->totals();
   resp->set_uptime_micros(static_cast<uint64_t>(absl::ToInt64Microseconds(absl::Now() - started_)));
   resp->set_requests_in_flight(static_cast<uint32_t>(t.in_flight));

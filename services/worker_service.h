@@ -13,8 +13,8 @@
 
 #include <atomic>
 #include <cstdint>
+#include <map>
 #include <memory>
-#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -41,8 +41,11 @@ struct WorkerServiceOptions {
   int full_max_batch = 16;
   // Requests queued or in flight; beyond this a request is refused with RESOURCE_EXHAUSTED.
   int max_requests = 256;
-  // Bearer tokens accepted from clients; empty: no authentication (loopback, tests).
-  std::set<std::string> client_tokens;
+  // Bearer tokens accepted from clients, each with its tenant: requests of one tenant use and
+  // share prefixes (in the store and in the worker) that no other tenant's can find. An empty
+  // tenant is the worker's default, whose prefixes are those of a worker without tenants. Empty:
+  // no authentication (loopback, tests), every request of the default tenant.
+  std::map<std::string, std::string> client_tokens;
   std::string fingerprint_hex;  // reported by GetModelInfo
   // A write to a client that has not returned within this long (the client stopped reading)
   // cancels the call, so the handler does not wait for it for good.
@@ -71,7 +74,8 @@ class WorkerService final : public vericache::v1::Inference::Service {
   WorkerService(const Model& model, const WorkerServiceOptions& options, PrefixStore* prefixes);
   // The request as the engines take it; kInvalidArgument naming the problem.
   absl::StatusOr<EngineRequest> Parse(const vericache::v1::GenerateRequest& req) const;
-  absl::Status Authenticate(grpc::ServerContext* ctx) const;
+  // The caller's tenant, or kUnauthenticated.
+  absl::StatusOr<std::string> Authenticate(grpc::ServerContext* ctx) const;
 
   const Model& model_;
   const WorkerServiceOptions options_;

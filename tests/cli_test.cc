@@ -1,5 +1,6 @@
 // `vericache generate` end to end, in process: output formats and every bad-input exit; and the
 // store and worker commands' flag checks.
+#include <fstream>
 #include <sstream>
 
 #include "gtest/gtest.h"
@@ -113,6 +114,17 @@ TEST_F(CliTest, WorkerRefusesMoreReplicasThanStores) {
     std::ostringstream out, err;
     EXPECT_EQ(RunWorkerCommand(args, out, err), 2) << flags[1];
     EXPECT_NE(err.str().find("--store-replicas"), std::string::npos) << err.str();
+  }
+}
+
+TEST_F(CliTest, WorkerRefusesBadClientTokenFiles) {
+  for (const char* text : {"a b c\n", "a t1\nb t2\na t3\n", "# none\n\n", "tok ten\x01ant\n"}) {
+    const std::string path = dir_ + "/client-tokens";
+    std::ofstream(path) << text;
+    std::ostringstream out, err;
+    EXPECT_EQ(RunWorkerCommand({"--model", dir_, "--listen", "127.0.0.1:0", "--client-tokens", path}, out, err), 2)
+        << text;
+    EXPECT_NE(err.str().find(path), std::string::npos) << err.str();
   }
 }
 

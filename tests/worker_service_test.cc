@@ -137,7 +137,7 @@ TEST_F(WorkerServiceTest, CorruptStoredBlocksAreRecomputedNotTrusted) {
 
   // Every stored block goes bad in the store's RAM: reads fail their checks, the worker
   // recomputes, and the output is the same.
-  for (const PrefixName& name : worker->prefixes()->Names(absl::MakeConstSpan(b).first(160))) {
+  for (const PrefixName& name : worker->prefixes()->Names("", absl::MakeConstSpan(b).first(160))) {
     cachestore::BlockKey key;
     key.bytes = name;
     bool released = false;
@@ -178,7 +178,7 @@ TEST_F(WorkerServiceTest, AnotherWorkerDraftsFromTheStoresCompressedPrefix) {
   EXPECT_GT(warm.stats.drafted_tokens(), 0u);
 
   // Corrupt the compressed variant's third block in the store's RAM.
-  const auto cnames = second->prefixes()->CompressedNames(absl::MakeConstSpan(c).first(160), {4, 32});
+  const auto cnames = second->prefixes()->CompressedNames("", absl::MakeConstSpan(c).first(160), {4, 32});
   ASSERT_EQ(cnames.size(), 5u);
   cachestore::BlockKey key;
   key.bytes = cnames[2];
@@ -295,7 +295,7 @@ TEST_F(WorkerServiceTest, ModeFullStreamsTheSameTokens) {
 TEST_F(WorkerServiceTest, OverloadCancellationAndAuthentication) {
   WorkerServerOptions o;
   o.service.max_requests = 1;
-  o.service.client_tokens = {"client-token"};
+  o.service.client_tokens = {{"client-token", ""}};
   o.model_dir = VC_SOURCE_DIR "/models/vc-code-4m";  // slow enough that a long request stays in flight
   o.staging_bytes = o.full_kv_bytes = int64_t{96} << 20;  // room for all 20060 positions: only the deadline ends it
   auto worker = StartWorker("", o);
@@ -476,8 +476,8 @@ TEST_F(WorkerServiceTest, BlocksAreSpreadOverStoreShards) {
   EXPECT_EQ(WorkerServer::Start(o).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
-// With two replicas of every block over two stores: a block missing from one store is read from
-// the other, and a store that goes away costs no prefix at all. Every output exact.
+// With two replicas of every block over two stores: blocks missing from one store are read from
+// the other and put back, and a store that goes away costs no prefix at all. Every output exact.
 TEST_F(WorkerServiceTest, ReplicasKeepPrefixesWhenAStoreLosesThemOrGoesAway) {
   auto a = StartStore("db_a");
   auto b = StartStore("db_b");
@@ -505,31 +505,61 @@ TEST_F(WorkerServiceTest, ReplicasKeepPrefixesWhenAStoreLosesThemOrGoesAway) {
   }
   EXPECT_EQ(blocks_on(*a), 36u);
   EXPECT_EQ(blocks_on(*b), 36u);
+  worker->prefixes()->Flush();  // counted once the store has answered
   EXPECT_EQ(worker->prefixes()->stats().shards[0].blocks_published, 36);
   EXPECT_EQ(worker->prefixes()->stats().shards[1].blocks_published, 36);
 
-  // Store a loses p's blocks: the lookup finds them on b, and the read, failing on a, takes a's
-  // share from b.
+  // A store loses one of p's blocks, in the middle, where the read asks first: the lookup finds
+  // it on the other, the read takes it from there, and puts it back.
+  const std::vector<PrefixName> names = worker->prefixes()->Names("", p);
+  const size_t first = worker->prefixes()->ShardsOf(names[9])[0];
+  StoreServer& loser = first == 0 ? *a : *b;
   cachestore::StoreClientOptions co;
-  co.target = a->target();
+  co.target = loser.target();
   co.token = "tok";
   auto client = cachestore::StoreClient::Create(co);
   ASSERT_TRUE(client.ok()) << client.status();
-  for (const PrefixName& name : worker->prefixes()->Names(p)) {
-    cachestore::BlockKey key;
-    key.bytes = name;
-    ASSERT_TRUE((*client)->Delete(key).ok());
-  }
+  cachestore::BlockKey key;
+  key.bytes = names[9];
+  ASSERT_TRUE((*client)->Delete(key).ok());
+  EXPECT_EQ(blocks_on(loser), 35u);
   const StorePrefixStats before = worker->prefixes()->stats();
   const GenerateReply lost = CallGenerate(*stub, Request(p, 8));
   ASSERT_TRUE(lost.status.ok()) << lost.status;
   EXPECT_EQ(lost.tokens, want_p);
   EXPECT_EQ(lost.stats.prefix_store_tokens(), 18u * 32);
   EXPECT_EQ(lost.stats.recomputed_tokens(), 0u);
+  worker->prefixes()->Flush();
   const StorePrefixStats after = worker->prefixes()->stats();
-  EXPECT_EQ(after.shards[0].read_failures - before.shards[0].read_failures, 1);
-  EXPECT_EQ(after.shards[1].blocks_read - before.shards[1].blocks_read, 18);
+  EXPECT_EQ(after.shards[first].read_failures - before.shards[first].read_failures, 1);
+  EXPECT_EQ(after.blocks_read - before.blocks_read, 18);
   EXPECT_EQ(after.read_failures, before.read_failures);
+  EXPECT_EQ(after.shards[first].blocks_published - before.shards[first].blocks_published, 1);
+  EXPECT_EQ(blocks_on(loser), 36u);
+
+  // Store a loses all of p's blocks: the read takes them from b in one more round, and each read
+  // puts back those a was asked for and the first a's lookup missed, until a holds them all.
+  co.target = a->target();
+  client = cachestore::StoreClient::Create(co);
+  ASSERT_TRUE(client.ok()) << client.status();
+  for (const PrefixName& name : names) {
+    key.bytes = name;
+    ASSERT_TRUE((*client)->Delete(key).ok());
+  }
+  const GenerateReply emptied = CallGenerate(*stub, Request(p, 8));
+  ASSERT_TRUE(emptied.status.ok()) << emptied.status;
+  EXPECT_EQ(emptied.tokens, want_p);
+  EXPECT_EQ(emptied.stats.prefix_store_tokens(), 18u * 32);
+  EXPECT_EQ(emptied.stats.recomputed_tokens(), 0u);
+  worker->prefixes()->Flush();
+  EXPECT_GT(blocks_on(*a), 18u);
+  for (int i = 0; i < 18 && blocks_on(*a) < 36; ++i) {
+    const GenerateReply r = CallGenerate(*stub, Request(p, 8));
+    EXPECT_EQ(r.tokens, want_p);
+    EXPECT_EQ(r.stats.prefix_store_tokens(), 18u * 32);
+    worker->prefixes()->Flush();
+  }
+  EXPECT_EQ(blocks_on(*a), 36u);
 
   // Store b goes away: q's prefix is whole on a.
   b.reset();
@@ -548,8 +578,8 @@ TEST_F(WorkerServiceTest, ReplicasKeepPrefixesWhenAStoreLosesThemOrGoesAway) {
   EXPECT_EQ(WorkerServer::Start(o).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
-// Compressed prefixes are read in order; with replicas, blocks a store has lost come from the
-// other store in their place in that order.
+// Compressed prefixes are read in order; with replicas, a block a store has lost comes from the
+// other store in its place in that order, and is put back.
 TEST_F(WorkerServiceTest, ReplicasServeStoredCompressedPrefixesInOrder) {
   auto a = StartStore("db_a");
   auto b = StartStore("db_b");
@@ -565,23 +595,75 @@ TEST_F(WorkerServiceTest, ReplicasServeStoredCompressedPrefixesInOrder) {
     EXPECT_EQ(first->prefixes()->stats().shards[1].blocks_published, 10);
   }
   auto second = StartWorker(a->target() + "," + b->target(), o);
+  // The third compressed block is lost where the read asks first: the blocks before it come from
+  // there, it and the rest from the other store, in order.
+  const auto cnames = second->prefixes()->CompressedNames("", absl::MakeConstSpan(y).first(160), {4, 32});
+  ASSERT_EQ(cnames.size(), 5u);
+  const size_t first = second->prefixes()->ShardsOf(cnames[2])[0];
   cachestore::StoreClientOptions co;
-  co.target = a->target();
+  co.target = first == 0 ? a->target() : b->target();
   co.token = "tok";
   auto client = cachestore::StoreClient::Create(co);
   ASSERT_TRUE(client.ok()) << client.status();
-  for (const PrefixName& name : second->prefixes()->CompressedNames(absl::MakeConstSpan(y).first(160), {4, 32})) {
-    cachestore::BlockKey key;
-    key.bytes = name;
-    ASSERT_TRUE((*client)->Delete(key).ok());
-  }
+  cachestore::BlockKey key;
+  key.bytes = cnames[2];
+  ASSERT_TRUE((*client)->Delete(key).ok());
   const GenerateReply r = CallGenerate(*InferenceStub(second->target()), Request(y, 20, 5));
   ASSERT_TRUE(r.status.ok()) << r.status;
   EXPECT_EQ(r.tokens, Want(y, 20, 5));
   EXPECT_EQ(r.stats.prefix_store_tokens(), 160u);
   EXPECT_EQ(r.stats.prefix_compressed_store_tokens(), 160u);
   EXPECT_GT(r.stats.drafted_tokens(), 0u);
-  EXPECT_EQ(second->prefixes()->stats().read_failures, 0);
+  second->prefixes()->Flush();
+  const StorePrefixStats st = second->prefixes()->stats();
+  EXPECT_EQ(st.read_failures, 0);
+  EXPECT_EQ(st.shards[first].read_failures, 1);
+  EXPECT_EQ(st.shards[first].blocks_published, 1);  // the lost block, put back
+}
+
+// A worker serving several tenants: one tenant's prefixes are found by its requests (under any of
+// its tokens) and by no other tenant's, whose names for the same tokens differ (the worker's own
+// cache of compressed prefixes is keyed by them too). Every output exact.
+TEST_F(WorkerServiceTest, TenantsFindOnlyTheirOwnPrefixes) {
+  auto store = StartStore();
+  WorkerServerOptions o;
+  o.service.client_tokens = {{"a-1", "team-a"}, {"a-2", "team-a"}, {"b-1", "team-b"}, {"plain", ""}};
+  auto worker = StartWorker(store->target(), o);
+  auto stub = InferenceStub(worker->target());
+  const auto p = Prompt(600, 2);  // 18 whole blocks of 32 tokens
+  const auto want = Want(p, 8);
+  const auto call = [&](const char* token) {
+    const GenerateReply r = CallGenerate(*stub, Request(p, 8), token);
+    EXPECT_TRUE(r.status.ok()) << token << ": " << r.status;
+    EXPECT_EQ(r.tokens, want) << token;
+    worker->prefixes()->Flush();
+    return r.stats;
+  };
+  const auto stored_blocks = [&] {
+    v1::StatsResponse r;
+    grpc::ClientContext ctx;
+    ctx.AddMetadata("authorization", "Bearer tok");
+    EXPECT_TRUE(v1::CacheStore::NewStub(grpc::CreateChannel(store->target(), grpc::InsecureChannelCredentials()))
+                    ->Stats(&ctx, v1::StatsRequest(), &r)
+                    .ok());
+    return r.disk_blocks();
+  };
+  EXPECT_EQ(call("a-1").prefix_store_tokens(), 0u);
+  EXPECT_EQ(stored_blocks(), 18u);
+  // The same tokens under team-a's other token: its prefix.
+  EXPECT_EQ(call("a-2").prefix_store_tokens(), 18u * 32);
+  // team-b and the default tenant find nothing of team-a's, and publish their own.
+  for (const char* other : {"b-1", "plain"}) {
+    const auto s = call(other);
+    EXPECT_EQ(s.prefix_store_tokens(), 0u) << other;
+    EXPECT_EQ(s.prefix_compressed_tokens(), 0u) << other;
+  }
+  EXPECT_EQ(stored_blocks(), 3u * 18);
+  EXPECT_EQ(call("b-1").prefix_store_tokens(), 18u * 32);
+  // Names differ by tenant; the default tenant's are a worker's without tenants.
+  EXPECT_NE(worker->prefixes()->Names("team-a", p), worker->prefixes()->Names("team-b", p));
+  EXPECT_NE(worker->prefixes()->Names("team-a", p), worker->prefixes()->Names("", p));
+  EXPECT_EQ(worker->prefixes()->Names("", p).size(), 18u);
 }
 
 // What could never work is refused before anything runs, with the reason: a request whose full KV

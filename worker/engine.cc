@@ -149,10 +149,11 @@ absl::Status VeriCacheEngine::AdmitWithPrefix(Sequence& s, bool* admitted) {
   *admitted = false;
   const int64_t n = s.v() - 1;
   const int bt = prefixes_->block_tokens();
-  s.names = prefixes_->Names(absl::MakeConstSpan(s.tokens).subspan(0, n));
+  s.names = prefixes_->Names(s.request.tenant, absl::MakeConstSpan(s.tokens).subspan(0, n));
   if (s.names.empty()) return absl::OkStatus();
   if (options_.stored_compressed_prefixes) {
-    s.cnames = prefixes_->CompressedNames(absl::MakeConstSpan(s.tokens).subspan(0, n), compressed_->block_codec());
+    s.cnames = prefixes_->CompressedNames(s.request.tenant, absl::MakeConstSpan(s.tokens).subspan(0, n),
+                                          compressed_->block_codec());
     s.cpublish_from = 0;
   }
   const int hit = prefixes_->Lookup(s.names);

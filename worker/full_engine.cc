@@ -87,7 +87,7 @@ void FullKvEngine::Leave(Sequence& s) {
 
 void FullKvEngine::FetchPrefix(Sequence& s) {
   const int64_t n = s.prompt_len - 1;  // the last prompt token is always computed: it yields logits
-  s.names = prefixes_->Names(absl::MakeConstSpan(s.tokens).first(static_cast<size_t>(n)));
+  s.names = prefixes_->Names(s.request.tenant, absl::MakeConstSpan(s.tokens).first(static_cast<size_t>(n)));
   if (s.names.empty()) return;
   s.publish_from = 0;
   const int hit = std::clamp(prefixes_->Lookup(s.names), 0, static_cast<int>(s.names.size()));

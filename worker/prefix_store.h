@@ -39,7 +39,8 @@ using PrefixName = std::array<uint8_t, 32>;
 struct StoreShardStats {
   std::string target;
   int64_t lookups = 0, lookup_failures = 0, lookups_skipped = 0;
-  int64_t blocks_read = 0, read_failures = 0, bytes_read = 0;  // read_failures: reads of its blocks that failed
+  // blocks_read: blocks it gave; read_failures: reads from it that failed or lacked a block.
+  int64_t blocks_read = 0, read_failures = 0, bytes_read = 0;
   int64_t blocks_published = 0, publish_failures = 0, publish_dropped = 0;
 };
 
@@ -59,8 +60,10 @@ class PrefixStore {
   virtual ~PrefixStore() = default;
 
   virtual int block_tokens() const = 0;
-  // Names of the full blocks of `tokens` (a trailing partial block gets none).
-  virtual std::vector<PrefixName> Names(absl::Span<const int32_t> tokens) const = 0;
+  // Names of the full blocks of `tokens` (a trailing partial block gets none), bound to `tenant`:
+  // the same tokens of another tenant have other names, so no lookup of one tenant finds, or can
+  // time, another's prefixes.
+  virtual std::vector<PrefixName> Names(absl::string_view tenant, absl::Span<const int32_t> tokens) const = 0;
   // How many leading `names` the store holds; 0 when it cannot be reached (the worker computes
   // the prefix then). Thread-safe.
   virtual int Lookup(absl::Span<const PrefixName> names) = 0;
@@ -76,7 +79,7 @@ class PrefixStore {
   // Compressed variants, for a worker that has no compressed copy of a prefix of its own: blocks a
   // compressed cache encodes (CompressedKvCache::EncodeBlock), named apart from the full blocks
   // and from other codecs' (Lookup takes these names too). Empty: this store keeps none.
-  virtual std::vector<PrefixName> CompressedNames(absl::Span<const int32_t> /*tokens*/,
+  virtual std::vector<PrefixName> CompressedNames(absl::string_view /*tenant*/, absl::Span<const int32_t> /*tokens*/,
                                                   const CompressedKvCache::BlockCodec& /*codec*/) const {
     return {};
   }

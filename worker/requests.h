@@ -9,6 +9,7 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -60,6 +61,9 @@ struct EngineRequest {
   std::vector<int32_t> prompt;
   GenerateOptions options;  // max_tokens, sampling, stop_at_eos, prefill_chunk
   PrefilledKv prefilled;    // optional: skips the prefill compute
+  // Whose prefixes the request may use and share (PrefixStore::Names): set from the authenticated
+  // caller, never from what the request says. Empty: the worker's default tenant.
+  std::string tenant;
   absl::Time deadline = absl::InfiniteFuture();
   // Optional: verified tokens as they are emitted, on the thread that runs Step.
   std::function<void(absl::Span<const int32_t>)> on_tokens;

@@ -9,6 +9,7 @@
 #include <functional>
 #include <future>
 
+#include "absl/algorithm/container.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "cachestore/block_format.h"
@@ -133,9 +134,13 @@ StorePrefixes::~StorePrefixes() {
   for (std::thread& t : publishers_) t.join();
 }
 
-std::vector<PrefixName> StorePrefixes::Names(absl::Span<const int32_t> tokens) const {
+std::vector<PrefixName> StorePrefixes::Names(absl::string_view tenant, absl::Span<const int32_t> tokens) const {
+  // The worker's clients' tenant salts the chain, as the store's tenant (the worker's) salts it
+  // again in the store. The default tenant's is empty, the names of a worker without tenants.
+  cachestore::KeyContext k = keys_;
+  k.tenant_salt = std::string(tenant);
   std::vector<PrefixName> out;
-  for (const cachestore::BlockKey& k : cachestore::ChainBlockKeys(keys_, tokens)) out.push_back(k.bytes);
+  for (const cachestore::BlockKey& key : cachestore::ChainBlockKeys(k, tokens)) out.push_back(key.bytes);
   return out;
 }
 
@@ -212,6 +217,16 @@ int StorePrefixes::Lookup(absl::Span<const PrefixName> names) {
     ++n;
   }
   absl::MutexLock l(&mu_);
+  // A shard that answered lacks the first of its blocks it did not count (the ones after that
+  // are unknown): found on another replica, that block is put back there when it is read.
+  if (options_.replicas > 1) {
+    if (repair_hints_.size() > kMaxRepairHints) repair_hints_.clear();
+    for (size_t i = 0; i < n; ++i) {
+      for (const auto& [s, at] : asked_at[i]) {
+        if (at == found[s] && absl::Now() >= skip_lookups_until_[s]) repair_hints_[names[i]].push_back(s);
+      }
+    }
+  }
   stats_.blocks_hit += static_cast<int64_t>(n);
   return static_cast<int>(n);
 }
@@ -238,9 +253,11 @@ absl::Status StorePrefixes::ReadBlocks(absl::Span<const PrefixName> names, const
                                        const std::function<absl::Status(size_t, absl::string_view,
                                                                         const cachestore::BlockHeader&)>& use) {
   const auto start = std::chrono::steady_clock::now();
-  // Shards whose lookups are backed off are asked after the block's other replicas; a shard that
-  // fails a read here is not asked again in this call.
-  std::vector<bool> backed_off(shards_.size()), failed(shards_.size(), false);
+  // A block is asked of its first replica that has not failed it, shards whose lookups are backed
+  // off or that lacked another block here last. A shard that fails as a whole (unreachable, timed
+  // out) is not asked again in this call; one that lacks a block (missing, or a bad copy its read
+  // deleted) may still be asked for others.
+  std::vector<bool> backed_off(shards_.size()), failed(shards_.size(), false), lacked(shards_.size(), false);
   {
     absl::MutexLock l(&mu_);
     const absl::Time now = absl::Now();
@@ -248,21 +265,29 @@ absl::Status StorePrefixes::ReadBlocks(absl::Span<const PrefixName> names, const
   }
   std::vector<absl::InlinedVector<size_t, 4>> replicas;
   for (const PrefixName& name : names) replicas.push_back(ShardsOf(name));
-  // The shard to ask for block i; shards_.size() when every replica has failed.
+  std::vector<absl::InlinedVector<size_t, 2>> lacking(names.size());  // shards that lack block i
+  // The shard to ask for block i; shards_.size() when none is left.
   const auto choose = [&](size_t i) {
     size_t pick = shards_.size();
     for (size_t s : replicas[i]) {
-      if (failed[s]) continue;
-      if (!backed_off[s]) return s;
+      if (failed[s] || absl::c_linear_search(lacking[i], s)) continue;
+      if (!backed_off[s] && !lacked[s]) return s;
       if (pick == shards_.size()) pick = s;
     }
     return pick;
   };
-  // An error of `use` is not the shard's: nothing is asked again after one.
-  std::atomic<bool> use_failed{false};
-  const auto use_once = [&](size_t b, absl::string_view block, const cachestore::BlockHeader& h) {
-    absl::Status st = use(b, block, h);
-    if (!st.ok()) use_failed = true;
+  // A block read after a shard lacked it is put back there (read repair). An error of `use` is
+  // not the shards': nothing is asked again after one, and it is the one returned.
+  absl::Mutex use_mu;
+  absl::Status use_error;
+  const auto use_once = [&](size_t i, absl::string_view block, const cachestore::BlockHeader& h) {
+    absl::Status st = use(i, block, h);
+    if (!st.ok()) {
+      absl::MutexLock l(&use_mu);
+      use_error.Update(st);
+    } else if (options_.replicas > 1) {
+      Repair(names[i], block, lacking[i]);
+    }
     return st;
   };
   // Each batch's outcome, counted for its shard.
@@ -274,10 +299,13 @@ absl::Status StorePrefixes::ReadBlocks(absl::Span<const PrefixName> names, const
     if (!st.ok()) c.read_failures++;
   };
   int64_t bytes = 0;
-  absl::Status status;
+  // What is returned when a block cannot be had: a copy found bad (the engine shares its own
+  // then) before any other error.
+  absl::Status data_loss, other;
+  bool stranded = false;
   std::vector<size_t> pending(names.size());
   for (size_t i = 0; i < pending.size(); ++i) pending[i] = i;
-  while (!pending.empty() && status.ok()) {
+  while (!pending.empty() && !stranded) {
     // Batches of one shard each: in order, the leading run of pending blocks that share a shard;
     // else all of them, by shard.
     std::vector<std::pair<size_t, std::vector<size_t>>> batches;
@@ -291,31 +319,36 @@ absl::Status StorePrefixes::ReadBlocks(absl::Span<const PrefixName> names, const
     // The shards at once, each on a thread of its own (this one reads the first) with its own UCX
     // reader: their blocks go to places of their own.
     std::vector<int64_t> got(batches.size(), 0);
-    std::vector<size_t> used(batches.size(), 0);
+    std::vector<std::vector<size_t>> handed(batches.size()), lacks(batches.size());
     const auto read = [&](size_t k) {
-      return ReadFromShard(batches[k].first, names, batches[k].second, want, &got[k], &used[k], use_once);
+      return ReadFromShard(batches[k].first, names, batches[k].second, want, in_order, &got[k], &handed[k], &lacks[k],
+                           use_once);
     };
     std::vector<std::future<absl::Status>> rest;
     for (size_t k = 1; k < batches.size(); ++k) rest.push_back(std::async(std::launch::async, read, k));
-    std::vector<bool> handed(names.size(), false);
-    absl::Status round;
+    std::vector<bool> done(names.size(), false);
     for (size_t k = 0; k < batches.size(); ++k) {
+      const size_t s = batches[k].first;
       const absl::Status outcome = k == 0 ? read(0) : rest[k - 1].get();
       bytes += got[k];
-      count(batches[k].first, outcome, used[k], got[k]);
-      for (size_t u = 0; u < used[k]; ++u) handed[batches[k].second[u]] = true;
-      if (!outcome.ok()) {
-        failed[batches[k].first] = true;
-        round = outcome;
-      }
+      count(s, outcome, handed[k].size(), got[k]);
+      for (size_t i : handed[k]) done[i] = true;
+      for (size_t i : lacks[k]) lacking[i].push_back(s);
+      if (!lacks[k].empty()) lacked[s] = true;
+      if (outcome.ok()) continue;
+      // Blocks not handed over are asked again, of other replicas first.
+      if (!absl::IsNotFound(outcome) && !absl::IsDataLoss(outcome)) failed[s] = true;
+      (absl::IsDataLoss(outcome) ? data_loss : other).Update(outcome);
     }
-    std::erase_if(pending, [&](size_t i) { return handed[i]; });
-    // The blocks not handed over are asked of their next replicas; the error stands when a block
-    // has none left.
-    if (!round.ok() && (use_failed || std::any_of(pending.begin(), pending.end(),
-                                                  [&](size_t i) { return choose(i) == shards_.size(); }))) {
-      status = round;
-    }
+    std::erase_if(pending, [&](size_t i) { return done[i]; });
+    absl::MutexLock l(&use_mu);
+    stranded = !use_error.ok() ||
+               std::any_of(pending.begin(), pending.end(), [&](size_t i) { return choose(i) == shards_.size(); });
+  }
+  absl::Status status;
+  if (stranded) {
+    absl::MutexLock l(&use_mu);
+    status = !use_error.ok() ? use_error : !data_loss.ok() ? data_loss : other;
   }
   if (options_.link != nullptr) options_.link->Transfer(bytes, start);
   absl::MutexLock l(&mu_);
@@ -327,8 +360,31 @@ absl::Status StorePrefixes::ReadBlocks(absl::Span<const PrefixName> names, const
   return status;
 }
 
+void StorePrefixes::Repair(const PrefixName& name, absl::string_view block, absl::Span<const size_t> lacking) {
+  const int64_t limit = options_.max_publish_queue_bytes / static_cast<int64_t>(shards_.size());
+  absl::MutexLock l(&mu_);
+  absl::InlinedVector<size_t, 4> to(lacking.begin(), lacking.end());
+  if (auto hint = repair_hints_.find(name); hint != repair_hints_.end()) {
+    for (size_t s : hint->second) {
+      if (!absl::c_linear_search(to, s)) to.push_back(s);
+    }
+    repair_hints_.erase(hint);
+  }
+  if (to.empty()) return;
+  const auto shared = std::make_shared<const std::string>(block);
+  for (size_t s : to) {
+    if (outboxes_[s].bytes > limit) {
+      stats_.shards[s].publish_dropped++;
+      continue;
+    }
+    outboxes_[s].bytes += static_cast<int64_t>(shared->size());
+    outboxes_[s].puts.push_back({ToKey(name), shared});
+  }
+}
+
 absl::Status StorePrefixes::ReadFromShard(size_t s, absl::Span<const PrefixName> names, absl::Span<const size_t> idx,
-                                          const cachestore::BlockLayout& want, int64_t* bytes, size_t* used,
+                                          const cachestore::BlockLayout& want, bool in_order, int64_t* bytes,
+                                          std::vector<size_t>* handed, std::vector<size_t>* lacked,
                                           const std::function<absl::Status(size_t, absl::string_view,
                                                                            const cachestore::BlockHeader&)>& use) {
   cachestore::StoreClient& client = *shards_[s].client;
@@ -359,6 +415,15 @@ absl::Status StorePrefixes::ReadFromShard(size_t s, absl::Span<const PrefixName>
     }
   } give_back{this, &buffer};
   std::vector<absl::StatusOr<size_t>> sizes;
+  absl::Status first_lacked;
+  // A block the shard lacks (kNotFound; kDataLoss: a bad copy, which the client deletes) is
+  // passed over unless the blocks must come in order; any other error ends the read.
+  const auto lacks = [&](size_t b, const absl::Status& st) {
+    if (!absl::IsNotFound(st) && !absl::IsDataLoss(st)) return false;
+    lacked->push_back(idx[b]);
+    first_lacked.Update(st);
+    return !in_order;
+  };
   for (size_t b = 0; b < keys.size(); ++b) {
     const cachestore::BlockKey& key = keys[b];
     if (reader != nullptr && b % per_batch == 0) {
@@ -373,11 +438,17 @@ absl::Status StorePrefixes::ReadFromShard(size_t s, absl::Span<const PrefixName>
     absl::string_view block;
     if (reader != nullptr) {
       const absl::StatusOr<size_t>& size = sizes[b % per_batch];
-      if (!size.ok()) return size.status();
+      if (!size.ok()) {
+        if (lacks(b, size.status())) continue;
+        return size.status();
+      }
       block = absl::string_view(buffer.data() + (b % per_batch) * slot, *size);
     } else {
       inline_block = client.Get(key, &fingerprint_);
-      if (!inline_block.ok()) return inline_block.status();
+      if (!inline_block.ok()) {
+        if (lacks(b, inline_block.status())) continue;
+        return inline_block.status();
+      }
       block = *inline_block;
     }
     // Remote reads checked the checksums end to end; inline bytes are checked here. The model and
@@ -387,13 +458,16 @@ absl::Status StorePrefixes::ReadFromShard(size_t s, absl::Span<const PrefixName>
     if (h.ok() && h->fingerprint != fingerprint_) {
       h = absl::DataLossError(absl::StrCat("block ", key.Hex(), " belongs to another model"));
     }
-    if (!h.ok()) return h.status();
-    if (h->layout != want) return absl::DataLossError(absl::StrCat("block ", key.Hex(), " has another KV layout"));
+    if (h.ok() && h->layout != want) h = absl::DataLossError(absl::StrCat("block ", key.Hex(), " has another KV layout"));
     *bytes += static_cast<int64_t>(block.size());
+    if (!h.ok()) {
+      if (lacks(b, h.status())) continue;
+      return h.status();
+    }
     VC_RETURN_IF_ERROR(use(idx[b], block, *h));
-    ++*used;
+    handed->push_back(idx[b]);
   }
-  return absl::OkStatus();
+  return first_lacked;
 }
 
 absl::Status StorePrefixes::Read(absl::Span<const PrefixName> names, const PagedDest& dest) {
@@ -417,10 +491,11 @@ absl::Status StorePrefixes::Read(absl::Span<const PrefixName> names, const Paged
   });
 }
 
-std::vector<PrefixName> StorePrefixes::CompressedNames(absl::Span<const int32_t> tokens,
+std::vector<PrefixName> StorePrefixes::CompressedNames(absl::string_view tenant, absl::Span<const int32_t> tokens,
                                                        const CompressedKvCache::BlockCodec& codec) const {
   if (codec.bits == 0 || options_.block_tokens % codec.group != 0) return {};
   cachestore::KeyContext k = keys_;
+  k.tenant_salt = std::string(tenant);
   k.layout = absl::StrCat(keys_.layout, "/kivi", codec.bits, "g", codec.group);
   std::vector<PrefixName> out;
   for (const cachestore::BlockKey& key : cachestore::ChainBlockKeys(k, tokens)) out.push_back(key.bytes);
@@ -497,7 +572,7 @@ void StorePrefixes::Enqueue(absl::Span<const PrefixName> names, int from, int to
     absl::StatusOr<std::string> block = encode(b);
     absl::MutexLock l(&mu_);
     if (!block.ok()) {
-      for (size_t s : to_shards) stats_.shards[s].publish_failures++;
+      stats_.shards[to_shards.front()].publish_failures++;  // one block, not one per copy
       continue;
     }
     const auto shared = std::make_shared<const std::string>(std::move(*block));

@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/container/inlined_vector.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -73,11 +74,11 @@ class StorePrefixes final : public PrefixStore {
   ~StorePrefixes() override;
 
   int block_tokens() const override { return options_.block_tokens; }
-  std::vector<PrefixName> Names(absl::Span<const int32_t> tokens) const override;
+  std::vector<PrefixName> Names(absl::string_view tenant, absl::Span<const int32_t> tokens) const override;
   int Lookup(absl::Span<const PrefixName> names) override;
   absl::Status Read(absl::Span<const PrefixName> names, const PagedDest& dest) override;
   void Publish(absl::Span<const PrefixName> names, int from, int to, const PagedKvCache& cache, SeqId seq) override;
-  std::vector<PrefixName> CompressedNames(absl::Span<const int32_t> tokens,
+  std::vector<PrefixName> CompressedNames(absl::string_view tenant, absl::Span<const int32_t> tokens,
                                           const CompressedKvCache::BlockCodec& codec) const override;
   absl::Status ReadCompressed(absl::Span<const PrefixName> names, CompressedKvCache& cache, SeqId seq) override;
   void PublishCompressed(absl::Span<const PrefixName> names, int from, int to, const CompressedKvCache& codec,
@@ -85,14 +86,15 @@ class StorePrefixes final : public PrefixStore {
 
   // Waits until every block published so far has been put (or failed).
   void Flush();
+  // The shards (indexes into the options' list) that hold the block of this name, best first:
+  // options.replicas of them.
+  absl::InlinedVector<size_t, 4> ShardsOf(const PrefixName& name) const;
   StorePrefixStats stats() const override;
 
  private:
   StorePrefixes(const StorePrefixOptions& options, const std::array<uint8_t, 32>& fingerprint, const KvLayout& layout);
   // Puts the blocks queued for shard s until the store is destroyed.
   void PublishLoop(size_t s);
-  // The shards that hold the block of this name, best first: options_.replicas of them.
-  absl::InlinedVector<size_t, 4> ShardsOf(const PrefixName& name) const;
   // Encodes blocks [from, to) with `encode` (block index -> bytes) and queues their puts on their
   // shards; a shard whose queue is over its share of the byte limit drops its copy (counted).
   void Enqueue(absl::Span<const PrefixName> names, int from, int to,
@@ -102,15 +104,22 @@ class StorePrefixes final : public PrefixStore {
   // Reads blocks names[0..n) of layout `want`, checks them, and hands each to `use` (block index,
   // bytes, header) once: in index order on this thread when `in_order`, else the shards at once
   // (one batch each, `use` called from their threads). Each block is asked of its first replica
-  // whose lookups are not backed off; a shard that fails a read is not asked again in this call,
-  // its blocks not yet handed over going to their next replicas. The error is that of the last
-  // shard tried for a block no replica could give.
+  // whose lookups are not backed off; one that a shard lacks, or every block of a shard that
+  // fails as a whole, is asked of its next replica, and a block read after a shard lacked it is
+  // put back there. The error, when a block cannot be had: `use`'s, else a bad copy's
+  // (kDataLoss), else the first other.
   absl::Status ReadBlocks(absl::Span<const PrefixName> names, const cachestore::BlockLayout& want, bool in_order,
                           const std::function<absl::Status(size_t, absl::string_view, const cachestore::BlockHeader&)>& use);
-  // Blocks idx of `names` from shard `s`, in that order, as ReadBlocks reads them, stopping at the
-  // first error; adds the bytes read to *bytes and the blocks handed to `use` to *used.
+  // Queues puts of an encoded block read from one replica to the shards that lack it: those its
+  // read found without it, and those a lookup did (repair_hints_).
+  void Repair(const PrefixName& name, absl::string_view block, absl::Span<const size_t> lacking);
+  // Blocks idx of `names` from shard `s`, in that order, as ReadBlocks reads them; adds the bytes
+  // read to *bytes, and to *handed the blocks handed to `use`. A block the shard lacks (missing,
+  // or a bad copy) goes to *lacked and is passed over, unless `in_order`, where the read ends
+  // there; the result is then that block's error. Any other error ends the read and is returned.
   absl::Status ReadFromShard(size_t s, absl::Span<const PrefixName> names, absl::Span<const size_t> idx,
-                             const cachestore::BlockLayout& want, int64_t* bytes, size_t* used,
+                             const cachestore::BlockLayout& want, bool in_order, int64_t* bytes,
+                             std::vector<size_t>* handed, std::vector<size_t>* lacked,
                              const std::function<absl::Status(size_t, absl::string_view, const cachestore::BlockHeader&)>& use);
   // Leading names (of `names`, all on shard s) that shard holds; 0 while it is backed off or when
   // it cannot be asked.
@@ -148,6 +157,11 @@ class StorePrefixes final : public PrefixStore {
   // its timeout at every request; this way it stalls it a ninth of the time at most, and a store
   // that refuses at once (down, restarting) is tried again soon. Per shard.
   std::vector<absl::Time> skip_lookups_until_ ABSL_GUARDED_BY(mu_);
+  // With replicas: blocks a lookup found on some of their shards, and the shards that answered
+  // it without them (each its first missing block), which get a copy when the block is read
+  // (cleared past kMaxRepairHints).
+  static constexpr size_t kMaxRepairHints = 1 << 16;
+  absl::flat_hash_map<PrefixName, absl::InlinedVector<size_t, 2>> repair_hints_ ABSL_GUARDED_BY(mu_);
   std::vector<std::thread> publishers_;  // by shard
   // Read buffers not in use (ReadFromShard's), as many as reads have run at once.
   absl::Mutex buffers_mu_;

@@ -3,6 +3,7 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <map>
 
 
 #include "absl/strings/str_cat.h"
@@ -40,7 +41,8 @@ constexpr char kUsage[] =
     "  --prefix-cache-mib N    compressed prefixes kept for reuse (default 256)\n"
     "  --host-kv-mib N         host memory for the full KV of VeriCache sequences, each reserving its\n"
     "                          prompt and max_tokens (default 1024); a request waits while it is taken\n"
-    "  --client-tokens FILE    bearer tokens accepted from clients, one per line (default: no auth)\n"
+    "  --client-tokens FILE    bearer tokens accepted from clients, lines of 'token [tenant]' (default:\n"
+    "                          no auth): a tenant's prefixes are found by its own requests only\n"
     "  --client-write-timeout-ms N  a client that takes no streamed tokens for this long has its\n"
     "                          call cancelled (default 60000)\n"
     "  --keep-staged 0|1       keep a sequence's full KV staged between verify passes while no other\n"
@@ -49,14 +51,22 @@ constexpr char kUsage[] =
     "                          store's variant of a prefix this worker has no compressed copy of\n"
     "                          (default 0)\n";
 
-absl::StatusOr<std::set<std::string>> ReadTokens(const std::string& path) {
+// Lines of "token" (the default tenant) or "token tenant".
+absl::StatusOr<std::map<std::string, std::string>> ReadTokens(const std::string& path) {
   VC_ASSIGN_OR_RETURN(const std::string text, ReadFileLimited(path, 16 << 20, "client token file"));
-  std::set<std::string> tokens;
+  std::map<std::string, std::string> tokens;
+  int n = 0;
   for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    ++n;
     const absl::string_view t = absl::StripAsciiWhitespace(line);
     if (t.empty() || t[0] == '#') continue;
-    VC_RETURN_IF_ERROR(CheckBearerToken(t, absl::StrCat("a token in ", path)));
-    tokens.insert(std::string(t));
+    const std::vector<absl::string_view> parts = absl::StrSplit(t, absl::ByAnyChar(" \t"), absl::SkipEmpty());
+    if (parts.size() > 2) return absl::InvalidArgumentError(absl::StrCat(path, ":", n, ": expected 'token [tenant]'"));
+    VC_RETURN_IF_ERROR(CheckBearerToken(parts[0], absl::StrCat("the token at ", path, ":", n)));
+    if (parts.size() == 2) VC_RETURN_IF_ERROR(CheckBearerToken(parts[1], absl::StrCat("the tenant at ", path, ":", n)));
+    if (!tokens.emplace(parts[0], parts.size() == 2 ? parts[1] : "").second) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ":", n, ": this token is listed already"));
+    }
   }
   if (tokens.empty()) return absl::InvalidArgumentError(absl::StrCat(path, " lists no token"));
   return tokens;

@@ -19,9 +19,10 @@ class MemoryPrefixStore final : public PrefixStore {
   explicit MemoryPrefixStore(int block_tokens) : block_tokens_(block_tokens) {}
 
   int block_tokens() const override { return block_tokens_; }
-  std::vector<PrefixName> Names(absl::Span<const int32_t> tokens) const override {
+  std::vector<PrefixName> Names(absl::string_view tenant, absl::Span<const int32_t> tokens) const override {
     std::vector<PrefixName> names;
     uint64_t h = 1469598103934665603ull;
+    for (const char c : tenant) h = Mix(h ^ static_cast<uint8_t>(c));
     for (size_t b = 0; (b + 1) * block_tokens_ <= tokens.size(); ++b) {
       for (size_t i = b * block_tokens_; i < (b + 1) * block_tokens_; ++i) {
         h = Mix(h ^ static_cast<uint32_t>(tokens[i]));
