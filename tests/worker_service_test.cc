@@ -85,6 +85,31 @@ class WorkerServiceTest : public ::testing::Test {
     return w.ok() ? std::move(*w) : nullptr;
   }
 
+  // The store's stats, asked as the workers' tenant.
+  static v1::StatsResponse StoreStats(StoreServer& s) {
+    v1::StatsResponse r;
+    grpc::ClientContext ctx;
+    ctx.AddMetadata("authorization", "Bearer tok");
+    EXPECT_TRUE(v1::CacheStore::NewStub(grpc::CreateChannel(s.target(), grpc::InsecureChannelCredentials()))
+                    ->Stats(&ctx, v1::StatsRequest(), &r)
+                    .ok());
+    return r;
+  }
+
+  // Deletes the blocks of these names from the store, as the workers' tenant.
+  static void DeleteBlocks(StoreServer& s, absl::Span<const PrefixName> names) {
+    cachestore::StoreClientOptions co;
+    co.target = s.target();
+    co.token = "tok";
+    auto client = cachestore::StoreClient::Create(co);
+    ASSERT_TRUE(client.ok()) << client.status();
+    for (const PrefixName& name : names) {
+      cachestore::BlockKey key;
+      key.bytes = name;
+      ASSERT_TRUE((*client)->Delete(key).ok());
+    }
+  }
+
   std::vector<int32_t> Prompt(int n, int salt) const {
     std::vector<int32_t> p;
     for (int i = 0; i < n; ++i) p.push_back((i * 31 + (i >= 160 ? salt : 0) * 17) % 250 + 1);
@@ -415,24 +440,15 @@ TEST_F(WorkerServiceTest, BlocksAreSpreadOverStoreShards) {
   auto b = StartStore("db_b");
   auto worker = StartWorker(a->target() + "," + b->target());
   auto stub = InferenceStub(worker->target());
-  const auto stats_of = [](StoreServer& s) {
-    v1::StatsResponse r;
-    grpc::ClientContext ctx;
-    ctx.AddMetadata("authorization", "Bearer tok");
-    EXPECT_TRUE(v1::CacheStore::NewStub(grpc::CreateChannel(s.target(), grpc::InsecureChannelCredentials()))
-                    ->Stats(&ctx, v1::StatsRequest(), &r)
-                    .ok());
-    return r;
-  };
   const auto p = Prompt(600, 2);  // 18 whole blocks of 32 tokens
   const auto want = Want(p, 8);
   const GenerateReply first = CallGenerate(*stub, Request(p, 8));
   ASSERT_TRUE(first.status.ok()) << first.status;
   EXPECT_EQ(first.tokens, want);
-  for (int i = 0; i < 250 && stats_of(*a).disk_blocks() + stats_of(*b).disk_blocks() < 18; ++i) {
+  for (int i = 0; i < 250 && StoreStats(*a).disk_blocks() + StoreStats(*b).disk_blocks() < 18; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));  // the puts run in the background
   }
-  const uint64_t on_a = stats_of(*a).disk_blocks(), on_b = stats_of(*b).disk_blocks();
+  const uint64_t on_a = StoreStats(*a).disk_blocks(), on_b = StoreStats(*b).disk_blocks();
   EXPECT_EQ(on_a + on_b, 18u);
   EXPECT_GT(on_a, 0u);
   EXPECT_GT(on_b, 0u);
@@ -440,7 +456,7 @@ TEST_F(WorkerServiceTest, BlocksAreSpreadOverStoreShards) {
   ASSERT_TRUE(second.status.ok()) << second.status;
   EXPECT_EQ(second.tokens, want);
   EXPECT_EQ(second.stats.prefix_store_tokens(), 18u * 32);
-  EXPECT_EQ(stats_of(*a).hits_ram() + stats_of(*b).hits_ram(), 18u);
+  EXPECT_EQ(StoreStats(*a).hits_ram() + StoreStats(*b).hits_ram(), 18u);
   // The worker's stats count each shard's part, in --store order.
   const StorePrefixStats ws = worker->prefixes()->stats();
   ASSERT_EQ(ws.shards.size(), 2u);
@@ -485,15 +501,7 @@ TEST_F(WorkerServiceTest, ReplicasKeepPrefixesWhenAStoreLosesThemOrGoesAway) {
   wo.store_replicas = 2;
   auto worker = StartWorker(a->target() + "," + b->target(), wo);
   auto stub = InferenceStub(worker->target());
-  const auto blocks_on = [](StoreServer& s) {
-    v1::StatsResponse r;
-    grpc::ClientContext ctx;
-    ctx.AddMetadata("authorization", "Bearer tok");
-    EXPECT_TRUE(v1::CacheStore::NewStub(grpc::CreateChannel(s.target(), grpc::InsecureChannelCredentials()))
-                    ->Stats(&ctx, v1::StatsRequest(), &r)
-                    .ok());
-    return r.disk_blocks();
-  };
+  const auto blocks_on = [](StoreServer& s) { return StoreStats(s).disk_blocks(); };
   const auto p = Prompt(600, 2);  // 18 whole blocks of 32 tokens
   std::vector<int32_t> q;         // 18 others, none shared with p
   for (int i = 0; i < 600; ++i) q.push_back((i * 7 + 3) % 250 + 1);
@@ -514,14 +522,7 @@ TEST_F(WorkerServiceTest, ReplicasKeepPrefixesWhenAStoreLosesThemOrGoesAway) {
   const std::vector<PrefixName> names = worker->prefixes()->Names("", p);
   const size_t first = worker->prefixes()->ShardsOf(names[9])[0];
   StoreServer& loser = first == 0 ? *a : *b;
-  cachestore::StoreClientOptions co;
-  co.target = loser.target();
-  co.token = "tok";
-  auto client = cachestore::StoreClient::Create(co);
-  ASSERT_TRUE(client.ok()) << client.status();
-  cachestore::BlockKey key;
-  key.bytes = names[9];
-  ASSERT_TRUE((*client)->Delete(key).ok());
+  DeleteBlocks(loser, {names[9]});
   EXPECT_EQ(blocks_on(loser), 35u);
   const StorePrefixStats before = worker->prefixes()->stats();
   const GenerateReply lost = CallGenerate(*stub, Request(p, 8));
@@ -539,13 +540,7 @@ TEST_F(WorkerServiceTest, ReplicasKeepPrefixesWhenAStoreLosesThemOrGoesAway) {
 
   // Store a loses all of p's blocks: the read takes them from b in one more round, and each read
   // puts back those a was asked for and the first a's lookup missed, until a holds them all.
-  co.target = a->target();
-  client = cachestore::StoreClient::Create(co);
-  ASSERT_TRUE(client.ok()) << client.status();
-  for (const PrefixName& name : names) {
-    key.bytes = name;
-    ASSERT_TRUE((*client)->Delete(key).ok());
-  }
+  DeleteBlocks(*a, names);
   const GenerateReply emptied = CallGenerate(*stub, Request(p, 8));
   ASSERT_TRUE(emptied.status.ok()) << emptied.status;
   EXPECT_EQ(emptied.tokens, want_p);
@@ -600,14 +595,7 @@ TEST_F(WorkerServiceTest, ReplicasServeStoredCompressedPrefixesInOrder) {
   const auto cnames = second->prefixes()->CompressedNames("", absl::MakeConstSpan(y).first(160), {4, 32});
   ASSERT_EQ(cnames.size(), 5u);
   const size_t first = second->prefixes()->ShardsOf(cnames[2])[0];
-  cachestore::StoreClientOptions co;
-  co.target = first == 0 ? a->target() : b->target();
-  co.token = "tok";
-  auto client = cachestore::StoreClient::Create(co);
-  ASSERT_TRUE(client.ok()) << client.status();
-  cachestore::BlockKey key;
-  key.bytes = cnames[2];
-  ASSERT_TRUE((*client)->Delete(key).ok());
+  DeleteBlocks(first == 0 ? *a : *b, {cnames[2]});
   const GenerateReply r = CallGenerate(*InferenceStub(second->target()), Request(y, 20, 5));
   ASSERT_TRUE(r.status.ok()) << r.status;
   EXPECT_EQ(r.tokens, Want(y, 20, 5));
@@ -639,15 +627,7 @@ TEST_F(WorkerServiceTest, TenantsFindOnlyTheirOwnPrefixes) {
     worker->prefixes()->Flush();
     return r.stats;
   };
-  const auto stored_blocks = [&] {
-    v1::StatsResponse r;
-    grpc::ClientContext ctx;
-    ctx.AddMetadata("authorization", "Bearer tok");
-    EXPECT_TRUE(v1::CacheStore::NewStub(grpc::CreateChannel(store->target(), grpc::InsecureChannelCredentials()))
-                    ->Stats(&ctx, v1::StatsRequest(), &r)
-                    .ok());
-    return r.disk_blocks();
-  };
+  const auto stored_blocks = [&] { return StoreStats(*store).disk_blocks(); };
   EXPECT_EQ(call("a-1").prefix_store_tokens(), 0u);
   EXPECT_EQ(stored_blocks(), 18u);
   // The same tokens under team-a's other token: its prefix.
