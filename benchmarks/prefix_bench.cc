@@ -33,6 +33,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -126,20 +127,32 @@ vericache::v1::GenerateRequest MakeRequest(const std::vector<int32_t>& prompt, i
   return req;
 }
 
+// The stores of a run: `shards` of them, blocks on `replicas` each; `down` of them are stopped
+// once the store is warm, before the replay.
+struct StoreSetup {
+  int shards = 1, replicas = 1, down = 0;
+};
+
 absl::StatusOr<ModeRun> RunMode(const Mode& mode, const std::vector<Request>& requests, WorkerServerOptions wo,
-                                const std::string& tmp_root, bool fresh_worker) {
+                                const std::string& tmp_root, bool fresh_worker, const StoreSetup& setup) {
   const std::string tmp = absl::StrCat(tmp_root, "/", mode.name);
   std::filesystem::create_directories(tmp);
-  std::unique_ptr<StoreServer> store;
+  std::vector<std::unique_ptr<StoreServer>> stores;
   if (mode.with_store) {
-    StoreServerOptions so;
-    so.store.ram.capacity_bytes = uint64_t{1} << 30;
-    so.store.disk.path = tmp + "/store";
-    so.store.disk.capacity_bytes = uint64_t{4} << 30;
-    so.service.tokens = {{"bench-token", "bench"}};
-    so.ucx = wo.ucx;
-    VC_ASSIGN_OR_RETURN(store, StoreServer::Start(so));
-    wo.store_target = store->target();
+    std::vector<std::string> targets;
+    for (int i = 0; i < setup.shards; ++i) {
+      StoreServerOptions so;
+      so.store.ram.capacity_bytes = uint64_t{1} << 30;
+      so.store.disk.path = absl::StrCat(tmp, "/store", i);
+      so.store.disk.capacity_bytes = uint64_t{4} << 30;
+      so.service.tokens = {{"bench-token", "bench"}};
+      so.ucx = wo.ucx;
+      VC_ASSIGN_OR_RETURN(std::unique_ptr<StoreServer> store, StoreServer::Start(so));
+      targets.push_back(store->target());
+      stores.push_back(std::move(store));
+    }
+    wo.store_target = absl::StrJoin(targets, ",");
+    wo.store_replicas = setup.replicas;
     wo.store_token = "bench-token";
   }
   VC_ASSIGN_OR_RETURN(std::unique_ptr<WorkerServer> worker, WorkerServer::Start(wo));
@@ -157,6 +170,7 @@ absl::StatusOr<ModeRun> RunMode(const Mode& mode, const std::vector<Request>& re
     }
     worker->prefixes()->Flush();
     run.warmup_s = absl::ToDoubleSeconds(absl::Now() - w0);
+    for (int i = 0; i < setup.down; ++i) stores[i].reset();
     if (fresh_worker) {
       // Another worker serves the replay: the prefixes are in the store only, full and compressed.
       worker.reset();
@@ -294,6 +308,14 @@ absl::Status Main(std::map<std::string, std::string> flags) {
     }
   } cleanup{tmpl};
 
+  StoreSetup setup;
+  setup.shards = static_cast<int>(Int(flags, "shards"));
+  setup.replicas = static_cast<int>(Int(flags, "replicas"));
+  setup.down = static_cast<int>(Int(flags, "down-shards"));
+  if (setup.shards < 1 || setup.replicas < 1 || setup.replicas > setup.shards || setup.down < 0 ||
+      setup.down >= setup.shards) {
+    return absl::InvalidArgumentError("need 1 <= --replicas <= --shards and 0 <= --down-shards < --shards");
+  }
   const std::vector<Mode> modes = {{"recompute", false, vericache::v1::MODE_FULL},
                                    {"fetch", true, vericache::v1::MODE_FULL},
                                    {"vericache", true, vericache::v1::MODE_VERICACHE}};
@@ -303,13 +325,17 @@ absl::Status Main(std::map<std::string, std::string> flags) {
   for (const Mode& m : modes) {
     if (!wanted.count(m.name)) continue;
     std::cout << "running " << m.name << "..." << std::endl;
-    VC_ASSIGN_OR_RETURN(ModeRun r, RunMode(m, requests, wo, tmpl, Int(flags, "fresh-worker") != 0));
+    VC_ASSIGN_OR_RETURN(ModeRun r, RunMode(m, requests, wo, tmpl, Int(flags, "fresh-worker") != 0, setup));
     runs.push_back(std::move(r));
   }
 
   // Correctness: recompute against GenerateFull for the first `check`; every mode against recompute.
   nlohmann::json rows = nlohmann::json::array();
   std::ostringstream md;
+  if (setup.shards > 1) {
+    md << absl::StrFormat("store: %d shards, %d replicas of each block, %d stopped after the warm-up\n\n", setup.shards,
+                          setup.replicas, setup.down);
+  }
   md << absl::StrFormat("| mode | TTFT mean (ms) | TTFT p50 (ms) | TTFT p90 (ms) | complete mean (ms) | tokens/s | "
                         "makespan (s) | warm-up (s) | queue mean (ms) | prefix from store (tokens) | compressed prefix reused (tokens) | "
                         "compressed prefix from store (tokens) | drafted | accepted | identical |\n"
@@ -402,6 +428,9 @@ absl::Status Main(std::map<std::string, std::string> flags) {
                         {"link_bytes_per_second", wo.fetch_bytes_per_second},
                         {"keep_staged", wo.service.engine.keep_staged},
                         {"fresh_worker", Int(flags, "fresh-worker") != 0},
+                        {"store_shards", setup.shards},
+                        {"store_replicas", setup.replicas},
+                        {"store_shards_down", setup.down},
                         {"stored_compressed_prefixes", wo.service.engine.stored_compressed_prefixes},
                         {"prompt_tokens", prompt_tokens},
                         {"prefix_tokens", prefix_tokens},
@@ -441,6 +470,9 @@ int main(int argc, char** argv) {
       {"link-mb-per-s", "0"},
       {"keep-staged", "1"},
       {"fresh-worker", "0"},
+      {"shards", "1"},
+      {"replicas", "1"},
+      {"down-shards", "0"},
       {"stored-compressed", "0"},
       {"modes", "recompute,fetch,vericache"},
       {"json", ""},

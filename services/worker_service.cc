@@ -385,7 +385,12 @@ grpc::Status WorkerService::GetModelInfo(grpc::ServerContext* ctx, const v1::Get
 }
 
 grpc::Status WorkerService::GetStats(grpc::ServerContext* ctx, const v1::GetStatsRequest*, v1::WorkerStats* resp) {
-  if (absl::Status a = Authenticate(ctx).status(); !a.ok()) return ToGrpcStatus(a);
+  absl::StatusOr<std::string> tenant = Authenticate(ctx);
+  if (!tenant.ok()) return ToGrpcStatus(tenant.status());
+  // The counts cover every tenant's requests: for the default tenant's tokens (operators) only.
+  if (!tenant->empty()) {
+    return ToGrpcStatus(absl::PermissionDeniedError("worker stats are for tokens of the default tenant"));
+  }
   const Scheduler::Totals t = scheduler_->totals();
   resp->set_uptime_micros(static_cast<uint64_t>(absl::ToInt64Microseconds(absl::Now() - started_)));
   resp->set_requests_in_flight(static_cast<uint32_t>(t.in_flight));

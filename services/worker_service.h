@@ -43,8 +43,9 @@ struct WorkerServiceOptions {
   int max_requests = 256;
   // Bearer tokens accepted from clients, each with its tenant: requests of one tenant use and
   // share prefixes (in the store and in the worker) that no other tenant's can find. An empty
-  // tenant is the worker's default, whose prefixes are those of a worker without tenants. Empty:
-  // no authentication (loopback, tests), every request of the default tenant.
+  // tenant is the worker's default, whose prefixes are those of a worker without tenants, and
+  // whose tokens alone may read GetStats (it counts every tenant's requests). Empty: no
+  // authentication (loopback, tests), every request of the default tenant.
   std::map<std::string, std::string> client_tokens;
   std::string fingerprint_hex;  // reported by GetModelInfo
   // A write to a client that has not returned within this long (the client stopped reading)

@@ -5,6 +5,7 @@
 
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "services/cli/args.h"
 #include "services/cli/generate_command.h"
 #include "services/cli/store_command.h"
 #include "services/cli/worker_command.h"
@@ -117,14 +118,18 @@ TEST_F(CliTest, WorkerRefusesMoreReplicasThanStores) {
   }
 }
 
-TEST_F(CliTest, WorkerRefusesBadClientTokenFiles) {
+TEST_F(CliTest, ClientTokenFiles) {
+  const std::string path = dir_ + "/client-tokens";
+  std::ofstream(path) << "# operators\nops\n\nt-a1 team-a\n  t-a2\tteam-a  \nt-b team-b\n";
+  auto tokens = ReadClientTokens(path);
+  ASSERT_TRUE(tokens.ok()) << tokens.status();
+  EXPECT_EQ(*tokens, (std::map<std::string, std::string>{
+                         {"ops", ""}, {"t-a1", "team-a"}, {"t-a2", "team-a"}, {"t-b", "team-b"}}));
   for (const char* text : {"a b c\n", "a t1\nb t2\na t3\n", "# none\n\n", "tok ten\x01ant\n"}) {
-    const std::string path = dir_ + "/client-tokens";
     std::ofstream(path) << text;
-    std::ostringstream out, err;
-    EXPECT_EQ(RunWorkerCommand({"--model", dir_, "--listen", "127.0.0.1:0", "--client-tokens", path}, out, err), 2)
-        << text;
-    EXPECT_NE(err.str().find(path), std::string::npos) << err.str();
+    const absl::Status st = ReadClientTokens(path).status();
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << text;
+    EXPECT_NE(st.message().find(path), std::string::npos) << st;
   }
 }
 

@@ -633,14 +633,22 @@ TEST_F(WorkerServiceTest, TenantsFindOnlyTheirOwnPrefixes) {
   // The same tokens under team-a's other token: its prefix.
   EXPECT_EQ(call("a-2").prefix_store_tokens(), 18u * 32);
   // team-b and the default tenant find nothing of team-a's, and publish their own.
-  for (const char* other : {"b-1", "plain"}) {
-    const auto s = call(other);
-    EXPECT_EQ(s.prefix_store_tokens(), 0u) << other;
-    EXPECT_EQ(s.prefix_compressed_tokens(), 0u) << other;
-  }
+  for (const char* other : {"b-1", "plain"}) EXPECT_EQ(call(other).prefix_store_tokens(), 0u) << other;
   EXPECT_EQ(stored_blocks(), 3u * 18);
   EXPECT_EQ(call("b-1").prefix_store_tokens(), 18u * 32);
-  // Names differ by tenant; the default tenant's are a worker's without tenants.
+  // Worker stats count every tenant's requests: the default tenant's tokens only.
+  for (const auto& [token, code] :
+       {std::pair{"plain", grpc::StatusCode::OK}, {"a-1", grpc::StatusCode::PERMISSION_DENIED}}) {
+    grpc::ClientContext ctx;
+    ctx.AddMetadata("authorization", absl::StrCat("Bearer ", token));
+    v1::WorkerStats st;
+    EXPECT_EQ(v1::Inference::NewStub(grpc::CreateChannel(worker->target(), grpc::InsecureChannelCredentials()))
+                  ->GetStats(&ctx, v1::GetStatsRequest(), &st)
+                  .error_code(),
+              code)
+        << token;
+  }
+  // Names differ by tenant.
   EXPECT_NE(worker->prefixes()->Names("team-a", p), worker->prefixes()->Names("team-b", p));
   EXPECT_NE(worker->prefixes()->Names("team-a", p), worker->prefixes()->Names("", p));
   EXPECT_EQ(worker->prefixes()->Names("", p).size(), 18u);

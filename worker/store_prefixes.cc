@@ -8,6 +8,7 @@
 #include <fstream>
 #include <functional>
 #include <future>
+#include <optional>
 
 #include "absl/algorithm/container.h"
 #include "absl/strings/match.h"
@@ -165,12 +166,12 @@ absl::InlinedVector<size_t, 4> StorePrefixes::ShardsOf(const PrefixName& name) c
   return out;
 }
 
-size_t StorePrefixes::LookupShard(size_t s, absl::Span<const cachestore::BlockKey> keys) {
+std::optional<size_t> StorePrefixes::LookupShard(size_t s, absl::Span<const cachestore::BlockKey> keys) {
   {
     absl::MutexLock l(&mu_);
     if (absl::Now() < skip_lookups_until_[s]) {
       stats_.shards[s].lookups_skipped++;
-      return 0;
+      return std::nullopt;
     }
   }
   const absl::Time start = absl::Now();
@@ -181,7 +182,7 @@ size_t StorePrefixes::LookupShard(size_t s, absl::Span<const cachestore::BlockKe
   if (!got.ok()) {
     stats_.shards[s].lookup_failures++;
     skip_lookups_until_[s] = end + std::max(8 * (end - start), absl::Milliseconds(50));
-    return 0;
+    return std::nullopt;
   }
   return std::min<size_t>(got->first, keys.size());
 }
@@ -198,24 +199,27 @@ int StorePrefixes::Lookup(absl::Span<const PrefixName> names) {
       keys[s].push_back(ToKey(names[i]));
     }
   }
-  std::vector<size_t> found(shards_.size(), 0);
-  std::vector<std::future<size_t>> asked(shards_.size());
+  std::vector<std::optional<size_t>> answer(shards_.size());
+  std::vector<std::future<std::optional<size_t>>> asked(shards_.size());
   for (size_t s = 0; s < shards_.size(); ++s) {
     if (keys[s].empty()) continue;
     if (shards_.size() == 1) {
-      found[s] = LookupShard(s, keys[s]);
+      answer[s] = LookupShard(s, keys[s]);
     } else {
       asked[s] = std::async(std::launch::async, [this, s, &keys] { return LookupShard(s, keys[s]); });
     }
   }
+  std::vector<size_t> found(shards_.size(), 0);
   for (size_t s = 0; s < shards_.size(); ++s) {
-    if (asked[s].valid()) found[s] = asked[s].get();
+    if (asked[s].valid()) answer[s] = asked[s].get();
+    found[s] = answer[s].value_or(0);
   }
   size_t n = 0;
-  while (n < names.size() && std::any_of(asked_at[n].begin(), asked_at[n].end(),
-                                         [&](const std::pair<size_t, size_t>& at) { return at.second < found[at.first]; })) {
-    ++n;
-  }
+  const auto found_on_some = [&](size_t i) {
+    return std::any_of(asked_at[i].begin(), asked_at[i].end(),
+                       [&](const std::pair<size_t, size_t>& at) { return at.second < found[at.first]; });
+  };
+  while (n < names.size() && found_on_some(n)) ++n;
   absl::MutexLock l(&mu_);
   // A shard that answered lacks the first of its blocks it did not count (the ones after that
   // are unknown): found on another replica, that block is put back there when it is read.
@@ -223,7 +227,9 @@ int StorePrefixes::Lookup(absl::Span<const PrefixName> names) {
     if (repair_hints_.size() > kMaxRepairHints) repair_hints_.clear();
     for (size_t i = 0; i < n; ++i) {
       for (const auto& [s, at] : asked_at[i]) {
-        if (at == found[s] && absl::Now() >= skip_lookups_until_[s]) repair_hints_[names[i]].push_back(s);
+        if (at != found[s] || !answer[s].has_value()) continue;
+        absl::InlinedVector<size_t, 2>& hint = repair_hints_[names[i]];
+        if (!absl::c_linear_search(hint, s)) hint.push_back(s);
       }
     }
   }
@@ -249,9 +255,7 @@ cachestore::BlockLayout StorePrefixes::CompressedLayout(const CompressedKvCache:
 }
 
 absl::Status StorePrefixes::ReadBlocks(absl::Span<const PrefixName> names, const cachestore::BlockLayout& want,
-                                       bool in_order,
-                                       const std::function<absl::Status(size_t, absl::string_view,
-                                                                        const cachestore::BlockHeader&)>& use) {
+                                       bool in_order, const BlockUse& use) {
   const auto start = std::chrono::steady_clock::now();
   // A block is asked of its first replica that has not failed it, shards whose lookups are backed
   // off or that lacked another block here last. A shard that fails as a whole (unreachable, timed
@@ -280,13 +284,13 @@ absl::Status StorePrefixes::ReadBlocks(absl::Span<const PrefixName> names, const
   // not the shards': nothing is asked again after one, and it is the one returned.
   absl::Mutex use_mu;
   absl::Status use_error;
-  const auto use_once = [&](size_t i, absl::string_view block, const cachestore::BlockHeader& h) {
+  const auto use_once = [&](size_t from, size_t i, absl::string_view block, const cachestore::BlockHeader& h) {
     absl::Status st = use(i, block, h);
     if (!st.ok()) {
       absl::MutexLock l(&use_mu);
       use_error.Update(st);
     } else if (options_.replicas > 1) {
-      Repair(names[i], block, lacking[i]);
+      Repair(names[i], block, from, lacking[i]);
     }
     return st;
   };
@@ -321,8 +325,13 @@ absl::Status StorePrefixes::ReadBlocks(absl::Span<const PrefixName> names, const
     std::vector<int64_t> got(batches.size(), 0);
     std::vector<std::vector<size_t>> handed(batches.size()), lacks(batches.size());
     const auto read = [&](size_t k) {
-      return ReadFromShard(batches[k].first, names, batches[k].second, want, in_order, &got[k], &handed[k], &lacks[k],
-                           use_once);
+      const size_t s = batches[k].first;
+      // A block a shard lacks is passed over when another replica may have it.
+      return ReadFromShard(s, names, batches[k].second, want, /*pass_over=*/!in_order && options_.replicas > 1,
+                           &got[k], &handed[k], &lacks[k],
+                           [&, s](size_t i, absl::string_view block, const cachestore::BlockHeader& h) {
+                             return use_once(s, i, block, h);
+                           });
     };
     std::vector<std::future<absl::Status>> rest;
     for (size_t k = 1; k < batches.size(); ++k) rest.push_back(std::async(std::launch::async, read, k));
@@ -360,18 +369,23 @@ absl::Status StorePrefixes::ReadBlocks(absl::Span<const PrefixName> names, const
   return status;
 }
 
-void StorePrefixes::Repair(const PrefixName& name, absl::string_view block, absl::Span<const size_t> lacking) {
+void StorePrefixes::Repair(const PrefixName& name, absl::string_view block, size_t from,
+                           absl::Span<const size_t> lacking) {
   const int64_t limit = options_.max_publish_queue_bytes / static_cast<int64_t>(shards_.size());
-  absl::MutexLock l(&mu_);
   absl::InlinedVector<size_t, 4> to(lacking.begin(), lacking.end());
-  if (auto hint = repair_hints_.find(name); hint != repair_hints_.end()) {
-    for (size_t s : hint->second) {
-      if (!absl::c_linear_search(to, s)) to.push_back(s);
+  {
+    absl::MutexLock l(&mu_);
+    if (auto hint = repair_hints_.find(name); hint != repair_hints_.end()) {
+      for (size_t s : hint->second) {
+        if (!absl::c_linear_search(to, s)) to.push_back(s);
+      }
+      repair_hints_.erase(hint);
     }
-    repair_hints_.erase(hint);
   }
+  to.erase(std::remove(to.begin(), to.end(), from), to.end());
   if (to.empty()) return;
-  const auto shared = std::make_shared<const std::string>(block);
+  const auto shared = std::make_shared<const std::string>(block);  // copied outside the lock
+  absl::MutexLock l(&mu_);
   for (size_t s : to) {
     if (outboxes_[s].bytes > limit) {
       stats_.shards[s].publish_dropped++;
@@ -383,10 +397,9 @@ void StorePrefixes::Repair(const PrefixName& name, absl::string_view block, absl
 }
 
 absl::Status StorePrefixes::ReadFromShard(size_t s, absl::Span<const PrefixName> names, absl::Span<const size_t> idx,
-                                          const cachestore::BlockLayout& want, bool in_order, int64_t* bytes,
+                                          const cachestore::BlockLayout& want, bool pass_over, int64_t* bytes,
                                           std::vector<size_t>* handed, std::vector<size_t>* lacked,
-                                          const std::function<absl::Status(size_t, absl::string_view,
-                                                                           const cachestore::BlockHeader&)>& use) {
+                                          const BlockUse& use) {
   cachestore::StoreClient& client = *shards_[s].client;
   cachestore::UcxReader* const reader = shards_[s].reader.get();
   // One-sided reads go out in batches (about two round trips per batch); inline reads one block
@@ -417,12 +430,12 @@ absl::Status StorePrefixes::ReadFromShard(size_t s, absl::Span<const PrefixName>
   std::vector<absl::StatusOr<size_t>> sizes;
   absl::Status first_lacked;
   // A block the shard lacks (kNotFound; kDataLoss: a bad copy, which the client deletes) is
-  // passed over unless the blocks must come in order; any other error ends the read.
+  // passed over with `pass_over`; any other error ends the read.
   const auto lacks = [&](size_t b, const absl::Status& st) {
     if (!absl::IsNotFound(st) && !absl::IsDataLoss(st)) return false;
     lacked->push_back(idx[b]);
     first_lacked.Update(st);
-    return !in_order;
+    return pass_over;
   };
   for (size_t b = 0; b < keys.size(); ++b) {
     const cachestore::BlockKey& key = keys[b];
@@ -458,12 +471,14 @@ absl::Status StorePrefixes::ReadFromShard(size_t s, absl::Span<const PrefixName>
     if (h.ok() && h->fingerprint != fingerprint_) {
       h = absl::DataLossError(absl::StrCat("block ", key.Hex(), " belongs to another model"));
     }
-    if (h.ok() && h->layout != want) h = absl::DataLossError(absl::StrCat("block ", key.Hex(), " has another KV layout"));
-    *bytes += static_cast<int64_t>(block.size());
+    if (h.ok() && h->layout != want) {
+      h = absl::DataLossError(absl::StrCat("block ", key.Hex(), " has another KV layout"));
+    }
     if (!h.ok()) {
       if (lacks(b, h.status())) continue;
       return h.status();
     }
+    *bytes += static_cast<int64_t>(block.size());
     VC_RETURN_IF_ERROR(use(idx[b], block, *h));
     handed->push_back(idx[b]);
   }

@@ -24,6 +24,7 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -101,6 +102,8 @@ class StorePrefixes final : public PrefixStore {
                const std::function<absl::StatusOr<std::string>(int)>& encode);
   cachestore::BlockLayout FullLayout() const;
   cachestore::BlockLayout CompressedLayout(const CompressedKvCache::BlockCodec& codec) const;
+  // What a read does with a block: (its index in the names read, its bytes, its header).
+  using BlockUse = std::function<absl::Status(size_t, absl::string_view, const cachestore::BlockHeader&)>;
   // Reads blocks names[0..n) of layout `want`, checks them, and hands each to `use` (block index,
   // bytes, header) once: in index order on this thread when `in_order`, else the shards at once
   // (one batch each, `use` called from their threads). Each block is asked of its first replica
@@ -109,21 +112,22 @@ class StorePrefixes final : public PrefixStore {
   // put back there. The error, when a block cannot be had: `use`'s, else a bad copy's
   // (kDataLoss), else the first other.
   absl::Status ReadBlocks(absl::Span<const PrefixName> names, const cachestore::BlockLayout& want, bool in_order,
-                          const std::function<absl::Status(size_t, absl::string_view, const cachestore::BlockHeader&)>& use);
+                          const BlockUse& use);
   // Queues puts of an encoded block read from one replica to the shards that lack it: those its
   // read found without it, and those a lookup did (repair_hints_).
-  void Repair(const PrefixName& name, absl::string_view block, absl::Span<const size_t> lacking);
+  // `from` is the shard it came from.
+  void Repair(const PrefixName& name, absl::string_view block, size_t from, absl::Span<const size_t> lacking);
   // Blocks idx of `names` from shard `s`, in that order, as ReadBlocks reads them; adds the bytes
   // read to *bytes, and to *handed the blocks handed to `use`. A block the shard lacks (missing,
-  // or a bad copy) goes to *lacked and is passed over, unless `in_order`, where the read ends
-  // there; the result is then that block's error. Any other error ends the read and is returned.
+  // or a bad copy) goes to *lacked; with `pass_over` the read goes on past it, else it ends there.
+  // The result is then the first such block's error. Any other error ends the read and is returned.
   absl::Status ReadFromShard(size_t s, absl::Span<const PrefixName> names, absl::Span<const size_t> idx,
-                             const cachestore::BlockLayout& want, bool in_order, int64_t* bytes,
+                             const cachestore::BlockLayout& want, bool pass_over, int64_t* bytes,
                              std::vector<size_t>* handed, std::vector<size_t>* lacked,
-                             const std::function<absl::Status(size_t, absl::string_view, const cachestore::BlockHeader&)>& use);
-  // Leading names (of `names`, all on shard s) that shard holds; 0 while it is backed off or when
-  // it cannot be asked.
-  size_t LookupShard(size_t s, absl::Span<const cachestore::BlockKey> keys);
+                             const BlockUse& use);
+  // Leading names (of `names`, all on shard s) that shard holds; nullopt while it is backed off or
+  // when it cannot be asked.
+  std::optional<size_t> LookupShard(size_t s, absl::Span<const cachestore::BlockKey> keys);
 
   const StorePrefixOptions options_;
   const std::array<uint8_t, 32> fingerprint_;

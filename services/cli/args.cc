@@ -7,6 +7,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "common/files.h"
 #include "common/status_macros.h"
 #include "common/text_checks.h"
@@ -120,6 +122,26 @@ int RunSubcommand(absl::string_view name, absl::string_view usage, const std::ve
     default:
       return 1;
   }
+}
+
+absl::StatusOr<std::map<std::string, std::string>> ReadClientTokens(const std::string& path) {
+  VC_ASSIGN_OR_RETURN(const std::string text, ReadFileLimited(path, 16 << 20, "client token file"));
+  std::map<std::string, std::string> tokens;
+  int n = 0;
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    ++n;
+    const absl::string_view t = absl::StripAsciiWhitespace(line);
+    if (t.empty() || t[0] == '#') continue;
+    const std::vector<absl::string_view> parts = absl::StrSplit(t, absl::ByAnyChar(" \t"), absl::SkipEmpty());
+    if (parts.size() > 2) return absl::InvalidArgumentError(absl::StrCat(path, ":", n, ": expected 'token [tenant]'"));
+    VC_RETURN_IF_ERROR(CheckBearerToken(parts[0], absl::StrCat("the token at ", path, ":", n)));
+    if (parts.size() == 2) VC_RETURN_IF_ERROR(CheckBearerToken(parts[1], absl::StrCat("the tenant at ", path, ":", n)));
+    if (!tokens.emplace(parts[0], parts.size() == 2 ? parts[1] : "").second) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ":", n, ": this token is listed already"));
+    }
+  }
+  if (tokens.empty()) return absl::InvalidArgumentError(absl::StrCat(path, " lists no token"));
+  return tokens;
 }
 
 }  // namespace vc::cli

@@ -40,6 +40,11 @@ std::string FormatBytes(double bytes);
 // kInvalidArgument when there is none or it is not a valid token.
 absl::StatusOr<std::string> ReadBearerTokenFile(const std::string& path);
 
+// A worker's client tokens: lines of "token tenant", or "token" alone (the default tenant, ""),
+// '#' lines and blank ones skipped; kInvalidArgument, with the line, for anything else, a token
+// listed twice, or no token.
+absl::StatusOr<std::map<std::string, std::string>> ReadClientTokens(const std::string& path);
+
 // --ram-hot-fraction (cachestore::RamTierOptions::hot_fraction), in [0, 1]; 0.5 when absent.
 absl::StatusOr<double> HotFraction(const Args& a);
 

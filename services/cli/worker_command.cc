@@ -51,27 +51,6 @@ constexpr char kUsage[] =
     "                          store's variant of a prefix this worker has no compressed copy of\n"
     "                          (default 0)\n";
 
-// Lines of "token" (the default tenant) or "token tenant".
-absl::StatusOr<std::map<std::string, std::string>> ReadTokens(const std::string& path) {
-  VC_ASSIGN_OR_RETURN(const std::string text, ReadFileLimited(path, 16 << 20, "client token file"));
-  std::map<std::string, std::string> tokens;
-  int n = 0;
-  for (absl::string_view line : absl::StrSplit(text, '\n')) {
-    ++n;
-    const absl::string_view t = absl::StripAsciiWhitespace(line);
-    if (t.empty() || t[0] == '#') continue;
-    const std::vector<absl::string_view> parts = absl::StrSplit(t, absl::ByAnyChar(" \t"), absl::SkipEmpty());
-    if (parts.size() > 2) return absl::InvalidArgumentError(absl::StrCat(path, ":", n, ": expected 'token [tenant]'"));
-    VC_RETURN_IF_ERROR(CheckBearerToken(parts[0], absl::StrCat("the token at ", path, ":", n)));
-    if (parts.size() == 2) VC_RETURN_IF_ERROR(CheckBearerToken(parts[1], absl::StrCat("the tenant at ", path, ":", n)));
-    if (!tokens.emplace(parts[0], parts.size() == 2 ? parts[1] : "").second) {
-      return absl::InvalidArgumentError(absl::StrCat(path, ":", n, ": this token is listed already"));
-    }
-  }
-  if (tokens.empty()) return absl::InvalidArgumentError(absl::StrCat(path, " lists no token"));
-  return tokens;
-}
-
 absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
   VC_ASSIGN_OR_RETURN(
       Args a, Args::Parse(argv,
@@ -135,7 +114,7 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
   VC_ASSIGN_OR_RETURN(int64_t max_requests, a.Int("max-requests", 256, 1, 1 << 20));
   o.service.max_requests = static_cast<int>(max_requests);
   if (a.Has("client-tokens")) {
-    VC_ASSIGN_OR_RETURN(o.service.client_tokens, ReadTokens(a.Str("client-tokens")));
+    VC_ASSIGN_OR_RETURN(o.service.client_tokens, ReadClientTokens(a.Str("client-tokens")));
   }
   sigset_t sigs;
   sigemptyset(&sigs);
