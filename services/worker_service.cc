@@ -78,8 +78,12 @@ class Scheduler {
   }
 
   // Takes the engines (`full` may be null) and starts the scheduler thread.
-  Scheduler(std::unique_ptr<VeriCacheEngine> vericache, std::unique_ptr<FullKvEngine> full, int max_requests)
-      : vericache_(std::move(vericache)), full_(std::move(full)), max_requests_(max_requests) {
+  Scheduler(std::unique_ptr<VeriCacheEngine> vericache, std::unique_ptr<FullKvEngine> full, int max_requests,
+            int max_requests_per_tenant)
+      : vericache_(std::move(vericache)),
+        full_(std::move(full)),
+        max_requests_(max_requests),
+        max_requests_per_tenant_(max_requests_per_tenant) {
     drivers_.push_back(Drive(vericache_.get()));
     if (full_ != nullptr) drivers_.push_back(Drive(full_.get()));
     thread_ = std::thread([this] { Loop(); });
@@ -87,16 +91,19 @@ class Scheduler {
 
   bool has_full() const { return full_ != nullptr; }
 
-  // Requests ended, failed and refused so far, with their stats summed, and those in flight.
+  // Requests ended, failed and refused so far, with their stats summed, and those in flight: the
+  // worker's and each tenant's.
   struct Totals {
     int64_t ended = 0, failed = 0, refused = 0, in_flight = 0;
     EngineStats sum;
   };
   Totals totals() const {
     absl::MutexLock l(&mu_);
-    Totals t = totals_;
-    t.in_flight = in_system_;
-    return t;
+    return totals_;
+  }
+  std::map<std::string, Totals> tenant_totals() const {
+    absl::MutexLock l(&mu_);
+    return tenants_;
   }
 
   ~Scheduler() {
@@ -108,16 +115,23 @@ class Scheduler {
     for (auto& [req, engine, stream] : inbox_) stream->Done(absl::UnavailableError("the worker is shutting down"), {});
   }
 
-  // kResourceExhausted when max_requests are queued or in flight.
+  // kResourceExhausted when max_requests are queued or in flight, or max_requests_per_tenant of
+  // the request's tenant.
   absl::Status Enqueue(EngineRequest request, int engine, std::shared_ptr<RequestStream> stream) {
     absl::MutexLock l(&mu_);
     if (stop_) return absl::UnavailableError("the worker is shutting down");
-    if (in_system_ >= max_requests_) {
+    Totals& tenant = tenants_[request.tenant];
+    if (totals_.in_flight >= max_requests_ ||
+        (max_requests_per_tenant_ > 0 && tenant.in_flight >= max_requests_per_tenant_)) {
       totals_.refused++;
+      tenant.refused++;
       return absl::ResourceExhaustedError(
-          absl::StrCat("the worker holds ", in_system_, " requests, its limit; retry later"));
+          totals_.in_flight >= max_requests_
+              ? absl::StrCat("the worker holds ", totals_.in_flight, " requests, its limit; retry later")
+              : absl::StrCat("the worker holds ", tenant.in_flight, " requests of this tenant, its limit; retry later"));
     }
-    in_system_++;
+    totals_.in_flight++;
+    tenant.in_flight++;
     inbox_.push_back({std::move(request), engine, std::move(stream)});
     return absl::OkStatus();
   }
@@ -158,12 +172,16 @@ class Scheduler {
       }
       for (Item& it : items) {
         std::shared_ptr<RequestStream> stream = it.stream;
-        const int64_t id = drivers_[it.engine].submit(std::move(it.request), [this, stream](absl::Status st, EngineResult r) {
+        std::string tenant = it.request.tenant;
+        const int64_t id = drivers_[it.engine].submit(std::move(it.request), [this, stream, tenant = std::move(tenant)](
+                                                                                 absl::Status st, EngineResult r) {
           {
             absl::MutexLock l(&mu_);
-            in_system_--;
-            (st.ok() ? totals_.ended : totals_.failed)++;
-            Add(r.stats, &totals_.sum);
+            for (Totals* t : {&totals_, &tenants_[tenant]}) {
+              t->in_flight--;
+              (st.ok() ? t->ended : t->failed)++;
+              Add(r.stats, &t->sum);
+            }
           }
           stream->Done(std::move(st), std::move(r));
         });
@@ -202,10 +220,11 @@ class Scheduler {
   std::unique_ptr<FullKvEngine> full_;
   std::vector<Driver> drivers_;
   const int max_requests_;
+  const int max_requests_per_tenant_;
   mutable absl::Mutex mu_;
   std::vector<Item> inbox_ ABSL_GUARDED_BY(mu_);
-  int in_system_ ABSL_GUARDED_BY(mu_) = 0;
   Totals totals_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, Totals> tenants_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;
 };
@@ -247,6 +266,7 @@ absl::StatusOr<std::unique_ptr<WorkerService>> WorkerService::Create(const Model
                                                                     const WorkerServiceOptions& options) {
   if (options.engine.staging_blocks < 1) return absl::InvalidArgumentError("the worker needs staging blocks");
   if (options.max_requests < 1) return absl::InvalidArgumentError("max_requests must be at least 1");
+  if (options.max_requests_per_tenant < 0) return absl::InvalidArgumentError("max_requests_per_tenant is negative");
   if (options.client_write_timeout_ms < 1) return absl::InvalidArgumentError("client_write_timeout_ms must be at least 1");
   std::unique_ptr<WorkerService> w(new WorkerService(model, options, prefixes));
   VC_ASSIGN_OR_RETURN(auto vericache, VeriCacheEngine::Create(model, tier, options.engine, prefixes));
@@ -259,7 +279,8 @@ absl::StatusOr<std::unique_ptr<WorkerService>> WorkerService::Create(const Model
     fo.max_batch = options.full_max_batch;
     VC_ASSIGN_OR_RETURN(full, FullKvEngine::Create(model, fo, prefixes));
   }
-  w->scheduler_ = std::make_unique<Scheduler>(std::move(vericache), std::move(full), options.max_requests);
+  w->scheduler_ = std::make_unique<Scheduler>(std::move(vericache), std::move(full), options.max_requests,
+                                              options.max_requests_per_tenant);
   w->watchdog_ = std::make_unique<WriteWatchdog<grpc::ServerContext>>(absl::Milliseconds(options.client_write_timeout_ms));
   return w;
 }
@@ -407,6 +428,17 @@ grpc::Status WorkerService::GetStats(grpc::ServerContext* ctx, const v1::GetStat
   resp->set_drafted_tokens(static_cast<uint64_t>(t.sum.drafted));
   resp->set_accepted_drafts(static_cast<uint64_t>(t.sum.accepted_drafts));
   resp->set_verify_passes(static_cast<uint64_t>(t.sum.verifies));
+  for (const auto& [name, tt] : scheduler_->tenant_totals()) {
+    v1::TenantStats* x = resp->add_tenants();
+    x->set_tenant(name);
+    x->set_requests_in_flight(static_cast<uint32_t>(tt.in_flight));
+    x->set_requests_ended(static_cast<uint64_t>(tt.ended));
+    x->set_requests_failed(static_cast<uint64_t>(tt.failed));
+    x->set_requests_refused(static_cast<uint64_t>(tt.refused));
+    x->set_prompt_tokens(static_cast<uint64_t>(tt.sum.prompt_tokens));
+    x->set_generated_tokens(static_cast<uint64_t>(tt.sum.emitted));
+    x->set_prefix_store_tokens(static_cast<uint64_t>(tt.sum.prefix_store_tokens));
+  }
   if (prefixes_ != nullptr) {
     const StorePrefixStats p = prefixes_->stats();
     v1::StoreLinkStats* o = resp->mutable_store();

@@ -41,6 +41,9 @@ struct WorkerServiceOptions {
   int full_max_batch = 16;
   // Requests queued or in flight; beyond this a request is refused with RESOURCE_EXHAUSTED.
   int max_requests = 256;
+  // The same for each tenant's requests (see client_tokens), so that one tenant cannot take every
+  // slot; 0: only max_requests.
+  int max_requests_per_tenant = 0;
   // Bearer tokens accepted from clients, each with its tenant: requests of one tenant use and
   // share prefixes (in the store and in the worker) that no other tenant's can find. An empty
   // tenant is the worker's default, whose prefixes are those of a worker without tenants, and

@@ -654,6 +654,65 @@ TEST_F(WorkerServiceTest, TenantsFindOnlyTheirOwnPrefixes) {
   EXPECT_EQ(worker->prefixes()->Names("", p).size(), 18u);
 }
 
+// A tenant at its request limit is refused while another tenant's requests are admitted; the
+// worker's stats count each tenant's part.
+TEST_F(WorkerServiceTest, ATenantAtItsLimitLeavesRoomForOthers) {
+  WorkerServerOptions o;
+  o.service.max_requests = 4;
+  o.service.max_requests_per_tenant = 1;
+  o.service.client_tokens = {{"a", "team-a"}, {"b", "team-b"}, {"ops", ""}};
+  o.model_dir = VC_SOURCE_DIR "/models/vc-code-4m";  // slow enough that a long request stays in flight
+  o.staging_bytes = o.full_kv_bytes = int64_t{96} << 20;
+  auto worker = StartWorker("", o);
+  auto stub = InferenceStub(worker->target());
+  auto model = Model::Load(o.model_dir);
+  ASSERT_TRUE(model.ok());
+  model_ = std::move(*model);
+  const auto p = Prompt(60, 4);
+  auto long_call = std::async(std::launch::async, [&] {
+    return CallGenerate(*stub, Request(p, 20000), "a", absl::Milliseconds(1500));
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const GenerateReply refused = CallGenerate(*stub, Request(p, 4), "a");
+  EXPECT_EQ(refused.status.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(refused.status.message().find("tenant"), std::string::npos) << refused.status;
+  const GenerateReply other = CallGenerate(*stub, Request(p, 6), "b");
+  ASSERT_TRUE(other.status.ok()) << other.status;
+  EXPECT_EQ(other.tokens, Want(p, 6));
+  EXPECT_EQ(long_call.get().status.code(), absl::StatusCode::kDeadlineExceeded);
+  const auto stats_now = [&] {
+    v1::WorkerStats st;
+    grpc::ClientContext ctx;
+    ctx.AddMetadata("authorization", "Bearer ops");
+    EXPECT_TRUE(stub->GetStats(&ctx, v1::GetStatsRequest(), &st).ok());
+    return st;
+  };
+  for (int i = 0; i < 100 && stats_now().requests_in_flight() > 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // the call ends at the scheduler's next step
+  }
+
+  std::ostringstream out, err;
+  ASSERT_EQ(cli::RunStatsCommand({"--target", worker->target(), "--token", "ops", "--json"}, out, err), 0) << err.str();
+  EXPECT_NE(out.str().find("\"tenant\":\"team-b\""), std::string::npos) << out.str();
+  const v1::WorkerStats stats = stats_now();
+  ASSERT_EQ(stats.tenants_size(), 2);
+  const v1::TenantStats& a = stats.tenants(0);
+  const v1::TenantStats& b = stats.tenants(1);
+  EXPECT_EQ(a.tenant(), "team-a");
+  EXPECT_EQ(a.requests_refused(), 1u);
+  EXPECT_EQ(a.requests_failed(), 1u);  // past its deadline
+  EXPECT_EQ(a.requests_ended(), 0u);
+  EXPECT_EQ(b.tenant(), "team-b");
+  EXPECT_EQ(b.requests_ended(), 1u);
+  EXPECT_EQ(b.requests_refused(), 0u);
+  EXPECT_EQ(b.generated_tokens(), 6u);
+  EXPECT_EQ(b.prompt_tokens(), p.size());
+  EXPECT_EQ(stats.requests_refused(), 1u);
+  out.str("");
+  ASSERT_EQ(cli::RunStatsCommand({"--target", worker->target(), "--token", "ops"}, out, err), 0) << err.str();
+  EXPECT_NE(out.str().find("  tenant team-a: 0 in flight, 0 ended, 1 failed, 1 refused"), std::string::npos) << out.str();
+}
+
 // What could never work is refused before anything runs, with the reason: a request whose full KV
 // could not fit staging for a verify pass (it used to stream tokens and then fail), an empty
 // prompt, a port past 65535 (gRPC would bind it modulo 65536), memory the machine does not have.

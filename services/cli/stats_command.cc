@@ -56,6 +56,17 @@ void PrintWorker(const std::string& target, const v1::WorkerStats& s, std::ostre
       Share(s.prefix_compressed_store_tokens(), p), Share(s.recomputed_tokens(), p), s.generated_tokens());
   out << absl::StrFormat("drafts: %d drafted, %d accepted (%s), %d verify passes\n", s.drafted_tokens(),
                          s.accepted_drafts(), Share(s.accepted_drafts(), s.drafted_tokens()), s.verify_passes());
+  // Tenants, when any client token names one.
+  if (s.tenants_size() > 1 || (s.tenants_size() == 1 && !s.tenants(0).tenant().empty())) {
+    for (const v1::TenantStats& t : s.tenants()) {
+      out << absl::StrFormat(
+          "  tenant %s: %d in flight, %d ended, %d failed, %d refused; prompt tokens %d (full KV from the store %s); "
+          "generated tokens %d\n",
+          t.tenant().empty() ? "(default)" : t.tenant(), t.requests_in_flight(), t.requests_ended(),
+          t.requests_failed(), t.requests_refused(), t.prompt_tokens(),
+          Share(t.prefix_store_tokens(), t.prompt_tokens()), t.generated_tokens());
+    }
+  }
   if (!s.has_store()) {
     out << "cache store: none\n";
     return;

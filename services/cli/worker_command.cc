@@ -23,7 +23,7 @@ constexpr char kUsage[] =
     "                        [--store-replicas N]\n"
     "                        [--ucx none|peer|off] [--block-tokens N] [--compressor SPEC] [--max-batch N]\n"
     "                        [--staging-mib N] [--full-kv-mib N] [--prefix-cache-mib N] [--host-kv-mib N]\n"
-    "                        [--max-requests N] [--client-write-timeout-ms N]\n"
+    "                        [--max-requests N] [--max-requests-per-tenant N] [--client-write-timeout-ms N]\n"
     "                        [--client-tokens FILE] [--store-timeout-ms N] [--draft-window K] [--keep-staged 0|1]\n"
     "                        [--stored-compressed 0|1]\n"
     "  --store HOST:PORT       the cache store: prompts' prefixes are looked up there, their full KV\n"
@@ -43,6 +43,8 @@ constexpr char kUsage[] =
     "                          prompt and max_tokens (default 1024); a request waits while it is taken\n"
     "  --client-tokens FILE    bearer tokens accepted from clients, lines of 'token [tenant]' (default:\n"
     "                          no auth): a tenant's prefixes are found by its own requests only\n"
+    "  --max-requests-per-tenant N  requests one tenant may have queued or in flight (default 0: only\n"
+    "                          --max-requests, default 256, limits them)\n"
     "  --client-write-timeout-ms N  a client that takes no streamed tokens for this long has its\n"
     "                          call cancelled (default 60000)\n"
     "  --keep-staged 0|1       keep a sequence's full KV staged between verify passes while no other\n"
@@ -56,6 +58,7 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
       Args a, Args::Parse(argv,
                           {"model", "listen", "store", "store-replicas", "store-token-file", "ucx", "block-tokens", "compressor",
                            "max-batch", "staging-mib", "full-kv-mib", "prefix-cache-mib", "host-kv-mib", "client-write-timeout-ms", "max-requests",
+                           "max-requests-per-tenant",
                            "client-tokens", "store-timeout-ms", "draft-window", "keep-staged", "stored-compressed"},
                           {}));
   for (const char* req : {"model", "listen"}) {
@@ -113,6 +116,8 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
   o.service.full_max_batch = eo.max_batch;
   VC_ASSIGN_OR_RETURN(int64_t max_requests, a.Int("max-requests", 256, 1, 1 << 20));
   o.service.max_requests = static_cast<int>(max_requests);
+  VC_ASSIGN_OR_RETURN(int64_t per_tenant, a.Int("max-requests-per-tenant", 0, 0, max_requests));
+  o.service.max_requests_per_tenant = static_cast<int>(per_tenant);
   if (a.Has("client-tokens")) {
     VC_ASSIGN_OR_RETURN(o.service.client_tokens, ReadClientTokens(a.Str("client-tokens")));
   }
