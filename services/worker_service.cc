@@ -97,13 +97,13 @@ class Scheduler {
     int64_t ended = 0, failed = 0, refused = 0, in_flight = 0;
     EngineStats sum;
   };
-  Totals totals() const {
+  struct Snapshot {
+    Totals all;
+    std::map<std::string, Totals> tenants;
+  };
+  Snapshot totals() const {
     absl::MutexLock l(&mu_);
-    return totals_;
-  }
-  std::map<std::string, Totals> tenant_totals() const {
-    absl::MutexLock l(&mu_);
-    return tenants_;
+    return {totals_, tenants_};
   }
 
   ~Scheduler() {
@@ -128,7 +128,8 @@ class Scheduler {
       return absl::ResourceExhaustedError(
           totals_.in_flight >= max_requests_
               ? absl::StrCat("the worker holds ", totals_.in_flight, " requests, its limit; retry later")
-              : absl::StrCat("the worker holds ", tenant.in_flight, " requests of this tenant, its limit; retry later"));
+              : absl::StrCat("the worker holds ", tenant.in_flight, " requests of tenant '", request.tenant,
+                             "', its limit per tenant; retry later"));
     }
     totals_.in_flight++;
     tenant.in_flight++;
@@ -177,7 +178,7 @@ class Scheduler {
                                                                                  absl::Status st, EngineResult r) {
           {
             absl::MutexLock l(&mu_);
-            for (Totals* t : {&totals_, &tenants_[tenant]}) {
+            for (Totals* t : {&totals_, &tenants_.at(tenant)}) {
               t->in_flight--;
               (st.ok() ? t->ended : t->failed)++;
               Add(r.stats, &t->sum);
@@ -412,7 +413,8 @@ grpc::Status WorkerService::GetStats(grpc::ServerContext* ctx, const v1::GetStat
   if (!tenant->empty()) {
     return ToGrpcStatus(absl::PermissionDeniedError("worker stats are for tokens of the default tenant"));
   }
-  const Scheduler::Totals t = scheduler_->totals();
+  const Scheduler::Snapshot snapshot = scheduler_->totals();
+  const Scheduler::Totals& t = snapshot.all;
   resp->set_uptime_micros(static_cast<uint64_t>(absl::ToInt64Microseconds(absl::Now() - started_)));
   resp->set_requests_in_flight(static_cast<uint32_t>(t.in_flight));
   resp->set_requests_ended(static_cast<uint64_t>(t.ended));
@@ -428,7 +430,7 @@ grpc::Status WorkerService::GetStats(grpc::ServerContext* ctx, const v1::GetStat
   resp->set_drafted_tokens(static_cast<uint64_t>(t.sum.drafted));
   resp->set_accepted_drafts(static_cast<uint64_t>(t.sum.accepted_drafts));
   resp->set_verify_passes(static_cast<uint64_t>(t.sum.verifies));
-  for (const auto& [name, tt] : scheduler_->tenant_totals()) {
+  for (const auto& [name, tt] : snapshot.tenants) {
     v1::TenantStats* x = resp->add_tenants();
     x->set_tenant(name);
     x->set_requests_in_flight(static_cast<uint32_t>(tt.in_flight));

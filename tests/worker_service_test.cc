@@ -669,17 +669,6 @@ TEST_F(WorkerServiceTest, ATenantAtItsLimitLeavesRoomForOthers) {
   ASSERT_TRUE(model.ok());
   model_ = std::move(*model);
   const auto p = Prompt(60, 4);
-  auto long_call = std::async(std::launch::async, [&] {
-    return CallGenerate(*stub, Request(p, 20000), "a", absl::Milliseconds(1500));
-  });
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
-  const GenerateReply refused = CallGenerate(*stub, Request(p, 4), "a");
-  EXPECT_EQ(refused.status.code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_NE(refused.status.message().find("tenant"), std::string::npos) << refused.status;
-  const GenerateReply other = CallGenerate(*stub, Request(p, 6), "b");
-  ASSERT_TRUE(other.status.ok()) << other.status;
-  EXPECT_EQ(other.tokens, Want(p, 6));
-  EXPECT_EQ(long_call.get().status.code(), absl::StatusCode::kDeadlineExceeded);
   const auto stats_now = [&] {
     v1::WorkerStats st;
     grpc::ClientContext ctx;
@@ -687,9 +676,26 @@ TEST_F(WorkerServiceTest, ATenantAtItsLimitLeavesRoomForOthers) {
     EXPECT_TRUE(stub->GetStats(&ctx, v1::GetStatsRequest(), &st).ok());
     return st;
   };
+  auto long_call = std::async(std::launch::async, [&] {
+    return CallGenerate(*stub, Request(p, 20000), "a", absl::Milliseconds(4000));
+  });
+  for (int i = 0; i < 200 && stats_now().requests_in_flight() == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));  // until the long request is admitted
+  }
+  ASSERT_EQ(stats_now().requests_in_flight(), 1u);
+  const GenerateReply refused = CallGenerate(*stub, Request(p, 4), "a");
+  EXPECT_EQ(refused.status.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(refused.status.message().find("tenant 'team-a'"), std::string::npos) << refused.status;
+  const GenerateReply other = CallGenerate(*stub, Request(p, 6), "b");
+  ASSERT_TRUE(other.status.ok()) << other.status;
+  EXPECT_EQ(other.tokens, Want(p, 6));
+  // Both while the long request was still in flight.
+  ASSERT_EQ(long_call.wait_for(std::chrono::seconds(0)), std::future_status::timeout);
+  EXPECT_EQ(long_call.get().status.code(), absl::StatusCode::kDeadlineExceeded);
   for (int i = 0; i < 100 && stats_now().requests_in_flight() > 0; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));  // the call ends at the scheduler's next step
   }
+  ASSERT_EQ(stats_now().requests_in_flight(), 0u);
 
   std::ostringstream out, err;
   ASSERT_EQ(cli::RunStatsCommand({"--target", worker->target(), "--token", "ops", "--json"}, out, err), 0) << err.str();

@@ -45,7 +45,7 @@ std::string Json(const google::protobuf::Message& m, const char* kind) {
 void PrintWorker(const std::string& target, const v1::WorkerStats& s, std::ostream& out) {
   const int64_t up = static_cast<int64_t>(s.uptime_micros() / 1000000);
   out << absl::StrFormat("worker %s, up %dh %02dm %02ds\n", target, up / 3600, up / 60 % 60, up % 60);
-  out << absl::StrFormat("requests: %d in flight, %d ended, %d failed, %d refused at the request limit, %d invalid\n",
+  out << absl::StrFormat("requests: %d in flight, %d ended, %d failed, %d refused at a request limit, %d invalid\n",
                          s.requests_in_flight(), s.requests_ended(), s.requests_failed(), s.requests_refused(),
                          s.requests_invalid());
   const uint64_t p = s.prompt_tokens();

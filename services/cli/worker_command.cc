@@ -41,10 +41,11 @@ constexpr char kUsage[] =
     "  --prefix-cache-mib N    compressed prefixes kept for reuse (default 256)\n"
     "  --host-kv-mib N         host memory for the full KV of VeriCache sequences, each reserving its\n"
     "                          prompt and max_tokens (default 1024); a request waits while it is taken\n"
+    "  --max-requests N        requests queued or in flight; more are refused (default 256)\n"
+    "  --max-requests-per-tenant N  the same for one tenant's requests (default 0: no limit of its own)\n"
     "  --client-tokens FILE    bearer tokens accepted from clients, lines of 'token [tenant]' (default:\n"
     "                          no auth): a tenant's prefixes are found by its own requests only\n"
-    "  --max-requests-per-tenant N  requests one tenant may have queued or in flight (default 0: only\n"
-    "                          --max-requests, default 256, limits them)\n"
+
     "  --client-write-timeout-ms N  a client that takes no streamed tokens for this long has its\n"
     "                          call cancelled (default 60000)\n"
     "  --keep-staged 0|1       keep a sequence's full KV staged between verify passes while no other\n"
