@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <map>
 
-
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
@@ -45,7 +44,6 @@ constexpr char kUsage[] =
     "  --max-requests-per-tenant N  the same for one tenant's requests (default 0: no limit of its own)\n"
     "  --client-tokens FILE    bearer tokens accepted from clients, lines of 'token [tenant]' (default:\n"
     "                          no auth): a tenant's prefixes are found by its own requests only\n"
-
     "  --client-write-timeout-ms N  a client that takes no streamed tokens for this long has its\n"
     "                          call cancelled (default 60000)\n"
     "  --keep-staged 0|1       keep a sequence's full KV staged between verify passes while no other\n"
@@ -57,10 +55,10 @@ constexpr char kUsage[] =
 absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
   VC_ASSIGN_OR_RETURN(
       Args a, Args::Parse(argv,
-                          {"model", "listen", "store", "store-replicas", "store-token-file", "ucx", "block-tokens", "compressor",
-                           "max-batch", "staging-mib", "full-kv-mib", "prefix-cache-mib", "host-kv-mib", "client-write-timeout-ms", "max-requests",
-                           "max-requests-per-tenant",
-                           "client-tokens", "store-timeout-ms", "draft-window", "keep-staged", "stored-compressed"},
+                          {"model", "listen", "store", "store-replicas", "store-token-file", "ucx", "block-tokens",
+                           "compressor", "max-batch", "staging-mib", "full-kv-mib", "prefix-cache-mib", "host-kv-mib",
+                           "client-write-timeout-ms", "max-requests", "max-requests-per-tenant", "client-tokens",
+                           "store-timeout-ms", "draft-window", "keep-staged", "stored-compressed"},
                           {}));
   for (const char* req : {"model", "listen"}) {
     if (!a.Has(req)) return absl::InvalidArgumentError(absl::StrCat("--", req, " is required"));
