@@ -22,7 +22,8 @@ constexpr char kUsage[] =
     "usage: vericache size-tiers --trace FILE (--model DIR | --kv-bytes-per-token N [--layers L])\n"
     "                            --ram-bytes SIZE[,SIZE...] --disk-bytes SIZE[,SIZE...]\n"
     "                            [--block-tokens N] [--first N] [--requests N] [--scratch-dir DIR]\n"
-    "                            [--ram-hot-fraction F] [--ram-slot-bytes N] [--scale N] [--json]\n"
+    "                            [--ram-hot-fraction F] [--ram-slot-bytes N] [--scale N] [--replicas R]\n"
+    "                            [--json]\n"
     "Replays a Mooncake-format trace (one JSON object per line: timestamp, input_length,\n"
     "output_length, hash_ids) through a real cache store, RAM tier over RocksDB, once per pair of\n"
     "sizes, as workers drive it: look a prompt's blocks up, read the leading ones present, put the\n"
@@ -36,7 +37,10 @@ constexpr char kUsage[] =
     "  --scale N        sizes are divided by this power of two for the replay (default: blocks of\n"
     "                   8 KiB or more)\n"
     "  --scratch-dir DIR where the disk tier is made at that scale, in a new directory removed\n"
-    "                   afterwards (default: the temporary directory)\n";
+    "                   afterwards (default: the temporary directory)\n"
+    "  --replicas R     the workers' --store-replicas: the sizes are those of all the store's shards\n"
+    "                   together, which hold every block R times, so they are replayed as one store\n"
+    "                   of 1/R of each size, and its disk writes are counted R times (default 1)\n";
 
 absl::StatusOr<std::vector<uint64_t>> Sizes(const Args& a, const std::string& name) {
   if (!a.Has(name)) return absl::InvalidArgumentError(absl::StrCat("--", name, " is required"));
@@ -107,7 +111,7 @@ void PrintRow(std::ostream& out, const std::string& ram, const std::string& disk
 absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
   VC_ASSIGN_OR_RETURN(Args a, Args::Parse(argv, {"trace", "model", "kv-bytes-per-token", "ram-bytes", "disk-bytes",
                                                  "block-tokens", "first", "requests", "scratch-dir", "scale",
-                                                 "ram-hot-fraction", "ram-slot-bytes", "layers"},
+                                                 "ram-hot-fraction", "ram-slot-bytes", "layers", "replicas"},
                                           {"json"}));
   if (!a.Has("trace")) return absl::InvalidArgumentError("--trace is required");
   if (a.Has("model") == a.Has("kv-bytes-per-token")) {
@@ -121,6 +125,8 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
   VC_ASSIGN_OR_RETURN(const double hot_fraction, HotFraction(a));
   // (Checked against the RAM sizes below: each must hold a block's slot.)
   VC_ASSIGN_OR_RETURN(const uint64_t slot_bytes, RamSlotBytes(a, uint64_t{1} << 50));
+  VC_ASSIGN_OR_RETURN(const int64_t replicas, a.Int("replicas", 1, 1, 64));
+  const uint64_t copies = static_cast<uint64_t>(replicas);
 
   uint64_t block_bytes = 0;
   std::string what;
@@ -148,16 +154,18 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
   }
   // A RAM tier holds a block only if it holds the block's slot: the unit times a power of two.
   const uint64_t slot = cachestore::RamSlotBytes(slot_bytes, block_bytes);
+  const std::string per_copy = copies > 1 ? absl::StrCat(" (1/", copies, " of it per copy)") : "";
   for (uint64_t s : rams) {
-    if (s < slot) {
-      return absl::InvalidArgumentError(absl::StrCat("--ram-bytes ", s, " holds no slot of ", slot,
+    if (s / copies < slot) {
+      return absl::InvalidArgumentError(absl::StrCat("--ram-bytes ", s, per_copy, " holds no slot of ", slot,
                                                      " bytes, which a block of ", block_bytes,
                                                      " takes with --ram-slot-bytes ", slot_bytes));
     }
   }
   for (uint64_t s : disks) {
-    if (s < block_bytes) {
-      return absl::InvalidArgumentError(absl::StrCat("--disk-bytes ", s, " holds no block of ", block_bytes, " bytes"));
+    if (s / copies < block_bytes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--disk-bytes ", s, per_copy, " holds no block of ", block_bytes, " bytes"));
     }
   }
   uint64_t scale = 1;
@@ -177,7 +185,13 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
 
   VC_ASSIGN_OR_RETURN(const std::vector<cachestore::TraceRequest> trace,
                       cachestore::ReadMooncakeTrace(a.Str("trace"), first, requests));
-  const cachestore::ReplayStats unbounded = cachestore::UnboundedReplay(trace, block_tokens, block_bytes);
+  cachestore::ReplayStats unbounded = cachestore::UnboundedReplay(trace, block_tokens, block_bytes);
+  // Every block put is written to each of its replicas' disk tiers.
+  const auto count_copies = [copies](cachestore::ReplayStats& s) {
+    s.disk_write_bytes *= static_cast<double>(copies);
+    s.peak_disk_write_bps *= static_cast<double>(copies);
+  };
+  count_copies(unbounded);
   const bool json = a.Has("json");
   nlohmann::json results = nlohmann::json::array();
   if (!json) {
@@ -186,6 +200,11 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
         unbounded.requests, unbounded.duration_s, unbounded.prompt_tokens, what, FormatBytes(static_cast<double>(block_bytes)),
         block_tokens, scale);
     out << SlotLine(block_bytes, slot_bytes);
+    if (copies > 1) {
+      out << absl::StrFormat("%d replicas: each pair of sizes is replayed as one store of 1/%d of them; disk writes "
+                             "are %d times the replay's\n",
+                             copies, copies, copies);
+    }
     out << "| RAM | disk | prompt tokens from the store | from RAM | from disk | RAM reads: mean (peak minute) "
            "| disk reads | disk writes |\n|---|---|---:|---:|---:|---:|---:|---:|\n";
     const double distinct = static_cast<double>(unbounded.ram_blocks) * static_cast<double>(block_bytes);
@@ -197,13 +216,14 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
       cachestore::ReplayOptions o;
       o.block_tokens = block_tokens;
       o.block_bytes = block_bytes;
-      o.ram_bytes = ram;
-      o.disk_bytes = disk;
+      o.ram_bytes = ram / copies;
+      o.disk_bytes = disk / copies;
       o.scale = scale;
       o.hot_fraction = hot_fraction;
       o.slot_bytes = slot_bytes;
       o.scratch_dir = scratch;
-      VC_ASSIGN_OR_RETURN(const cachestore::ReplayStats s, cachestore::ReplayTrace(trace, o));
+      VC_ASSIGN_OR_RETURN(cachestore::ReplayStats s, cachestore::ReplayTrace(trace, o));
+      count_copies(s);
       if (json) {
         nlohmann::json j = ToJson(s);
         j["ram_bytes"] = ram;
@@ -217,6 +237,7 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
   }
   if (json) {
     nlohmann::json j = {{"block_bytes", block_bytes}, {"block_tokens", block_tokens}, {"scale", scale},
+                        {"replicas", copies},
                         {"ram_slot_bytes", slot_bytes}, {"block_slot_bytes", slot},
                         {"unbounded", ToJson(unbounded)}, {"replays", results}};
     out << j.dump(2) << "\n";
