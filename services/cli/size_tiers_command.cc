@@ -40,7 +40,9 @@ constexpr char kUsage[] =
     "                   afterwards (default: the temporary directory)\n"
     "  --replicas R     the workers' --store-replicas: the sizes are those of all the store's shards\n"
     "                   together, which hold every block R times, so they are replayed as one store\n"
-    "                   of 1/R of each size, and its disk writes are counted R times (default 1)\n";
+    "                   of 1/R of each size, its disk writes counted R times (default 1). An\n"
+    "                   approximation: a block's other copies are not read, so under pressure they\n"
+    "                   age out first, and read repair writes some back; block counts are of one copy\n";
 
 absl::StatusOr<std::vector<uint64_t>> Sizes(const Args& a, const std::string& name) {
   if (!a.Has(name)) return absl::InvalidArgumentError(absl::StrCat("--", name, " is required"));
@@ -202,13 +204,16 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
     out << SlotLine(block_bytes, slot_bytes);
     if (copies > 1) {
       out << absl::StrFormat("%d replicas: each pair of sizes is replayed as one store of 1/%d of them; disk writes "
-                             "are %d times the replay's\n",
+                             "are %d times the replay's (an approximation: see --help)\n",
                              copies, copies, copies);
     }
     out << "| RAM | disk | prompt tokens from the store | from RAM | from disk | RAM reads: mean (peak minute) "
            "| disk reads | disk writes |\n|---|---|---:|---:|---:|---:|---:|---:|\n";
     const double distinct = static_cast<double>(unbounded.ram_blocks) * static_cast<double>(block_bytes);
-    PrintRow(out, "unbounded", absl::StrCat("(", FormatBytes(distinct), " of blocks)"), unbounded, true);
+    PrintRow(out, "unbounded",
+             absl::StrCat("(", FormatBytes(distinct * static_cast<double>(copies)), " of blocks",
+                          copies > 1 ? absl::StrCat(", ", copies, " copies") : "", ")"),
+             unbounded, true);
     out.flush();
   }
   for (uint64_t ram : rams) {
