@@ -105,11 +105,12 @@ absl::StatusOr<BlockLease> BlockStore::Lease(const BlockKey& key, absl::string_v
   return ram_->Lease(key, owner);
 }
 
-std::pair<uint32_t, uint32_t> BlockStore::Lookup(absl::Span<const BlockKey> keys) const {
+std::pair<uint32_t, uint32_t> BlockStore::Lookup(absl::Span<const BlockKey> keys) {
   uint32_t n = 0, in_ram = 0;
   for (const BlockKey& k : keys) {
-    const bool r = ram_->Contains(k);
+    const bool r = ram_->Use(k);
     if (!r && !disk_->Contains(k)) break;
+    disk_->Touch(k);
     ++n;
     in_ram += r;
   }

@@ -241,6 +241,14 @@ absl::StatusOr<std::string> RamTier::Get(const BlockKey& key) {
   return out;
 }
 
+bool RamTier::Use(const BlockKey& key) {
+  absl::MutexLock l(&mu_);
+  auto it = entries_.find(key);
+  if (it == entries_.end() || !it->second.ready || it->second.dead) return false;
+  Touch(it->second);
+  return true;
+}
+
 bool RamTier::Contains(const BlockKey& key) const {
   absl::MutexLock l(&mu_);
   auto it = entries_.find(key);

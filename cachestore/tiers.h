@@ -101,6 +101,8 @@ class RamTier {
   // A copy of the block; kNotFound when absent. Counts as a use for LRU.
   absl::StatusOr<std::string> Get(const BlockKey& key);
   bool Contains(const BlockKey& key) const;
+  // Contains, counting as a use for LRU as a read does (a lookup that finds the block).
+  bool Use(const BlockKey& key);
   absl::Status Delete(const BlockKey& key);
 
   // Pins the block for `owner` until Release(lease.id, owner) or until the lease expires,

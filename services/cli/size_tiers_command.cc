@@ -41,8 +41,8 @@ constexpr char kUsage[] =
     "  --replicas R     the workers' --store-replicas: the sizes are those of all the store's shards\n"
     "                   together, which hold every block R times, so they are replayed as one store\n"
     "                   of 1/R of each size, its disk writes counted R times (default 1). An\n"
-    "                   approximation: a block's other copies are not read, so under pressure they\n"
-    "                   age out first, and read repair writes some back; block counts are of one copy\n";
+    "                   approximation: each shard keeps its own LRU over its share of the blocks, and\n"
+    "                   read repair's writes are not counted; block counts are of one copy\n";
 
 absl::StatusOr<std::vector<uint64_t>> Sizes(const Args& a, const std::string& name) {
   if (!a.Has(name)) return absl::InvalidArgumentError(absl::StrCat("--", name, " is required"));
