@@ -105,12 +105,12 @@ absl::StatusOr<BlockLease> BlockStore::Lease(const BlockKey& key, absl::string_v
   return ram_->Lease(key, owner);
 }
 
-std::pair<uint32_t, uint32_t> BlockStore::Lookup(absl::Span<const BlockKey> keys) {
+std::pair<uint32_t, uint32_t> BlockStore::Lookup(absl::Span<const BlockKey> keys, bool use) {
   uint32_t n = 0, in_ram = 0;
   for (const BlockKey& k : keys) {
-    const bool r = ram_->Use(k);
+    const bool r = use ? ram_->Use(k) : ram_->Contains(k);
     if (!r && !disk_->Contains(k)) break;
-    disk_->Touch(k);
+    if (use) disk_->Touch(k);
     ++n;
     in_ram += r;
   }

@@ -49,10 +49,11 @@ class BlockStore {
   absl::Status Put(const BlockKey& key, absl::string_view block);
   // The block, checked; kNotFound if absent. `from_ram` (may be null) tells which tier served it.
   absl::StatusOr<std::string> Get(const BlockKey& key, bool* from_ram);
-  // Leading keys present, and how many of those are in RAM. Finding a block counts as a use of
-  // it, as reading it does: a worker reads a replicated block from one of its shards but looks it
-  // up on all of them, so every copy stays as recent as the one read.
-  std::pair<uint32_t, uint32_t> Lookup(absl::Span<const BlockKey> keys);
+  // Leading keys present, and how many of those are in RAM. With `use`, each block found counts
+  // as a use of it, as reading it does (RamTier::Use, DiskTier::Touch): a worker reads a
+  // replicated block from one of its shards but looks it up on all of them, and so keeps the
+  // copies it finds as recent as the one it reads.
+  std::pair<uint32_t, uint32_t> Lookup(absl::Span<const BlockKey> keys, bool use = false);
   absl::Status Delete(const BlockKey& key);
   // Pins the block in the RAM tier for a remote read by `owner` (bringing it up from disk,
   // checked, if needed) until Release or the lease's expiry (RamTier::Lease); kNotFound when

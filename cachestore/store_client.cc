@@ -134,11 +134,12 @@ void StoreClient::Prepare(grpc::ClientContext* ctx) const {
   ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(options_.timeout_ms));
 }
 
-absl::StatusOr<std::pair<uint32_t, uint32_t>> StoreClient::Lookup(absl::Span<const BlockKey> keys) {
+absl::StatusOr<std::pair<uint32_t, uint32_t>> StoreClient::Lookup(absl::Span<const BlockKey> keys, bool use) {
   grpc::ClientContext ctx;
   Prepare(&ctx);
   vericache::v1::LookupRequest req;
   for (const BlockKey& k : keys) req.add_keys(KeyBytes(k));
+  req.set_count_as_use(use);
   vericache::v1::LookupResponse resp;
   absl::Status s = FromGrpc(stub_->Lookup(&ctx, req, &resp));
   if (!s.ok()) return s;

@@ -71,8 +71,9 @@ class StoreClient {
   static absl::StatusOr<std::unique_ptr<StoreClient>> Create(const StoreClientOptions& options);
   ~StoreClient();
 
-  // Leading keys the store holds, and how many of them are in its RAM tier.
-  absl::StatusOr<std::pair<uint32_t, uint32_t>> Lookup(absl::Span<const BlockKey> keys);
+  // Leading keys the store holds, and how many of them are in its RAM tier; with `use`, the
+  // blocks found count as used (LookupRequest.count_as_use).
+  absl::StatusOr<std::pair<uint32_t, uint32_t>> Lookup(absl::Span<const BlockKey> keys, bool use = false);
   absl::Status Put(const BlockKey& key, absl::string_view block);
   // kNotFound when absent; kDataLoss when the stored copy failed its checks (it is gone then).
   absl::StatusOr<std::string> Get(const BlockKey& key, const std::array<uint8_t, 32>* expect_fingerprint = nullptr);

@@ -66,7 +66,7 @@ struct RamTierOptions {
   // with the default a block of a power-of-two payload plus its header takes twice its size.
   uint64_t min_slot_bytes = 4096;
   // Segmented LRU: a block enters the cold segment and moves to the hot one when it is read (Get
-  // or Lease); eviction takes the cold segment's least recent blocks first. The hot segment holds
+  // or Lease, or Use: a lookup counted as a read); eviction takes the cold segment's least recent blocks first. The hot segment holds
   // at most this fraction of capacity; past it, its least recent blocks turn cold again. So blocks
   // put and never read, most of a prefix cache's, cannot push out the ones being reused. 0 is
   // plain LRU (every block cold, in order of use); values past [0, 1] are taken as its ends.

@@ -74,7 +74,7 @@ grpc::ServerUnaryReactor* CacheStoreService::Lookup(grpc::CallbackServerContext*
     if (!sk.ok()) return Done(ctx, sk.status());
     keys.push_back(*sk);
   }
-  auto [n, ram] = store_->Lookup(keys);
+  auto [n, ram] = store_->Lookup(keys, req->count_as_use());
   resp->set_cached_blocks(n);
   resp->set_ram_blocks(ram);
   return Done(ctx, absl::OkStatus());

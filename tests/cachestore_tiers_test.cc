@@ -464,32 +464,36 @@ TEST(BlockStore, ReadsKeepBlocksOnDisk) {
   EXPECT_TRUE(s.Get(Key(1), &from_ram).ok());
 }
 
-// A lookup that finds a block is a use of it in both tiers, as a read is: a replicated block's
-// copies that the workers look up but read elsewhere outlive blocks nobody asks for.
-TEST(BlockStore, LookupsKeepBlocks) {
-  const std::string dir = vc::testing::TempDir("block_store_lookup_lru");
-  const std::string block = vc::testing::RandomBlock(1, 7);
-  StoreOptions o;
-  o.ram.min_slot_bytes = (block.size() + 63) / 64 * 64;  // a slot a block: two in RAM
-  o.ram.capacity_bytes = 2 * o.ram.min_slot_bytes;
-  o.ram.high_watermark = o.ram.low_watermark = 1.0;
-  o.disk.path = dir;
-  o.disk.capacity_bytes = 3 * block.size();
-  auto store = BlockStore::Open(o);
-  ASSERT_TRUE(store.ok()) << store.status();
-  BlockStore& s = **store;
-  ASSERT_TRUE(s.Put(Key(0), vc::testing::RandomBlock(1, 7)).ok());
-  ASSERT_TRUE(s.Put(Key(1), vc::testing::RandomBlock(2, 7)).ok());
-  const BlockKey zero[] = {Key(0)};
-  EXPECT_EQ(s.Lookup(zero), std::make_pair(1u, 1u));  // key 0, in RAM: now the more recent
-  ASSERT_TRUE(s.Put(Key(2), vc::testing::RandomBlock(3, 7)).ok());  // RAM evicts key 1, not 0
-  EXPECT_TRUE(s.ram().Contains(Key(0)));
-  EXPECT_FALSE(s.ram().Contains(Key(1)));
-  EXPECT_EQ(s.Lookup(zero), std::make_pair(1u, 1u));
-  ASSERT_TRUE(s.Put(Key(3), vc::testing::RandomBlock(4, 7)).ok());  // disk evicts key 1, not 0
-  bool from_ram = false;
-  EXPECT_TRUE(absl::IsNotFound(s.Get(Key(1), &from_ram).status()));
-  EXPECT_TRUE(s.Get(Key(0), &from_ram).ok());
+// A lookup that counts as a use (as a worker's does for a block it reads from another replica)
+// keeps a block in both tiers as a read would; a plain lookup changes nothing.
+TEST(BlockStore, LookupsThatCountAsUsesKeepBlocks) {
+  for (const bool use : {true, false}) {
+    const std::string dir = vc::testing::TempDir(use ? "block_store_lookup_use" : "block_store_lookup_plain");
+    const std::string block = vc::testing::RandomBlock(1, 7);
+    StoreOptions o;
+    o.ram.min_slot_bytes = (block.size() + 63) / 64 * 64;  // a slot a block: two in RAM
+    o.ram.capacity_bytes = 2 * o.ram.min_slot_bytes;
+    o.ram.high_watermark = o.ram.low_watermark = 1.0;
+    o.disk.path = dir;
+    o.disk.capacity_bytes = 3 * block.size();
+    auto store = BlockStore::Open(o);
+    ASSERT_TRUE(store.ok()) << store.status();
+    BlockStore& s = **store;
+    ASSERT_TRUE(s.Put(Key(0), vc::testing::RandomBlock(1, 7)).ok());
+    ASSERT_TRUE(s.Put(Key(1), vc::testing::RandomBlock(2, 7)).ok());
+    const BlockKey zero[] = {Key(0)};
+    EXPECT_EQ(s.Lookup(zero, use), std::make_pair(1u, 1u));
+    ASSERT_TRUE(s.Put(Key(2), vc::testing::RandomBlock(3, 7)).ok());  // RAM evicts one of keys 0 and 1
+    EXPECT_EQ(s.ram().Contains(Key(0)), use) << use;
+    EXPECT_EQ(s.ram().Contains(Key(1)), !use) << use;
+    // The disk order: out of RAM, key 0 is looked up on disk, then a put evicts one of 0 and 1.
+    (void)s.ram().Delete(Key(0));
+    EXPECT_EQ(s.Lookup(zero, use), std::make_pair(1u, 0u));
+    ASSERT_TRUE(s.Put(Key(3), vc::testing::RandomBlock(4, 7)).ok());
+    bool from_ram = true;
+    EXPECT_EQ(s.Get(Key(0), &from_ram).ok(), use) << use;
+    EXPECT_EQ(s.Get(Key(1), &from_ram).ok(), !use) << use;
+  }
 }
 
 // Writes blocks [first, first + n) of 10 KB and reopens once, so that they sit in a blob file of

@@ -551,7 +551,9 @@ TEST_F(WorkerServiceTest, ReplicasKeepPrefixesWhenAStoreLosesThemOrGoesAway) {
   for (int i = 0; i < 18 && blocks_on(*a) < 36; ++i) {
     whole_prefix();
     worker->prefixes()->Flush();
-    if (i == 0) EXPECT_GT(blocks_on(*a), 18u);
+    if (i == 0) {
+      EXPECT_GT(blocks_on(*a), 18u);
+    }
   }
   EXPECT_EQ(blocks_on(*a), 36u);
 

@@ -156,7 +156,7 @@ absl::Status VeriCacheEngine::AdmitWithPrefix(Sequence& s, bool* admitted) {
                                           compressed_->block_codec());
     s.cpublish_from = 0;
   }
-  const int hit = prefixes_->Lookup(s.names);
+  const int hit = prefixes_->Lookup(s.names, /*read_follows=*/true);
   if (hit == 0) return absl::OkStatus();  // the cold path prefills and then publishes
   const int64_t p = int64_t{hit} * bt;
   VC_RETURN_IF_ERROR(tier_->AttachPrefix(s.key, p, [this, names = std::vector<PrefixName>(s.names.begin(),
@@ -179,7 +179,7 @@ absl::Status VeriCacheEngine::AdmitWithPrefix(Sequence& s, bool* admitted) {
   SeqId stored = -1;
   int64_t stored_len = 0;
   if (!s.cnames.empty()) {
-    const int chit = prefixes_->Lookup(s.cnames);
+    const int chit = prefixes_->Lookup(s.cnames, /*read_follows=*/false);  // read only where drafting pays
     s.cpublish_from = chit;
     if (chit > local && worth_drafting(int64_t{chit} * bt)) {
       stored = compressed_->NewSequence();

@@ -90,7 +90,7 @@ void FullKvEngine::FetchPrefix(Sequence& s) {
   s.names = prefixes_->Names(s.request.tenant, absl::MakeConstSpan(s.tokens).first(static_cast<size_t>(n)));
   if (s.names.empty()) return;
   s.publish_from = 0;
-  const int hit = std::clamp(prefixes_->Lookup(s.names), 0, static_cast<int>(s.names.size()));
+  const int hit = std::clamp(prefixes_->Lookup(s.names, /*read_follows=*/true), 0, static_cast<int>(s.names.size()));
   if (hit == 0) return;
   const int64_t p = int64_t{hit} * prefixes_->block_tokens();
   EngineStats& st = s.result.stats;

@@ -65,8 +65,9 @@ class PrefixStore {
   // time, another's prefixes.
   virtual std::vector<PrefixName> Names(absl::string_view tenant, absl::Span<const int32_t> tokens) const = 0;
   // How many leading `names` the store holds; 0 when it cannot be reached (the worker computes
-  // the prefix then). Thread-safe.
-  virtual int Lookup(absl::Span<const PrefixName> names) = 0;
+  // the prefix then). `read_follows`: the caller reads what is found (a store that keeps copies
+  // of a block may then count the lookup as a use of each). Thread-safe.
+  virtual int Lookup(absl::Span<const PrefixName> names, bool read_follows) = 0;
   // Writes the K/V of blocks names[0..n) to positions [0, n * block_tokens()) of `dest`. Any
   // error (unreachable, evicted, corrupt) is returned; the caller recomputes. Thread-safe.
   virtual absl::Status Read(absl::Span<const PrefixName> names, const PagedDest& dest) = 0;

@@ -166,7 +166,7 @@ absl::InlinedVector<size_t, 4> StorePrefixes::ShardsOf(const PrefixName& name) c
   return out;
 }
 
-std::optional<size_t> StorePrefixes::LookupShard(size_t s, absl::Span<const cachestore::BlockKey> keys) {
+std::optional<size_t> StorePrefixes::LookupShard(size_t s, absl::Span<const cachestore::BlockKey> keys, bool use) {
   {
     absl::MutexLock l(&mu_);
     if (absl::Now() < skip_lookups_until_[s]) {
@@ -175,7 +175,7 @@ std::optional<size_t> StorePrefixes::LookupShard(size_t s, absl::Span<const cach
     }
   }
   const absl::Time start = absl::Now();
-  auto got = shards_[s].client->Lookup(std::vector<cachestore::BlockKey>(keys.begin(), keys.end()));
+  auto got = shards_[s].client->Lookup(std::vector<cachestore::BlockKey>(keys.begin(), keys.end()), use);
   const absl::Time end = absl::Now();
   absl::MutexLock l(&mu_);
   stats_.shards[s].lookups++;
@@ -187,10 +187,13 @@ std::optional<size_t> StorePrefixes::LookupShard(size_t s, absl::Span<const cach
   return std::min<size_t>(got->first, keys.size());
 }
 
-int StorePrefixes::Lookup(absl::Span<const PrefixName> names) {
+int StorePrefixes::Lookup(absl::Span<const PrefixName> names, bool read_follows) {
   // Each shard is asked about its own blocks (those it holds a replica of), in prompt order; the
   // prefix ends at the first block none of its shards has among the leading blocks it holds.
   std::vector<std::vector<cachestore::BlockKey>> keys(shards_.size());
+  // A block that will be read is read from one replica: the others count the lookup as a use, so
+  // that their copies do not age out before the one read.
+  const bool use = read_follows && options_.replicas > 1;
   // Where each block is asked: (shard, its place in that shard's keys).
   std::vector<absl::InlinedVector<std::pair<size_t, size_t>, 4>> asked_at(names.size());
   for (size_t i = 0; i < names.size(); ++i) {
@@ -204,9 +207,9 @@ int StorePrefixes::Lookup(absl::Span<const PrefixName> names) {
   for (size_t s = 0; s < shards_.size(); ++s) {
     if (keys[s].empty()) continue;
     if (shards_.size() == 1) {
-      answer[s] = LookupShard(s, keys[s]);
+      answer[s] = LookupShard(s, keys[s], use);
     } else {
-      asked[s] = std::async(std::launch::async, [this, s, &keys] { return LookupShard(s, keys[s]); });
+      asked[s] = std::async(std::launch::async, [this, s, &keys, use] { return LookupShard(s, keys[s], use); });
     }
   }
   std::vector<size_t> found(shards_.size(), 0);

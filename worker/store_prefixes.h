@@ -76,7 +76,7 @@ class StorePrefixes final : public PrefixStore {
 
   int block_tokens() const override { return options_.block_tokens; }
   std::vector<PrefixName> Names(absl::string_view tenant, absl::Span<const int32_t> tokens) const override;
-  int Lookup(absl::Span<const PrefixName> names) override;
+  int Lookup(absl::Span<const PrefixName> names, bool read_follows) override;
   absl::Status Read(absl::Span<const PrefixName> names, const PagedDest& dest) override;
   void Publish(absl::Span<const PrefixName> names, int from, int to, const PagedKvCache& cache, SeqId seq) override;
   std::vector<PrefixName> CompressedNames(absl::string_view tenant, absl::Span<const int32_t> tokens,
@@ -127,7 +127,8 @@ class StorePrefixes final : public PrefixStore {
                              const BlockUse& use);
   // Leading names (of `names`, all on shard s) that shard holds; nullopt while it is backed off or
   // when it cannot be asked.
-  std::optional<size_t> LookupShard(size_t s, absl::Span<const cachestore::BlockKey> keys);
+  // With `use`, the shard counts the blocks it finds as used.
+  std::optional<size_t> LookupShard(size_t s, absl::Span<const cachestore::BlockKey> keys, bool use);
 
   const StorePrefixOptions options_;
   const std::array<uint8_t, 32> fingerprint_;

@@ -40,7 +40,7 @@ class MemoryPrefixStore final : public PrefixStore {
     x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
     return x ^ (x >> 31);
   }
-  int Lookup(absl::Span<const PrefixName> names) override {
+  int Lookup(absl::Span<const PrefixName> names, bool /*read_follows*/) override {
     ++lookups;
     int n = 0;
     while (n < static_cast<int>(names.size()) && blocks_.count(names[n])) ++n;
