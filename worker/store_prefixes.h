@@ -1,5 +1,6 @@
 // The PrefixStore of a worker backed by a cache store: block names are the store's chained
-// SHA-256 keys (bound to the model fingerprint and KV layout; the store adds the tenant), reads
+// SHA-256 keys (bound to the model fingerprint, the KV layout and the worker's client tenant; the
+// store adds its own tenant, the worker's), reads
 // are leased one-sided UCX gets (or inline gRPC bytes), and publishing encodes blocks in the
 // store's checksummed format and puts them from a background thread.
 //
@@ -9,8 +10,9 @@
 // shard holding some of a prompt's blocks, in parallel; the prefix found ends at the first block
 // missing from its shards. A read takes the shards' blocks from all of them at once. A shard that
 // is down costs the blocks it holds, not the others'; with replicas, not even those: each block is
-// put on the `replicas` shards its name ranks highest, a lookup finds it on any of them, and a read
-// that fails on one shard takes the blocks it wanted there from their next replicas.
+// put on the `replicas` shards its name ranks highest, a lookup finds it on any of them (and keeps
+// every copy it finds as recent as the one read), a read that fails on one shard takes the blocks
+// it wanted there from their next replicas, and a copy found missing is put back (read repair).
 //
 // Nothing here can make a worker's output wrong: a block that is missing, of another model or
 // layout, or fails its checksums is an error the engine answers by recomputing. A store that is
