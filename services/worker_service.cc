@@ -406,6 +406,36 @@ grpc::Status WorkerService::GetModelInfo(grpc::ServerContext* ctx, const v1::Get
   return grpc::Status::OK;
 }
 
+namespace {
+
+// The counts WorkerStats and TenantStats share, from a scheduler's totals.
+template <typename Proto, typename Totals>
+void SetRequestCounts(const Totals& t, Proto* p) {
+  p->set_requests_in_flight(static_cast<uint32_t>(t.in_flight));
+  p->set_requests_ended(static_cast<uint64_t>(t.ended));
+  p->set_requests_failed(static_cast<uint64_t>(t.failed));
+  p->set_requests_refused(static_cast<uint64_t>(t.refused));
+  p->set_prompt_tokens(static_cast<uint64_t>(t.sum.prompt_tokens));
+  p->set_generated_tokens(static_cast<uint64_t>(t.sum.emitted));
+  p->set_prefix_store_tokens(static_cast<uint64_t>(t.sum.prefix_store_tokens));
+}
+
+// The counts StoreLinkStats and StoreShardStats share, from a prefix store's or one shard's.
+template <typename Proto, typename Counts>
+void SetStoreTraffic(const Counts& c, Proto* p) {
+  p->set_lookups(static_cast<uint64_t>(c.lookups));
+  p->set_lookup_failures(static_cast<uint64_t>(c.lookup_failures));
+  p->set_lookups_skipped(static_cast<uint64_t>(c.lookups_skipped));
+  p->set_blocks_read(static_cast<uint64_t>(c.blocks_read));
+  p->set_read_failures(static_cast<uint64_t>(c.read_failures));
+  p->set_bytes_read(static_cast<uint64_t>(c.bytes_read));
+  p->set_blocks_published(static_cast<uint64_t>(c.blocks_published));
+  p->set_publish_failures(static_cast<uint64_t>(c.publish_failures));
+  p->set_publish_dropped(static_cast<uint64_t>(c.publish_dropped));
+}
+
+}  // namespace
+
 grpc::Status WorkerService::GetStats(grpc::ServerContext* ctx, const v1::GetStatsRequest*, v1::WorkerStats* resp) {
   absl::StatusOr<std::string> tenant = Authenticate(ctx);
   if (!tenant.ok()) return ToGrpcStatus(tenant.status());
@@ -416,14 +446,8 @@ grpc::Status WorkerService::GetStats(grpc::ServerContext* ctx, const v1::GetStat
   const Scheduler::Snapshot snapshot = scheduler_->totals();
   const Scheduler::Totals& t = snapshot.all;
   resp->set_uptime_micros(static_cast<uint64_t>(absl::ToInt64Microseconds(absl::Now() - started_)));
-  resp->set_requests_in_flight(static_cast<uint32_t>(t.in_flight));
-  resp->set_requests_ended(static_cast<uint64_t>(t.ended));
-  resp->set_requests_failed(static_cast<uint64_t>(t.failed));
-  resp->set_requests_refused(static_cast<uint64_t>(t.refused));
+  SetRequestCounts(t, resp);
   resp->set_requests_invalid(static_cast<uint64_t>(invalid_.load()));
-  resp->set_prompt_tokens(static_cast<uint64_t>(t.sum.prompt_tokens));
-  resp->set_generated_tokens(static_cast<uint64_t>(t.sum.emitted));
-  resp->set_prefix_store_tokens(static_cast<uint64_t>(t.sum.prefix_store_tokens));
   resp->set_prefix_compressed_tokens(static_cast<uint64_t>(t.sum.prefix_compressed_tokens));
   resp->set_prefix_compressed_store_tokens(static_cast<uint64_t>(t.sum.prefix_compressed_store_tokens));
   resp->set_recomputed_tokens(static_cast<uint64_t>(t.sum.recomputed_tokens));
@@ -433,39 +457,17 @@ grpc::Status WorkerService::GetStats(grpc::ServerContext* ctx, const v1::GetStat
   for (const auto& [name, tt] : snapshot.tenants) {
     v1::TenantStats* x = resp->add_tenants();
     x->set_tenant(name);
-    x->set_requests_in_flight(static_cast<uint32_t>(tt.in_flight));
-    x->set_requests_ended(static_cast<uint64_t>(tt.ended));
-    x->set_requests_failed(static_cast<uint64_t>(tt.failed));
-    x->set_requests_refused(static_cast<uint64_t>(tt.refused));
-    x->set_prompt_tokens(static_cast<uint64_t>(tt.sum.prompt_tokens));
-    x->set_generated_tokens(static_cast<uint64_t>(tt.sum.emitted));
-    x->set_prefix_store_tokens(static_cast<uint64_t>(tt.sum.prefix_store_tokens));
+    SetRequestCounts(tt, x);
   }
   if (prefixes_ != nullptr) {
     const StorePrefixStats p = prefixes_->stats();
     v1::StoreLinkStats* o = resp->mutable_store();
-    o->set_lookups(static_cast<uint64_t>(p.lookups));
-    o->set_lookup_failures(static_cast<uint64_t>(p.lookup_failures));
-    o->set_lookups_skipped(static_cast<uint64_t>(p.lookups_skipped));
+    SetStoreTraffic(p, o);
     o->set_blocks_hit(static_cast<uint64_t>(p.blocks_hit));
-    o->set_blocks_read(static_cast<uint64_t>(p.blocks_read));
-    o->set_read_failures(static_cast<uint64_t>(p.read_failures));
-    o->set_bytes_read(static_cast<uint64_t>(p.bytes_read));
-    o->set_blocks_published(static_cast<uint64_t>(p.blocks_published));
-    o->set_publish_failures(static_cast<uint64_t>(p.publish_failures));
-    o->set_publish_dropped(static_cast<uint64_t>(p.publish_dropped));
     for (const StoreShardStats& sh : p.shards) {
       v1::StoreShardStats* x = o->add_shards();
       x->set_target(sh.target);
-      x->set_lookups(static_cast<uint64_t>(sh.lookups));
-      x->set_lookup_failures(static_cast<uint64_t>(sh.lookup_failures));
-      x->set_lookups_skipped(static_cast<uint64_t>(sh.lookups_skipped));
-      x->set_blocks_read(static_cast<uint64_t>(sh.blocks_read));
-      x->set_read_failures(static_cast<uint64_t>(sh.read_failures));
-      x->set_bytes_read(static_cast<uint64_t>(sh.bytes_read));
-      x->set_blocks_published(static_cast<uint64_t>(sh.blocks_published));
-      x->set_publish_failures(static_cast<uint64_t>(sh.publish_failures));
-      x->set_publish_dropped(static_cast<uint64_t>(sh.publish_dropped));
+      SetStoreTraffic(sh, x);
     }
   }
   return grpc::Status::OK;

@@ -125,7 +125,7 @@ TEST_F(CliTest, ClientTokenFiles) {
   ASSERT_TRUE(tokens.ok()) << tokens.status();
   EXPECT_EQ(*tokens, (std::map<std::string, std::string>{
                          {"ops", ""}, {"t-a1", "team-a"}, {"t-a2", "team-a"}, {"t-b", "team-b"}}));
-  for (const char* text : {"a b c\n", "a t1\nb t2\na t3\n", "# none\n\n", "tok ten\x01ant\n"}) {
+  for (const char* text : {"a b c\n", "a t1\nb t2\na t3\n", "# none\n\n", "tok ten\x01" "ant\n"}) {
     std::ofstream(path) << text;
     const absl::Status st = ReadClientTokens(path).status();
     EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << text;

@@ -135,14 +135,20 @@ StorePrefixes::~StorePrefixes() {
   for (std::thread& t : publishers_) t.join();
 }
 
-std::vector<PrefixName> StorePrefixes::Names(absl::string_view tenant, absl::Span<const int32_t> tokens) const {
+std::vector<PrefixName> StorePrefixes::ChainNames(absl::string_view layout_tag, absl::string_view tenant,
+                                                  absl::Span<const int32_t> tokens) const {
   // The worker's clients' tenant salts the chain, as the store's tenant (the worker's) salts it
   // again in the store. The default tenant's is empty, the names of a worker without tenants.
   cachestore::KeyContext k = keys_;
+  absl::StrAppend(&k.layout, layout_tag);
   k.tenant_salt = std::string(tenant);
   std::vector<PrefixName> out;
   for (const cachestore::BlockKey& key : cachestore::ChainBlockKeys(k, tokens)) out.push_back(key.bytes);
   return out;
+}
+
+std::vector<PrefixName> StorePrefixes::Names(absl::string_view tenant, absl::Span<const int32_t> tokens) const {
+  return ChainNames("", tenant, tokens);
 }
 
 absl::InlinedVector<size_t, 4> StorePrefixes::ShardsOf(const PrefixName& name) const {
@@ -175,7 +181,7 @@ std::optional<size_t> StorePrefixes::LookupShard(size_t s, absl::Span<const cach
     }
   }
   const absl::Time start = absl::Now();
-  auto got = shards_[s].client->Lookup(std::vector<cachestore::BlockKey>(keys.begin(), keys.end()), use);
+  auto got = shards_[s].client->Lookup(keys, use);
   const absl::Time end = absl::Now();
   absl::MutexLock l(&mu_);
   stats_.shards[s].lookups++;
@@ -202,16 +208,20 @@ int StorePrefixes::Lookup(absl::Span<const PrefixName> names, bool read_follows)
       keys[s].push_back(ToKey(names[i]));
     }
   }
+  // The shards at once: this thread asks the first that has blocks to ask about, a thread each
+  // the others.
   std::vector<std::optional<size_t>> answer(shards_.size());
   std::vector<std::future<std::optional<size_t>>> asked(shards_.size());
+  size_t here = shards_.size();
   for (size_t s = 0; s < shards_.size(); ++s) {
     if (keys[s].empty()) continue;
-    if (shards_.size() == 1) {
-      answer[s] = LookupShard(s, keys[s], use);
+    if (here == shards_.size()) {
+      here = s;
     } else {
       asked[s] = std::async(std::launch::async, [this, s, &keys, use] { return LookupShard(s, keys[s], use); });
     }
   }
+  if (here < shards_.size()) answer[here] = LookupShard(here, keys[here], use);
   std::vector<size_t> found(shards_.size(), 0);
   for (size_t s = 0; s < shards_.size(); ++s) {
     if (asked[s].valid()) answer[s] = asked[s].get();
@@ -374,7 +384,6 @@ absl::Status StorePrefixes::ReadBlocks(absl::Span<const PrefixName> names, const
 
 void StorePrefixes::Repair(const PrefixName& name, absl::string_view block, size_t from,
                            absl::Span<const size_t> lacking) {
-  const int64_t limit = options_.max_publish_queue_bytes / static_cast<int64_t>(shards_.size());
   absl::InlinedVector<size_t, 4> to(lacking.begin(), lacking.end());
   {
     absl::MutexLock l(&mu_);
@@ -389,14 +398,20 @@ void StorePrefixes::Repair(const PrefixName& name, absl::string_view block, size
   if (to.empty()) return;
   const auto shared = std::make_shared<const std::string>(block);  // copied outside the lock
   absl::MutexLock l(&mu_);
-  for (size_t s : to) {
-    if (outboxes_[s].bytes > limit) {
-      stats_.shards[s].publish_dropped++;
-      continue;
-    }
-    outboxes_[s].bytes += static_cast<int64_t>(shared->size());
-    outboxes_[s].puts.push_back({ToKey(name), shared});
+  for (size_t s : to) QueuePut(s, name, shared);
+}
+
+bool StorePrefixes::OutboxFull(size_t s) const {
+  return outboxes_[s].bytes > options_.max_publish_queue_bytes / static_cast<int64_t>(shards_.size());
+}
+
+void StorePrefixes::QueuePut(size_t s, const PrefixName& name, const std::shared_ptr<const std::string>& block) {
+  if (OutboxFull(s)) {
+    stats_.shards[s].publish_dropped++;
+    return;
   }
+  outboxes_[s].bytes += static_cast<int64_t>(block->size());
+  outboxes_[s].puts.push_back({ToKey(name), block});
 }
 
 absl::Status StorePrefixes::ReadFromShard(size_t s, absl::Span<const PrefixName> names, absl::Span<const size_t> idx,
@@ -512,12 +527,7 @@ absl::Status StorePrefixes::Read(absl::Span<const PrefixName> names, const Paged
 std::vector<PrefixName> StorePrefixes::CompressedNames(absl::string_view tenant, absl::Span<const int32_t> tokens,
                                                        const CompressedKvCache::BlockCodec& codec) const {
   if (codec.bits == 0 || options_.block_tokens % codec.group != 0) return {};
-  cachestore::KeyContext k = keys_;
-  k.tenant_salt = std::string(tenant);
-  k.layout = absl::StrCat(keys_.layout, "/kivi", codec.bits, "g", codec.group);
-  std::vector<PrefixName> out;
-  for (const cachestore::BlockKey& key : cachestore::ChainBlockKeys(k, tokens)) out.push_back(key.bytes);
-  return out;
+  return ChainNames(absl::StrCat("/kivi", codec.bits, "g", codec.group), tenant, tokens);
 }
 
 absl::Status StorePrefixes::ReadCompressed(absl::Span<const PrefixName> names, CompressedKvCache& cache, SeqId seq) {
@@ -572,14 +582,13 @@ void StorePrefixes::Publish(absl::Span<const PrefixName> names, int from, int to
 void StorePrefixes::Enqueue(absl::Span<const PrefixName> names, int from, int to,
                             const std::function<absl::StatusOr<std::string>(int)>& encode) {
   // Each shard's puts wait in its own outbox, of its share of the byte limit; a block is encoded
-  // once for all its replicas.
-  const int64_t limit = options_.max_publish_queue_bytes / static_cast<int64_t>(shards_.size());
+  // once for all its replicas, and not at all when all their outboxes are full.
   for (int b = from; b < to; ++b) {
     absl::InlinedVector<size_t, 4> to_shards;
     {
       absl::MutexLock l(&mu_);
       for (size_t s : ShardsOf(names[b])) {
-        if (outboxes_[s].bytes > limit) {
+        if (OutboxFull(s)) {
           stats_.shards[s].publish_dropped++;
         } else {
           to_shards.push_back(s);
@@ -594,10 +603,7 @@ void StorePrefixes::Enqueue(absl::Span<const PrefixName> names, int from, int to
       continue;
     }
     const auto shared = std::make_shared<const std::string>(std::move(*block));
-    for (size_t s : to_shards) {
-      outboxes_[s].bytes += static_cast<int64_t>(shared->size());
-      outboxes_[s].puts.push_back({ToKey(names[b]), shared});
-    }
+    for (size_t s : to_shards) QueuePut(s, names[b], shared);
   }
 }
 

@@ -119,6 +119,15 @@ class StorePrefixes final : public PrefixStore {
   // read found without it, and those a lookup did (repair_hints_).
   // `from` is the shard it came from.
   void Repair(const PrefixName& name, absl::string_view block, size_t from, absl::Span<const size_t> lacking);
+  // Whether shard s's outbox is past its share of max_publish_queue_bytes.
+  bool OutboxFull(size_t s) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Queues a put of `block` under `name` on shard s, or counts it dropped when its outbox is full.
+  void QueuePut(size_t s, const PrefixName& name, const std::shared_ptr<const std::string>& block)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The chained names of the full blocks of `tokens`, the layout tag appended to the KV layout's
+  // (a compressed variant's), salted with `tenant`.
+  std::vector<PrefixName> ChainNames(absl::string_view layout_tag, absl::string_view tenant,
+                                     absl::Span<const int32_t> tokens) const;
   // Blocks idx of `names` from shard `s`, in that order, as ReadBlocks reads them; adds the bytes
   // read to *bytes, and to *handed the blocks handed to `use`. A block the shard lacks (missing,
   // or a bad copy) goes to *lacked; with `pass_over` the read goes on past it, else it ends there.
