@@ -1,6 +1,9 @@
 #include "services/servers.h"
 
 #include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -9,6 +12,7 @@
 #include "common/status_macros.h"
 #include "common/text_checks.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/support/server_interceptor.h"
 
 namespace vc {
 namespace {
@@ -18,6 +22,39 @@ absl::Status CannotListen(const std::string& address, bool tls) {
                                              tls ? " (the address is taken, or the TLS certificate or key is not valid)"
                                                  : " (the address is taken or not this host's)"));
 }
+
+// gRPC parses a request before the service sees it, and answers one it cannot parse with a status
+// that says nothing: INTERNAL with an empty message from a sync service, UNIMPLEMENTED from a
+// callback one. This makes that answer INVALID_ARGUMENT naming the method; the call has done nothing.
+class ParseErrorInterceptor final : public grpc::experimental::Interceptor {
+ public:
+  explicit ParseErrorInterceptor(const char* method) : method_(method != nullptr ? method : "?") {}
+
+  void Intercept(grpc::experimental::InterceptorBatchMethods* m) override {
+    using grpc::experimental::InterceptionHookPoints;
+    // The server hands the hook the parsed request, or null when it could not parse it.
+    if (m->QueryInterceptionHookPoint(InterceptionHookPoints::POST_RECV_MESSAGE) && m->GetRecvMessage() == nullptr) {
+      unparsed_ = true;
+    }
+    if (m->QueryInterceptionHookPoint(InterceptionHookPoints::PRE_SEND_STATUS) && unparsed_) {
+      m->ModifySendStatus(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                       absl::StrCat("the request to ", method_,
+                                                    " is not a valid protocol buffer of the method's request type")));
+    }
+    m->Proceed();
+  }
+
+ private:
+  const std::string method_;
+  bool unparsed_ = false;
+};
+
+class ParseErrorInterceptorFactory final : public grpc::experimental::ServerInterceptorFactoryInterface {
+ public:
+  grpc::experimental::Interceptor* CreateServerInterceptor(grpc::experimental::ServerRpcInfo* info) override {
+    return new ParseErrorInterceptor(info->method());
+  }
+};
 
 std::unique_ptr<grpc::Server> Listen(const std::string& address, std::shared_ptr<grpc::ServerCredentials> creds,
                                      grpc::Service* sync_service, grpc::Service* callback_service, int* port) {
@@ -30,6 +67,9 @@ std::unique_ptr<grpc::Server> Listen(const std::string& address, std::shared_ptr
   // What a store call may carry (the worker's calls are far smaller).
   b.SetMaxReceiveMessageSize(cachestore::kMaxStoreMessageBytes);
   b.SetMaxSendMessageSize(cachestore::kMaxStoreMessageBytes);
+  std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
+  interceptors.push_back(std::make_unique<ParseErrorInterceptorFactory>());
+  b.experimental().SetInterceptorCreators(std::move(interceptors));
   if (sync_service != nullptr) b.RegisterService(sync_service);
   if (callback_service != nullptr) b.RegisterService(callback_service);
   return b.BuildAndStart();

@@ -9,11 +9,13 @@
 #include <chrono>
 #include <fstream>
 #include <future>
+#include <memory>
 #include <sstream>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "cachestore/store_client.h"
+#include "grpcpp/generic/generic_stub.h"
 #include "gtest/gtest.h"
 #include "services/inference_client.h"
 #include "tests/testing/tiny_model.h"
@@ -65,6 +67,22 @@ bool WaitFor(Process& p, const std::function<bool()>& probe) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   return false;
+}
+
+// Sends `bytes` as the request of `method` (any RPC kind: the client writes one message and
+// half-closes), with a token; returns the call's status.
+grpc::Status CallRaw(int port, const std::string& method, const std::string& bytes) {
+  auto channel = grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials());
+  grpc::GenericStub stub(channel);
+  grpc::ClientContext ctx;
+  ctx.AddMetadata("authorization", "Bearer worker-token");
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  const grpc::Slice slice(bytes);
+  const grpc::ByteBuffer request(&slice, 1);
+  grpc::ByteBuffer response;
+  std::promise<grpc::Status> done;
+  stub.UnaryCall(&ctx, method, grpc::StubOptions(), &request, &response, [&](grpc::Status s) { done.set_value(s); });
+  return done.get_future().get();
 }
 
 class EndToEnd : public ::testing::Test {
@@ -242,6 +260,22 @@ TEST_F(EndToEnd, BadRequestsGetClearStatuses) {
   r.set_max_tokens(500);
   GenerateReply late = CallGenerate(*stub, r, "", absl::Milliseconds(50));
   EXPECT_EQ(late.status.code(), absl::StatusCode::kDeadlineExceeded) << late.status;
+  // Bytes that are no protocol buffer (a length-delimited field 1 whose length runs past the end),
+  // to a streaming and a unary worker method and to the store (a callback service): each names the
+  // method and changes nothing.
+  const std::string garbage("\x0a\x64" "ab", 4);
+  for (const auto& [port, method] : std::vector<std::pair<int, std::string>>{
+           {worker_port, "/vericache.v1.Inference/Generate"},
+           {worker_port, "/vericache.v1.Inference/GetModelInfo"},
+           {store_port_, "/vericache.v1.CacheStore/Lookup"},
+           {store_port_, "/vericache.v1.CacheStore/Put"}}) {
+    const grpc::Status s = CallRaw(port, method, garbage);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << method << ": " << s.error_message();
+    EXPECT_NE(s.error_message().find(method), std::string::npos) << s.error_message();
+  }
+  // A well-formed request through the same path still reaches the service.
+  v1::GetModelInfoRequest info;
+  EXPECT_TRUE(CallRaw(worker_port, "/vericache.v1.Inference/GetModelInfo", info.SerializeAsString()).ok());
   // The worker still serves correctly afterwards.
   GenerateReply ok = CallGenerate(*stub, Request(1, v1::MODE_VERICACHE));
   ASSERT_TRUE(ok.status.ok()) << ok.status;
