@@ -7,13 +7,19 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cmath>
 #include <future>
+#include <limits>
+#include <map>
 #include <random>
 #include <sstream>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "google/protobuf/descriptor.h"
+#include "google/protobuf/message.h"
+#include "grpcpp/generic/generic_stub.h"
 #include "cachestore/block_format.h"
 #include "cachestore/block_key.h"
 #include "cachestore/store_client.h"
@@ -166,6 +172,126 @@ class WorkerServiceTest : public ::testing::Test {
 
   std::string dir_;
   std::unique_ptr<Model> model_;
+};
+
+// What the request fuzzer below sets a field to: edge values of its type, or values near valid ones.
+class FieldFuzzer {
+ public:
+  explicit FieldFuzzer(uint32_t seed) : rng_(seed) {}
+
+  // Sets 1 to 3 fields of m, picked at random (recursing into messages), to edge values.
+  void Mutate(google::protobuf::Message* m) {
+    for (int n = 1 + Pick(3); n > 0; --n) MutateOne(m, 0);
+  }
+
+  // Flips, cuts or inserts bytes of a serialized message.
+  std::string MutateBytes(std::string b) {
+    switch (Pick(3)) {
+      case 0:
+        for (int n = 1 + Pick(4); n > 0 && !b.empty(); --n) b[Pick(b.size())] ^= static_cast<char>(1 + Pick(255));
+        break;
+      case 1:
+        b.resize(b.empty() ? 0 : Pick(b.size()));
+        break;
+      default:
+        b.insert(b.empty() ? 0 : Pick(b.size()), RandomBytes(1 + Pick(16)));
+    }
+    return b;
+  }
+
+  size_t Pick(size_t n) { return n == 0 ? 0 : rng_() % n; }
+
+ private:
+  template <typename T>
+  T From(std::initializer_list<T> values) {
+    return values.begin()[Pick(values.size())];
+  }
+
+  std::string RandomBytes(size_t n) {
+    std::string s(n, '\0');
+    for (char& c : s) c = static_cast<char>(rng_());
+    return s;
+  }
+
+  std::string Text() {
+    switch (Pick(6)) {
+      case 0: return "";
+      case 1: return RandomBytes(From<size_t>({1, 31, 32, 33, 1000}));
+      case 2: return std::string(size_t{1} << From<int>({12, 20}), 'x');  // 4 KiB, 1 MiB
+      case 3: return From<std::string>({"kivi:bits=4", "kivi:bits=0", "kivi:bits=4,group=0", "quest:page=0",
+                                        "snapkv:window=-1", "h2o:budget=99999999", "streaming:sink=1,window=1"});
+      case 4: return std::string(32, '\0');
+      default: return std::string(1, static_cast<char>(Pick(256)));
+    }
+  }
+
+  void SetOne(google::protobuf::Message* m, const google::protobuf::FieldDescriptor* f) {
+    using FD = google::protobuf::FieldDescriptor;
+    const google::protobuf::Reflection* r = m->GetReflection();
+    const bool rep = f->is_repeated();
+    const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+    switch (f->cpp_type()) {
+      case FD::CPPTYPE_INT32: {
+        const int32_t v = From<int32_t>({0, 1, -1, 255, 256, 257, 258, 100000, INT32_MAX, INT32_MIN});
+        return rep ? r->AddInt32(m, f, v) : r->SetInt32(m, f, v);
+      }
+      case FD::CPPTYPE_UINT32: {
+        const uint32_t v = From<uint32_t>({0, 1, 2, 31, 32, 33, 2047, 2048, 100000, UINT32_MAX});
+        return rep ? r->AddUInt32(m, f, v) : r->SetUInt32(m, f, v);
+      }
+      case FD::CPPTYPE_INT64: {
+        const int64_t v = From<int64_t>({0, 1, -1, INT64_MAX, INT64_MIN});
+        return rep ? r->AddInt64(m, f, v) : r->SetInt64(m, f, v);
+      }
+      case FD::CPPTYPE_UINT64: {
+        const uint64_t v = From<uint64_t>({0, 1, 2, 1000, UINT64_MAX});
+        return rep ? r->AddUInt64(m, f, v) : r->SetUInt64(m, f, v);
+      }
+      case FD::CPPTYPE_FLOAT: {
+        const float v = From<float>({0.0f, -1.0f, 0.5f, 1.0f, 1e-30f, 1e30f, nan, inf, -inf});
+        return rep ? r->AddFloat(m, f, v) : r->SetFloat(m, f, v);
+      }
+      case FD::CPPTYPE_DOUBLE: {
+        const double v = From<double>({0.0, -1.0, 1e300, static_cast<double>(nan)});
+        return rep ? r->AddDouble(m, f, v) : r->SetDouble(m, f, v);
+      }
+      case FD::CPPTYPE_BOOL:
+        return rep ? r->AddBool(m, f, Pick(2) == 1) : r->SetBool(m, f, Pick(2) == 1);
+      case FD::CPPTYPE_ENUM: {
+        const int v = From<int>({0, 1, 2, 3, -1, 1000});
+        return rep ? r->AddEnumValue(m, f, v) : r->SetEnumValue(m, f, v);
+      }
+      case FD::CPPTYPE_STRING: {
+        // A string field must hold UTF-8 (the byte mutations cover what does not parse).
+        std::string t = Text();
+        if (f->type() == FD::TYPE_STRING) {
+          for (char& c : t) c = static_cast<char>(c & 0x7f);
+        }
+        return rep ? r->AddString(m, f, std::move(t)) : r->SetString(m, f, std::move(t));
+      }
+      case FD::CPPTYPE_MESSAGE:
+        return MutateOne(rep ? r->AddMessage(m, f) : r->MutableMessage(m, f), 1);
+    }
+  }
+
+  void MutateOne(google::protobuf::Message* m, int depth) {
+    const google::protobuf::Descriptor* d = m->GetDescriptor();
+    if (d->field_count() == 0 || depth > 3) return;
+    const google::protobuf::FieldDescriptor* f = d->field(static_cast<int>(Pick(d->field_count())));
+    if (!f->is_repeated()) return SetOne(m, f);
+    const google::protobuf::Reflection* r = m->GetReflection();
+    switch (Pick(3)) {
+      case 0:
+        return r->ClearField(m, f);
+      case 1:
+        for (int n = From<int>({1, 3, 100, 5000}); n > 0; --n) SetOne(m, f);
+        return;
+      default:
+        SetOne(m, f);
+    }
+  }
+
+  std::mt19937 rng_;
 };
 
 TEST_F(WorkerServiceTest, CorruptStoredBlocksAreRecomputedNotTrusted) {
@@ -838,6 +964,132 @@ TEST(WriteWatchdog, CancelsAWriteBlockedPastItsTimeout) {
   EXPECT_TRUE(dog.Write(&quick, [] { return true; }));
   absl::SleepFor(absl::Milliseconds(300));
   EXPECT_EQ(quick.cancels, 0);
+}
+
+// Requests built from valid ones with fields set to edge values, or with their bytes damaged, to
+// every method of the worker and the store: each gets an answer before its deadline, an error
+// says what is wrong, and afterwards both still serve, the worker's outputs exact (damaged blocks
+// put under real keys included: the worker checks what it reads).
+TEST_F(WorkerServiceTest, FuzzedRequestsGetAnswersAndLoseNothing) {
+  auto store = StartStore();
+  auto worker = StartWorker(store->target());
+  auto stub = InferenceStub(worker->target());
+  const auto a = Prompt(170, 1), b = Prompt(170, 2);
+  GenerateReply first = CallGenerate(*stub, Request(a, 12));
+  ASSERT_TRUE(first.status.ok()) << first.status;
+  worker->prefixes()->Flush();
+
+  // Valid requests to start from.
+  std::vector<std::string> keys;
+  for (const PrefixName& name : worker->prefixes()->Names("", absl::MakeConstSpan(a).first(160))) {
+    keys.emplace_back(reinterpret_cast<const char*>(name.data()), name.size());
+  }
+  auto store_stub = v1::CacheStore::NewStub(grpc::CreateChannel(store->target(), grpc::InsecureChannelCredentials()));
+  v1::GetRequest get;
+  get.set_key(keys[0]);
+  v1::GetResponse got;
+  {
+    grpc::ClientContext ctx;
+    ctx.AddMetadata("authorization", "Bearer tok");
+    ASSERT_TRUE(store_stub->Get(&ctx, get, &got).ok());
+  }
+  v1::PutRequest put;
+  put.set_key(keys[1]);
+  put.set_block(got.block());
+  v1::LookupRequest lookup;
+  for (const std::string& k : keys) lookup.add_keys(k);
+  v1::LeaseBlocksRequest lease;
+  for (const std::string& k : keys) lease.add_keys(k);
+  v1::DeleteRequest del;
+  del.set_key(keys[2]);
+  v1::ReleaseLeaseRequest release;
+  release.set_lease_id(1);
+  v1::ReleaseLeasesRequest releases;
+  releases.add_lease_ids(1);
+  v1::GenerateRequest gen = Request(b, 6);
+  gen.set_mode(v1::MODE_VERICACHE);
+  v1::GenerateRequest text;
+  text.set_text("def f(x):\n");
+  text.set_max_tokens(4);
+  struct Method {
+    int port;
+    std::string name;
+    const google::protobuf::Message* seed;
+  };
+  const v1::GetModelInfoRequest info;
+  const v1::GetStatsRequest wstats;
+  const v1::StatsRequest sstats;
+  const std::vector<Method> methods = {
+      {worker->port(), "/vericache.v1.Inference/Generate", &gen},
+      {worker->port(), "/vericache.v1.Inference/Generate", &text},
+      {worker->port(), "/vericache.v1.Inference/GetModelInfo", &info},
+      {worker->port(), "/vericache.v1.Inference/GetStats", &wstats},
+      {store->port(), "/vericache.v1.CacheStore/Lookup", &lookup},
+      {store->port(), "/vericache.v1.CacheStore/Put", &put},
+      {store->port(), "/vericache.v1.CacheStore/Get", &get},
+      {store->port(), "/vericache.v1.CacheStore/ReleaseLease", &release},
+      {store->port(), "/vericache.v1.CacheStore/LeaseBlocks", &lease},
+      {store->port(), "/vericache.v1.CacheStore/ReleaseLeases", &releases},
+      {store->port(), "/vericache.v1.CacheStore/Delete", &del},
+      {store->port(), "/vericache.v1.CacheStore/Stats", &sstats},
+  };
+
+  FieldFuzzer fuzz(20261130);
+  std::map<std::string, int> answered;
+  for (int i = 0; i < 480; ++i) {
+    const Method& m = methods[i % methods.size()];
+    std::unique_ptr<google::protobuf::Message> req(m.seed->New());
+    req->CopyFrom(*m.seed);
+    std::string bytes;
+    if (fuzz.Pick(4) == 0) {
+      bytes = fuzz.MutateBytes(req->SerializeAsString());
+    } else {
+      fuzz.Mutate(req.get());
+      bytes = req->SerializeAsString();
+    }
+    grpc::ClientContext ctx;
+    ctx.AddMetadata("authorization", "Bearer tok");
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+    grpc::Status st;
+    v1::GenerateRequest parsed;
+    if (m.name.find("Generate") != std::string::npos && parsed.ParseFromString(bytes)) {
+      // A stream of answers: read to its end.
+      auto reader = stub->Generate(&ctx, parsed);
+      v1::GenerateResponse r;
+      while (reader->Read(&r)) {
+      }
+      st = reader->Finish();
+    } else {
+      // One request message and at most one answer, as raw bytes.
+      grpc::GenericStub raw(grpc::CreateChannel(absl::StrCat("127.0.0.1:", m.port), grpc::InsecureChannelCredentials()));
+      const grpc::Slice slice(bytes);
+      const grpc::ByteBuffer request(&slice, 1);
+      grpc::ByteBuffer response;
+      std::promise<grpc::Status> done;
+      raw.UnaryCall(&ctx, m.name, grpc::StubOptions(), &request, &response,
+                    [&](grpc::Status result) { done.set_value(result); });
+      st = done.get_future().get();
+    }
+    const std::string what = absl::StrCat(m.name, " #", i, " (", req->ShortDebugString().substr(0, 300), ")");
+    ASSERT_NE(st.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << what;
+    if (!st.ok()) {
+      EXPECT_FALSE(st.error_message().empty()) << what << ": code " << st.error_code();
+      EXPECT_NE(st.error_code(), grpc::StatusCode::UNKNOWN) << what << ": " << st.error_message();
+      EXPECT_NE(st.error_code(), grpc::StatusCode::UNAVAILABLE) << what << ": " << st.error_message();
+    }
+    ++answered[absl::StrCat(m.name, " ", st.error_code())];
+  }
+  for (const auto& [k, n] : answered) std::cout << k << ": " << n << "\n";
+
+  // Both still serve, and outputs are exact whatever the store now holds.
+  for (int round = 0; round < 2; ++round) {
+    for (const auto* p : {&a, &b}) {
+      GenerateReply r = CallGenerate(*stub, Request(*p, 12, 3));
+      ASSERT_TRUE(r.status.ok()) << r.status;
+      EXPECT_EQ(r.tokens, Want(*p, 12, 3));
+    }
+  }
+  EXPECT_GT(StoreStats(*store).ram_capacity_bytes(), 0u);
 }
 
 }  // namespace
