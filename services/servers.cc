@@ -13,6 +13,7 @@
 #include "common/text_checks.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/support/server_interceptor.h"
+#include "services/metrics.h"
 
 namespace vc {
 namespace {
@@ -101,10 +102,18 @@ absl::StatusOr<std::unique_ptr<StoreServer>> StoreServer::Start(StoreServerOptio
   s->service_ = std::make_unique<CacheStoreService>(s->store_.get(), options.service);
   s->server_ = Listen(options.listen, options.credentials, nullptr, s->service_.get(), &s->port_);
   if (s->server_ == nullptr || s->port_ == 0) return CannotListen(options.listen, options.credentials != nullptr);
+  if (!options.metrics_listen.empty()) {
+    VC_ASSIGN_OR_RETURN(s->metrics_, MetricsEndpoint::Start(options.metrics_listen, [svc = s->service_.get()] {
+                          vericache::v1::StatsResponse r;
+                          svc->CurrentStats(&r);
+                          return PrometheusText(r, "vericache_store");
+                        }));
+  }
   return s;
 }
 
 StoreServer::~StoreServer() {
+  metrics_.reset();  // it reads the service
   if (server_ != nullptr) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
 }
 
@@ -148,10 +157,18 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(WorkerServerOp
   VC_ASSIGN_OR_RETURN(w->service_, WorkerService::Create(*w->model_, w->tier_.get(), w->prefixes_.get(), options.service));
   w->server_ = Listen(options.listen, options.credentials, w->service_.get(), nullptr, &w->port_);
   if (w->server_ == nullptr || w->port_ == 0) return CannotListen(options.listen, options.credentials != nullptr);
+  if (!options.metrics_listen.empty()) {
+    VC_ASSIGN_OR_RETURN(w->metrics_, MetricsEndpoint::Start(options.metrics_listen, [svc = w->service_.get()] {
+                          vericache::v1::WorkerStats r;
+                          svc->CurrentStats(&r);
+                          return PrometheusText(r, "vericache_worker");
+                        }));
+  }
   return w;
 }
 
 WorkerServer::~WorkerServer() {
+  metrics_.reset();  // it reads the service
   // Calls still streaming end when the service goes (UNAVAILABLE) or within the grace period.
   if (server_ != nullptr) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   service_.reset();

@@ -13,6 +13,7 @@
 #include "cachestore/store.h"
 #include "cachestore/ucx_transport.h"
 #include "grpcpp/grpcpp.h"
+#include "services/metrics.h"
 #include "services/store_service.h"
 #include "services/worker_service.h"
 #include "worker/full_kv_tier.h"
@@ -29,6 +30,8 @@ struct StoreServerOptions {
   // one-sided without RDMA hardware) and is served for one-sided reads; "off": inline gRPC only.
   std::string ucx = "none";
   std::shared_ptr<grpc::ServerCredentials> credentials;  // null: plaintext
+  // HOST:PORT of a Prometheus /metrics endpoint (plain HTTP, no authentication); empty: none.
+  std::string metrics_listen;
 };
 
 class StoreServer {
@@ -40,6 +43,7 @@ class StoreServer {
   int port() const { return port_; }
   std::string target() const { return absl::StrCat("127.0.0.1:", port_); }
   cachestore::BlockStore& store() { return *store_; }
+  int metrics_port() const { return metrics_ != nullptr ? metrics_->port() : 0; }  // 0: no endpoint
 
  private:
   StoreServer() = default;
@@ -47,6 +51,7 @@ class StoreServer {
   std::unique_ptr<cachestore::BlockStore> store_;
   std::unique_ptr<CacheStoreService> service_;
   std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<MetricsEndpoint> metrics_;
   int port_ = 0;
 };
 
@@ -74,6 +79,9 @@ struct WorkerServerOptions {
   int64_t host_kv_bytes = int64_t{1024} << 20;
   WorkerServiceOptions service;  // engine options, limits, client tokens
   std::shared_ptr<grpc::ServerCredentials> credentials;
+  // HOST:PORT of a Prometheus /metrics endpoint (plain HTTP, no authentication: every tenant's
+  // counts, as GetStats gives the default tenant's tokens); empty: none.
+  std::string metrics_listen;
 };
 
 class WorkerServer {
@@ -87,6 +95,7 @@ class WorkerServer {
   std::string target() const { return absl::StrCat("127.0.0.1:", port_); }
   const Model& model() const { return *model_; }
   StorePrefixes* prefixes() { return prefixes_.get(); }  // null without a store
+  int metrics_port() const { return metrics_ != nullptr ? metrics_->port() : 0; }  // 0: no endpoint
 
  private:
   WorkerServer() = default;
@@ -95,6 +104,7 @@ class WorkerServer {
   std::unique_ptr<StorePrefixes> prefixes_;
   std::unique_ptr<WorkerService> service_;
   std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<MetricsEndpoint> metrics_;
   int port_ = 0;
 };
 

@@ -223,6 +223,11 @@ grpc::ServerUnaryReactor* CacheStoreService::Stats(grpc::CallbackServerContext* 
                                                    StatsResponse* resp) {
   absl::StatusOr<std::string> salt = TenantSalt(ctx);
   if (!salt.ok()) return Done(ctx, salt.status());
+  CurrentStats(resp);
+  return Done(ctx, absl::OkStatus());
+}
+
+void CacheStoreService::CurrentStats(StatsResponse* resp) const {
   const cachestore::StoreStats s = store_->Stats();
   resp->set_ram_used_bytes(s.ram_used_bytes);
   resp->set_ram_capacity_bytes(s.ram_capacity_bytes);
@@ -235,7 +240,6 @@ grpc::ServerUnaryReactor* CacheStoreService::Stats(grpc::CallbackServerContext* 
   resp->set_misses(s.misses);
   resp->set_corrupt_blocks_dropped(s.corrupt_dropped);
   resp->set_ram_block_bytes(s.ram_block_bytes);
-  return Done(ctx, absl::OkStatus());
 }
 
 absl::StatusOr<std::map<std::string, std::string>> ReadTokenFile(const std::string& path) {

@@ -57,6 +57,8 @@ class CacheStoreService final : public vericache::v1::CacheStore::CallbackServic
                                    vericache::v1::DeleteResponse* resp) override;
   grpc::ServerUnaryReactor* Stats(grpc::CallbackServerContext* ctx, const vericache::v1::StatsRequest* req,
                                   vericache::v1::StatsResponse* resp) override;
+  // What Stats answers, without asking who calls (the metrics endpoint).
+  void CurrentStats(vericache::v1::StatsResponse* resp) const;
 
  private:
   // The tenant salt of the call's bearer token; kUnauthenticated without a valid one.

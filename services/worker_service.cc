@@ -443,6 +443,11 @@ grpc::Status WorkerService::GetStats(grpc::ServerContext* ctx, const v1::GetStat
   if (!tenant->empty()) {
     return ToGrpcStatus(absl::PermissionDeniedError("worker stats are for tokens of the default tenant"));
   }
+  CurrentStats(resp);
+  return grpc::Status::OK;
+}
+
+void WorkerService::CurrentStats(v1::WorkerStats* resp) const {
   const Scheduler::Snapshot snapshot = scheduler_->totals();
   const Scheduler::Totals& t = snapshot.all;
   resp->set_uptime_micros(static_cast<uint64_t>(absl::ToInt64Microseconds(absl::Now() - started_)));
@@ -470,7 +475,6 @@ grpc::Status WorkerService::GetStats(grpc::ServerContext* ctx, const v1::GetStat
       SetStoreTraffic(sh, x);
     }
   }
-  return grpc::Status::OK;
 }
 
 }  // namespace vc

@@ -73,6 +73,8 @@ class WorkerService final : public vericache::v1::Inference::Service {
                             vericache::v1::ModelInfo* resp) override;
   grpc::Status GetStats(grpc::ServerContext* ctx, const vericache::v1::GetStatsRequest* req,
                         vericache::v1::WorkerStats* resp) override;
+  // What GetStats answers, without asking who calls (the metrics endpoint).
+  void CurrentStats(vericache::v1::WorkerStats* resp) const;
 
  private:
   WorkerService(const Model& model, const WorkerServiceOptions& options, PrefixStore* prefixes);

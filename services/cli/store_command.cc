@@ -21,7 +21,7 @@ constexpr char kUsage[] =
     "usage: vericache store --listen HOST:PORT --data-dir DIR --tokens FILE [--ram-bytes N] [--disk-bytes N]\n"
     "                       [--secret-file FILE] [--tls-cert PEM --tls-key PEM] [--ucx none|peer|off]\n"
     "                       [--lease-ttl-ms N] [--lease-bytes-per-tenant N] [--ram-hot-fraction F]\n"
-    "                       [--ram-slot-bytes N]\n"
+    "                       [--ram-slot-bytes N] [--metrics-listen HOST:PORT]\n"
     "  --tokens FILE    lines of 'token tenant'; requests without a listed Bearer token are refused\n"
     "  --ucx MODE       one-sided UCX reads of the RAM tier, with UCX error handling 'none' (shared\n"
     "                   memory and CMA allowed; the default) or 'peer' (dead peers reported; TCP only\n"
@@ -38,7 +38,10 @@ constexpr char kUsage[] =
     "  --ram-slot-bytes N\n"
     "                   RAM is handed out in slots of N bytes times a power of two (default 4096, a\n"
     "                   multiple of 64); with N a block's size over a power of two, blocks of that\n"
-    "                   size fill their slots (vericache size-tiers prints the value for a model)\n";
+    "                   size fill their slots (vericache size-tiers prints the value for a model)\n"
+    "  --metrics-listen HOST:PORT\n"
+    "                   serve Prometheus metrics (tier use, hits, misses) at http://HOST:PORT/metrics,\n"
+    "                   plain HTTP without authentication (default: none)\n";
 
 // A secret, certificate or key file: small, and never empty.
 absl::StatusOr<std::string> ReadAll(const std::string& path, absl::string_view what) {
@@ -50,7 +53,8 @@ absl::StatusOr<std::string> ReadAll(const std::string& path, absl::string_view w
 absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
   VC_ASSIGN_OR_RETURN(Args a, Args::Parse(argv, {"listen", "data-dir", "tokens", "ram-bytes", "disk-bytes",
                                                  "secret-file", "tls-cert", "tls-key", "ucx", "lease-ttl-ms",
-                                                 "lease-bytes-per-tenant", "ram-hot-fraction", "ram-slot-bytes"},
+                                                 "lease-bytes-per-tenant", "ram-hot-fraction", "ram-slot-bytes",
+                                                 "metrics-listen"},
                                           {}));
   for (const char* req : {"listen", "data-dir", "tokens"}) {
     if (!a.Has(req)) return absl::InvalidArgumentError(absl::StrCat("--", req, " is required"));
@@ -77,6 +81,7 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
   server.store = o;
   server.service = so;
   server.ucx = a.Str("ucx", "none");
+  server.metrics_listen = a.Str("metrics-listen", "");
   if (a.Has("tls-cert") != a.Has("tls-key")) return absl::InvalidArgumentError("give both --tls-cert and --tls-key");
   if (a.Has("tls-cert")) {
     grpc::SslServerCredentialsOptions ssl;
@@ -101,6 +106,10 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
       << ", leases " << o.ram.lease_ttl_ms << " ms, "
       << (lease_cap > 0 ? absl::StrCat("at most ", lease_cap, " bytes of them a tenant") : std::string("no cap per tenant"))
       << ")" << std::endl;
+  if (running->metrics_port() != 0) {
+    out << "metrics at http://" << server.metrics_listen << "/metrics (port " << running->metrics_port() << ")"
+        << std::endl;
+  }
   int sig = 0;
   sigwait(&sigs, &sig);
   out << "signal " << sig << ": shutting down" << std::endl;  // in-flight calls get 2 s

@@ -24,7 +24,7 @@ constexpr char kUsage[] =
     "                        [--staging-mib N] [--full-kv-mib N] [--prefix-cache-mib N] [--host-kv-mib N]\n"
     "                        [--max-requests N] [--max-requests-per-tenant N] [--client-write-timeout-ms N]\n"
     "                        [--client-tokens FILE] [--store-timeout-ms N] [--draft-window K] [--keep-staged 0|1]\n"
-    "                        [--stored-compressed 0|1]\n"
+    "                        [--stored-compressed 0|1] [--metrics-listen HOST:PORT]\n"
     "  --store HOST:PORT       the cache store: prompts' prefixes are looked up there, their full KV\n"
     "                          read over UCX while the worker drafts, and prefixes it lacked published.\n"
     "                          Several, comma-separated: blocks are spread over them by their names\n"
@@ -50,7 +50,9 @@ constexpr char kUsage[] =
     "                          sequence needs the room (default 1); 0 fetches it for every verify\n"
     "  --stored-compressed 0|1 also publish prefixes' compressed (KIVI) variants, and draft from the\n"
     "                          store's variant of a prefix this worker has no compressed copy of\n"
-    "                          (default 0)\n";
+    "                          (default 0)\n"
+    "  --metrics-listen HOST:PORT  serve Prometheus metrics (GetStats' counts, every tenant's) at\n"
+    "                          http://HOST:PORT/metrics, plain HTTP without authentication (default: none)\n";
 
 absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
   VC_ASSIGN_OR_RETURN(
@@ -58,7 +60,7 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
                           {"model", "listen", "store", "store-replicas", "store-token-file", "ucx", "block-tokens",
                            "compressor", "max-batch", "staging-mib", "full-kv-mib", "prefix-cache-mib", "host-kv-mib",
                            "client-write-timeout-ms", "max-requests", "max-requests-per-tenant", "client-tokens",
-                           "store-timeout-ms", "draft-window", "keep-staged", "stored-compressed"},
+                           "store-timeout-ms", "draft-window", "keep-staged", "stored-compressed", "metrics-listen"},
                           {}));
   for (const char* req : {"model", "listen"}) {
     if (!a.Has(req)) return absl::InvalidArgumentError(absl::StrCat("--", req, " is required"));
@@ -66,6 +68,7 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
   WorkerServerOptions o;
   o.model_dir = a.Str("model");
   o.listen = a.Str("listen");
+  o.metrics_listen = a.Str("metrics-listen", "");
   o.store_target = a.Str("store");
   if (a.Has("store")) {
     for (absl::string_view t : absl::StrSplit(o.store_target, ',')) VC_RETURN_IF_ERROR(CheckAddress("--store", t, false));
@@ -130,6 +133,9 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
       << eo.compressor << ", store " << (o.store_target.empty() ? "none" : o.store_target)
       << (o.store_replicas > 1 ? absl::StrCat(" (", o.store_replicas, " replicas)") : "") << ", UCX " << o.ucx
       << ")" << std::endl;
+  if (w->metrics_port() != 0) {
+    out << "metrics at http://" << o.metrics_listen << "/metrics (port " << w->metrics_port() << ")" << std::endl;
+  }
   int sig = 0;
   sigwait(&sigs, &sig);
   out << "signal " << sig << ": shutting down" << std::endl;

@@ -1,0 +1,276 @@
+#include "services/metrics.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "common/status_macros.h"
+#include "common/text_checks.h"
+#include "google/protobuf/descriptor.h"
+
+namespace vc {
+namespace {
+
+using google::protobuf::FieldDescriptor;
+using google::protobuf::Message;
+using google::protobuf::Reflection;
+
+bool IsGauge(absl::string_view field) {
+  return field == "uptime_micros" || absl::EndsWith(field, "_in_flight") || absl::EndsWith(field, "_used_bytes") ||
+         absl::EndsWith(field, "_capacity_bytes") || absl::EndsWith(field, "_blocks") ||
+         absl::EndsWith(field, "_block_bytes");
+}
+
+// A label value with backslash, double quote and newline escaped.
+std::string Escape(absl::string_view v) {
+  std::string out;
+  for (char c : v) {
+    if (c == '\\' || c == '"') out.push_back('\\');
+    if (c == '\n') {
+      out += "\\n";
+      continue;
+    }
+    out.push_back(c);
+  }
+  return out;
+}
+
+std::string Value(const Message& m, const FieldDescriptor* f) {
+  const Reflection* r = m.GetReflection();
+  switch (f->cpp_type()) {
+    case FieldDescriptor::CPPTYPE_INT32: return absl::StrCat(r->GetInt32(m, f));
+    case FieldDescriptor::CPPTYPE_INT64: return absl::StrCat(r->GetInt64(m, f));
+    case FieldDescriptor::CPPTYPE_UINT32: return absl::StrCat(r->GetUInt32(m, f));
+    case FieldDescriptor::CPPTYPE_UINT64: return absl::StrCat(r->GetUInt64(m, f));
+    case FieldDescriptor::CPPTYPE_DOUBLE: return absl::StrCat(r->GetDouble(m, f));
+    case FieldDescriptor::CPPTYPE_FLOAT: return absl::StrCat(r->GetFloat(m, f));
+    case FieldDescriptor::CPPTYPE_BOOL: return r->GetBool(m, f) ? "1" : "0";
+    default: return "";
+  }
+}
+
+// Messages whose samples form the same metrics (the elements of a repeated field), each with its
+// labels ("" or `a="x",b="y"`).
+struct Labeled {
+  const Message* m;
+  std::string labels;
+};
+
+void Render(const std::vector<Labeled>& msgs, const std::string& prefix, std::string* out) {
+  if (msgs.empty()) return;
+  const google::protobuf::Descriptor* d = msgs[0].m->GetDescriptor();
+  for (int i = 0; i < d->field_count(); ++i) {
+    const FieldDescriptor* f = d->field(i);
+    const std::string name = absl::StrCat(prefix, "_", f->name());
+    if (f->cpp_type() == FieldDescriptor::CPPTYPE_MESSAGE) {
+      std::vector<Labeled> subs;
+      std::string sub_prefix = name;
+      for (const Labeled& x : msgs) {
+        const Reflection* r = x.m->GetReflection();
+        if (!f->is_repeated()) {
+          if (r->HasField(*x.m, f)) subs.push_back({&r->GetMessage(*x.m, f), x.labels});
+          continue;
+        }
+        for (int e = 0; e < r->FieldSize(*x.m, f); ++e) {
+          const Message& el = r->GetRepeatedMessage(*x.m, f, e);
+          std::string labels = x.labels;
+          // The element's first string field names it.
+          const google::protobuf::Descriptor* ed = el.GetDescriptor();
+          for (int j = 0; j < ed->field_count(); ++j) {
+            const FieldDescriptor* lf = ed->field(j);
+            if (lf->cpp_type() == FieldDescriptor::CPPTYPE_STRING && !lf->is_repeated()) {
+              absl::StrAppend(&labels, labels.empty() ? "" : ",", lf->name(), "=\"",
+                              Escape(el.GetReflection()->GetString(el, lf)), "\"");
+              break;
+            }
+          }
+          subs.push_back({&el, std::move(labels)});
+        }
+      }
+      if (f->is_repeated() && absl::EndsWith(sub_prefix, "s")) sub_prefix.pop_back();
+      Render(subs, sub_prefix, out);
+      continue;
+    }
+    if (f->is_repeated() || f->cpp_type() == FieldDescriptor::CPPTYPE_STRING ||
+        f->cpp_type() == FieldDescriptor::CPPTYPE_ENUM) {
+      continue;
+    }
+    const bool gauge = IsGauge(f->name());
+    const std::string metric = gauge ? name : absl::StrCat(name, "_total");
+    absl::StrAppend(out, "# TYPE ", metric, gauge ? " gauge\n" : " counter\n");
+    for (const Labeled& x : msgs) {
+      absl::StrAppend(out, metric, x.labels.empty() ? "" : absl::StrCat("{", x.labels, "}"), " ", Value(*x.m, f),
+                      "\n");
+    }
+  }
+}
+
+constexpr int kRequestLimit = 8192;             // bytes of request line and headers
+constexpr auto kClientTime = std::chrono::seconds(2);  // to send the request and take the answer
+
+// Waits for `events` on fd until `deadline`; false on timeout or error.
+bool WaitFor(int fd, short events, std::chrono::steady_clock::time_point deadline) {
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+  if (left.count() <= 0) return false;
+  pollfd p{fd, events, 0};
+  return poll(&p, 1, static_cast<int>(left.count())) == 1 && (p.revents & events) != 0;
+}
+
+void SendAll(int fd, absl::string_view data, std::chrono::steady_clock::time_point deadline) {
+  while (!data.empty()) {
+    const ssize_t n = send(fd, data.data(), data.size(), MSG_NOSIGNAL);
+    if (n > 0) {
+      data.remove_prefix(static_cast<size_t>(n));
+    } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
+      if (!WaitFor(fd, POLLOUT, deadline)) return;
+    } else {
+      return;
+    }
+  }
+}
+
+std::string Response(absl::string_view status, absl::string_view content_type, absl::string_view body) {
+  return absl::StrCat("HTTP/1.1 ", status, "\r\nContent-Type: ", content_type, "\r\nContent-Length: ", body.size(),
+                      "\r\nConnection: close\r\n\r\n", body);
+}
+
+}  // namespace
+
+std::string PrometheusText(const Message& stats, absl::string_view prefix) {
+  std::string out;
+  Render({{&stats, ""}}, std::string(prefix), &out);
+  return out;
+}
+
+absl::StatusOr<std::unique_ptr<MetricsEndpoint>> MetricsEndpoint::Start(const std::string& address,
+                                                                        std::function<std::string()> render) {
+  VC_RETURN_IF_ERROR(CheckAddress("metrics address", address, true));
+  if (absl::StartsWith(address, "unix:")) {
+    return absl::InvalidArgumentError(absl::StrCat("metrics address ", address, ": must be HOST:PORT"));
+  }
+  const size_t colon = address.rfind(':');
+  std::string host = address.substr(0, colon);
+  const std::string port = address.substr(colon + 1);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE;
+  addrinfo* found = nullptr;
+  if (getaddrinfo(host.empty() ? nullptr : host.c_str(), port.c_str(), &hints, &found) != 0 || found == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("metrics address ", address, ": the host does not resolve"));
+  }
+  int fd = -1;
+  for (addrinfo* a = found; a != nullptr && fd < 0; a = a->ai_next) {
+    fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) continue;
+    const int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (bind(fd, a->ai_addr, a->ai_addrlen) != 0 || listen(fd, 16) != 0) {
+      close(fd);
+      fd = -1;
+    }
+  }
+  freeaddrinfo(found);
+  if (fd < 0) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on metrics address ", address,
+                                               " (the address is taken or not this host's)"));
+  }
+  sockaddr_storage bound{};
+  socklen_t len = sizeof(bound);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &len);
+  const int bound_port = bound.ss_family == AF_INET6 ? ntohs(reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port)
+                                                     : ntohs(reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+  std::unique_ptr<MetricsEndpoint> e(new MetricsEndpoint(fd, bound_port, std::move(render)));
+  if (pipe2(e->wake_, O_CLOEXEC) != 0) return absl::InternalError("metrics endpoint: cannot make its wake pipe");
+  e->thread_ = std::thread([p = e.get()] { p->Loop(); });
+  return e;
+}
+
+MetricsEndpoint::MetricsEndpoint(int fd, int port, std::function<std::string()> render)
+    : listen_fd_(fd), port_(port), render_(std::move(render)) {}
+
+MetricsEndpoint::~MetricsEndpoint() {
+  if (thread_.joinable()) {
+    const char stop = 1;
+    (void)!write(wake_[1], &stop, 1);
+    thread_.join();
+  }
+  for (int fd : wake_) {
+    if (fd >= 0) close(fd);
+  }
+  close(listen_fd_);
+}
+
+void MetricsEndpoint::Loop() {
+  while (true) {
+    pollfd p[2] = {{listen_fd_, POLLIN, 0}, {wake_[0], POLLIN, 0}};
+    if (poll(p, 2, -1) < 0) {
+      if (errno == EINTR) continue;
+      return;
+    }
+    if (p[1].revents != 0) return;
+    if ((p[0].revents & POLLIN) == 0) continue;
+    const int conn = accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (conn < 0) continue;
+    // The connection's 2 s cover the request, the answer and the close.
+    const auto until = std::chrono::steady_clock::now() + kClientTime;
+    Answer(conn, until);
+    // A lingering close: closing with unread request bytes would reset the connection, and the
+    // client could lose the answer with it. Read until the client closes (it has the answer).
+    shutdown(conn, SHUT_WR);
+    char sink[4096];
+    while (true) {
+      const ssize_t n = recv(conn, sink, sizeof(sink), 0);
+      if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) break;
+      if (n < 0 && !WaitFor(conn, POLLIN, until)) break;
+    }
+    close(conn);
+  }
+}
+
+void MetricsEndpoint::Answer(int conn, std::chrono::steady_clock::time_point deadline) {
+  std::string request;
+  char buf[2048];
+  while (request.find("\r\n\r\n") == std::string::npos && request.find("\n\n") == std::string::npos) {
+    if (request.size() > kRequestLimit) {
+      return SendAll(conn, Response("431 Request Header Fields Too Large", "text/plain", "request too large\n"),
+                     deadline);
+    }
+    const ssize_t n = recv(conn, buf, sizeof(buf), 0);
+    if (n > 0) {
+      request.append(buf, static_cast<size_t>(n));
+    } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
+      if (!WaitFor(conn, POLLIN, deadline)) return;  // too slow: dropped
+    } else {
+      return;  // closed before a whole request
+    }
+  }
+  const absl::string_view line = absl::string_view(request).substr(0, request.find_first_of("\r\n"));
+  const std::vector<absl::string_view> parts = absl::StrSplit(line, ' ');
+  if (parts.size() != 3 || !absl::StartsWith(parts[2], "HTTP/1.")) {
+    return SendAll(conn, Response("400 Bad Request", "text/plain", "malformed request line\n"), deadline);
+  }
+  if (parts[0] != "GET" && parts[0] != "HEAD") {
+    return SendAll(conn, Response("405 Method Not Allowed", "text/plain", "only GET /metrics\n"), deadline);
+  }
+  const absl::string_view path = parts[1].substr(0, parts[1].find('?'));
+  if (path != "/metrics") return SendAll(conn, Response("404 Not Found", "text/plain", "only /metrics\n"), deadline);
+  std::string reply = Response("200 OK", "text/plain; version=0.0.4", render_());
+  if (parts[0] == "HEAD") reply.resize(reply.find("\r\n\r\n") + 4);
+  SendAll(conn, reply, deadline);
+}
+
+}  // namespace vc

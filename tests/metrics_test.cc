@@ -1,0 +1,251 @@
+// The Prometheus text of stats messages, and the /metrics endpoint against real sockets: what it
+// answers, that bad or stalled clients get an error or are dropped without holding it up, and what
+// a real store and worker report through it.
+#include "services/metrics.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <set>
+#include <string>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "services/inference_client.h"
+#include "services/servers.h"
+#include "tests/testing/tiny_model.h"
+#include "vericache/v1/inference.pb.h"
+
+namespace vc {
+namespace {
+
+namespace v1 = vericache::v1;
+
+// A connected loopback socket to `port`, or -1.
+int Connect(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (fd >= 0 && connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// Sends `request` on a new connection and returns all that comes back before the server closes
+// it (or 10 s pass).
+std::string Exchange(int port, const std::string& request) {
+  const int fd = Connect(port);
+  if (fd < 0) return "(no connection)";
+  send(fd, request.data(), request.size(), MSG_NOSIGNAL);
+  std::string out;
+  char buf[4096];
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (std::chrono::steady_clock::now() < until) {
+    pollfd p{fd, POLLIN, 0};
+    if (poll(&p, 1, 100) != 1) continue;
+    const ssize_t n = recv(fd, buf, sizeof(buf), 0);
+    if (n <= 0) break;
+    out.append(buf, static_cast<size_t>(n));
+  }
+  close(fd);
+  return out;
+}
+
+v1::WorkerStats SomeStats() {
+  v1::WorkerStats s;
+  s.set_uptime_micros(5);
+  s.set_requests_in_flight(2);
+  s.set_requests_ended(7);
+  for (const char* name : {"", "a\"b\\c"}) {
+    v1::TenantStats* t = s.add_tenants();
+    t->set_tenant(name);
+    t->set_requests_ended(name[0] == '\0' ? 3 : 4);
+    t->set_requests_in_flight(1);
+  }
+  v1::StoreLinkStats* link = s.mutable_store();
+  link->set_lookups(11);
+  for (const char* target : {"h1:1", "h2:2"}) {
+    v1::StoreShardStats* sh = link->add_shards();
+    sh->set_target(target);
+    sh->set_bytes_read(target[1] == '1' ? 100 : 200);
+  }
+  return s;
+}
+
+TEST(PrometheusText, CountersGaugesLabelsAndContiguousFamilies) {
+  const std::string text = PrometheusText(SomeStats(), "vericache_worker");
+  for (const char* line : {
+           "# TYPE vericache_worker_uptime_micros gauge\nvericache_worker_uptime_micros 5\n",
+           "# TYPE vericache_worker_requests_in_flight gauge\nvericache_worker_requests_in_flight 2\n",
+           "# TYPE vericache_worker_requests_ended_total counter\nvericache_worker_requests_ended_total 7\n",
+           "# TYPE vericache_worker_tenant_requests_ended_total counter\n"
+           "vericache_worker_tenant_requests_ended_total{tenant=\"\"} 3\n"
+           "vericache_worker_tenant_requests_ended_total{tenant=\"a\\\"b\\\\c\"} 4\n",
+           "# TYPE vericache_worker_tenant_requests_in_flight gauge\n",
+           "vericache_worker_store_lookups_total 11\n",
+           "# TYPE vericache_worker_store_shard_bytes_read_total counter\n"
+           "vericache_worker_store_shard_bytes_read_total{target=\"h1:1\"} 100\n"
+           "vericache_worker_store_shard_bytes_read_total{target=\"h2:2\"} 200\n",
+       }) {
+    EXPECT_TRUE(absl::StrContains(text, line)) << line << "\nnot in:\n" << text;
+  }
+  // No string field becomes a sample, and each metric has one TYPE line.
+  EXPECT_FALSE(absl::StrContains(text, "_tenant_tenant")) << text;
+  EXPECT_FALSE(absl::StrContains(text, "_shard_target")) << text;
+  std::set<std::string> types;
+  for (absl::string_view l : absl::StrSplit(text, '\n', absl::SkipEmpty())) {
+    if (!absl::StartsWith(l, "# TYPE ")) continue;
+    EXPECT_TRUE(types.insert(std::string(l)).second) << "twice: " << l;
+  }
+  // A message without its optional parts has none of their samples.
+  EXPECT_FALSE(absl::StrContains(PrometheusText(v1::WorkerStats(), "w"), "w_store_")) << "no store";
+}
+
+class EndpointTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto e = MetricsEndpoint::Start("127.0.0.1:0", [this] {
+      ++renders_;
+      return PrometheusText(SomeStats(), "vericache_worker");
+    });
+    ASSERT_TRUE(e.ok()) << e.status();
+    endpoint_ = std::move(*e);
+    ASSERT_GT(endpoint_->port(), 0);
+  }
+  std::atomic<int> renders_{0};
+  std::unique_ptr<MetricsEndpoint> endpoint_;
+};
+
+TEST_F(EndpointTest, AnswersGetMetrics) {
+  const std::string r = Exchange(endpoint_->port(), "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
+  EXPECT_TRUE(absl::StartsWith(r, "HTTP/1.1 200 OK\r\n")) << r;
+  EXPECT_TRUE(absl::StrContains(r, "Content-Type: text/plain; version=0.0.4\r\n")) << r;
+  const std::string body = PrometheusText(SomeStats(), "vericache_worker");
+  EXPECT_TRUE(absl::StrContains(r, "Content-Length: " + std::to_string(body.size()) + "\r\n")) << r;
+  EXPECT_TRUE(absl::EndsWith(r, "\r\n\r\n" + body)) << r;
+  // A query string is ignored; HEAD gets the headers alone.
+  EXPECT_TRUE(absl::EndsWith(Exchange(endpoint_->port(), "GET /metrics?x=1 HTTP/1.0\r\n\r\n"), body));
+  const std::string head = Exchange(endpoint_->port(), "HEAD /metrics HTTP/1.1\r\n\r\n");
+  EXPECT_TRUE(absl::StartsWith(head, "HTTP/1.1 200 OK\r\n")) << head;
+  EXPECT_TRUE(absl::EndsWith(head, "\r\n\r\n")) << head;
+  EXPECT_EQ(renders_.load(), 3);
+}
+
+TEST_F(EndpointTest, BadRequestsGetErrorsAndStalledClientsAreDropped) {
+  const int port = endpoint_->port();
+  EXPECT_TRUE(absl::StartsWith(Exchange(port, "POST /metrics HTTP/1.1\r\n\r\n"), "HTTP/1.1 405 ")) << "POST";
+  EXPECT_TRUE(absl::StartsWith(Exchange(port, "GET /other HTTP/1.1\r\n\r\n"), "HTTP/1.1 404 ")) << "path";
+  EXPECT_TRUE(absl::StartsWith(Exchange(port, "hello\r\n\r\n"), "HTTP/1.1 400 ")) << "request line";
+  static constexpr char kOddHeader[] = "GET /metrics HTTP/1.1\r\n\0\xff\r\n\r\n";
+  EXPECT_TRUE(absl::StartsWith(Exchange(port, std::string(kOddHeader, sizeof(kOddHeader) - 1)), "HTTP/1.1 200 "))
+      << "header bytes are not read";
+  EXPECT_TRUE(absl::StartsWith(Exchange(port, "GET /metrics HTTP/1.1\r\nX: " + std::string(20000, 'a')),
+                               "HTTP/1.1 431 "))
+      << "endless headers";
+  // A client that connects and sends half a request, and one that sends nothing, are dropped
+  // after 2 s each; the next client is answered, and nothing was rendered for them.
+  const int before = renders_.load();
+  const int half = Connect(port), silent = Connect(port);
+  ASSERT_GE(half, 0);
+  ASSERT_GE(silent, 0);
+  send(half, "GET /met", 8, MSG_NOSIGNAL);
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string r = Exchange(port, "GET /metrics HTTP/1.1\r\n\r\n");
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_TRUE(absl::StartsWith(r, "HTTP/1.1 200 ")) << r;
+  EXPECT_LT(waited, 8.0);
+  EXPECT_EQ(renders_.load(), before + 1);
+  char c;
+  EXPECT_EQ(recv(half, &c, 1, 0), 0) << "the stalled connection was closed";
+  close(half);
+  close(silent);
+}
+
+TEST(MetricsEndpoint, AddressesThatCannotWorkAreRefused) {
+  auto render = [] { return std::string(); };
+  EXPECT_EQ(MetricsEndpoint::Start("nonsense", render).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(MetricsEndpoint::Start("127.0.0.1:99999", render).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(MetricsEndpoint::Start("unix:/tmp/m", render).status().code(), absl::StatusCode::kInvalidArgument);
+  auto first = MetricsEndpoint::Start("127.0.0.1:0", render);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(MetricsEndpoint::Start("127.0.0.1:" + std::to_string((*first)->port()), render).status().code(),
+            absl::StatusCode::kUnavailable);
+}
+
+// A store and a worker with tenants, both with metrics: after requests, what each endpoint serves
+// is what Stats and GetStats answer, in the Prometheus format.
+TEST(ServerMetrics, StoreAndWorkerServeTheirStats) {
+  const std::string dir = testing::TempDir("metrics");
+  testing::TinyModelSpec spec;
+  spec.max_positions = 1024;
+  testing::WriteTinyModel(dir + "/model", spec);
+  StoreServerOptions so;
+  so.store.ram.capacity_bytes = uint64_t{64} << 20;
+  so.store.disk.path = dir + "/db";
+  so.store.disk.capacity_bytes = uint64_t{256} << 20;
+  so.service.tokens = {{"tok", "workers"}};
+  so.metrics_listen = "127.0.0.1:0";
+  auto store = StoreServer::Start(so);
+  ASSERT_TRUE(store.ok()) << store.status();
+  WorkerServerOptions wo;
+  wo.model_dir = dir + "/model";
+  wo.store_target = (*store)->target();
+  wo.store_token = "tok";
+  wo.block_tokens = 32;
+  wo.staging_bytes = 8 << 20;
+  wo.full_kv_bytes = 4 << 20;
+  wo.service.client_tokens = {{"ops", ""}, {"tok-a", "a"}};
+  wo.metrics_listen = "127.0.0.1:0";
+  auto worker = WorkerServer::Start(wo);
+  ASSERT_TRUE(worker.ok()) << worker.status();
+  ASSERT_GT((*worker)->metrics_port(), 0);
+  auto stub = InferenceStub((*worker)->target());
+  v1::GenerateRequest req;
+  for (int i = 0; i < 100; ++i) req.mutable_token_ids()->add_ids(i % 250 + 1);
+  req.set_max_tokens(4);
+  req.set_ignore_eos(true);
+  for (const char* token : {"ops", "tok-a", "tok-a"}) ASSERT_TRUE(CallGenerate(*stub, req, token).status.ok());
+  (*worker)->prefixes()->Flush();
+
+  v1::WorkerStats stats;
+  {
+    grpc::ClientContext ctx;
+    ctx.AddMetadata("authorization", "Bearer ops");
+    ASSERT_TRUE(stub->GetStats(&ctx, v1::GetStatsRequest(), &stats).ok());
+  }
+  const std::string worker_text = Exchange((*worker)->metrics_port(), "GET /metrics HTTP/1.1\r\n\r\n");
+  ASSERT_TRUE(absl::StartsWith(worker_text, "HTTP/1.1 200 OK\r\n")) << worker_text;
+  // Everything but the uptime, which moves between the two reads.
+  stats.clear_uptime_micros();
+  for (absl::string_view line : absl::StrSplit(PrometheusText(stats, "vericache_worker"), '\n', absl::SkipEmpty())) {
+    if (absl::StrContains(line, "uptime")) continue;
+    EXPECT_TRUE(absl::StrContains(worker_text, absl::StrCat("\n", line, "\n"))) << line;
+  }
+  EXPECT_TRUE(absl::StrContains(worker_text, "\nvericache_worker_requests_ended_total 3\n")) << worker_text;
+  EXPECT_TRUE(absl::StrContains(worker_text, "\nvericache_worker_tenant_requests_ended_total{tenant=\"a\"} 2\n"))
+      << worker_text;
+  EXPECT_GT(stats.store().blocks_published(), 0u);
+  EXPECT_TRUE(absl::StrContains(
+      worker_text, absl::StrCat("\nvericache_worker_store_shard_blocks_read_total{target=\"", (*store)->target(), "\"} ")))
+      << worker_text;
+
+  const std::string store_text = Exchange((*store)->metrics_port(), "GET /metrics HTTP/1.1\r\n\r\n");
+  const uint64_t blocks = (*store)->store().Stats().ram_blocks;
+  EXPECT_GT(blocks, 0u);
+  EXPECT_TRUE(absl::StrContains(store_text, absl::StrCat("\nvericache_store_ram_blocks ", blocks, "\n"))) << store_text;
+  EXPECT_TRUE(absl::StrContains(store_text, "\nvericache_store_ram_capacity_bytes 67108864\n")) << store_text;
+}
+
+}  // namespace
+}  // namespace vc
