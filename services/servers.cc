@@ -7,7 +7,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "cachestore/store_client.h"
+#include "common/dns.h"
 #include "common/memory.h"
 #include "common/status_macros.h"
 #include "common/text_checks.h"
@@ -88,6 +90,22 @@ std::string HexString(const std::array<uint8_t, 32>& bytes) {
   return s;
 }
 
+absl::StatusOr<std::vector<std::string>> StoreShards(const std::string& targets, const std::string& dns_server) {
+  std::vector<std::string> out;
+  for (absl::string_view t : absl::StrSplit(targets, ',')) {
+    if (!absl::ConsumePrefix(&t, "srv:")) {
+      out.emplace_back(t);
+      continue;
+    }
+    absl::StatusOr<std::vector<std::string>> found = ResolveSrv(std::string(t), dns_server);
+    if (!found.ok()) {
+      return absl::Status(found.status().code(), absl::StrCat("store shards from srv:", t, ": ", found.status().message()));
+    }
+    out.insert(out.end(), found->begin(), found->end());
+  }
+  return out;
+}
+
 absl::StatusOr<std::unique_ptr<StoreServer>> StoreServer::Start(StoreServerOptions options) {
   std::unique_ptr<StoreServer> s(new StoreServer());
   VC_RETURN_IF_ERROR(CheckAddress("listen address", options.listen, true));
@@ -145,7 +163,8 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(WorkerServerOp
                                                      w->model_->config().max_position_embeddings));
     }
     StorePrefixOptions po;
-    for (absl::string_view t : absl::StrSplit(options.store_target, ',')) po.shards.emplace_back(t);
+    VC_ASSIGN_OR_RETURN(po.shards, StoreShards(options.store_target, options.dns_server));
+    w->store_shards_ = po.shards;
     po.replicas = options.store_replicas;
     po.store.token = options.store_token;
     po.store.timeout_ms = options.store_timeout_ms;

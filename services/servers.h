@@ -59,8 +59,10 @@ struct WorkerServerOptions {
   std::string model_dir = "models/vc-code-4m";
   std::string listen = "127.0.0.1:0";
   // The cache store (host:port), or its shards (host:port,host:port,...); empty: none (every
-  // prefix is computed, nothing is published).
+  // prefix is computed, nothing is published). An item srv:NAME stands for the targets of NAME's
+  // DNS SRV records (a Kubernetes headless Service's pods), looked up once, at start.
   std::string store_target;
+  std::string dns_server;  // "ip:port" to ask for srv: items instead of the system's resolvers (tests)
   int store_replicas = 1;  // shards holding each block, up to the number of shards
   std::string store_token;
   int64_t store_timeout_ms = 2000;
@@ -95,6 +97,7 @@ class WorkerServer {
   std::string target() const { return absl::StrCat("127.0.0.1:", port_); }
   const Model& model() const { return *model_; }
   StorePrefixes* prefixes() { return prefixes_.get(); }  // null without a store
+  const std::vector<std::string>& store_shards() const { return store_shards_; }  // srv: items resolved
   int metrics_port() const { return metrics_ != nullptr ? metrics_->port() : 0; }  // 0: no endpoint
 
  private:
@@ -105,8 +108,13 @@ class WorkerServer {
   std::unique_ptr<WorkerService> service_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<MetricsEndpoint> metrics_;
+  std::vector<std::string> store_shards_;
   int port_ = 0;
 };
+
+// The store shards a worker's store_target lists, srv: items replaced by the targets of their
+// SRV records (looked up now, through `dns_server` when it is not empty).
+absl::StatusOr<std::vector<std::string>> StoreShards(const std::string& targets, const std::string& dns_server);
 
 // Hex of a fingerprint.
 std::string HexString(const std::array<uint8_t, 32>& bytes);

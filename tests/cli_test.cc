@@ -118,6 +118,16 @@ TEST_F(CliTest, WorkerRefusesMoreReplicasThanStores) {
   }
 }
 
+// srv: stores are counted once looked up (by the worker, at start); an empty name is refused here.
+TEST_F(CliTest, WorkerStoresFromDns) {
+  std::ostringstream out, err;
+  EXPECT_EQ(RunWorkerCommand({"--model", dir_, "--listen", "127.0.0.1:0", "--store", "srv:", "--store-token-file",
+                              dir_ + "/nothing"},
+                             out, err),
+            2);
+  EXPECT_NE(err.str().find("srv: names no DNS name"), std::string::npos) << err.str();
+}
+
 TEST_F(CliTest, ClientTokenFiles) {
   const std::string path = dir_ + "/client-tokens";
   std::ofstream(path) << "# operators\nops\n\nt-a1 team-a\n  t-a2\tteam-a  \nt-b team-b\n";

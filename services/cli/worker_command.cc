@@ -6,6 +6,7 @@
 #include <map>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "common/files.h"
@@ -28,7 +29,9 @@ constexpr char kUsage[] =
     "  --store HOST:PORT       the cache store: prompts' prefixes are looked up there, their full KV\n"
     "                          read over UCX while the worker drafts, and prefixes it lacked published.\n"
     "                          Several, comma-separated: blocks are spread over them by their names\n"
-    "                          (every worker must list the same stores, in any order)\n"
+    "                          (every worker must list the same stores, in any order). srv:NAME\n"
+    "                          stands for the targets of NAME's DNS SRV records, looked up at start\n"
+    "                          (a headless Service: srv:_grpc._tcp.vericache-store)\n"
     "  --store-replicas N      stores holding each block (default 1): with N, a block is found while\n"
     "                          any N - 1 of its stores are down, for N times the puts and store space\n"
     "  --store-token-file FILE the bearer token the worker presents to the store (one line)\n"
@@ -70,12 +73,20 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
   o.listen = a.Str("listen");
   o.metrics_listen = a.Str("metrics-listen", "");
   o.store_target = a.Str("store");
+  bool from_dns = false;  // how many stores there are is known once the worker has looked them up
   if (a.Has("store")) {
-    for (absl::string_view t : absl::StrSplit(o.store_target, ',')) VC_RETURN_IF_ERROR(CheckAddress("--store", t, false));
+    for (absl::string_view t : absl::StrSplit(o.store_target, ',')) {
+      if (absl::ConsumePrefix(&t, "srv:")) {
+        if (t.empty()) return absl::InvalidArgumentError("--store srv: names no DNS name");
+        from_dns = true;
+        continue;
+      }
+      VC_RETURN_IF_ERROR(CheckAddress("--store", t, false));
+    }
   }
   VC_ASSIGN_OR_RETURN(const int64_t replicas, a.Int("store-replicas", 1, 1, 64));
   const int64_t stores = o.store_target.empty() ? 0 : 1 + std::count(o.store_target.begin(), o.store_target.end(), ',');
-  if (replicas > 1 && replicas > stores) {
+  if (replicas > 1 && replicas > stores && !from_dns) {
     return absl::InvalidArgumentError(absl::StrCat("--store-replicas ", replicas, " needs as many stores in --store; ",
                                                    stores, " given"));
   }
@@ -130,7 +141,7 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
   pthread_sigmask(SIG_BLOCK, &sigs, nullptr);  // before any thread starts: only sigwait gets them
   VC_ASSIGN_OR_RETURN(std::unique_ptr<WorkerServer> w, WorkerServer::Start(o));
   out << "vericache worker listening on port " << w->port() << " (model " << o.model_dir << ", compressor "
-      << eo.compressor << ", store " << (o.store_target.empty() ? "none" : o.store_target)
+      << eo.compressor << ", store " << (o.store_target.empty() ? "none" : absl::StrJoin(w->store_shards(), ","))
       << (o.store_replicas > 1 ? absl::StrCat(" (", o.store_replicas, " replicas)") : "") << ", UCX " << o.ucx
       << ")" << std::endl;
   if (w->metrics_port() != 0) {

@@ -1,0 +1,242 @@
+// Store shards from DNS SRV records, against a DNS server on loopback that answers what each test
+// sets: the lookup itself (targets, missing names, a server that does not answer, answers that
+// make no sense), and a worker that finds a real store that way.
+#include "common/dns.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
+#include "gtest/gtest.h"
+#include "services/inference_client.h"
+#include "services/servers.h"
+#include "tests/testing/tiny_model.h"
+#include "worker/full_decoder.h"
+#include "worker/store_prefixes.h"
+
+namespace vc {
+namespace {
+
+namespace v1 = vericache::v1;
+
+// A DNS server over UDP on loopback. For a name set with Srv it answers its SRV records; with
+// Silent it does not answer; with Garbage it answers bytes that are no DNS message (but carry the
+// query's id); any other name is NXDOMAIN.
+class FakeDns {
+ public:
+  struct Record {
+    std::string target;
+    int port;
+  };
+
+  FakeDns() {
+    fd_ = socket(AF_INET, SOCK_DGRAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(a);
+    EXPECT_EQ(bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+    getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len);
+    port_ = ntohs(a.sin_port);
+    thread_ = std::thread([this] { Loop(); });
+  }
+  ~FakeDns() {
+    stop_ = true;
+    thread_.join();
+    close(fd_);
+  }
+
+  std::string address() const { return absl::StrCat("127.0.0.1:", port_); }
+  void Srv(const std::string& name, std::vector<Record> records) {
+    absl::MutexLock l(&mu_);
+    srv_[name] = std::move(records);
+  }
+  void Silent(const std::string& name) {
+    absl::MutexLock l(&mu_);
+    silent_[name] = true;
+  }
+  void Garbage(const std::string& name) {
+    absl::MutexLock l(&mu_);
+    garbage_[name] = true;
+  }
+  int queries() const { return queries_.load(); }
+
+ private:
+  static void Name(const std::string& name, std::string* out) {
+    for (absl::string_view label : absl::StrSplit(name, '.', absl::SkipEmpty())) {
+      out->push_back(static_cast<char>(label.size()));
+      out->append(label.data(), label.size());
+    }
+    out->push_back('\0');
+  }
+  static void U16(int v, std::string* out) {
+    out->push_back(static_cast<char>(v >> 8));
+    out->push_back(static_cast<char>(v & 255));
+  }
+
+  void Loop() {
+    while (!stop_) {
+      pollfd p{fd_, POLLIN, 0};
+      if (poll(&p, 1, 50) != 1) continue;
+      char buf[512];
+      sockaddr_in from{};
+      socklen_t from_len = sizeof(from);
+      const ssize_t n = recvfrom(fd_, buf, sizeof(buf), 0, reinterpret_cast<sockaddr*>(&from), &from_len);
+      if (n < 12) continue;
+      ++queries_;
+      // The question: labels from byte 12, then type and class.
+      std::string qname;
+      size_t at = 12;
+      while (at < static_cast<size_t>(n) && buf[at] != 0) {
+        const int l = static_cast<unsigned char>(buf[at]);
+        if (!qname.empty()) qname.push_back('.');
+        qname.append(buf + at + 1, std::min<size_t>(l, n - at - 1));
+        at += 1 + l;
+      }
+      const size_t question_end = at + 5;  // the 0 byte, type, class
+      if (question_end > static_cast<size_t>(n)) continue;
+      std::string reply(buf, 2);  // the id
+      absl::MutexLock l(&mu_);
+      if (silent_.count(qname)) continue;
+      if (garbage_.count(qname)) {
+        reply += std::string("\x81\x80\x00\x01\x00\x05\x00\x00\x00\x00\xff\xfe\xfd", 13);
+      } else {
+        auto it = srv_.find(qname);
+        U16(it == srv_.end() ? 0x8183 : 0x8180, &reply);  // a response, recursion; NXDOMAIN or not
+        U16(1, &reply);
+        U16(it == srv_.end() ? 0 : static_cast<int>(it->second.size()), &reply);
+        U16(0, &reply);
+        U16(0, &reply);
+        reply.append(buf + 12, question_end - 12);
+        if (it != srv_.end()) {
+          for (const Record& r : it->second) {
+            U16(0xc00c, &reply);  // the question's name
+            U16(33, &reply);      // SRV
+            U16(1, &reply);       // IN
+            U16(0, &reply);
+            U16(30, &reply);  // TTL
+            std::string rdata;
+            U16(0, &rdata);  // priority
+            U16(10, &rdata);  // weight
+            U16(r.port, &rdata);
+            Name(r.target, &rdata);
+            U16(static_cast<int>(rdata.size()), &reply);
+            reply += rdata;
+          }
+        }
+      }
+      sendto(fd_, reply.data(), reply.size(), 0, reinterpret_cast<sockaddr*>(&from), from_len);
+    }
+  }
+
+  int fd_ = -1;
+  int port_ = 0;
+  std::atomic<bool> stop_{false};
+  std::atomic<int> queries_{0};
+  absl::Mutex mu_;
+  std::map<std::string, std::vector<Record>> srv_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, bool> silent_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, bool> garbage_ ABSL_GUARDED_BY(mu_);
+  std::thread thread_;
+};
+
+TEST(ResolveSrv, TargetsSortedWithoutDuplicates) {
+  FakeDns dns;
+  dns.Srv("_grpc._tcp.stores.test",
+          {{"store-1.stores.test.", 7071}, {"store-0.stores.test", 7070}, {"store-1.stores.test", 7071}});
+  auto got = ResolveSrv("_grpc._tcp.stores.test.", dns.address());
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, (std::vector<std::string>{"store-0.stores.test:7070", "store-1.stores.test:7071"}));
+}
+
+TEST(ResolveSrv, WhatCannotBeHadIsAClearError) {
+  FakeDns dns;
+  dns.Silent("_grpc._tcp.silent.test");
+  dns.Garbage("_grpc._tcp.garbage.test");
+  dns.Srv("_grpc._tcp.nowhere.test", {{".", 0}});  // "no such service here"
+  auto missing = ResolveSrv("_grpc._tcp.missing.test.", dns.address());
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound) << missing.status();
+  auto nowhere = ResolveSrv("_grpc._tcp.nowhere.test.", dns.address());
+  EXPECT_EQ(nowhere.status().code(), absl::StatusCode::kNotFound) << nowhere.status();
+  const auto t0 = std::chrono::steady_clock::now();
+  auto silent = ResolveSrv("_grpc._tcp.silent.test.", dns.address());
+  EXPECT_EQ(silent.status().code(), absl::StatusCode::kUnavailable) << silent.status();
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 10.0);
+  auto garbage = ResolveSrv("_grpc._tcp.garbage.test.", dns.address());
+  EXPECT_FALSE(garbage.ok());
+  EXPECT_FALSE(garbage.status().message().empty());
+  EXPECT_EQ(ResolveSrv("", dns.address()).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ResolveSrv("x.test", "nonsense").status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// A worker given srv:NAME finds the store behind it, publishes there and reads back; a name with
+// no records stops it at start, naming the name.
+TEST(StoreShardsFromDns, AWorkerFindsItsStoreBySrvRecords) {
+  const std::string dir = testing::TempDir("dns");
+  testing::TinyModelSpec spec;
+  spec.max_positions = 1024;
+  testing::WriteTinyModel(dir + "/model", spec);
+  StoreServerOptions so;
+  so.store.ram.capacity_bytes = uint64_t{64} << 20;
+  so.store.disk.path = dir + "/db";
+  so.store.disk.capacity_bytes = uint64_t{256} << 20;
+  so.service.tokens = {{"tok", "workers"}};
+  auto store = StoreServer::Start(so);
+  ASSERT_TRUE(store.ok()) << store.status();
+  FakeDns dns;
+  dns.Srv("_grpc._tcp.stores.test", {{"127.0.0.1", (*store)->port()}});
+
+  WorkerServerOptions wo;
+  wo.model_dir = dir + "/model";
+  wo.store_target = "srv:_grpc._tcp.stores.test.";
+  wo.dns_server = dns.address();
+  wo.store_token = "tok";
+  wo.block_tokens = 32;
+  wo.staging_bytes = 8 << 20;
+  wo.full_kv_bytes = 4 << 20;
+  auto worker = WorkerServer::Start(wo);
+  ASSERT_TRUE(worker.ok()) << worker.status();
+  EXPECT_EQ((*worker)->store_shards(), std::vector<std::string>{(*store)->target()});
+  auto stub = InferenceStub((*worker)->target());
+  v1::GenerateRequest req;
+  for (int i = 0; i < 100; ++i) req.mutable_token_ids()->add_ids(i % 250 + 1);
+  req.set_max_tokens(4);
+  req.set_ignore_eos(true);
+  GenerateReply first = CallGenerate(*stub, req);
+  ASSERT_TRUE(first.status.ok()) << first.status;
+  (*worker)->prefixes()->Flush();
+  EXPECT_EQ((*store)->store().Stats().ram_blocks, 3u);
+  GenerateReply second = CallGenerate(*stub, req);
+  ASSERT_TRUE(second.status.ok()) << second.status;
+  EXPECT_EQ(second.stats.prefix_store_tokens(), 96u);
+  auto model = Model::Load(dir + "/model");
+  ASSERT_TRUE(model.ok()) << model.status();
+  GenerateOptions o;
+  o.max_tokens = 4;
+  o.stop_at_eos = false;
+  const std::vector<int32_t> prompt(req.token_ids().ids().begin(), req.token_ids().ids().end());
+  const auto want = GenerateFull(**model, prompt, o);
+  ASSERT_TRUE(want.ok());
+  EXPECT_EQ(first.tokens, want->tokens);
+  EXPECT_EQ(second.tokens, want->tokens);
+
+  wo.store_target = "srv:_grpc._tcp.none.test.";
+  auto none = WorkerServer::Start(wo);
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kNotFound) << none.status();
+  EXPECT_NE(none.status().message().find("srv:_grpc._tcp.none.test."), std::string::npos) << none.status();
+}
+
+}  // namespace
+}  // namespace vc
