@@ -418,6 +418,12 @@ void SetRequestCounts(const Totals& t, Proto* p) {
   p->set_prompt_tokens(static_cast<uint64_t>(t.sum.prompt_tokens));
   p->set_generated_tokens(static_cast<uint64_t>(t.sum.emitted));
   p->set_prefix_store_tokens(static_cast<uint64_t>(t.sum.prefix_store_tokens));
+  p->set_prefix_compressed_tokens(static_cast<uint64_t>(t.sum.prefix_compressed_tokens));
+  p->set_prefix_compressed_store_tokens(static_cast<uint64_t>(t.sum.prefix_compressed_store_tokens));
+  p->set_recomputed_tokens(static_cast<uint64_t>(t.sum.recomputed_tokens));
+  p->set_drafted_tokens(static_cast<uint64_t>(t.sum.drafted));
+  p->set_accepted_drafts(static_cast<uint64_t>(t.sum.accepted_drafts));
+  p->set_verify_passes(static_cast<uint64_t>(t.sum.verifies));
 }
 
 // The counts StoreLinkStats and StoreShardStats share, from a prefix store's or one shard's.
@@ -453,12 +459,6 @@ void WorkerService::CurrentStats(v1::WorkerStats* resp) const {
   resp->set_uptime_micros(static_cast<uint64_t>(absl::ToInt64Microseconds(absl::Now() - started_)));
   SetRequestCounts(t, resp);
   resp->set_requests_invalid(static_cast<uint64_t>(invalid_.load()));
-  resp->set_prefix_compressed_tokens(static_cast<uint64_t>(t.sum.prefix_compressed_tokens));
-  resp->set_prefix_compressed_store_tokens(static_cast<uint64_t>(t.sum.prefix_compressed_store_tokens));
-  resp->set_recomputed_tokens(static_cast<uint64_t>(t.sum.recomputed_tokens));
-  resp->set_drafted_tokens(static_cast<uint64_t>(t.sum.drafted));
-  resp->set_accepted_drafts(static_cast<uint64_t>(t.sum.accepted_drafts));
-  resp->set_verify_passes(static_cast<uint64_t>(t.sum.verifies));
   for (const auto& [name, tt] : snapshot.tenants) {
     v1::TenantStats* x = resp->add_tenants();
     x->set_tenant(name);

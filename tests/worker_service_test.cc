@@ -871,6 +871,12 @@ TEST_F(WorkerServiceTest, ATenantAtItsLimitLeavesRoomForOthers) {
   EXPECT_EQ(b.generated_tokens(), 6u);
   EXPECT_EQ(b.prompt_tokens(), p.size());
   EXPECT_EQ(stats.requests_refused(), 1u);
+  // Drafting counts per tenant add up to the worker's; team-b's request drafted.
+  EXPECT_GT(b.drafted_tokens(), 0u);
+  EXPECT_GT(b.verify_passes(), 0u);
+  EXPECT_EQ(a.drafted_tokens() + b.drafted_tokens(), stats.drafted_tokens());
+  EXPECT_EQ(a.accepted_drafts() + b.accepted_drafts(), stats.accepted_drafts());
+  EXPECT_EQ(a.verify_passes() + b.verify_passes(), stats.verify_passes());
   out.str("");
   ASSERT_EQ(cli::RunStatsCommand({"--target", worker->target(), "--token", "ops"}, out, err), 0) << err.str();
   EXPECT_NE(out.str().find("  tenant team-a: 0 in flight, 0 ended, 1 failed, 1 refused"), std::string::npos) << out.str();

@@ -61,10 +61,11 @@ void PrintWorker(const std::string& target, const v1::WorkerStats& s, std::ostre
     for (const v1::TenantStats& t : s.tenants()) {
       out << absl::StrFormat(
           "  tenant %s: %d in flight, %d ended, %d failed, %d refused; prompt tokens %d (full KV from the store %s); "
-          "generated tokens %d\n",
+          "generated tokens %d; %d drafted, %d accepted (%s)\n",
           t.tenant().empty() ? "(default)" : t.tenant(), t.requests_in_flight(), t.requests_ended(),
           t.requests_failed(), t.requests_refused(), t.prompt_tokens(),
-          Share(t.prefix_store_tokens(), t.prompt_tokens()), t.generated_tokens());
+          Share(t.prefix_store_tokens(), t.prompt_tokens()), t.generated_tokens(), t.drafted_tokens(),
+          t.accepted_drafts(), Share(t.accepted_drafts(), t.drafted_tokens()));
     }
   }
   if (!s.has_store()) {
