@@ -15,14 +15,21 @@
 namespace vc {
 
 absl::StatusOr<std::vector<std::string>> ResolveSrv(const std::string& name, const std::string& nameserver) {
-  if (name.empty() || name.size() > 253) return absl::InvalidArgumentError(absl::StrCat("SRV name '", name, "' is not a DNS name"));
+  if (name.empty() || name.size() > 253) {
+    return absl::InvalidArgumentError(absl::StrCat("SRV name '", name, "' is not a DNS name"));
+  }
   struct __res_state state;
   std::memset(&state, 0, sizeof(state));
   if (res_ninit(&state) != 0) return absl::UnavailableError("cannot initialize the DNS resolver");
+  // res_nclose frees what res_ninit made for its first nscount servers: restore that count.
   struct Closer {
     res_state s;
-    ~Closer() { res_nclose(s); }
-  } closer{&state};
+    int nscount;
+    ~Closer() {
+      s->nscount = std::max(nscount, s->nscount);
+      res_nclose(s);
+    }
+  } closer{&state, state.nscount};
   if (!nameserver.empty()) {
     const size_t colon = nameserver.rfind(':');
     int port = 0;
@@ -51,24 +58,24 @@ absl::StatusOr<std::vector<std::string>> ResolveSrv(const std::string& name, con
   }
   ns_msg msg;
   if (ns_initparse(answer.data(), std::min(len, static_cast<int>(answer.size())), &msg) != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("the DNS answer for ", name, " cannot be parsed"));
+    return absl::UnavailableError(absl::StrCat("the DNS answer for ", name, " cannot be parsed"));
   }
   std::vector<std::string> out;
   for (int i = 0; i < ns_msg_count(msg, ns_s_an); ++i) {
     ns_rr rr;
     if (ns_parserr(&msg, ns_s_an, i, &rr) != 0) {
-      return absl::InvalidArgumentError(absl::StrCat("the DNS answer for ", name, " cannot be parsed"));
+      return absl::UnavailableError(absl::StrCat("the DNS answer for ", name, " cannot be parsed"));
     }
     if (ns_rr_type(rr) != ns_t_srv) continue;  // a CNAME on the way, say
     // priority, weight, port (2 bytes each), then the target's name.
     if (ns_rr_rdlen(rr) < 7) {
-      return absl::InvalidArgumentError(absl::StrCat("an SRV record for ", name, " is too short"));
+      return absl::UnavailableError(absl::StrCat("an SRV record for ", name, " is too short"));
     }
     const unsigned char* rdata = ns_rr_rdata(rr);
     const int port = (rdata[4] << 8) | rdata[5];
     char target[NS_MAXDNAME];
     if (dn_expand(ns_msg_base(msg), ns_msg_end(msg), rdata + 6, target, sizeof(target)) < 0) {
-      return absl::InvalidArgumentError(absl::StrCat("an SRV record for ", name, " names no target"));
+      return absl::UnavailableError(absl::StrCat("an SRV record for ", name, " names no target"));
     }
     std::string host(target);
     while (!host.empty() && host.back() == '.') host.pop_back();

@@ -14,7 +14,8 @@ namespace vc {
 // sorted and without duplicates. The name is searched like any other (relative names take the
 // resolver's search domains, as in a pod). `nameserver` ("ip:port") replaces the system's
 // resolvers when given (tests). kNotFound when the name has no SRV records, kUnavailable when no
-// resolver answers, kInvalidArgument for an answer that cannot be parsed.
+// resolver answers or its answer cannot be parsed, kInvalidArgument for a name or nameserver that
+// is malformed.
 absl::StatusOr<std::vector<std::string>> ResolveSrv(const std::string& name, const std::string& nameserver = "");
 
 }  // namespace vc

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cerrno>
 #include <cstring>
 #include <utility>
 #include <vector>
@@ -86,20 +87,24 @@ void Render(const std::vector<Labeled>& msgs, const std::string& prefix, std::st
         for (int e = 0; e < r->FieldSize(*x.m, f); ++e) {
           const Message& el = r->GetRepeatedMessage(*x.m, f, e);
           std::string labels = x.labels;
-          // The element's first string field names it.
+          // The element's first string field names it; without one, its place in the list does.
           const google::protobuf::Descriptor* ed = el.GetDescriptor();
+          std::string label = absl::StrCat("index=\"", e, "\"");
           for (int j = 0; j < ed->field_count(); ++j) {
             const FieldDescriptor* lf = ed->field(j);
             if (lf->cpp_type() == FieldDescriptor::CPPTYPE_STRING && !lf->is_repeated()) {
-              absl::StrAppend(&labels, labels.empty() ? "" : ",", lf->name(), "=\"",
-                              Escape(el.GetReflection()->GetString(el, lf)), "\"");
+              label = absl::StrCat(lf->name(), "=\"", Escape(el.GetReflection()->GetString(el, lf)), "\"");
               break;
             }
           }
+          absl::StrAppend(&labels, labels.empty() ? "" : ",", label);
           subs.push_back({&el, std::move(labels)});
         }
       }
-      if (f->is_repeated() && absl::EndsWith(sub_prefix, "s")) sub_prefix.pop_back();
+      // A list's elements are named in the singular (tenants: tenant, shards: shard).
+      if (f->is_repeated() && absl::EndsWith(sub_prefix, "s") && !absl::EndsWith(sub_prefix, "ss")) {
+        sub_prefix.pop_back();
+      }
       Render(subs, sub_prefix, out);
       continue;
     }
@@ -120,30 +125,38 @@ void Render(const std::vector<Labeled>& msgs, const std::string& prefix, std::st
 constexpr int kRequestLimit = 8192;             // bytes of request line and headers
 constexpr auto kClientTime = std::chrono::seconds(2);  // to send the request and take the answer
 
-// Waits for `events` on fd until `deadline`; false on timeout or error.
-bool WaitFor(int fd, short events, std::chrono::steady_clock::time_point deadline) {
-  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-  if (left.count() <= 0) return false;
-  pollfd p{fd, events, 0};
-  return poll(&p, 1, static_cast<int>(left.count())) == 1 && (p.revents & events) != 0;
+using Deadline = std::chrono::steady_clock::time_point;
+
+// Waits for `events` on fd until `deadline`; false on timeout, error, or a byte on `wake` (the
+// endpoint stopping).
+bool WaitFor(int fd, short events, Deadline deadline, int wake) {
+  while (true) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) return false;
+    pollfd p[2] = {{fd, events, 0}, {wake, POLLIN, 0}};
+    const int n = poll(p, 2, static_cast<int>(left.count()));
+    if (n < 0 && errno == EINTR) continue;
+    return n > 0 && p[1].revents == 0 && (p[0].revents & events) != 0;
+  }
 }
 
-void SendAll(int fd, absl::string_view data, std::chrono::steady_clock::time_point deadline) {
+void SendAll(int fd, absl::string_view data, Deadline deadline, int wake) {
   while (!data.empty()) {
     const ssize_t n = send(fd, data.data(), data.size(), MSG_NOSIGNAL);
     if (n > 0) {
       data.remove_prefix(static_cast<size_t>(n));
     } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
-      if (!WaitFor(fd, POLLOUT, deadline)) return;
+      if (!WaitFor(fd, POLLOUT, deadline, wake)) return;
     } else {
       return;
     }
   }
 }
 
-std::string Response(absl::string_view status, absl::string_view content_type, absl::string_view body) {
+std::string Response(absl::string_view status, absl::string_view content_type, absl::string_view body,
+                     absl::string_view extra_headers = "") {
   return absl::StrCat("HTTP/1.1 ", status, "\r\nContent-Type: ", content_type, "\r\nContent-Length: ", body.size(),
-                      "\r\nConnection: close\r\n\r\n", body);
+                      "\r\n", extra_headers, "Connection: close\r\n\r\n", body);
 }
 
 }  // namespace
@@ -215,45 +228,57 @@ MetricsEndpoint::~MetricsEndpoint() {
 }
 
 void MetricsEndpoint::Loop() {
+  // After an error that may last (no descriptors left, say), the listening socket stays readable:
+  // wait a while before the next try rather than spin.
+  const auto pause = [this] {
+    pollfd w{wake_[0], POLLIN, 0};
+    poll(&w, 1, 100);
+  };
   while (true) {
     pollfd p[2] = {{listen_fd_, POLLIN, 0}, {wake_[0], POLLIN, 0}};
-    if (poll(p, 2, -1) < 0) {
-      if (errno == EINTR) continue;
-      return;
-    }
+    const int n = poll(p, 2, -1);
+    if (n < 0 && errno != EINTR) pause();
+    if (n <= 0) continue;
     if (p[1].revents != 0) return;
-    if ((p[0].revents & POLLIN) == 0) continue;
+    if ((p[0].revents & POLLIN) == 0) {
+      pause();  // POLLERR and the like
+      continue;
+    }
     const int conn = accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
-    if (conn < 0) continue;
+    if (conn < 0) {
+      if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR && errno != ECONNABORTED) pause();
+      continue;
+    }
     // The connection's 2 s cover the request, the answer and the close.
-    const auto until = std::chrono::steady_clock::now() + kClientTime;
+    const Deadline until = std::chrono::steady_clock::now() + kClientTime;
     Answer(conn, until);
     // A lingering close: closing with unread request bytes would reset the connection, and the
     // client could lose the answer with it. Read until the client closes (it has the answer).
     shutdown(conn, SHUT_WR);
     char sink[4096];
     while (true) {
-      const ssize_t n = recv(conn, sink, sizeof(sink), 0);
-      if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) break;
-      if (n < 0 && !WaitFor(conn, POLLIN, until)) break;
+      const ssize_t got = recv(conn, sink, sizeof(sink), 0);
+      if (got == 0 || (got < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) break;
+      if (got < 0 && !WaitFor(conn, POLLIN, until, wake_[0])) break;
     }
     close(conn);
   }
 }
 
-void MetricsEndpoint::Answer(int conn, std::chrono::steady_clock::time_point deadline) {
+void MetricsEndpoint::Answer(int conn, Deadline deadline) {
+  const int wake = wake_[0];
   std::string request;
   char buf[2048];
   while (request.find("\r\n\r\n") == std::string::npos && request.find("\n\n") == std::string::npos) {
     if (request.size() > kRequestLimit) {
       return SendAll(conn, Response("431 Request Header Fields Too Large", "text/plain", "request too large\n"),
-                     deadline);
+                     deadline, wake);
     }
     const ssize_t n = recv(conn, buf, sizeof(buf), 0);
     if (n > 0) {
       request.append(buf, static_cast<size_t>(n));
     } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
-      if (!WaitFor(conn, POLLIN, deadline)) return;  // too slow: dropped
+      if (!WaitFor(conn, POLLIN, deadline, wake)) return;  // too slow: dropped
     } else {
       return;  // closed before a whole request
     }
@@ -261,16 +286,19 @@ void MetricsEndpoint::Answer(int conn, std::chrono::steady_clock::time_point dea
   const absl::string_view line = absl::string_view(request).substr(0, request.find_first_of("\r\n"));
   const std::vector<absl::string_view> parts = absl::StrSplit(line, ' ');
   if (parts.size() != 3 || !absl::StartsWith(parts[2], "HTTP/1.")) {
-    return SendAll(conn, Response("400 Bad Request", "text/plain", "malformed request line\n"), deadline);
+    return SendAll(conn, Response("400 Bad Request", "text/plain", "malformed request line\n"), deadline, wake);
   }
   if (parts[0] != "GET" && parts[0] != "HEAD") {
-    return SendAll(conn, Response("405 Method Not Allowed", "text/plain", "only GET /metrics\n"), deadline);
+    return SendAll(conn, Response("405 Method Not Allowed", "text/plain", "only GET /metrics\n", "Allow: GET, HEAD\r\n"),
+                   deadline, wake);
   }
   const absl::string_view path = parts[1].substr(0, parts[1].find('?'));
-  if (path != "/metrics") return SendAll(conn, Response("404 Not Found", "text/plain", "only /metrics\n"), deadline);
-  std::string reply = Response("200 OK", "text/plain; version=0.0.4", render_());
+  if (path != "/metrics") {
+    return SendAll(conn, Response("404 Not Found", "text/plain", "only /metrics\n"), deadline, wake);
+  }
+  std::string reply = Response("200 OK", "text/plain; version=0.0.4; charset=utf-8", render_());
   if (parts[0] == "HEAD") reply.resize(reply.find("\r\n\r\n") + 4);
-  SendAll(conn, reply, deadline);
+  SendAll(conn, reply, deadline, wake);
 }
 
 }  // namespace vc

@@ -24,8 +24,9 @@ namespace vc {
 // except the fields that are levels (in flight, used and capacity bytes, blocks held, uptime),
 // which are gauges. A message field adds its name to the prefix; a repeated message field adds its
 // name without the plural s, and labels each element's samples with the element's first string
-// field (tenant="a", target="host:port"). Samples of one metric are contiguous, as the format
-// requires.
+// field (tenant="a", target="host:port"), or by its place in the list (index="0") when it has
+// none. Samples of one metric are contiguous, as the format requires. Which fields are levels is
+// decided by their names (see above), so a new level field needs a name that says so.
 std::string PrometheusText(const google::protobuf::Message& stats, absl::string_view prefix);
 
 class MetricsEndpoint {
@@ -35,7 +36,7 @@ class MetricsEndpoint {
   // kUnavailable when it cannot be bound.
   static absl::StatusOr<std::unique_ptr<MetricsEndpoint>> Start(const std::string& address,
                                                                 std::function<std::string()> render);
-  ~MetricsEndpoint();  // stops listening; a connection being answered is closed
+  ~MetricsEndpoint();  // stops listening; a client being answered is dropped
 
   MetricsEndpoint(const MetricsEndpoint&) = delete;
   MetricsEndpoint& operator=(const MetricsEndpoint&) = delete;
@@ -45,6 +46,7 @@ class MetricsEndpoint {
  private:
   MetricsEndpoint(int fd, int port, std::function<std::string()> render);
   void Loop();
+  // Reads one request from `conn` and answers it, both by `deadline`.
   void Answer(int conn, std::chrono::steady_clock::time_point deadline);
 
   const int listen_fd_;

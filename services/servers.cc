@@ -29,8 +29,11 @@ absl::Status CannotListen(const std::string& address, bool tls) {
 // gRPC parses a request before the service sees it, and answers one it cannot parse with a status
 // that says nothing: INTERNAL with an empty message from a sync service, UNIMPLEMENTED from a
 // callback one. This makes that answer INVALID_ARGUMENT naming the method; the call has done nothing.
+// Only for methods that take one request (every method here): in a client stream, the end of the
+// stream is a null message too.
 class ParseErrorInterceptor final : public grpc::experimental::Interceptor {
  public:
+  // `method` is the registered method's name, which outlives the call.
   explicit ParseErrorInterceptor(const char* method) : method_(method != nullptr ? method : "?") {}
 
   void Intercept(grpc::experimental::InterceptorBatchMethods* m) override {
@@ -48,13 +51,15 @@ class ParseErrorInterceptor final : public grpc::experimental::Interceptor {
   }
 
  private:
-  const std::string method_;
+  const char* const method_;
   bool unparsed_ = false;
 };
 
 class ParseErrorInterceptorFactory final : public grpc::experimental::ServerInterceptorFactoryInterface {
  public:
   grpc::experimental::Interceptor* CreateServerInterceptor(grpc::experimental::ServerRpcInfo* info) override {
+    using Type = grpc::experimental::ServerRpcInfo::Type;
+    if (info->type() != Type::UNARY && info->type() != Type::SERVER_STREAMING) return nullptr;
     return new ParseErrorInterceptor(info->method());
   }
 };
@@ -90,20 +95,36 @@ std::string HexString(const std::array<uint8_t, 32>& bytes) {
   return s;
 }
 
-absl::StatusOr<std::vector<std::string>> StoreShards(const std::string& targets, const std::string& dns_server) {
-  std::vector<std::string> out;
-  for (absl::string_view t : absl::StrSplit(targets, ',')) {
-    if (!absl::ConsumePrefix(&t, "srv:")) {
-      out.emplace_back(t);
-      continue;
+absl::StatusOr<std::vector<std::string>> StoreShards(const std::string& targets, const std::string& dns_server,
+                                                     int min_shards, absl::Duration wait) {
+  const absl::Time until = absl::Now() + wait;
+  while (true) {
+    std::vector<std::string> out;
+    absl::Status failed;
+    bool from_dns = false;
+    for (absl::string_view t : absl::StrSplit(targets, ',')) {
+      if (!absl::ConsumePrefix(&t, "srv:")) {
+        out.emplace_back(t);
+        continue;
+      }
+      from_dns = true;
+      absl::StatusOr<std::vector<std::string>> found = ResolveSrv(std::string(t), dns_server);
+      if (!found.ok()) {
+        failed = absl::Status(found.status().code(),
+                              absl::StrCat("store shards from srv:", t, ": ", found.status().message()));
+        break;
+      }
+      out.insert(out.end(), found->begin(), found->end());
     }
-    absl::StatusOr<std::vector<std::string>> found = ResolveSrv(std::string(t), dns_server);
-    if (!found.ok()) {
-      return absl::Status(found.status().code(), absl::StrCat("store shards from srv:", t, ": ", found.status().message()));
+    if (failed.ok() && (!from_dns || static_cast<int>(out.size()) >= min_shards)) return out;
+    if (failed.ok()) {
+      failed = absl::UnavailableError(absl::StrCat("DNS lists ", out.size(), " store shards for ", targets,
+                                                   ", fewer than the ", min_shards, " expected"));
     }
-    out.insert(out.end(), found->begin(), found->end());
+    // Records come and go while store pods start: look again, until the wait is over.
+    if (absl::Now() + absl::Seconds(1) > until) return failed;
+    absl::SleepFor(absl::Seconds(1));
   }
-  return out;
 }
 
 absl::StatusOr<std::unique_ptr<StoreServer>> StoreServer::Start(StoreServerOptions options) {
@@ -163,7 +184,8 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(WorkerServerOp
                                                      w->model_->config().max_position_embeddings));
     }
     StorePrefixOptions po;
-    VC_ASSIGN_OR_RETURN(po.shards, StoreShards(options.store_target, options.dns_server));
+    VC_ASSIGN_OR_RETURN(po.shards, StoreShards(options.store_target, options.dns_server, options.min_store_shards,
+                                               absl::Milliseconds(options.store_shards_wait_ms)));
     w->store_shards_ = po.shards;
     po.replicas = options.store_replicas;
     po.store.token = options.store_token;

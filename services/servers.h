@@ -10,6 +10,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "cachestore/store.h"
 #include "cachestore/ucx_transport.h"
 #include "grpcpp/grpcpp.h"
@@ -36,7 +37,8 @@ struct StoreServerOptions {
 
 class StoreServer {
  public:
-  // kUnavailable when the port cannot be bound or the data directory cannot be opened.
+  // kUnavailable when the port or the metrics address cannot be bound or the data directory cannot
+  // be opened; kInvalidArgument for a malformed address.
   static absl::StatusOr<std::unique_ptr<StoreServer>> Start(StoreServerOptions options);
   ~StoreServer();  // shuts down, in-flight calls get up to 2 s
 
@@ -63,6 +65,12 @@ struct WorkerServerOptions {
   // DNS SRV records (a Kubernetes headless Service's pods), looked up once, at start.
   std::string store_target;
   std::string dns_server;  // "ip:port" to ask for srv: items instead of the system's resolvers (tests)
+  // With srv: items, the shards the worker expects: the lookup is made again, every second for
+  // store_shards_wait_ms, until DNS lists at least this many (a store pod that is being created has
+  // no record yet, and a worker that started without it would hash blocks over fewer shards than
+  // the others for as long as it runs).
+  int min_store_shards = 0;
+  int64_t store_shards_wait_ms = 120'000;
   int store_replicas = 1;  // shards holding each block, up to the number of shards
   std::string store_token;
   int64_t store_timeout_ms = 2000;
@@ -89,7 +97,8 @@ struct WorkerServerOptions {
 class WorkerServer {
  public:
   // Loads the model and connects (lazily) to the store. Errors from the model or options as they
-  // are; kUnavailable when the port cannot be bound.
+  // are; kUnavailable when the port or the metrics address cannot be bound; StoreShards' errors for
+  // srv: stores.
   static absl::StatusOr<std::unique_ptr<WorkerServer>> Start(WorkerServerOptions options);
   ~WorkerServer();
 
@@ -113,8 +122,11 @@ class WorkerServer {
 };
 
 // The store shards a worker's store_target lists, srv: items replaced by the targets of their
-// SRV records (looked up now, through `dns_server` when it is not empty).
-absl::StatusOr<std::vector<std::string>> StoreShards(const std::string& targets, const std::string& dns_server);
+// SRV records (looked up now, through `dns_server` when it is not empty; again every second, for
+// up to `wait`, while a lookup fails or they list fewer than `min_shards` in all). The lookup's
+// error when the wait is over, or kUnavailable for too few shards.
+absl::StatusOr<std::vector<std::string>> StoreShards(const std::string& targets, const std::string& dns_server,
+                                                     int min_shards, absl::Duration wait);
 
 // Hex of a fingerprint.
 std::string HexString(const std::array<uint8_t, 32>& bytes);

@@ -11,6 +11,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <future>
 #include <map>
 #include <string>
 #include <thread>
@@ -32,8 +33,8 @@ namespace {
 namespace v1 = vericache::v1;
 
 // A DNS server over UDP on loopback. For a name set with Srv it answers its SRV records; with
-// Silent it does not answer; with Garbage it answers bytes that are no DNS message (but carry the
-// query's id); any other name is NXDOMAIN.
+// Silent it does not answer; with Garbage it answers an SRV record too short to be one; any other
+// name is NXDOMAIN.
 class FakeDns {
  public:
   struct Record {
@@ -111,7 +112,11 @@ class FakeDns {
       absl::MutexLock l(&mu_);
       if (silent_.count(qname)) continue;
       if (garbage_.count(qname)) {
-        reply += std::string("\x81\x80\x00\x01\x00\x05\x00\x00\x00\x00\xff\xfe\xfd", 13);
+        // A well-formed message whose one SRV record holds 4 bytes: too short for one.
+        U16(0x8180, &reply);
+        for (int count : {1, 1, 0, 0}) U16(count, &reply);
+        reply.append(buf + 12, question_end - 12);
+        for (int v : {0xc00c, 33, 1, 0, 30, 4, 0, 10}) U16(v, &reply);
       } else {
         auto it = srv_.find(qname);
         U16(it == srv_.end() ? 0x8183 : 0x8180, &reply);  // a response, recursion; NXDOMAIN or not
@@ -174,9 +179,11 @@ TEST(ResolveSrv, WhatCannotBeHadIsAClearError) {
   auto silent = ResolveSrv("_grpc._tcp.silent.test.", dns.address());
   EXPECT_EQ(silent.status().code(), absl::StatusCode::kUnavailable) << silent.status();
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 10.0);
+  const auto t1 = std::chrono::steady_clock::now();
   auto garbage = ResolveSrv("_grpc._tcp.garbage.test.", dns.address());
-  EXPECT_FALSE(garbage.ok());
-  EXPECT_FALSE(garbage.status().message().empty());
+  EXPECT_EQ(garbage.status().code(), absl::StatusCode::kUnavailable) << garbage.status();
+  EXPECT_NE(garbage.status().message().find("too short"), std::string::npos) << garbage.status();
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count(), 0.9) << "answered, not timed out";
   EXPECT_EQ(ResolveSrv("", dns.address()).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(ResolveSrv("x.test", "nonsense").status().code(), absl::StatusCode::kInvalidArgument);
 }
@@ -236,6 +243,29 @@ TEST(StoreShardsFromDns, AWorkerFindsItsStoreBySrvRecords) {
   auto none = WorkerServer::Start(wo);
   EXPECT_EQ(none.status().code(), absl::StatusCode::kNotFound) << none.status();
   EXPECT_NE(none.status().message().find("srv:_grpc._tcp.none.test."), std::string::npos) << none.status();
+}
+
+// A worker that expects more shards than DNS lists yet looks again until it does, or gives up at
+// the end of its wait, saying how many it found.
+TEST(StoreShardsFromDns, WaitsForTheShardsItExpects) {
+  FakeDns dns;
+  dns.Srv("_grpc._tcp.stores.test", {{"store-0.stores.test", 7070}});
+  const std::string name = "srv:_grpc._tcp.stores.test.";
+  auto later = std::async(std::launch::async, [&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    dns.Srv("_grpc._tcp.stores.test", {{"store-0.stores.test", 7070}, {"store-1.stores.test", 7070}});
+  });
+  auto two = StoreShards(name, dns.address(), 2, absl::Seconds(10));
+  later.get();
+  ASSERT_TRUE(two.ok()) << two.status();
+  EXPECT_EQ(*two, (std::vector<std::string>{"store-0.stores.test:7070", "store-1.stores.test:7070"}));
+  auto three = StoreShards(name, dns.address(), 3, absl::Seconds(2));
+  EXPECT_EQ(three.status().code(), absl::StatusCode::kUnavailable) << three.status();
+  EXPECT_NE(three.status().message().find("lists 2 store shards"), std::string::npos) << three.status();
+  // Listed targets need no DNS, and a count applies to srv: items only.
+  auto listed = StoreShards("a:1,b:2", "", 5, absl::Seconds(0));
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  EXPECT_EQ(listed->size(), 2u);
 }
 
 }  // namespace

@@ -17,6 +17,9 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/str_cat.h"
+#include "google/protobuf/descriptor.h"
+#include "google/protobuf/descriptor.pb.h"
+#include "google/protobuf/dynamic_message.h"
 #include "gtest/gtest.h"
 #include "services/inference_client.h"
 #include "services/servers.h"
@@ -112,6 +115,48 @@ TEST(PrometheusText, CountersGaugesLabelsAndContiguousFamilies) {
   EXPECT_FALSE(absl::StrContains(PrometheusText(v1::WorkerStats(), "w"), "w_store_")) << "no store";
 }
 
+// A list whose elements have no string field labels them by place; names of lists lose their
+// plural s (but not the s of a word ending in ss).
+TEST(PrometheusText, ListsWithoutNamesAreLabeledByIndex) {
+  google::protobuf::FileDescriptorProto file;
+  file.set_name("metrics_test_dynamic.proto");
+  file.set_syntax("proto3");
+  google::protobuf::DescriptorProto* inner = file.add_message_type();
+  inner->set_name("Inner");
+  google::protobuf::FieldDescriptorProto* n = inner->add_field();
+  n->set_name("n");
+  n->set_number(1);
+  n->set_type(google::protobuf::FieldDescriptorProto::TYPE_UINT64);
+  n->set_label(google::protobuf::FieldDescriptorProto::LABEL_OPTIONAL);
+  google::protobuf::DescriptorProto* outer = file.add_message_type();
+  outer->set_name("Outer");
+  for (const char* list : {"items", "class"}) {
+    google::protobuf::FieldDescriptorProto* f = outer->add_field();
+    f->set_name(list);
+    f->set_number(outer->field_size());
+    f->set_type(google::protobuf::FieldDescriptorProto::TYPE_MESSAGE);
+    f->set_type_name("Inner");
+    f->set_label(google::protobuf::FieldDescriptorProto::LABEL_REPEATED);
+  }
+  google::protobuf::DescriptorPool pool;
+  ASSERT_NE(pool.BuildFile(file), nullptr);
+  google::protobuf::DynamicMessageFactory factory(&pool);
+  std::unique_ptr<google::protobuf::Message> m(factory.GetPrototype(pool.FindMessageTypeByName("Outer"))->New());
+  const google::protobuf::Reflection* r = m->GetReflection();
+  for (const char* list : {"items", "class"}) {
+    const google::protobuf::FieldDescriptor* f = m->GetDescriptor()->FindFieldByName(list);
+    for (uint64_t v : {5, 6}) {
+      google::protobuf::Message* e = r->AddMessage(m.get(), f);
+      e->GetReflection()->SetUInt64(e, e->GetDescriptor()->FindFieldByName("n"), v);
+    }
+  }
+  const std::string text = PrometheusText(*m, "x");
+  EXPECT_TRUE(absl::StrContains(text, "# TYPE x_item_n_total counter\nx_item_n_total{index=\"0\"} 5\n"
+                                      "x_item_n_total{index=\"1\"} 6\n"))
+      << text;
+  EXPECT_TRUE(absl::StrContains(text, "x_class_n_total{index=\"1\"} 6\n")) << text;
+}
+
 class EndpointTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -130,7 +175,7 @@ class EndpointTest : public ::testing::Test {
 TEST_F(EndpointTest, AnswersGetMetrics) {
   const std::string r = Exchange(endpoint_->port(), "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
   EXPECT_TRUE(absl::StartsWith(r, "HTTP/1.1 200 OK\r\n")) << r;
-  EXPECT_TRUE(absl::StrContains(r, "Content-Type: text/plain; version=0.0.4\r\n")) << r;
+  EXPECT_TRUE(absl::StrContains(r, "Content-Type: text/plain; version=0.0.4; charset=utf-8\r\n")) << r;
   const std::string body = PrometheusText(SomeStats(), "vericache_worker");
   EXPECT_TRUE(absl::StrContains(r, "Content-Length: " + std::to_string(body.size()) + "\r\n")) << r;
   EXPECT_TRUE(absl::EndsWith(r, "\r\n\r\n" + body)) << r;
@@ -144,7 +189,9 @@ TEST_F(EndpointTest, AnswersGetMetrics) {
 
 TEST_F(EndpointTest, BadRequestsGetErrorsAndStalledClientsAreDropped) {
   const int port = endpoint_->port();
-  EXPECT_TRUE(absl::StartsWith(Exchange(port, "POST /metrics HTTP/1.1\r\n\r\n"), "HTTP/1.1 405 ")) << "POST";
+  const std::string post = Exchange(port, "POST /metrics HTTP/1.1\r\n\r\n");
+  EXPECT_TRUE(absl::StartsWith(post, "HTTP/1.1 405 ")) << post;
+  EXPECT_TRUE(absl::StrContains(post, "\r\nAllow: GET, HEAD\r\n")) << post;
   EXPECT_TRUE(absl::StartsWith(Exchange(port, "GET /other HTTP/1.1\r\n\r\n"), "HTTP/1.1 404 ")) << "path";
   EXPECT_TRUE(absl::StartsWith(Exchange(port, "hello\r\n\r\n"), "HTTP/1.1 400 ")) << "request line";
   static constexpr char kOddHeader[] = "GET /metrics HTTP/1.1\r\n\0\xff\r\n\r\n";
@@ -167,6 +214,8 @@ TEST_F(EndpointTest, BadRequestsGetErrorsAndStalledClientsAreDropped) {
   EXPECT_LT(waited, 8.0);
   EXPECT_EQ(renders_.load(), before + 1);
   char c;
+  pollfd p{half, POLLIN, 0};
+  ASSERT_EQ(poll(&p, 1, 5000), 1) << "the stalled connection is still open";
   EXPECT_EQ(recv(half, &c, 1, 0), 0) << "the stalled connection was closed";
   close(half);
   close(silent);

@@ -10,7 +10,6 @@
 #include <cmath>
 #include <future>
 #include <limits>
-#include <map>
 #include <random>
 #include <sstream>
 #include <thread>
@@ -225,7 +224,7 @@ class FieldFuzzer {
     }
   }
 
-  void SetOne(google::protobuf::Message* m, const google::protobuf::FieldDescriptor* f) {
+  void SetOne(google::protobuf::Message* m, const google::protobuf::FieldDescriptor* f, int depth) {
     using FD = google::protobuf::FieldDescriptor;
     const google::protobuf::Reflection* r = m->GetReflection();
     const bool rep = f->is_repeated();
@@ -270,7 +269,7 @@ class FieldFuzzer {
         return rep ? r->AddString(m, f, std::move(t)) : r->SetString(m, f, std::move(t));
       }
       case FD::CPPTYPE_MESSAGE:
-        return MutateOne(rep ? r->AddMessage(m, f) : r->MutableMessage(m, f), 1);
+        return MutateOne(rep ? r->AddMessage(m, f) : r->MutableMessage(m, f), depth + 1);
     }
   }
 
@@ -278,16 +277,16 @@ class FieldFuzzer {
     const google::protobuf::Descriptor* d = m->GetDescriptor();
     if (d->field_count() == 0 || depth > 3) return;
     const google::protobuf::FieldDescriptor* f = d->field(static_cast<int>(Pick(d->field_count())));
-    if (!f->is_repeated()) return SetOne(m, f);
+    if (!f->is_repeated()) return SetOne(m, f, depth);
     const google::protobuf::Reflection* r = m->GetReflection();
     switch (Pick(3)) {
       case 0:
         return r->ClearField(m, f);
       case 1:
-        for (int n = From<int>({1, 3, 100, 5000}); n > 0; --n) SetOne(m, f);
+        for (int n = From<int>({1, 3, 100, 5000}); n > 0; --n) SetOne(m, f, depth);
         return;
       default:
-        SetOne(m, f);
+        SetOne(m, f, depth);
     }
   }
 
@@ -792,6 +791,7 @@ TEST_F(WorkerServiceTest, TenantsFindOnlyTheirOwnPrefixes) {
   auto store = StartStore();
   WorkerServerOptions o;
   o.service.client_tokens = {{"a-1", "team-a"}, {"a-2", "team-a"}, {"b-1", "team-b"}, {"plain", ""}};
+  o.service.engine.draft_window = 4;  // every request drafts
   auto worker = StartWorker(store->target(), o);
   auto stub = InferenceStub(worker->target());
   const auto p = Prompt(600, 2);  // 18 whole blocks of 32 tokens
@@ -812,9 +812,22 @@ TEST_F(WorkerServiceTest, TenantsFindOnlyTheirOwnPrefixes) {
   for (const char* other : {"b-1", "plain"}) EXPECT_EQ(call(other).prefix_store_tokens(), 0u) << other;
   EXPECT_EQ(stored_blocks(), 3u * 18);
   EXPECT_EQ(call("b-1").prefix_store_tokens(), 18u * 32);
-  // Worker stats count every tenant's requests: the default tenant's tokens only.
-  WorkerStats(*stub, "plain");
+  // Worker stats count every tenant's requests: the default tenant's tokens only. Each tenant's
+  // drafts are its own, and they add up to the worker's.
+  const v1::WorkerStats stats = WorkerStats(*stub, "plain");
   WorkerStats(*stub, "a-1", grpc::StatusCode::PERMISSION_DENIED);
+  ASSERT_EQ(stats.tenants_size(), 3);
+  uint64_t drafted = 0, accepted = 0, passes = 0;
+  for (const v1::TenantStats& t : stats.tenants()) {
+    EXPECT_GT(t.drafted_tokens(), 0u) << t.tenant();
+    EXPECT_GT(t.verify_passes(), 0u) << t.tenant();
+    drafted += t.drafted_tokens();
+    accepted += t.accepted_drafts();
+    passes += t.verify_passes();
+  }
+  EXPECT_EQ(drafted, stats.drafted_tokens());
+  EXPECT_EQ(accepted, stats.accepted_drafts());
+  EXPECT_EQ(passes, stats.verify_passes());
   // Names differ by tenant.
   EXPECT_NE(worker->prefixes()->Names("team-a", p), worker->prefixes()->Names("team-b", p));
   EXPECT_NE(worker->prefixes()->Names("team-a", p), worker->prefixes()->Names("", p));
@@ -871,8 +884,8 @@ TEST_F(WorkerServiceTest, ATenantAtItsLimitLeavesRoomForOthers) {
   EXPECT_EQ(b.generated_tokens(), 6u);
   EXPECT_EQ(b.prompt_tokens(), p.size());
   EXPECT_EQ(stats.requests_refused(), 1u);
-  // Drafting counts per tenant add up to the worker's; team-b's request drafted.
-  EXPECT_GT(b.drafted_tokens(), 0u);
+  // Drafting counts per tenant add up to the worker's (whether a short request drafts at all is
+  // the adaptive window's choice); team-b's request ran verify passes.
   EXPECT_GT(b.verify_passes(), 0u);
   EXPECT_EQ(a.drafted_tokens() + b.drafted_tokens(), stats.drafted_tokens());
   EXPECT_EQ(a.accepted_drafts() + b.accepted_drafts(), stats.accepted_drafts());
@@ -1041,7 +1054,6 @@ TEST_F(WorkerServiceTest, FuzzedRequestsGetAnswersAndLoseNothing) {
   };
 
   FieldFuzzer fuzz(20261130);
-  std::map<std::string, int> answered;
   for (int i = 0; i < 480; ++i) {
     const Method& m = methods[i % methods.size()];
     std::unique_ptr<google::protobuf::Message> req(m.seed->New());
@@ -1059,7 +1071,9 @@ TEST_F(WorkerServiceTest, FuzzedRequestsGetAnswersAndLoseNothing) {
     grpc::Status st;
     v1::GenerateRequest parsed;
     if (m.name.find("Generate") != std::string::npos && parsed.ParseFromString(bytes)) {
-      // A stream of answers: read to its end.
+      // A stream of answers: read to its end. Long generations are valid and only slow the test
+      // down, so they are cut to 64 tokens (what is past 2048 positions is still refused).
+      if (parsed.max_tokens() > 64 && parsed.max_tokens() < 100000) parsed.set_max_tokens(64);
       auto reader = stub->Generate(&ctx, parsed);
       v1::GenerateResponse r;
       while (reader->Read(&r)) {
@@ -1083,9 +1097,7 @@ TEST_F(WorkerServiceTest, FuzzedRequestsGetAnswersAndLoseNothing) {
       EXPECT_NE(st.error_code(), grpc::StatusCode::UNKNOWN) << what << ": " << st.error_message();
       EXPECT_NE(st.error_code(), grpc::StatusCode::UNAVAILABLE) << what << ": " << st.error_message();
     }
-    ++answered[absl::StrCat(m.name, " ", st.error_code())];
   }
-  for (const auto& [k, n] : answered) std::cout << k << ": " << n << "\n";
 
   // Both still serve, and outputs are exact whatever the store now holds.
   for (int round = 0; round < 2; ++round) {
@@ -1095,7 +1107,13 @@ TEST_F(WorkerServiceTest, FuzzedRequestsGetAnswersAndLoseNothing) {
       EXPECT_EQ(r.tokens, Want(*p, 12, 3));
     }
   }
-  EXPECT_GT(StoreStats(*store).ram_capacity_bytes(), 0u);
+  // The store still answers lookups of the prompt's blocks (those a fuzzed Delete spared).
+  {
+    grpc::ClientContext ctx;
+    ctx.AddMetadata("authorization", "Bearer tok");
+    v1::LookupResponse found;
+    EXPECT_TRUE(store_stub->Lookup(&ctx, lookup, &found).ok());
+  }
 }
 
 }  // namespace

@@ -19,8 +19,8 @@ namespace vc::cli {
 namespace {
 
 constexpr char kUsage[] =
-    "usage: vericache worker --model DIR --listen HOST:PORT [--store HOST:PORT[,...] --store-token-file FILE]\n"
-    "                        [--store-replicas N]\n"
+    "usage: vericache worker --model DIR --listen HOST:PORT [--store HOST:PORT|srv:NAME[,...]\n"
+    "                        --store-token-file FILE] [--store-replicas N] [--store-shards N]\n"
     "                        [--ucx none|peer|off] [--block-tokens N] [--compressor SPEC] [--max-batch N]\n"
     "                        [--staging-mib N] [--full-kv-mib N] [--prefix-cache-mib N] [--host-kv-mib N]\n"
     "                        [--max-requests N] [--max-requests-per-tenant N] [--client-write-timeout-ms N]\n"
@@ -32,6 +32,8 @@ constexpr char kUsage[] =
     "                          (every worker must list the same stores, in any order). srv:NAME\n"
     "                          stands for the targets of NAME's DNS SRV records, looked up at start\n"
     "                          (a headless Service: srv:_grpc._tcp.vericache-store)\n"
+    "  --store-shards N        with srv:, how many stores DNS must list: the lookup is retried every\n"
+    "                          second for up to 2 minutes until it does (default 0: what it lists)\n"
     "  --store-replicas N      stores holding each block (default 1): with N, a block is found while\n"
     "                          any N - 1 of its stores are down, for N times the puts and store space\n"
     "  --store-token-file FILE the bearer token the worker presents to the store (one line)\n"
@@ -63,7 +65,8 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
                           {"model", "listen", "store", "store-replicas", "store-token-file", "ucx", "block-tokens",
                            "compressor", "max-batch", "staging-mib", "full-kv-mib", "prefix-cache-mib", "host-kv-mib",
                            "client-write-timeout-ms", "max-requests", "max-requests-per-tenant", "client-tokens",
-                           "store-timeout-ms", "draft-window", "keep-staged", "stored-compressed", "metrics-listen"},
+                           "store-timeout-ms", "draft-window", "keep-staged", "stored-compressed", "metrics-listen",
+                           "store-shards"},
                           {}));
   for (const char* req : {"model", "listen"}) {
     if (!a.Has(req)) return absl::InvalidArgumentError(absl::StrCat("--", req, " is required"));
@@ -91,6 +94,13 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
                                                    stores, " given"));
   }
   o.store_replicas = static_cast<int>(replicas);
+  VC_ASSIGN_OR_RETURN(const int64_t min_shards, a.Int("store-shards", 0, 0, 4096));
+  if (min_shards > 0 && !from_dns) return absl::InvalidArgumentError("--store-shards counts srv: stores only");
+  if (min_shards > 0 && replicas > min_shards) {
+    return absl::InvalidArgumentError(absl::StrCat("--store-replicas ", replicas, " needs as many stores; --store-shards ",
+                                                   min_shards, " expects fewer"));
+  }
+  o.min_store_shards = static_cast<int>(min_shards);
   if (a.Has("store-token-file")) {
     VC_ASSIGN_OR_RETURN(o.store_token, ReadBearerTokenFile(a.Str("store-token-file")));
   } else if (!o.store_target.empty()) {
