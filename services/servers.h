@@ -122,9 +122,9 @@ class WorkerServer {
 };
 
 // The store shards a worker's store_target lists, srv: items replaced by the targets of their
-// SRV records (looked up now, through `dns_server` when it is not empty; again every second, for
-// up to `wait`, while a lookup fails or they list fewer than `min_shards` in all). The lookup's
-// error when the wait is over, or kUnavailable for too few shards.
+// SRV records (looked up now, through `dns_server` when it is not empty; with `min_shards` > 0,
+// again every second for up to `wait` while a lookup fails or they list fewer in all). The
+// lookup's error, or kUnavailable for too few shards.
 absl::StatusOr<std::vector<std::string>> StoreShards(const std::string& targets, const std::string& dns_server,
                                                      int min_shards, absl::Duration wait);
 

@@ -259,9 +259,16 @@ TEST(StoreShardsFromDns, WaitsForTheShardsItExpects) {
   later.get();
   ASSERT_TRUE(two.ok()) << two.status();
   EXPECT_EQ(*two, (std::vector<std::string>{"store-0.stores.test:7070", "store-1.stores.test:7070"}));
+  const auto t0 = std::chrono::steady_clock::now();
   auto three = StoreShards(name, dns.address(), 3, absl::Seconds(2));
+  EXPECT_GE(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 1.0) << "looked again";
   EXPECT_EQ(three.status().code(), absl::StatusCode::kUnavailable) << three.status();
   EXPECT_NE(three.status().message().find("lists 2 store shards"), std::string::npos) << three.status();
+  // Without shards to wait for, a name without records fails at once.
+  const auto t1 = std::chrono::steady_clock::now();
+  EXPECT_EQ(StoreShards("srv:_grpc._tcp.none.test.", dns.address(), 0, absl::Seconds(60)).status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count(), 5.0);
   // Listed targets need no DNS, and a count applies to srv: items only.
   auto listed = StoreShards("a:1,b:2", "", 5, absl::Seconds(0));
   ASSERT_TRUE(listed.ok()) << listed.status();
