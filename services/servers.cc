@@ -209,6 +209,11 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(WorkerServerOp
   return w;
 }
 
+void WorkerServer::StopAdmitting() {
+  if (grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService()) health->SetServingStatus(false);
+  service_->StopAdmitting();
+}
+
 WorkerServer::~WorkerServer() {
   metrics_.reset();  // it reads the service
   // Calls still streaming end when the service goes (UNAVAILABLE) or within the grace period.

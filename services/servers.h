@@ -107,6 +107,11 @@ class WorkerServer {
   const Model& model() const { return *model_; }
   StorePrefixes* prefixes() { return prefixes_.get(); }  // null without a store
   const std::vector<std::string>& store_shards() const { return store_shards_; }  // srv: items resolved
+  // Draining before a stop: the health service reports NOT_SERVING (readiness probes fail, so
+  // load balancers move on), new requests are refused with UNAVAILABLE, and those admitted run to
+  // their end. WaitIdle: whether none is left, waiting up to `timeout`.
+  void StopAdmitting();
+  bool WaitIdle(absl::Duration timeout) { return service_->WaitIdle(timeout); }
   int metrics_port() const { return metrics_ != nullptr ? metrics_->port() : 0; }  // 0: no endpoint
 
  private:

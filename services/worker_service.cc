@@ -106,6 +106,17 @@ class Scheduler {
     return {totals_, tenants_};
   }
 
+  // From now on, requests are refused with UNAVAILABLE; those queued or in flight run on.
+  void StopAdmitting() {
+    absl::MutexLock l(&mu_);
+    draining_ = true;
+  }
+  // Whether no request is queued or in flight, waiting up to `timeout` for it.
+  bool WaitIdle(absl::Duration timeout) {
+    absl::MutexLock l(&mu_);
+    return mu_.AwaitWithTimeout(absl::Condition(this, &Scheduler::IdleLocked), timeout);
+  }
+
   ~Scheduler() {
     {
       absl::MutexLock l(&mu_);
@@ -121,6 +132,11 @@ class Scheduler {
     absl::MutexLock l(&mu_);
     if (stop_) return absl::UnavailableError("the worker is shutting down");
     Totals& tenant = tenants_[request.tenant];
+    if (draining_) {
+      totals_.refused++;
+      tenant.refused++;
+      return absl::UnavailableError("the worker is draining before it stops: send the request to another worker");
+    }
     if (totals_.in_flight >= max_requests_ ||
         (max_requests_per_tenant_ > 0 && tenant.in_flight >= max_requests_per_tenant_)) {
       totals_.refused++;
@@ -204,6 +220,8 @@ class Scheduler {
     for (Live& x : live) x.stream->Done(absl::UnavailableError("the worker is shutting down"), {});
   }
 
+  bool IdleLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_) { return totals_.in_flight == 0; }
+
   // The counts a worker's GetStats reports, of one request's stats.
   static void Add(const EngineStats& s, EngineStats* sum) {
     sum->prompt_tokens += s.prompt_tokens;
@@ -227,6 +245,7 @@ class Scheduler {
   Totals totals_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, Totals> tenants_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  bool draining_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;
 };
 
@@ -261,6 +280,10 @@ WorkerService::WorkerService(const Model& model, const WorkerServiceOptions& opt
     : model_(model), options_(options), prefixes_(prefixes), started_(absl::Now()) {}
 
 WorkerService::~WorkerService() = default;
+
+void WorkerService::StopAdmitting() { scheduler_->StopAdmitting(); }
+
+bool WorkerService::WaitIdle(absl::Duration timeout) { return scheduler_->WaitIdle(timeout); }
 
 absl::StatusOr<std::unique_ptr<WorkerService>> WorkerService::Create(const Model& model, FullKvTier* tier,
                                                                     PrefixStore* prefixes,

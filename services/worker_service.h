@@ -75,6 +75,10 @@ class WorkerService final : public vericache::v1::Inference::Service {
                         vericache::v1::WorkerStats* resp) override;
   // What GetStats answers, without asking who calls (the metrics endpoint).
   void CurrentStats(vericache::v1::WorkerStats* resp) const;
+  // Draining before a stop: new requests are refused with UNAVAILABLE from now on, while those
+  // queued or in flight run to their end. WaitIdle: whether none is left, waiting up to `timeout`.
+  void StopAdmitting();
+  bool WaitIdle(absl::Duration timeout);
 
  private:
   WorkerService(const Model& model, const WorkerServiceOptions& options, PrefixStore* prefixes);

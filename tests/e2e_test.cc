@@ -43,6 +43,21 @@ class Process {
     }
   }
   ~Process() { Kill(SIGKILL); }
+  void Signal(int sig) {
+    if (pid_ > 0) kill(pid_, sig);
+  }
+  // Whether the process exits within `limit` (it is reaped then).
+  bool WaitExit(std::chrono::milliseconds limit) {
+    const auto until = std::chrono::steady_clock::now() + limit;
+    while (pid_ > 0 && std::chrono::steady_clock::now() < until) {
+      if (waitpid(pid_, nullptr, WNOHANG) == pid_) {
+        pid_ = -1;
+        return true;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return pid_ <= 0;
+  }
   bool Running() { return pid_ > 0 && waitpid(pid_, nullptr, WNOHANG) == 0; }
   void Kill(int sig) {
     if (pid_ > 0) {
@@ -280,6 +295,38 @@ TEST_F(EndToEnd, BadRequestsGetClearStatuses) {
   GenerateReply ok = CallGenerate(*stub, Request(1, v1::MODE_VERICACHE));
   ASSERT_TRUE(ok.status.ok()) << ok.status;
   EXPECT_EQ(ok.tokens, want_[1]);
+}
+
+// SIGTERM drains the worker process: the request in flight finishes, exact, a new one is refused
+// with UNAVAILABLE, and the process then exits on its own.
+TEST_F(EndToEnd, SigtermDrainsTheWorker) {
+  const int port = FreePort(5);
+  auto store = StartStore();
+  auto worker = StartWorker(port);
+  auto stub = InferenceStub(absl::StrCat("127.0.0.1:", port));
+  v1::GenerateRequest r = Request(0, v1::MODE_VERICACHE);
+  r.set_max_tokens(600);
+  r.set_ignore_eos(true);
+  GenerateOptions o = options_[0];
+  o.max_tokens = 600;
+  o.stop_at_eos = false;
+  const auto want = GenerateFull(*model_, prompts_[0], o);
+  ASSERT_TRUE(want.ok());
+  auto long_call = std::async(std::launch::async, [&] { return CallGenerate(*stub, r, "", absl::Seconds(120)); });
+  for (int i = 0; i < 500; ++i) {  // until it is admitted
+    grpc::ClientContext ctx;
+    v1::WorkerStats stats;
+    if (stub->GetStats(&ctx, v1::GetStatsRequest(), &stats).ok() && stats.requests_in_flight() > 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  worker->Signal(SIGTERM);
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  const GenerateReply refused = CallGenerate(*stub, Request(1, v1::MODE_VERICACHE));
+  const GenerateReply done = long_call.get();
+  ASSERT_TRUE(done.status.ok()) << done.status;
+  EXPECT_EQ(done.tokens, want->tokens);
+  EXPECT_EQ(refused.status.code(), absl::StatusCode::kUnavailable) << refused.status;
+  EXPECT_TRUE(worker->WaitExit(std::chrono::seconds(30))) << "the worker did not exit after draining";
 }
 
 }  // namespace

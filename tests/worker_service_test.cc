@@ -1116,5 +1116,48 @@ TEST_F(WorkerServiceTest, FuzzedRequestsGetAnswersAndLoseNothing) {
   }
 }
 
+// Draining before a stop: the health service says NOT_SERVING, a new request is refused with
+// UNAVAILABLE, and the request in flight runs to its end, exact.
+TEST_F(WorkerServiceTest, DrainingFinishesAdmittedRequestsAndRefusesNewOnes) {
+  auto worker = StartSlowWorker({});
+  auto stub = InferenceStub(worker->target());
+  // The health service's answer for the whole server: its status byte (1 serving, 2 not).
+  const auto health = [&] {
+    grpc::GenericStub raw(grpc::CreateChannel(worker->target(), grpc::InsecureChannelCredentials()));
+    grpc::ClientContext ctx;
+    const grpc::Slice empty("");
+    const grpc::ByteBuffer request(&empty, 1);  // HealthCheckRequest{service: ""}
+    grpc::ByteBuffer response;
+    std::promise<grpc::Status> done;
+    raw.UnaryCall(&ctx, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request, &response,
+                  [&](grpc::Status st) { done.set_value(st); });
+    EXPECT_TRUE(done.get_future().get().ok());
+    std::vector<grpc::Slice> slices;
+    EXPECT_TRUE(response.Dump(&slices).ok());
+    std::string bytes;
+    for (const grpc::Slice& sl : slices) bytes.append(reinterpret_cast<const char*>(sl.begin()), sl.size());
+    return bytes.size() == 2 && bytes[0] == 0x08 ? bytes[1] : -1;  // field 1, varint
+  };
+  EXPECT_EQ(health(), 1);
+  const auto p = Prompt(200, 1);
+  const auto want = Want(p, 1200);
+  auto long_call = std::async(std::launch::async, [&] { return CallGenerate(*stub, Request(p, 1200)); });
+  for (int i = 0; i < 200 && WorkerStats(*stub, "").requests_in_flight() == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));  // until it is admitted
+  }
+  worker->StopAdmitting();
+  EXPECT_EQ(health(), 2);
+  const GenerateReply refused = CallGenerate(*stub, Request(p, 4));
+  EXPECT_EQ(refused.status.code(), absl::StatusCode::kUnavailable) << refused.status;
+  EXPECT_NE(refused.status.message().find("draining"), std::string::npos) << refused.status;
+  const bool idle_at_once = worker->WaitIdle(absl::ZeroDuration());
+  EXPECT_TRUE(worker->WaitIdle(absl::Seconds(60)));
+  const GenerateReply r = long_call.get();
+  ASSERT_TRUE(r.status.ok()) << r.status;
+  EXPECT_EQ(r.tokens, want);
+  EXPECT_FALSE(idle_at_once) << "the long request was still in flight when the drain began";
+  EXPECT_EQ(WorkerStats(*stub, "").requests_refused(), 1u);
+}
+
 }  // namespace
 }  // namespace vc

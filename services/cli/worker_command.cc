@@ -25,7 +25,7 @@ constexpr char kUsage[] =
     "                        [--staging-mib N] [--full-kv-mib N] [--prefix-cache-mib N] [--host-kv-mib N]\n"
     "                        [--max-requests N] [--max-requests-per-tenant N] [--client-write-timeout-ms N]\n"
     "                        [--client-tokens FILE] [--store-timeout-ms N] [--draft-window K] [--keep-staged 0|1]\n"
-    "                        [--stored-compressed 0|1] [--metrics-listen HOST:PORT]\n"
+    "                        [--stored-compressed 0|1] [--metrics-listen HOST:PORT] [--drain-seconds N]\n"
     "  --store HOST:PORT       the cache store: prompts' prefixes are looked up there, their full KV\n"
     "                          read over UCX while the worker drafts, and prefixes it lacked published.\n"
     "                          Several, comma-separated: blocks are spread over them by their names\n"
@@ -57,7 +57,10 @@ constexpr char kUsage[] =
     "                          store's variant of a prefix this worker has no compressed copy of\n"
     "                          (default 0)\n"
     "  --metrics-listen HOST:PORT  serve Prometheus metrics (GetStats' counts, every tenant's) at\n"
-    "                          http://HOST:PORT/metrics, plain HTTP without authentication (default: none)\n";
+    "                          http://HOST:PORT/metrics, plain HTTP without authentication (default: none)\n"
+    "  --drain-seconds N       on SIGTERM or SIGINT, report NOT_SERVING, refuse new requests, and let\n"
+    "                          those admitted finish for up to N seconds before stopping (default 30;\n"
+    "                          a second signal stops at once)\n";
 
 absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
   VC_ASSIGN_OR_RETURN(
@@ -66,7 +69,7 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
                            "compressor", "max-batch", "staging-mib", "full-kv-mib", "prefix-cache-mib", "host-kv-mib",
                            "client-write-timeout-ms", "max-requests", "max-requests-per-tenant", "client-tokens",
                            "store-timeout-ms", "draft-window", "keep-staged", "stored-compressed", "metrics-listen",
-                           "store-shards"},
+                           "store-shards", "drain-seconds"},
                           {}));
   for (const char* req : {"model", "listen"}) {
     if (!a.Has(req)) return absl::InvalidArgumentError(absl::StrCat("--", req, " is required"));
@@ -144,6 +147,7 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
   if (a.Has("client-tokens")) {
     VC_ASSIGN_OR_RETURN(o.service.client_tokens, ReadClientTokens(a.Str("client-tokens")));
   }
+  VC_ASSIGN_OR_RETURN(const int64_t drain_seconds, a.Int("drain-seconds", 30, 0, 86400));
   sigset_t sigs;
   sigemptyset(&sigs);
   sigaddset(&sigs, SIGINT);
@@ -159,7 +163,17 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
   }
   int sig = 0;
   sigwait(&sigs, &sig);
-  out << "signal " << sig << ": shutting down" << std::endl;
+  // Drain: load balancers see NOT_SERVING and move on; what was admitted finishes.
+  out << "signal " << sig << ": draining (up to " << drain_seconds << " s; a second signal stops at once)"
+      << std::endl;
+  w->StopAdmitting();
+  const absl::Time until = absl::Now() + absl::Seconds(drain_seconds);
+  bool idle = false;
+  while (!(idle = w->WaitIdle(absl::Milliseconds(100))) && absl::Now() < until) {
+    const timespec now{0, 0};
+    if (sigtimedwait(&sigs, nullptr, &now) > 0) break;
+  }
+  out << (idle ? "drained: shutting down" : "shutting down with requests in flight") << std::endl;
   return absl::OkStatus();
 }
 
