@@ -25,11 +25,17 @@ GenerateReply CallGenerate(vericache::v1::Inference::Stub& stub, const vericache
   return r;
 }
 
-std::unique_ptr<vericache::v1::Inference::Stub> InferenceStub(const std::string& target) {
+std::unique_ptr<vericache::v1::Inference::Stub> InferenceStub(const std::string& target,
+                                                              const std::string& tls_root_certs_pem) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(64 << 20);
-  return vericache::v1::Inference::NewStub(
-      grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args));
+  std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials();
+  if (!tls_root_certs_pem.empty()) {
+    grpc::SslCredentialsOptions ssl;
+    ssl.pem_root_certs = tls_root_certs_pem;
+    creds = grpc::SslCredentials(ssl);
+  }
+  return vericache::v1::Inference::NewStub(grpc::CreateCustomChannel(target, creds, args));
 }
 
 }  // namespace vc

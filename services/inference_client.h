@@ -28,7 +28,10 @@ struct GenerateReply {
 GenerateReply CallGenerate(vericache::v1::Inference::Stub& stub, const vericache::v1::GenerateRequest& req,
                            const std::string& token = "", absl::Duration timeout = absl::InfiniteDuration());
 
-std::unique_ptr<vericache::v1::Inference::Stub> InferenceStub(const std::string& target);
+// A stub for the worker at `target`: over TLS, trusting these root certificates (PEM), when
+// `tls_root_certs_pem` is not empty.
+std::unique_ptr<vericache::v1::Inference::Stub> InferenceStub(const std::string& target,
+                                                              const std::string& tls_root_certs_pem = "");
 
 }  // namespace vc
 

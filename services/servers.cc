@@ -190,6 +190,7 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(WorkerServerOp
     w->store_shards_ = po.shards;
     po.replicas = options.store_replicas;
     po.store.token = options.store_token;
+    po.store.tls_root_certs_pem = options.store_tls_root_certs_pem;
     po.store.timeout_ms = options.store_timeout_ms;
     po.ucx = options.ucx;
     po.block_tokens = options.block_tokens;

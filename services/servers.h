@@ -73,6 +73,7 @@ struct WorkerServerOptions {
   int64_t store_shards_wait_ms = 120'000;
   int store_replicas = 1;  // shards holding each block, up to the number of shards
   std::string store_token;
+  std::string store_tls_root_certs_pem;  // the store serves TLS: its root certificates; empty: plaintext
   int64_t store_timeout_ms = 2000;
   std::string ucx = "none";  // one-sided reads: "none", "peer"; "off": inline gRPC
   int block_tokens = 256;    // tokens per store block
@@ -88,7 +89,7 @@ struct WorkerServerOptions {
   int64_t prefix_cache_bytes = int64_t{256} << 20;
   int64_t host_kv_bytes = int64_t{1024} << 20;
   WorkerServiceOptions service;  // engine options, limits, client tokens
-  std::shared_ptr<grpc::ServerCredentials> credentials;
+  std::shared_ptr<grpc::ServerCredentials> credentials;  // null: plaintext
   // HOST:PORT of a Prometheus /metrics endpoint (plain HTTP, no authentication: every tenant's
   // counts, as GetStats gives the default tenant's tokens); empty: none.
   std::string metrics_listen;

@@ -12,6 +12,7 @@
 #include "common/files.h"
 #include "common/status_macros.h"
 #include "common/text_checks.h"
+#include "grpcpp/security/credentials.h"
 
 namespace vc::cli {
 
@@ -142,6 +143,22 @@ absl::StatusOr<std::map<std::string, std::string>> ReadClientTokens(const std::s
   }
   if (tokens.empty()) return absl::InvalidArgumentError(absl::StrCat(path, " lists no token"));
   return tokens;
+}
+
+absl::StatusOr<std::string> ReadSmallFile(const std::string& path, absl::string_view what) {
+  VC_ASSIGN_OR_RETURN(std::string text, ReadFileLimited(path, 1 << 20, what));
+  if (absl::StripAsciiWhitespace(text).empty()) return absl::InvalidArgumentError(absl::StrCat(what, " ", path, " is empty"));
+  return text;
+}
+
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerTls(const Args& a) {
+  if (a.Has("tls-cert") != a.Has("tls-key")) return absl::InvalidArgumentError("give both --tls-cert and --tls-key");
+  if (!a.Has("tls-cert")) return std::shared_ptr<grpc::ServerCredentials>();
+  grpc::SslServerCredentialsOptions ssl;
+  VC_ASSIGN_OR_RETURN(std::string cert, ReadSmallFile(a.Str("tls-cert"), "TLS certificate"));
+  VC_ASSIGN_OR_RETURN(std::string key, ReadSmallFile(a.Str("tls-key"), "TLS key"));
+  ssl.pem_key_cert_pairs.push_back({key, cert});
+  return grpc::SslServerCredentials(ssl);
 }
 
 }  // namespace vc::cli

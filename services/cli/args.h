@@ -6,11 +6,14 @@
 #include <functional>
 #include <ostream>
 #include <map>
+#include <memory>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "grpcpp/security/server_credentials.h"
 
 namespace vc::cli {
 
@@ -44,6 +47,13 @@ absl::StatusOr<std::string> ReadBearerTokenFile(const std::string& path);
 // '#' lines and blank ones skipped; kInvalidArgument, with the line, for anything else, a token
 // listed twice, or no token.
 absl::StatusOr<std::map<std::string, std::string>> ReadClientTokens(const std::string& path);
+
+// A secret, certificate or key file: at most 1 MiB, and not empty (kInvalidArgument naming `what`).
+absl::StatusOr<std::string> ReadSmallFile(const std::string& path, absl::string_view what);
+
+// Server credentials from --tls-cert and --tls-key (both or neither): TLS with that certificate,
+// or null (plaintext) when neither is given.
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerTls(const Args& a);
 
 // --ram-hot-fraction (cachestore::RamTierOptions::hot_fraction), in [0, 1]; 0.5 when absent.
 absl::StatusOr<double> HotFraction(const Args& a);

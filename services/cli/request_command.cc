@@ -16,12 +16,12 @@ namespace {
 constexpr char kUsage[] =
     "usage: vericache request --target HOST:PORT (--prompt TEXT | --prompt-file FILE) [--max-tokens N]\n"
     "                         [--mode vericache|full] [--temperature T] [--top-k K] [--top-p P] [--seed S]\n"
-    "                         [--token TOKEN] [--timeout-ms N]\n"
+    "                         [--token TOKEN] [--timeout-ms N] [--tls-ca PEM]\n"
     "  sends one Generate call to a worker, prints the generated text and the call's stats\n";
 
 absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
   VC_ASSIGN_OR_RETURN(Args a, Args::Parse(argv, {"target", "prompt", "prompt-file", "max-tokens", "mode", "temperature",
-                                                 "top-k", "top-p", "seed", "token", "timeout-ms"},
+                                                 "top-k", "top-p", "seed", "token", "timeout-ms", "tls-ca"},
                                           {}));
   if (!a.Has("target")) return absl::InvalidArgumentError("--target is required");
   VC_RETURN_IF_ERROR(CheckAddress("--target", a.Str("target"), false));
@@ -57,7 +57,11 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
   } else {
     return absl::InvalidArgumentError(absl::StrCat("--mode must be vericache or full, not ", mode));
   }
-  auto stub = InferenceStub(a.Str("target"));
+  std::string root_pem;
+  if (a.Has("tls-ca")) {
+    VC_ASSIGN_OR_RETURN(root_pem, ReadSmallFile(a.Str("tls-ca"), "TLS root certificates"));
+  }
+  auto stub = InferenceStub(a.Str("target"), root_pem);
   GenerateReply r = CallGenerate(*stub, req, a.Str("token"), absl::Milliseconds(timeout_ms));
   VC_RETURN_IF_ERROR(r.status);
   const auto& s = r.stats;

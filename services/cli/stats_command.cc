@@ -23,7 +23,7 @@ constexpr char kUsage[] =
     "  asks a worker (Inference.GetStats) or, when the target is a cache store, the store\n"
     "  (CacheStore.Stats) what it has done since it started, and prints it\n"
     "  --token, --token-file  the bearer token the target takes (a store always needs one)\n"
-    "  --tls-ca PEM     root certificates of a store serving TLS\n";
+    "  --tls-ca PEM     root certificates of a worker or store serving TLS\n";
 
 std::string Share(uint64_t part, uint64_t whole) {
   return whole == 0 ? "-" : absl::StrFormat("%.1f%%", 100.0 * static_cast<double>(part) / static_cast<double>(whole));

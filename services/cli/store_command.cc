@@ -43,13 +43,6 @@ constexpr char kUsage[] =
     "                   serve Prometheus metrics (tier use, hits, misses) at http://HOST:PORT/metrics,\n"
     "                   plain HTTP without authentication (default: none)\n";
 
-// A secret, certificate or key file: small, and never empty.
-absl::StatusOr<std::string> ReadAll(const std::string& path, absl::string_view what) {
-  VC_ASSIGN_OR_RETURN(std::string text, ReadFileLimited(path, 1 << 20, what));
-  if (absl::StripAsciiWhitespace(text).empty()) return absl::InvalidArgumentError(absl::StrCat(what, " ", path, " is empty"));
-  return text;
-}
-
 absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
   VC_ASSIGN_OR_RETURN(Args a, Args::Parse(argv, {"listen", "data-dir", "tokens", "ram-bytes", "disk-bytes",
                                                  "secret-file", "tls-cert", "tls-key", "ucx", "lease-ttl-ms",
@@ -74,7 +67,7 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
   VC_ASSIGN_OR_RETURN(so.tokens, ReadTokenFile(a.Str("tokens")));
   if (so.tokens.empty()) return absl::InvalidArgumentError("the token file lists no tenant");
   if (a.Has("secret-file")) {
-    VC_ASSIGN_OR_RETURN(so.secret, ReadAll(a.Str("secret-file"), "secret file"));
+    VC_ASSIGN_OR_RETURN(so.secret, ReadSmallFile(a.Str("secret-file"), "secret file"));
   }
   StoreServerOptions server;
   server.listen = a.Str("listen");
@@ -82,14 +75,7 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
   server.service = so;
   server.ucx = a.Str("ucx", "none");
   server.metrics_listen = a.Str("metrics-listen", "");
-  if (a.Has("tls-cert") != a.Has("tls-key")) return absl::InvalidArgumentError("give both --tls-cert and --tls-key");
-  if (a.Has("tls-cert")) {
-    grpc::SslServerCredentialsOptions ssl;
-    VC_ASSIGN_OR_RETURN(std::string cert, ReadAll(a.Str("tls-cert"), "TLS certificate"));
-    VC_ASSIGN_OR_RETURN(std::string key, ReadAll(a.Str("tls-key"), "TLS key"));
-    ssl.pem_key_cert_pairs.push_back({key, cert});
-    server.credentials = grpc::SslServerCredentials(ssl);
-  }
+  VC_ASSIGN_OR_RETURN(server.credentials, ServerTls(a));
   // Block the signals before RocksDB and gRPC start their threads (which inherit the mask), so
   // that only the sigwait below receives them.
   sigset_t sigs;

@@ -26,6 +26,7 @@ constexpr char kUsage[] =
     "                        [--max-requests N] [--max-requests-per-tenant N] [--client-write-timeout-ms N]\n"
     "                        [--client-tokens FILE] [--store-timeout-ms N] [--draft-window K] [--keep-staged 0|1]\n"
     "                        [--stored-compressed 0|1] [--metrics-listen HOST:PORT] [--drain-seconds N]\n"
+    "                        [--tls-cert PEM --tls-key PEM] [--store-tls-ca PEM]\n"
     "  --store HOST:PORT       the cache store: prompts' prefixes are looked up there, their full KV\n"
     "                          read over UCX while the worker drafts, and prefixes it lacked published.\n"
     "                          Several, comma-separated: blocks are spread over them by their names\n"
@@ -58,6 +59,9 @@ constexpr char kUsage[] =
     "                          (default 0)\n"
     "  --metrics-listen HOST:PORT  serve Prometheus metrics (GetStats' counts, every tenant's) at\n"
     "                          http://HOST:PORT/metrics, plain HTTP without authentication (default: none)\n"
+    "  --tls-cert, --tls-key  serve clients over TLS with this certificate and key (PEM)\n"
+    "  --store-tls-ca PEM      the store serves TLS: its root certificates (PEM); the UCX data plane\n"
+    "                          is not encrypted\n"
     "  --drain-seconds N       on SIGTERM or SIGINT, report NOT_SERVING, refuse new requests, and let\n"
     "                          those admitted finish for up to N seconds before stopping (default 30;\n"
     "                          a second signal stops at once)\n";
@@ -69,7 +73,7 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
                            "compressor", "max-batch", "staging-mib", "full-kv-mib", "prefix-cache-mib", "host-kv-mib",
                            "client-write-timeout-ms", "max-requests", "max-requests-per-tenant", "client-tokens",
                            "store-timeout-ms", "draft-window", "keep-staged", "stored-compressed", "metrics-listen",
-                           "store-shards", "drain-seconds"},
+                           "store-shards", "drain-seconds", "tls-cert", "tls-key", "store-tls-ca"},
                           {}));
   for (const char* req : {"model", "listen"}) {
     if (!a.Has(req)) return absl::InvalidArgumentError(absl::StrCat("--", req, " is required"));
@@ -148,6 +152,11 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
     VC_ASSIGN_OR_RETURN(o.service.client_tokens, ReadClientTokens(a.Str("client-tokens")));
   }
   VC_ASSIGN_OR_RETURN(const int64_t drain_seconds, a.Int("drain-seconds", 30, 0, 86400));
+  VC_ASSIGN_OR_RETURN(o.credentials, ServerTls(a));
+  if (a.Has("store-tls-ca")) {
+    if (o.store_target.empty()) return absl::InvalidArgumentError("--store-tls-ca needs --store");
+    VC_ASSIGN_OR_RETURN(o.store_tls_root_certs_pem, ReadSmallFile(a.Str("store-tls-ca"), "store TLS root certificates"));
+  }
   sigset_t sigs;
   sigemptyset(&sigs);
   sigaddset(&sigs, SIGINT);
@@ -156,8 +165,9 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
   VC_ASSIGN_OR_RETURN(std::unique_ptr<WorkerServer> w, WorkerServer::Start(o));
   out << "vericache worker listening on port " << w->port() << " (model " << o.model_dir << ", compressor "
       << eo.compressor << ", store " << (o.store_target.empty() ? "none" : absl::StrJoin(w->store_shards(), ","))
-      << (o.store_replicas > 1 ? absl::StrCat(" (", o.store_replicas, " replicas)") : "") << ", UCX " << o.ucx
-      << ")" << std::endl;
+      << (o.store_replicas > 1 ? absl::StrCat(" (", o.store_replicas, " replicas)") : "")
+      << (o.store_tls_root_certs_pem.empty() ? "" : " over TLS") << ", UCX " << o.ucx
+      << (o.credentials != nullptr ? ", clients over TLS" : "") << ")" << std::endl;
   if (w->metrics_port() != 0) {
     out << "metrics at http://" << o.metrics_listen << "/metrics (port " << w->metrics_port() << ")" << std::endl;
   }
