@@ -39,6 +39,7 @@ absl::Status BlockStore::Put(const BlockKey& key, absl::string_view block) {
     if (stored) (void)ram_->Delete(key);
     return d;
   }
+  puts_++;
   return absl::OkStatus();
 }
 
@@ -137,6 +138,9 @@ StoreStats BlockStore::Stats() const {
   s.hits_disk = hits_disk_;
   s.misses = misses_;
   s.corrupt_dropped = corrupt_;
+  s.puts = puts_;
+  s.ram_evictions = ram_->evictions();
+  s.disk_evictions = disk_->evictions();
   return s;
 }
 

@@ -27,6 +27,8 @@ struct StoreStats {
   uint64_t ram_block_bytes = 0;  // of the blocks in the slots ram_used_bytes counts
   uint64_t disk_used_bytes = 0, disk_capacity_bytes = 0, disk_blocks = 0;
   uint64_t hits_ram = 0, hits_disk = 0, misses = 0, corrupt_dropped = 0;
+  uint64_t puts = 0;                                   // blocks stored (both tiers took them)
+  uint64_t ram_evictions = 0, disk_evictions = 0;      // blocks evicted to make room, per tier
 };
 
 struct StoreOptions {
@@ -73,7 +75,7 @@ class BlockStore {
   BlockStore() = default;
   std::unique_ptr<RamTier> ram_;
   std::unique_ptr<DiskTier> disk_;
-  std::atomic<uint64_t> hits_ram_{0}, hits_disk_{0}, misses_{0}, corrupt_{0};
+  std::atomic<uint64_t> hits_ram_{0}, hits_disk_{0}, misses_{0}, corrupt_{0}, puts_{0};
 };
 
 }  // namespace vc::cachestore

@@ -194,6 +194,7 @@ absl::Status RamTier::Put(const BlockKey& key, absl::string_view block,
       Entry& e = entries_[*victim];
       if (e.pins > 0) continue;
       if (evicted != nullptr) evicted->emplace_back(*victim, std::string(region_ + e.offset, e.size));
+      evictions_++;
       Free(e);
       const BlockKey k = *victim;
       ++victim;
@@ -330,6 +331,11 @@ uint64_t RamTier::block_bytes() const {
 size_t RamTier::blocks() const {
   absl::MutexLock l(&mu_);
   return lru_.size();
+}
+
+uint64_t RamTier::evictions() const {
+  absl::MutexLock l(&mu_);
+  return evictions_;
 }
 
 // ----------------------------------------------------------------------------------------- disk
@@ -503,6 +509,7 @@ absl::Status DiskTier::Put(const BlockKey& key, absl::string_view block) {
     while (used_ > options_.capacity_bytes && order_.size() > 1) {
       victims.push_back(order_.front());
       Unindex(victims.back());
+      evictions_++;
     }
   }
   for (const BlockKey& v : victims) (void)Erase(v);
@@ -570,6 +577,11 @@ uint64_t DiskTier::used_bytes() const {
 size_t DiskTier::blocks() const {
   absl::MutexLock l(&mu_);
   return sizes_.size();
+}
+
+uint64_t DiskTier::evictions() const {
+  absl::MutexLock l(&mu_);
+  return evictions_;
 }
 
 }  // namespace vc::cachestore

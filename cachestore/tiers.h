@@ -128,6 +128,8 @@ class RamTier {
   uint64_t used_bytes() const;
   uint64_t block_bytes() const;
   size_t blocks() const;
+  // Blocks evicted to make room, since the tier opened.
+  uint64_t evictions() const;
 
  private:
   struct Entry {
@@ -175,6 +177,7 @@ class RamTier {
   const uint64_t hot_cap_;     // bytes the hot segment may hold
   uint64_t largest_slot_ = 0;  // the region's biggest aligned power-of-two piece
   uint64_t used_ ABSL_GUARDED_BY(mu_) = 0;         // bytes of live slots
+  uint64_t evictions_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t block_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // bytes of the blocks in them
   // Free slots: size -> offsets (no size with none). A slot of s bytes sits at a multiple of s
   // (counted from the region's base in min_slot_bytes units), and its buddy, the other half of the
@@ -219,6 +222,8 @@ class DiskTier {
   uint64_t used_bytes() const;
   uint64_t capacity_bytes() const { return options_.capacity_bytes; }
   size_t blocks() const;
+  // Blocks evicted to make room, since the tier opened.
+  uint64_t evictions() const;
 
  private:
   DiskTier() = default;
@@ -239,6 +244,7 @@ class DiskTier {
   std::list<BlockKey> order_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<BlockKey, std::pair<uint64_t, std::list<BlockKey>::iterator>> sizes_ ABSL_GUARDED_BY(mu_);
   uint64_t used_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t evictions_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace vc::cachestore

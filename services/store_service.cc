@@ -240,6 +240,9 @@ void CacheStoreService::CurrentStats(StatsResponse* resp) const {
   resp->set_misses(s.misses);
   resp->set_corrupt_blocks_dropped(s.corrupt_dropped);
   resp->set_ram_block_bytes(s.ram_block_bytes);
+  resp->set_puts(s.puts);
+  resp->set_ram_evictions(s.ram_evictions);
+  resp->set_disk_evictions(s.disk_evictions);
 }
 
 absl::StatusOr<std::map<std::string, std::string>> ReadTokenFile(const std::string& path) {

@@ -44,6 +44,7 @@ TEST(RamTier, PutGetAndLruEvictionWithinBudget) {
   EXPECT_FALSE(evicted.empty());
   EXPECT_EQ(evicted.front().first, Key(1));  // the least recently used went first
   EXPECT_EQ(evicted.front().second, Block(1));
+  EXPECT_EQ(t.evictions(), evicted.size());
   EXPECT_TRUE(t.Contains(Key(0)));
   EXPECT_TRUE(t.Contains(Key(12)));
   EXPECT_FALSE(t.Contains(Key(1)));
@@ -436,6 +437,7 @@ TEST(DiskTier, EvictsTheLeastRecentlyUsed) {
   EXPECT_TRUE((*t)->Contains(Key(2)));
   EXPECT_TRUE((*t)->Contains(Key(3)));
   EXPECT_EQ((*t)->blocks(), 3u);
+  EXPECT_EQ((*t)->evictions(), 2u);  // 1, then 0
 }
 
 // A block read from either tier is a use of its disk copy: a shared prefix read all the time
@@ -462,6 +464,11 @@ TEST(BlockStore, ReadsKeepBlocksOnDisk) {
   bool from_ram = true;
   EXPECT_TRUE(absl::IsNotFound(s.Get(Key(2), &from_ram).status()));
   EXPECT_TRUE(s.Get(Key(1), &from_ram).ok());
+  // Stats count the puts and what each tier evicted for them.
+  const StoreStats st = s.Stats();
+  EXPECT_EQ(st.puts, 5u);
+  EXPECT_EQ(st.disk_evictions, 2u);
+  EXPECT_GE(st.ram_evictions, 3u);  // RAM holds two: each put past the second made room
 }
 
 // A lookup that counts as a use (as a worker's does for a block it reads from another replica)
