@@ -1,5 +1,6 @@
 #include "services/worker_service.h"
 
+#include <algorithm>
 #include <chrono>
 #include <deque>
 #include <functional>
@@ -51,6 +52,12 @@ class RequestStream {
   }
   void RequestCancel() { cancel_.store(true); }
   bool cancel_requested() const { return cancel_.load(); }
+  // Ends the request because its output reached a stop sequence: a cancel that ends it well.
+  void RequestStop() {
+    stopped_.store(true);
+    cancel_.store(true);
+  }
+  bool stop_requested() const { return stopped_.load(); }
 
  private:
   mutable absl::Mutex mu_;
@@ -59,6 +66,7 @@ class RequestStream {
   absl::Status status_ ABSL_GUARDED_BY(mu_);
   EngineResult result_ ABSL_GUARDED_BY(mu_);
   std::atomic<bool> cancel_{false};
+  std::atomic<bool> stopped_{false};
 };
 
 // Owns the engines; its thread is the only one that touches them.
@@ -192,6 +200,8 @@ class Scheduler {
         std::string tenant = it.request.tenant;
         const int64_t id = drivers_[it.engine].submit(std::move(it.request), [this, stream, tenant = std::move(tenant)](
                                                                                  absl::Status st, EngineResult r) {
+          // A request cancelled because it reached a stop sequence has ended well.
+          if (absl::IsCancelled(st) && stream->stop_requested()) st = absl::OkStatus();
           {
             absl::MutexLock l(&mu_);
             for (Totals* t : {&totals_, &tenants_.at(tenant)}) {
@@ -253,6 +263,62 @@ namespace {
 
 constexpr int kVeriCache = 0;
 constexpr int kFull = 1;
+
+constexpr int kMaxStops = 16;
+constexpr size_t kMaxStopBytes = 256;
+
+// What of a request's generated tokens may be sent, given its stop sequences. Tokens come in as
+// they are verified; a token is released once no stop sequence can begin at or before its last
+// byte without that being known already (so text that may open a stop is held back), and the
+// first stop found ends the output where it begins: the tokens released are those whose text
+// ends there or before.
+class StopScanner {
+ public:
+  StopScanner(const Tokenizer& tokenizer, const google::protobuf::RepeatedPtrField<std::string>& stops)
+      : tokenizer_(tokenizer), stops_(stops.begin(), stops.end()) {
+    for (const std::string& s : stops_) longest_ = std::max(longest_, s.size());
+  }
+
+  // Takes new tokens; returns those that may be sent now. `done`: no more will come.
+  std::vector<int32_t> Take(absl::Span<const int32_t> tokens, bool done) {
+    if (stops_.empty()) return {tokens.begin(), tokens.end()};
+    if (stopped()) return {};
+    for (int32_t t : tokens) {
+      text_ += tokenizer_.Decode({t});
+      held_.push_back(t);
+      ends_.push_back(text_.size());
+    }
+    // Look where a stop could begin that was not looked at before.
+    const size_t from = scanned_ > longest_ - 1 ? scanned_ - (longest_ - 1) : 0;
+    for (const std::string& s : stops_) {
+      const size_t at = text_.find(s, from);
+      if (at != std::string::npos && at < stop_at_) stop_at_ = at;
+    }
+    scanned_ = text_.size();
+    // Release what ends before the stop, or what no stop can reach back into.
+    const size_t limit =
+        stopped() ? stop_at_ : done ? text_.size() : (text_.size() >= longest_ - 1 ? text_.size() - (longest_ - 1) : 0);
+    std::vector<int32_t> out;
+    while (!held_.empty() && ends_.front() <= limit) {
+      out.push_back(held_.front());
+      held_.pop_front();
+      ends_.pop_front();
+    }
+    if (stopped()) held_.clear(), ends_.clear();
+    return out;
+  }
+  bool stopped() const { return stop_at_ != std::string::npos; }
+
+ private:
+  const Tokenizer& tokenizer_;
+  const std::vector<std::string> stops_;
+  size_t longest_ = 0;
+  std::string text_;            // the generated text so far
+  std::deque<int32_t> held_;    // tokens not released yet
+  std::deque<size_t> ends_;     // where each held token's text ends in text_
+  size_t scanned_ = 0;
+  size_t stop_at_ = std::string::npos;
+};
 
 void FillStats(const EngineStats& s, v1::Mode mode, v1::GenerateStats* out) {
   out->set_prompt_tokens(static_cast<uint32_t>(s.prompt_tokens));
@@ -347,6 +413,15 @@ absl::StatusOr<EngineRequest> WorkerService::Parse(const v1::GenerateRequest& re
   r.options.stop_at_eos = !req.ignore_eos();
   r.options.block_size = options_.engine.block_size;
   VC_RETURN_IF_ERROR(ValidateGenerate(model_, r.prompt, r.options));
+  if (req.stop_size() > kMaxStops) {
+    return absl::InvalidArgumentError(absl::StrCat(req.stop_size(), " stop sequences; at most ", kMaxStops));
+  }
+  for (const std::string& stop : req.stop()) {
+    if (stop.empty() || stop.size() > kMaxStopBytes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("a stop sequence of ", stop.size(), " bytes; each must have 1 to ", kMaxStopBytes));
+    }
+  }
   if (!req.compressor().empty()) {
     absl::StatusOr<std::unique_ptr<CompressedKvCache>> c = MakeCompressedKvCache(
         req.compressor(), model_.kv_layout(options_.engine.block_size), model_.config().num_heads);
@@ -390,8 +465,11 @@ grpc::Status WorkerService::Generate(grpc::ServerContext* ctx, const v1::Generat
 
   std::vector<int32_t> tokens;
   bool writable = true;
+  StopScanner stops(model_.tokenizer(), req->stop());
   while (true) {
     const bool done = stream->Take(absl::Milliseconds(20), &tokens);
+    tokens = stops.Take(tokens, done);
+    if (stops.stopped() && !stream->stop_requested()) stream->RequestStop();
     if (!tokens.empty() && writable) {
       v1::GenerateResponse resp;
       resp.mutable_token_ids()->Add(tokens.begin(), tokens.end());

@@ -6,6 +6,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <future>
@@ -1157,6 +1158,61 @@ TEST_F(WorkerServiceTest, DrainingFinishesAdmittedRequestsAndRefusesNewOnes) {
   EXPECT_EQ(r.tokens, want);
   EXPECT_FALSE(idle_at_once) << "the long request was still in flight when the drain began";
   EXPECT_EQ(WorkerStats(*stub, "").requests_refused(), 1u);
+}
+
+// Stop sequences end the output before the first place the generated text holds one, which is
+// never sent, in either mode, and the request ends well; a stop that never comes changes nothing.
+TEST_F(WorkerServiceTest, StopSequencesEndTheOutputBeforeThem) {
+  auto worker = StartSlowWorker({});
+  auto stub = InferenceStub(worker->target());
+  const std::vector<int32_t> prompt = model_->tokenizer().Encode("def fibonacci(n):\n    ");
+  const std::vector<int32_t> want = Want(prompt, 80);
+  const std::string text = model_->tokenizer().Decode(want);
+  // A stop of three printable characters from the middle of the reference output; it may occur
+  // earlier too: the output ends at its first place.
+  size_t k = 20;
+  while (k + 3 < text.size() && !std::all_of(text.begin() + k, text.begin() + k + 3, [](char c) {
+           return c >= 0x20 && c < 0x7f;
+         })) {
+    ++k;
+  }
+  ASSERT_LT(k + 3, text.size()) << "no printable stretch in " << text;
+  const std::string stop = text.substr(k, 3);
+  const size_t cut = text.find(stop);
+  std::vector<int32_t> kept;
+  for (size_t i = 0, bytes = 0; i < want.size(); ++i) {
+    bytes += model_->tokenizer().Decode({want[i]}).size();
+    if (bytes > cut) break;
+    kept.push_back(want[i]);
+  }
+  for (v1::Mode mode : {v1::MODE_VERICACHE, v1::MODE_FULL}) {
+    v1::GenerateRequest r = Request(prompt, 80);
+    r.set_mode(mode);
+    r.add_stop("@@ no such text @@");
+    r.add_stop(stop);
+    const GenerateReply got = CallGenerate(*stub, r, "", absl::Seconds(60));
+    ASSERT_TRUE(got.status.ok()) << got.status;
+    EXPECT_EQ(got.text, text.substr(0, cut)) << "stop '" << stop << "'";
+    EXPECT_EQ(got.tokens, kept);
+    EXPECT_EQ(got.text.find(stop), std::string::npos);
+    // A stop that never comes: the whole output.
+    v1::GenerateRequest never = Request(prompt, 80);
+    never.set_mode(mode);
+    never.add_stop("@@ no such text @@");
+    const GenerateReply all = CallGenerate(*stub, never, "", absl::Seconds(60));
+    ASSERT_TRUE(all.status.ok()) << all.status;
+    EXPECT_EQ(all.tokens, want);
+  }
+  const v1::WorkerStats stats = WorkerStats(*stub, "");
+  EXPECT_EQ(stats.requests_ended(), 4u);
+  EXPECT_EQ(stats.requests_failed(), 0u);
+  // Too many stops, or an empty one, are refused.
+  v1::GenerateRequest bad = Request(prompt, 8);
+  for (int i = 0; i < 17; ++i) bad.add_stop("x");
+  EXPECT_EQ(CallGenerate(*stub, bad).status.code(), absl::StatusCode::kInvalidArgument);
+  bad = Request(prompt, 8);
+  bad.add_stop("");
+  EXPECT_EQ(CallGenerate(*stub, bad).status.code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

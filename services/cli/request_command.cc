@@ -16,12 +16,12 @@ namespace {
 constexpr char kUsage[] =
     "usage: vericache request --target HOST:PORT (--prompt TEXT | --prompt-file FILE) [--max-tokens N]\n"
     "                         [--mode vericache|full] [--temperature T] [--top-k K] [--top-p P] [--seed S]\n"
-    "                         [--token TOKEN] [--timeout-ms N] [--tls-ca PEM]\n"
+    "                         [--token TOKEN] [--timeout-ms N] [--tls-ca PEM] [--stop TEXT]\n"
     "  sends one Generate call to a worker, prints the generated text and the call's stats\n";
 
 absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
   VC_ASSIGN_OR_RETURN(Args a, Args::Parse(argv, {"target", "prompt", "prompt-file", "max-tokens", "mode", "temperature",
-                                                 "top-k", "top-p", "seed", "token", "timeout-ms", "tls-ca"},
+                                                 "top-k", "top-p", "seed", "token", "timeout-ms", "tls-ca", "stop"},
                                           {}));
   if (!a.Has("target")) return absl::InvalidArgumentError("--target is required");
   VC_RETURN_IF_ERROR(CheckAddress("--target", a.Str("target"), false));
@@ -45,6 +45,7 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
   // that rounds to it, is refused rather than sent).
   VC_RETURN_IF_ERROR(ValidateSamplingParams({static_cast<float>(temperature), 0, static_cast<float>(top_p), 0}));
   req.set_max_tokens(static_cast<uint32_t>(max_tokens));
+  if (a.Has("stop")) req.add_stop(a.Str("stop"));  // the worker checks it
   req.mutable_sampling()->set_temperature(static_cast<float>(temperature));
   req.mutable_sampling()->set_top_k(static_cast<uint32_t>(top_k));
   req.mutable_sampling()->set_top_p(static_cast<float>(top_p));
