@@ -264,6 +264,14 @@ namespace {
 constexpr int kVeriCache = 0;
 constexpr int kFull = 1;
 
+// The answer to a request that needs text from a model served on token ids alone.
+absl::Status NoText(const ModelConfig& c) {
+  return absl::InvalidArgumentError(absl::StrCat(
+      "this worker has no tokenizer for the model (its config names ",
+      c.tokenizer.empty() ? std::string("none") : absl::StrCat("'", c.tokenizer, "'"),
+      "; built in: vericache-byte): send token_ids, without stop sequences"));
+}
+
 constexpr int kMaxStops = 16;
 constexpr size_t kMaxStopBytes = 256;
 
@@ -393,6 +401,7 @@ absl::StatusOr<EngineRequest> WorkerService::Parse(const v1::GenerateRequest& re
   switch (req.prompt_case()) {
     case v1::GenerateRequest::kText:
       if (req.text().empty()) return absl::InvalidArgumentError("the prompt text is empty");
+      if (!model_.tokenizer().handles_text()) return NoText(model_.config());
       r.prompt = model_.tokenizer().Encode(req.text());
       break;
     case v1::GenerateRequest::kTokenIds:
@@ -413,6 +422,7 @@ absl::StatusOr<EngineRequest> WorkerService::Parse(const v1::GenerateRequest& re
   r.options.stop_at_eos = !req.ignore_eos();
   r.options.block_size = options_.engine.block_size;
   VC_RETURN_IF_ERROR(ValidateGenerate(model_, r.prompt, r.options));
+  if (req.stop_size() > 0 && !model_.tokenizer().handles_text()) return NoText(model_.config());
   if (req.stop_size() > kMaxStops) {
     return absl::InvalidArgumentError(absl::StrCat(req.stop_size(), " stop sequences; at most ", kMaxStops));
   }

@@ -24,6 +24,7 @@
 #include "cachestore/block_key.h"
 #include "cachestore/store_client.h"
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
 #include "services/cli/stats_command.h"
 #include "vericache/v1/cache_store.grpc.pb.h"
 #include "services/inference_client.h"
@@ -1213,6 +1214,44 @@ TEST_F(WorkerServiceTest, StopSequencesEndTheOutputBeforeThem) {
   bad = Request(prompt, 8);
   bad.add_stop("");
   EXPECT_EQ(CallGenerate(*stub, bad).status.code(), absl::StatusCode::kInvalidArgument);
+}
+
+// A checkpoint whose tokenizer is not built in is served on token ids: outputs are exact, their
+// text empty; a text prompt or a stop sequence is refused, naming the tokenizer.
+TEST_F(WorkerServiceTest, AModelWithoutABuiltInTokenizerServesTokenIds) {
+  testing::TinyModelSpec spec;
+  spec.max_positions = 2048;
+  nlohmann::json config = testing::TinyConfig(spec);
+  config["tokenizer_class"] = "LlamaTokenizerFast";
+  config["bos_token_id"] = 1;
+  config["eos_token_id"] = 2;
+  const std::string dir = dir_ + "/hf-model";
+  testing::WriteTinyModel(dir, spec);
+  testing::WriteFile(dir + "/config.json", config.dump(2));
+  auto model = Model::Load(dir);
+  ASSERT_TRUE(model.ok()) << model.status();
+  model_ = std::move(*model);
+  EXPECT_FALSE(model_->tokenizer().handles_text());
+  WorkerServerOptions o;
+  o.model_dir = dir;
+  auto worker = StartWorker("", o);
+  auto stub = InferenceStub(worker->target());
+  const auto p = Prompt(120, 1);
+  for (uint64_t seed : {uint64_t{0}, uint64_t{5}}) {
+    const GenerateReply r = CallGenerate(*stub, Request(p, 16, seed));
+    ASSERT_TRUE(r.status.ok()) << r.status;
+    EXPECT_EQ(r.tokens, Want(p, 16, seed));
+    EXPECT_EQ(r.text, "");
+  }
+  v1::GenerateRequest text;
+  text.set_text("def f(x):");
+  text.set_max_tokens(4);
+  const GenerateReply refused = CallGenerate(*stub, text);
+  EXPECT_EQ(refused.status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status.message().find("'LlamaTokenizerFast'"), std::string::npos) << refused.status;
+  v1::GenerateRequest stop = Request(p, 4);
+  stop.add_stop("\n");
+  EXPECT_EQ(CallGenerate(*stub, stop).status.code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

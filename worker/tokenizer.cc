@@ -38,12 +38,7 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> MakeTokenizer(const ModelConfig& conf
     }
     return std::make_unique<ByteTokenizer>();
   }
-  if (config.tokenizer.empty()) {
-    return absl::InvalidArgumentError(
-        "config.json declares no tokenizer_class (supported: vericache-byte)");
-  }
-  return absl::InvalidArgumentError(absl::StrCat("tokenizer '", config.tokenizer,
-                                                 "' is not supported (supported: vericache-byte)"));
+  return std::make_unique<TokenIdsOnly>(config.bos_token_id, config.eos_token_id);
 }
 
 }  // namespace vc

@@ -1,4 +1,5 @@
-// Tokenizers a checkpoint can declare. Only the byte-level one exists so far.
+// Tokenizers a checkpoint can declare. The byte-level one is built in; a checkpoint that declares
+// another (or none) is served on token ids alone.
 #ifndef VC_WORKER_TOKENIZER_H_
 #define VC_WORKER_TOKENIZER_H_
 
@@ -23,7 +24,9 @@ class Tokenizer {
   // The text of `ids`; special tokens are dropped.
   virtual std::string Decode(absl::Span<const int32_t> ids) const = 0;
   virtual int32_t bos() const = 0;
-  virtual int32_t eos() const = 0;
+  virtual int32_t eos() const = 0;  // -1: none (a generation ends at max_tokens only)
+  // Whether Encode and Decode work; false: requests give token ids and get token ids.
+  virtual bool handles_text() const { return true; }
 };
 
 // Byte-level: ids 0..255 are bytes, 256 is BOS, 257 is EOS.
@@ -37,8 +40,25 @@ class ByteTokenizer final : public Tokenizer {
   int32_t eos() const override { return kEos; }
 };
 
-// The tokenizer the config declares; kInvalidArgument when it declares none or one not supported,
-// or when the vocabulary cannot hold its ids.
+// A checkpoint whose tokenizer is not built in (Hugging Face tokenizers, say): prompts come as
+// token ids and outputs go out as token ids; Encode gives nothing and Decode no text. BOS and EOS
+// are the config's ids (-1 when it names none).
+class TokenIdsOnly final : public Tokenizer {
+ public:
+  TokenIdsOnly(int32_t bos, int32_t eos) : bos_(bos), eos_(eos) {}
+  std::vector<int32_t> Encode(absl::string_view) const override { return {}; }
+  std::string Decode(absl::Span<const int32_t>) const override { return ""; }
+  int32_t bos() const override { return bos_; }
+  int32_t eos() const override { return eos_; }
+  bool handles_text() const override { return false; }
+
+ private:
+  const int32_t bos_, eos_;
+};
+
+// The tokenizer the config declares: the byte-level one, or TokenIdsOnly for any other (or none).
+// kInvalidArgument when the vocabulary cannot hold the byte-level tokenizer's ids or the config's
+// BOS or EOS are not its own.
 absl::StatusOr<std::unique_ptr<Tokenizer>> MakeTokenizer(const ModelConfig& config);
 
 }  // namespace vc

@@ -87,6 +87,9 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
   wo.service.engine.compressor = a.Str("compressor", wo.service.engine.compressor);
   VC_ASSIGN_OR_RETURN(std::unique_ptr<WorkerServer> worker, WorkerServer::Start(wo));
   const Model& model = worker->model();
+  if (!model.tokenizer().handles_text()) {
+    return absl::InvalidArgumentError("the demo sends text: its model needs the built-in tokenizer (vericache-byte)");
+  }
   auto stub = InferenceStub(worker->target());
 
   std::vector<std::vector<int32_t>> prompts;

@@ -75,6 +75,11 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
     VC_RETURN_IF_ERROR(
         MakeCompressedKvCache(compressor, model->kv_layout(o.block_size), model->config().num_heads).status());
   }
+  if (!model->tokenizer().handles_text()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the model's tokenizer (", model->config().tokenizer.empty() ? "none named" : model->config().tokenizer,
+        ") is not built in, and generate takes text: serve it with vericache worker and send token ids"));
+  }
   const std::vector<int32_t> ids = model->tokenizer().Encode(prompt);
   GenerateResult r;
   nlohmann::json stats;
