@@ -23,8 +23,7 @@
 #include "gtest/gtest.h"
 #include "services/inference_client.h"
 #include "services/servers.h"
-#include "tests/testing/tiny_model.h"
-#include "worker/full_decoder.h"
+#include "tests/testing/servers.h"
 #include "worker/store_prefixes.h"
 
 namespace vc {
@@ -191,36 +190,22 @@ TEST(ResolveSrv, WhatCannotBeHadIsAClearError) {
 // A worker given srv:NAME finds the store behind it, publishes there and reads back; a name with
 // no records stops it at start, naming the name.
 TEST(StoreShardsFromDns, AWorkerFindsItsStoreBySrvRecords) {
-  const std::string dir = testing::TempDir("dns");
-  testing::TinyModelSpec spec;
-  spec.max_positions = 1024;
-  testing::WriteTinyModel(dir + "/model", spec);
-  StoreServerOptions so;
-  so.store.ram.capacity_bytes = uint64_t{64} << 20;
-  so.store.disk.path = dir + "/db";
-  so.store.disk.capacity_bytes = uint64_t{256} << 20;
-  so.service.tokens = {{"tok", "workers"}};
-  auto store = StoreServer::Start(so);
+  testing::TinyStack t = testing::MakeTinyStack("dns");
+  auto store = StoreServer::Start(t.store);
   ASSERT_TRUE(store.ok()) << store.status();
   FakeDns dns;
   dns.Srv("_grpc._tcp.stores.test", {{"127.0.0.1", (*store)->port()}});
 
-  WorkerServerOptions wo;
-  wo.model_dir = dir + "/model";
+  WorkerServerOptions& wo = t.worker;
   wo.store_target = "srv:_grpc._tcp.stores.test.";
   wo.dns_server = dns.address();
-  wo.store_token = "tok";
-  wo.block_tokens = 32;
-  wo.staging_bytes = 8 << 20;
-  wo.full_kv_bytes = 4 << 20;
   auto worker = WorkerServer::Start(wo);
   ASSERT_TRUE(worker.ok()) << worker.status();
   EXPECT_EQ((*worker)->store_shards(), std::vector<std::string>{(*store)->target()});
   auto stub = InferenceStub((*worker)->target());
-  v1::GenerateRequest req;
-  for (int i = 0; i < 100; ++i) req.mutable_token_ids()->add_ids(i % 250 + 1);
-  req.set_max_tokens(4);
-  req.set_ignore_eos(true);
+  const v1::GenerateRequest req = testing::IdsRequest(100, 4);
+  const std::vector<int32_t> want = testing::FullOutput(wo.model_dir, req);
+  ASSERT_FALSE(want.empty());
   GenerateReply first = CallGenerate(*stub, req);
   ASSERT_TRUE(first.status.ok()) << first.status;
   (*worker)->prefixes()->Flush();
@@ -228,16 +213,8 @@ TEST(StoreShardsFromDns, AWorkerFindsItsStoreBySrvRecords) {
   GenerateReply second = CallGenerate(*stub, req);
   ASSERT_TRUE(second.status.ok()) << second.status;
   EXPECT_EQ(second.stats.prefix_store_tokens(), 96u);
-  auto model = Model::Load(dir + "/model");
-  ASSERT_TRUE(model.ok()) << model.status();
-  GenerateOptions o;
-  o.max_tokens = 4;
-  o.stop_at_eos = false;
-  const std::vector<int32_t> prompt(req.token_ids().ids().begin(), req.token_ids().ids().end());
-  const auto want = GenerateFull(**model, prompt, o);
-  ASSERT_TRUE(want.ok());
-  EXPECT_EQ(first.tokens, want->tokens);
-  EXPECT_EQ(second.tokens, want->tokens);
+  EXPECT_EQ(first.tokens, want);
+  EXPECT_EQ(second.tokens, want);
 
   wo.store_target = "srv:_grpc._tcp.none.test.";
   auto none = WorkerServer::Start(wo);

@@ -23,7 +23,7 @@
 #include "gtest/gtest.h"
 #include "services/inference_client.h"
 #include "services/servers.h"
-#include "tests/testing/tiny_model.h"
+#include "tests/testing/servers.h"
 #include "vericache/v1/inference.pb.h"
 
 namespace vc {
@@ -235,35 +235,19 @@ TEST(MetricsEndpoint, AddressesThatCannotWorkAreRefused) {
 // A store and a worker with tenants, both with metrics: after requests, what each endpoint serves
 // is what Stats and GetStats answer, in the Prometheus format.
 TEST(ServerMetrics, StoreAndWorkerServeTheirStats) {
-  const std::string dir = testing::TempDir("metrics");
-  testing::TinyModelSpec spec;
-  spec.max_positions = 1024;
-  testing::WriteTinyModel(dir + "/model", spec);
-  StoreServerOptions so;
-  so.store.ram.capacity_bytes = uint64_t{64} << 20;
-  so.store.disk.path = dir + "/db";
-  so.store.disk.capacity_bytes = uint64_t{256} << 20;
-  so.service.tokens = {{"tok", "workers"}};
-  so.metrics_listen = "127.0.0.1:0";
-  auto store = StoreServer::Start(so);
+  testing::TinyStack t = testing::MakeTinyStack("metrics");
+  t.store.metrics_listen = "127.0.0.1:0";
+  auto store = StoreServer::Start(t.store);
   ASSERT_TRUE(store.ok()) << store.status();
-  WorkerServerOptions wo;
-  wo.model_dir = dir + "/model";
+  WorkerServerOptions& wo = t.worker;
   wo.store_target = (*store)->target();
-  wo.store_token = "tok";
-  wo.block_tokens = 32;
-  wo.staging_bytes = 8 << 20;
-  wo.full_kv_bytes = 4 << 20;
   wo.service.client_tokens = {{"ops", ""}, {"tok-a", "a"}};
   wo.metrics_listen = "127.0.0.1:0";
   auto worker = WorkerServer::Start(wo);
   ASSERT_TRUE(worker.ok()) << worker.status();
   ASSERT_GT((*worker)->metrics_port(), 0);
   auto stub = InferenceStub((*worker)->target());
-  v1::GenerateRequest req;
-  for (int i = 0; i < 100; ++i) req.mutable_token_ids()->add_ids(i % 250 + 1);
-  req.set_max_tokens(4);
-  req.set_ignore_eos(true);
+  const v1::GenerateRequest req = testing::IdsRequest(100, 4);
   for (const char* token : {"ops", "tok-a", "tok-a"}) ASSERT_TRUE(CallGenerate(*stub, req, token).status.ok());
   (*worker)->prefixes()->Flush();
 

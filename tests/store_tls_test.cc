@@ -17,8 +17,8 @@
 #include "services/servers.h"
 #include "services/store_service.h"
 #include "tests/testing/blocks.h"
+#include "tests/testing/servers.h"
 #include "tests/testing/tiny_model.h"
-#include "worker/full_decoder.h"
 
 namespace vc {
 namespace {
@@ -188,10 +188,7 @@ TEST_F(StoreTls, ClientWithAnotherRootIsRefused) {
 // output, the worker publishes its prefix to the store and reads it back; a plaintext client is
 // refused.
 TEST(WorkerTls, ClientsAndStoreOverTls) {
-  const std::string dir = testing::TempDir("worker_tls");
-  testing::TinyModelSpec spec;
-  spec.max_positions = 1024;
-  testing::WriteTinyModel(dir + "/model", spec);
+  testing::TinyStack t = testing::MakeTinyStack("worker_tls");
   const CertAndKey store_id = SelfSignedCert("vericache-store"), worker_id = SelfSignedCert("vericache-worker");
   ASSERT_FALSE(store_id.cert_pem.empty() || worker_id.cert_pem.empty());
   const auto creds = [](const CertAndKey& id) {
@@ -199,48 +196,28 @@ TEST(WorkerTls, ClientsAndStoreOverTls) {
     ssl.pem_key_cert_pairs.push_back({id.key_pem, id.cert_pem});
     return grpc::SslServerCredentials(ssl);
   };
-  StoreServerOptions so;
-  so.store.ram.capacity_bytes = uint64_t{64} << 20;
-  so.store.disk.path = dir + "/db";
-  so.store.disk.capacity_bytes = uint64_t{256} << 20;
-  so.service.tokens = {{"tok", "workers"}};
-  so.credentials = creds(store_id);
-  auto store = StoreServer::Start(so);
+  t.store.credentials = creds(store_id);
+  auto store = StoreServer::Start(t.store);
   ASSERT_TRUE(store.ok()) << store.status();
-  WorkerServerOptions wo;
-  wo.model_dir = dir + "/model";
+  WorkerServerOptions& wo = t.worker;
   wo.store_target = (*store)->target();
-  wo.store_token = "tok";
   wo.store_tls_root_certs_pem = store_id.cert_pem;
-  wo.block_tokens = 32;
-  wo.staging_bytes = 8 << 20;
-  wo.full_kv_bytes = 4 << 20;
   wo.credentials = creds(worker_id);
   auto worker = WorkerServer::Start(wo);
   ASSERT_TRUE(worker.ok()) << worker.status();
-
-  v1::GenerateRequest req;
-  for (int i = 0; i < 100; ++i) req.mutable_token_ids()->add_ids(i % 250 + 1);
-  req.set_max_tokens(6);
-  req.set_ignore_eos(true);
-  auto model = Model::Load(dir + "/model");
-  ASSERT_TRUE(model.ok()) << model.status();
-  GenerateOptions o;
-  o.max_tokens = 6;
-  o.stop_at_eos = false;
-  const std::vector<int32_t> prompt(req.token_ids().ids().begin(), req.token_ids().ids().end());
-  const auto want = GenerateFull(**model, prompt, o);
-  ASSERT_TRUE(want.ok());
+  const v1::GenerateRequest req = testing::IdsRequest(100, 6);
+  const std::vector<int32_t> want = testing::FullOutput(wo.model_dir, req);
+  ASSERT_FALSE(want.empty());
 
   auto stub = InferenceStub((*worker)->target(), worker_id.cert_pem);
   const GenerateReply first = CallGenerate(*stub, req, "", absl::Seconds(30));
   ASSERT_TRUE(first.status.ok()) << first.status;
-  EXPECT_EQ(first.tokens, want->tokens);
+  EXPECT_EQ(first.tokens, want);
   (*worker)->prefixes()->Flush();
   EXPECT_EQ((*store)->store().Stats().ram_blocks, 3u) << "the prefix went to the store over TLS";
   const GenerateReply second = CallGenerate(*stub, req, "", absl::Seconds(30));
   ASSERT_TRUE(second.status.ok()) << second.status;
-  EXPECT_EQ(second.tokens, want->tokens);
+  EXPECT_EQ(second.tokens, want);
   EXPECT_EQ(second.stats.prefix_store_tokens(), 96u);
   const GenerateReply plain = CallGenerate(*InferenceStub((*worker)->target()), req, "", absl::Seconds(5));
   EXPECT_EQ(plain.status.code(), absl::StatusCode::kUnavailable) << plain.status;

@@ -1,0 +1,46 @@
+#include "tests/testing/servers.h"
+
+#include "tests/testing/tiny_model.h"
+#include "worker/full_decoder.h"
+#include "worker/model.h"
+
+namespace vc::testing {
+
+TinyStack MakeTinyStack(const std::string& name) {
+  TinyStack t;
+  t.dir = TempDir(name);
+  TinyModelSpec spec;
+  spec.max_positions = 1024;
+  WriteTinyModel(t.dir + "/model", spec);
+  t.store.store.ram.capacity_bytes = uint64_t{64} << 20;
+  t.store.store.disk.path = t.dir + "/db";
+  t.store.store.disk.capacity_bytes = uint64_t{256} << 20;
+  t.store.service.tokens = {{"tok", "workers"}};
+  t.worker.model_dir = t.dir + "/model";
+  t.worker.store_token = "tok";
+  t.worker.block_tokens = 32;
+  t.worker.staging_bytes = 8 << 20;
+  t.worker.full_kv_bytes = 4 << 20;
+  return t;
+}
+
+vericache::v1::GenerateRequest IdsRequest(int prompt_tokens, int max_tokens) {
+  vericache::v1::GenerateRequest r;
+  for (int i = 0; i < prompt_tokens; ++i) r.mutable_token_ids()->add_ids(i % 250 + 1);
+  r.set_max_tokens(static_cast<uint32_t>(max_tokens));
+  r.set_ignore_eos(true);
+  return r;
+}
+
+std::vector<int32_t> FullOutput(const std::string& model_dir, const vericache::v1::GenerateRequest& r) {
+  auto model = Model::Load(model_dir);
+  if (!model.ok()) return {};
+  GenerateOptions o;
+  o.max_tokens = static_cast<int>(r.max_tokens());
+  o.stop_at_eos = false;
+  const std::vector<int32_t> prompt(r.token_ids().ids().begin(), r.token_ids().ids().end());
+  auto out = GenerateFull(**model, prompt, o);
+  return out.ok() ? out->tokens : std::vector<int32_t>();
+}
+
+}  // namespace vc::testing

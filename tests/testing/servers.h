@@ -1,0 +1,33 @@
+// A tiny model with a store and a worker for it, as the service tests start them in process.
+#ifndef VC_TESTS_TESTING_SERVERS_H_
+#define VC_TESTS_TESTING_SERVERS_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "services/servers.h"
+#include "vericache/v1/inference.pb.h"
+
+namespace vc::testing {
+
+struct TinyStack {
+  std::string dir;             // a fresh directory: the model in dir/model, the store's data in dir/db
+  StoreServerOptions store;    // 64 MiB of RAM, 256 MiB of disk; token "tok" of tenant "workers"
+  WorkerServerOptions worker;  // the model, 32-token blocks, 8 MiB staging, 4 MiB full KV; store token
+                               // "tok" (its store_target is for the test to set)
+};
+
+// Writes a tiny model (room for 1024 positions) under a fresh directory named after `name`.
+TinyStack MakeTinyStack(const std::string& name);
+
+// A prompt of `prompt_tokens` token ids (i % 250 + 1) for `max_tokens`, EOS ignored.
+vericache::v1::GenerateRequest IdsRequest(int prompt_tokens, int max_tokens);
+
+// What sequential full-KV decoding of the model in `model_dir` gives for `r` (greedy, EOS
+// ignored); empty when the model cannot be loaded.
+std::vector<int32_t> FullOutput(const std::string& model_dir, const vericache::v1::GenerateRequest& r);
+
+}  // namespace vc::testing
+
+#endif  // VC_TESTS_TESTING_SERVERS_H_
