@@ -155,6 +155,10 @@ int main(int argc, char** argv) {
     return 1;
   }
   const vc::Model& model = **model_or;
+  if (!model.tokenizer().handles_text()) {
+    std::cerr << "compression_quality reads text: the model needs its built-in tokenizer (vericache-byte)\n";
+    return 1;
+  }
   const vc::ModelConfig& config = model.config();
   const vc::KvLayout layout = model.kv_layout(16);
 

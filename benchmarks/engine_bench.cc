@@ -300,6 +300,10 @@ int main(int argc, char** argv) {
     return 1;
   }
   const Model& m = **model;
+  if (!m.tokenizer().handles_text()) {
+    std::cerr << "engine_bench builds its prompts from text: the model needs its built-in tokenizer (vericache-byte)\n";
+    return 1;
+  }
   const int tokens = static_cast<int>(Ints(flags["tokens"]).at(0));
   const int draft_window = static_cast<int>(Ints(flags["draft-window"]).at(0));
   const double bw = bench::MeasureMemcpyBandwidth();

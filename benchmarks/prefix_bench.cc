@@ -211,6 +211,10 @@ int64_t Int(const std::map<std::string, std::string>& f, const std::string& k) {
 
 absl::Status Main(std::map<std::string, std::string> flags) {
   VC_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, Model::Load(flags["model"]));
+  if (!model->tokenizer().handles_text()) {
+    return absl::InvalidArgumentError("prefix_bench builds its prompts from text: the model needs its built-in "
+                                      "tokenizer (vericache-byte)");
+  }
   const int64_t n = Int(flags, "requests");
   const int64_t block_tokens = Int(flags, "block-tokens");  // tokens per 512-token trace block
   const int64_t max_tokens_cap = Int(flags, "max-tokens");

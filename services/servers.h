@@ -113,6 +113,11 @@ class WorkerServer {
   // their end. WaitIdle: whether none is left, waiting up to `timeout`.
   void StopAdmitting();
   bool WaitIdle(absl::Duration timeout) { return service_->WaitIdle(timeout); }
+  // Stops the gRPC server: clients are told to go elsewhere (HTTP/2 GOAWAY, so those holding a
+  // connection to this worker reconnect, to another one behind a Service), calls in flight go on
+  // until `deadline` and are cancelled then. Returns when none is left. Call it once, from one
+  // thread, while the server is otherwise left alone; the destructor's own stop is then a no-op.
+  void Shutdown(absl::Time deadline) { server_->Shutdown(absl::ToChronoTime(deadline)); }
   int metrics_port() const { return metrics_ != nullptr ? metrics_->port() : 0; }  // 0: no endpoint
 
  private:
@@ -128,9 +133,9 @@ class WorkerServer {
 };
 
 // The store shards a worker's store_target lists, srv: items replaced by the targets of their
-// SRV records (looked up now, through `dns_server` when it is not empty; with `min_shards` > 0,
-// again every second for up to `wait` while a lookup fails or they list fewer in all). The
-// lookup's error, or kUnavailable for too few shards.
+// SRV records (looked up now, through `dns_server` when it is not empty; again every second for up
+// to `wait` while a resolver does not answer, and, with `min_shards` > 0, while a name has no
+// records or they list fewer shards in all). The lookup's error, or kUnavailable for too few.
 absl::StatusOr<std::vector<std::string>> StoreShards(const std::string& targets, const std::string& dns_server,
                                                      int min_shards, absl::Duration wait);
 

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/status_macros.h"
+#include "services/stop_scanner.h"
 #include "services/store_service.h"
 
 namespace vc {
@@ -275,59 +276,6 @@ absl::Status NoText(const ModelConfig& c) {
 constexpr int kMaxStops = 16;
 constexpr size_t kMaxStopBytes = 256;
 
-// What of a request's generated tokens may be sent, given its stop sequences. Tokens come in as
-// they are verified; a token is released once no stop sequence can begin at or before its last
-// byte without that being known already (so text that may open a stop is held back), and the
-// first stop found ends the output where it begins: the tokens released are those whose text
-// ends there or before.
-class StopScanner {
- public:
-  StopScanner(const Tokenizer& tokenizer, const google::protobuf::RepeatedPtrField<std::string>& stops)
-      : tokenizer_(tokenizer), stops_(stops.begin(), stops.end()) {
-    for (const std::string& s : stops_) longest_ = std::max(longest_, s.size());
-  }
-
-  // Takes new tokens; returns those that may be sent now. `done`: no more will come.
-  std::vector<int32_t> Take(absl::Span<const int32_t> tokens, bool done) {
-    if (stops_.empty()) return {tokens.begin(), tokens.end()};
-    if (stopped()) return {};
-    for (int32_t t : tokens) {
-      text_ += tokenizer_.Decode({t});
-      held_.push_back(t);
-      ends_.push_back(text_.size());
-    }
-    // Look where a stop could begin that was not looked at before.
-    const size_t from = scanned_ > longest_ - 1 ? scanned_ - (longest_ - 1) : 0;
-    for (const std::string& s : stops_) {
-      const size_t at = text_.find(s, from);
-      if (at != std::string::npos && at < stop_at_) stop_at_ = at;
-    }
-    scanned_ = text_.size();
-    // Release what ends before the stop, or what no stop can reach back into.
-    const size_t limit =
-        stopped() ? stop_at_ : done ? text_.size() : (text_.size() >= longest_ - 1 ? text_.size() - (longest_ - 1) : 0);
-    std::vector<int32_t> out;
-    while (!held_.empty() && ends_.front() <= limit) {
-      out.push_back(held_.front());
-      held_.pop_front();
-      ends_.pop_front();
-    }
-    if (stopped()) held_.clear(), ends_.clear();
-    return out;
-  }
-  bool stopped() const { return stop_at_ != std::string::npos; }
-
- private:
-  const Tokenizer& tokenizer_;
-  const std::vector<std::string> stops_;
-  size_t longest_ = 0;
-  std::string text_;            // the generated text so far
-  std::deque<int32_t> held_;    // tokens not released yet
-  std::deque<size_t> ends_;     // where each held token's text ends in text_
-  size_t scanned_ = 0;
-  size_t stop_at_ = std::string::npos;
-};
-
 void FillStats(const EngineStats& s, v1::Mode mode, v1::GenerateStats* out) {
   out->set_prompt_tokens(static_cast<uint32_t>(s.prompt_tokens));
   out->set_generated_tokens(static_cast<uint32_t>(s.emitted));
@@ -475,11 +423,12 @@ grpc::Status WorkerService::Generate(grpc::ServerContext* ctx, const v1::Generat
 
   std::vector<int32_t> tokens;
   bool writable = true;
-  StopScanner stops(model_.tokenizer(), req->stop());
+  StopScanner stops(model_.tokenizer(), {req->stop().begin(), req->stop().end()});
   while (true) {
     const bool done = stream->Take(absl::Milliseconds(20), &tokens);
     tokens = stops.Take(tokens, done);
-    if (stops.stopped() && !stream->stop_requested()) stream->RequestStop();
+    // (A client that cancelled first has cancelled: its stop does not make the request end well.)
+    if (stops.stopped() && !stream->stop_requested() && !stream->cancel_requested()) stream->RequestStop();
     if (!tokens.empty() && writable) {
       v1::GenerateResponse resp;
       resp.mutable_token_ids()->Add(tokens.begin(), tokens.end());
@@ -508,7 +457,8 @@ grpc::Status WorkerService::GetModelInfo(grpc::ServerContext* ctx, const v1::Get
   resp->set_vocab_size(static_cast<uint32_t>(c.vocab_size));
   resp->set_max_context_tokens(static_cast<uint32_t>(c.max_position_embeddings));
   resp->set_num_layers(static_cast<uint32_t>(c.num_layers));
-  resp->set_tokenizer(c.tokenizer);
+  // A tokenizer that is not built in is named as served: token ids only.
+  resp->set_tokenizer(model_.tokenizer().handles_text() ? c.tokenizer : "token-ids-only");
   resp->set_fingerprint_hex(options_.fingerprint_hex);
   resp->set_compressor(compressor_);
   resp->set_prefix_block_tokens(prefixes_ != nullptr ? static_cast<uint32_t>(prefixes_->block_tokens()) : 0);

@@ -313,12 +313,14 @@ TEST_F(EndToEnd, SigtermDrainsTheWorker) {
   const auto want = GenerateFull(*model_, prompts_[0], o);
   ASSERT_TRUE(want.ok());
   auto long_call = std::async(std::launch::async, [&] { return CallGenerate(*stub, r, "", absl::Seconds(120)); });
-  for (int i = 0; i < 500; ++i) {  // until it is admitted
+  bool admitted = false;
+  for (int i = 0; i < 2000 && !admitted; ++i) {  // until it is admitted
     grpc::ClientContext ctx;
     v1::WorkerStats stats;
-    if (stub->GetStats(&ctx, v1::GetStatsRequest(), &stats).ok() && stats.requests_in_flight() > 0) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    admitted = stub->GetStats(&ctx, v1::GetStatsRequest(), &stats).ok() && stats.requests_in_flight() > 0;
+    if (!admitted) std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
+  ASSERT_TRUE(admitted) << "the long request was not admitted";
   worker->Signal(SIGTERM);
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
   const GenerateReply refused = CallGenerate(*stub, Request(1, v1::MODE_VERICACHE));

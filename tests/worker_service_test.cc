@@ -29,6 +29,7 @@
 #include "vericache/v1/cache_store.grpc.pb.h"
 #include "services/inference_client.h"
 #include "services/servers.h"
+#include "services/stop_scanner.h"
 #include "services/write_watchdog.h"
 #include "tests/testing/blocks.h"
 #include "tests/testing/tiny_model.h"
@@ -1144,9 +1145,10 @@ TEST_F(WorkerServiceTest, DrainingFinishesAdmittedRequestsAndRefusesNewOnes) {
   const auto p = Prompt(200, 1);
   const auto want = Want(p, 1200);
   auto long_call = std::async(std::launch::async, [&] { return CallGenerate(*stub, Request(p, 1200)); });
-  for (int i = 0; i < 200 && WorkerStats(*stub, "").requests_in_flight() == 0; ++i) {
+  for (int i = 0; i < 2000 && WorkerStats(*stub, "").requests_in_flight() == 0; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));  // until it is admitted
   }
+  ASSERT_EQ(WorkerStats(*stub, "").requests_in_flight(), 1u) << "the long request was not admitted";
   worker->StopAdmitting();
   EXPECT_EQ(health(), 2);
   const GenerateReply refused = CallGenerate(*stub, Request(p, 4));
@@ -1252,6 +1254,38 @@ TEST_F(WorkerServiceTest, AModelWithoutABuiltInTokenizerServesTokenIds) {
   v1::GenerateRequest stop = Request(p, 4);
   stop.add_stop("\n");
   EXPECT_EQ(CallGenerate(*stub, stop).status.code(), absl::StatusCode::kInvalidArgument);
+}
+
+// The stop that ends first wins, whatever the batches the tokens came in; what is held back is
+// sent once no stop can still begin in it.
+TEST(StopScanner, TheFirstStopToEndWinsWhateverTheBatches) {
+  const ByteTokenizer bytes;
+  const auto ids = [](const std::string& t) { return std::vector<int32_t>(t.begin(), t.end()); };
+  const auto run = [&](const std::vector<std::string>& stops, const std::string& text, size_t batch) {
+    StopScanner scanner(bytes, stops);
+    const std::vector<int32_t> all = ids(text);
+    std::string sent;
+    for (size_t i = 0; i < all.size(); i += batch) {
+      const size_t n = std::min(batch, all.size() - i);
+      const bool done = i + n == all.size();
+      for (int32_t t : scanner.Take(absl::MakeConstSpan(all).subspan(i, n), done)) sent.push_back(static_cast<char>(t));
+    }
+    return sent;
+  };
+  for (size_t batch : {1, 2, 3, 5, 100}) {
+    // "bc" is complete at byte 4, "abcd" only at byte 5.
+    EXPECT_EQ(run({"abcd", "bc"}, "xabcdyz", batch), "xa") << batch;
+    // Of two ending on the same byte, the longer.
+    EXPECT_EQ(run({"cd", "bcd"}, "xabcdyz", batch), "xa") << batch;
+    EXPECT_EQ(run({"nothing"}, "xabcdyz", batch), "xabcdyz") << batch;
+    EXPECT_EQ(run({"z"}, "xabcdyz", batch), "xabcdy") << batch;
+    EXPECT_EQ(run({"xa"}, "xabcdyz", batch), "") << batch;
+  }
+  // Held back only while it could open a stop: after "xab" of stop "abq", "x" is sent.
+  StopScanner scanner(bytes, {"abq"});
+  EXPECT_EQ(scanner.Take(ids("xab"), false), ids("x"));
+  EXPECT_EQ(scanner.Take(ids("c"), false), ids("a"));
+  EXPECT_EQ(scanner.Take(ids(""), true), ids("bc"));
 }
 
 }  // namespace

@@ -15,6 +15,8 @@
 #include "services/inference_client.h"
 #include "services/servers.h"
 #include "worker/full_decoder.h"
+#include "worker/model_config.h"
+#include "worker/tokenizer.h"
 
 namespace vc::cli {
 namespace {
@@ -60,6 +62,13 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
   const std::string model_dir = a.Str("model", "models/vc-code-4m");
   VC_ASSIGN_OR_RETURN(std::string prefix, SharedPrefix(a.Str("prefix-file", "models/train.py"), prefix_bytes));
 
+  {  // The demo sends text: checked before anything starts.
+    VC_ASSIGN_OR_RETURN(const ModelConfig config, LoadModelConfig(model_dir));
+    VC_ASSIGN_OR_RETURN(const std::unique_ptr<Tokenizer> tokenizer, MakeTokenizer(config));
+    if (!tokenizer->handles_text()) {
+      return absl::InvalidArgumentError("the demo sends text: its model needs the built-in tokenizer (vericache-byte)");
+    }
+  }
   char tmpl[] = "/tmp/vericache-demo-XXXXXX";
   if (mkdtemp(tmpl) == nullptr) return absl::UnavailableError("cannot create a temporary directory");
   const std::string tmp = tmpl;
@@ -87,9 +96,6 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
   wo.service.engine.compressor = a.Str("compressor", wo.service.engine.compressor);
   VC_ASSIGN_OR_RETURN(std::unique_ptr<WorkerServer> worker, WorkerServer::Start(wo));
   const Model& model = worker->model();
-  if (!model.tokenizer().handles_text()) {
-    return absl::InvalidArgumentError("the demo sends text: its model needs the built-in tokenizer (vericache-byte)");
-  }
   auto stub = InferenceStub(worker->target());
 
   std::vector<std::vector<int32_t>> prompts;

@@ -45,7 +45,7 @@ std::string Json(const google::protobuf::Message& m, const char* kind) {
 void PrintWorker(const std::string& target, const v1::WorkerStats& s, std::ostream& out) {
   const int64_t up = static_cast<int64_t>(s.uptime_micros() / 1000000);
   out << absl::StrFormat("worker %s, up %dh %02dm %02ds\n", target, up / 3600, up / 60 % 60, up % 60);
-  out << absl::StrFormat("requests: %d in flight, %d ended, %d failed, %d refused at a request limit, %d invalid\n",
+  out << absl::StrFormat("requests: %d in flight, %d ended, %d failed, %d refused (at a request limit or draining), %d invalid\n",
                          s.requests_in_flight(), s.requests_ended(), s.requests_failed(), s.requests_refused(),
                          s.requests_invalid());
   const uint64_t p = s.prompt_tokens();
@@ -102,7 +102,7 @@ void PrintStore(const std::string& target, const v1::StatsResponse& s, std::ostr
   out << absl::StrFormat("block reads: %d from RAM (%s), %d from disk (%s), %d not found (%s); %d corrupt blocks dropped\n",
                          s.hits_ram(), Share(s.hits_ram(), reads), s.hits_disk(), Share(s.hits_disk(), reads),
                          s.misses(), Share(s.misses(), reads), s.corrupt_blocks_dropped());
-  out << absl::StrFormat("blocks stored: %d; evicted to make room: %d from RAM (still on disk), %d from disk (gone)\n",
+  out << absl::StrFormat("blocks stored: %d; evicted to make room: %d from RAM, %d from disk\n",
                          s.puts(), s.ram_evictions(), s.disk_evictions());
 }
 
@@ -121,7 +121,7 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
   std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials();
   if (a.Has("tls-ca")) {
     grpc::SslCredentialsOptions ssl;
-    VC_ASSIGN_OR_RETURN(ssl.pem_root_certs, ReadFileLimited(a.Str("tls-ca"), 1 << 20, "TLS root certificates"));
+    VC_ASSIGN_OR_RETURN(ssl.pem_root_certs, ReadSmallFile(a.Str("tls-ca"), "TLS root certificates"));
     creds = grpc::SslCredentials(ssl);
   }
   const std::shared_ptr<grpc::Channel> channel = grpc::CreateChannel(target, creds);

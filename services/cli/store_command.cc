@@ -44,6 +44,13 @@ constexpr char kUsage[] =
     "                   plain HTTP without authentication (default: none)\n";
 
 absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
+  // Block the signals before anything starts a thread (RocksDB, gRPC: credentials alone start
+  // gRPC's), since threads inherit the mask: only the sigwait below receives them.
+  sigset_t sigs;
+  sigemptyset(&sigs);
+  sigaddset(&sigs, SIGINT);
+  sigaddset(&sigs, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
   VC_ASSIGN_OR_RETURN(Args a, Args::Parse(argv, {"listen", "data-dir", "tokens", "ram-bytes", "disk-bytes",
                                                  "secret-file", "tls-cert", "tls-key", "ucx", "lease-ttl-ms",
                                                  "lease-bytes-per-tenant", "ram-hot-fraction", "ram-slot-bytes",
@@ -76,13 +83,6 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
   server.ucx = a.Str("ucx", "none");
   server.metrics_listen = a.Str("metrics-listen", "");
   VC_ASSIGN_OR_RETURN(server.credentials, ServerTls(a));
-  // Block the signals before RocksDB and gRPC start their threads (which inherit the mask), so
-  // that only the sigwait below receives them.
-  sigset_t sigs;
-  sigemptyset(&sigs);
-  sigaddset(&sigs, SIGINT);
-  sigaddset(&sigs, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
   VC_ASSIGN_OR_RETURN(std::unique_ptr<StoreServer> running, StoreServer::Start(server));
   std::set<std::string> tenants;
   for (const auto& [token, tenant] : so.tokens) tenants.insert(tenant);

@@ -3,7 +3,9 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <map>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -67,6 +69,13 @@ constexpr char kUsage[] =
     "                          a second signal stops at once)\n";
 
 absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
+  // Block the signals before anything starts a thread (RocksDB, gRPC: credentials alone start
+  // gRPC's), since threads inherit the mask: only the sigwait below receives them.
+  sigset_t sigs;
+  sigemptyset(&sigs);
+  sigaddset(&sigs, SIGINT);
+  sigaddset(&sigs, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
   VC_ASSIGN_OR_RETURN(
       Args a, Args::Parse(argv,
                           {"model", "listen", "store", "store-replicas", "store-token-file", "ucx", "block-tokens",
@@ -157,11 +166,6 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
     if (o.store_target.empty()) return absl::InvalidArgumentError("--store-tls-ca needs --store");
     VC_ASSIGN_OR_RETURN(o.store_tls_root_certs_pem, ReadSmallFile(a.Str("store-tls-ca"), "store TLS root certificates"));
   }
-  sigset_t sigs;
-  sigemptyset(&sigs);
-  sigaddset(&sigs, SIGINT);
-  sigaddset(&sigs, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);  // before any thread starts: only sigwait gets them
   VC_ASSIGN_OR_RETURN(std::unique_ptr<WorkerServer> w, WorkerServer::Start(o));
   out << "vericache worker listening on port " << w->port() << " (model " << o.model_dir << ", compressor "
       << eo.compressor << ", store " << (o.store_target.empty() ? "none" : absl::StrJoin(w->store_shards(), ","))
@@ -178,11 +182,17 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
       << std::endl;
   w->StopAdmitting();
   const absl::Time until = absl::Now() + absl::Seconds(drain_seconds);
+  // Clients holding a connection are told to reconnect (elsewhere) while the calls in flight run on.
+  std::thread stop([&] { w->Shutdown(until); });
   bool idle = false;
   while (!(idle = w->WaitIdle(absl::Milliseconds(100))) && absl::Now() < until) {
     const timespec now{0, 0};
-    if (sigtimedwait(&sigs, nullptr, &now) > 0) break;
+    if (sigtimedwait(&sigs, nullptr, &now) > 0) {
+      out << "second signal: stopping now" << std::endl;
+      std::_Exit(1);
+    }
   }
+  stop.join();  // at once when idle; else the deadline has come and the calls are cancelled
   out << (idle ? "drained: shutting down" : "shutting down with requests in flight") << std::endl;
   return absl::OkStatus();
 }
