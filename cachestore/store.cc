@@ -109,9 +109,10 @@ absl::StatusOr<BlockLease> BlockStore::Lease(const BlockKey& key, absl::string_v
 std::pair<uint32_t, uint32_t> BlockStore::Lookup(absl::Span<const BlockKey> keys, bool use) {
   uint32_t n = 0, in_ram = 0;
   for (const BlockKey& k : keys) {
+    // With `use`, one call each finds the block and counts the use.
     const bool r = use ? ram_->Use(k) : ram_->Contains(k);
-    if (!r && !disk_->Contains(k)) break;
-    if (use) disk_->Touch(k);
+    const bool on_disk = use ? disk_->Touch(k) : !r && disk_->Contains(k);
+    if (!r && !on_disk) break;
     ++n;
     in_ram += r;
   }

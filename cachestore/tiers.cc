@@ -242,18 +242,21 @@ absl::StatusOr<std::string> RamTier::Get(const BlockKey& key) {
   return out;
 }
 
+const RamTier::Entry* RamTier::Readable(const BlockKey& key) const {
+  auto it = entries_.find(key);
+  return it != entries_.end() && it->second.ready && !it->second.dead ? &it->second : nullptr;
+}
+
 bool RamTier::Use(const BlockKey& key) {
   absl::MutexLock l(&mu_);
-  auto it = entries_.find(key);
-  if (it == entries_.end() || !it->second.ready || it->second.dead) return false;
-  Touch(it->second);
-  return true;
+  const Entry* e = Readable(key);
+  if (e != nullptr) Touch(const_cast<Entry&>(*e));  // entries_ is this tier's own, not const
+  return e != nullptr;
 }
 
 bool RamTier::Contains(const BlockKey& key) const {
   absl::MutexLock l(&mu_);
-  auto it = entries_.find(key);
-  return it != entries_.end() && it->second.ready && !it->second.dead;
+  return Readable(key) != nullptr;
 }
 
 absl::Status RamTier::Delete(const BlockKey& key) {
@@ -538,10 +541,12 @@ absl::Status DiskTier::Delete(const BlockKey& key) {
   return Erase(key);
 }
 
-void DiskTier::Touch(const BlockKey& key) {
+bool DiskTier::Touch(const BlockKey& key) {
   absl::MutexLock l(&mu_);
   auto it = sizes_.find(key);
-  if (it != sizes_.end()) order_.splice(order_.end(), order_, it->second.second);
+  if (it == sizes_.end()) return false;
+  order_.splice(order_.end(), order_, it->second.second);
+  return true;
 }
 
 void DiskTier::Index(const BlockKey& key, uint64_t size) {

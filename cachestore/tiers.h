@@ -154,6 +154,8 @@ class RamTier {
   void Unlink(Entry& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A read of e: to the front of the hot segment, which then sheds blocks past its share.
   void Touch(Entry& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The entry of a block that can be read (present, copied in, not deleted), or null.
+  const Entry* Readable(const BlockKey& key) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Drops one pin of `key`, freeing a deleted block at its last one.
   void Unpin(const BlockKey& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Bytes `owner`'s live leases pin, and whether one more slot of `slot` bytes keeps it within
@@ -212,9 +214,10 @@ class DiskTier {
   // budget.
   absl::Status Put(const BlockKey& key, absl::string_view block);
   absl::StatusOr<std::string> Get(const BlockKey& key);
-  // Marks the block as just used, so that it is evicted last (nothing when absent). The order is
-  // kept in memory only: after a restart blocks are evicted in RocksDB's key order.
-  void Touch(const BlockKey& key);
+  // Marks the block as just used, so that it is evicted last; whether it is here (nothing is
+  // marked when absent). The order is kept in memory only: after a restart blocks are evicted in
+  // RocksDB's key order.
+  bool Touch(const BlockKey& key);
   absl::Status Delete(const BlockKey& key);
   bool Contains(const BlockKey& key) const;
   // The stored size of the block, from the index (no read); 0 when absent.

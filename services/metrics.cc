@@ -69,43 +69,46 @@ struct Labeled {
   std::string labels;
 };
 
+// The label of element `index` of a list: its first string field, or its place in the list.
+std::string ElementLabel(const Message& el, int index) {
+  const google::protobuf::Descriptor* d = el.GetDescriptor();
+  for (int j = 0; j < d->field_count(); ++j) {
+    const FieldDescriptor* f = d->field(j);
+    if (f->cpp_type() == FieldDescriptor::CPPTYPE_STRING && !f->is_repeated()) {
+      return absl::StrCat(f->name(), "=\"", Escape(el.GetReflection()->GetString(el, f)), "\"");
+    }
+  }
+  return absl::StrCat("index=\"", index, "\"");
+}
+
+// The messages field f of `msgs` holds, with their labels: a set message keeps its parent's, a
+// list's elements add theirs.
+std::vector<Labeled> Children(const std::vector<Labeled>& msgs, const FieldDescriptor* f) {
+  std::vector<Labeled> out;
+  for (const Labeled& x : msgs) {
+    const Reflection* r = x.m->GetReflection();
+    if (!f->is_repeated()) {
+      if (r->HasField(*x.m, f)) out.push_back({&r->GetMessage(*x.m, f), x.labels});
+      continue;
+    }
+    for (int e = 0; e < r->FieldSize(*x.m, f); ++e) {
+      const Message& el = r->GetRepeatedMessage(*x.m, f, e);
+      out.push_back({&el, absl::StrCat(x.labels, x.labels.empty() ? "" : ",", ElementLabel(el, e))});
+    }
+  }
+  return out;
+}
+
 void Render(const std::vector<Labeled>& msgs, const std::string& prefix, std::string* out) {
   if (msgs.empty()) return;
   const google::protobuf::Descriptor* d = msgs[0].m->GetDescriptor();
   for (int i = 0; i < d->field_count(); ++i) {
     const FieldDescriptor* f = d->field(i);
-    const std::string name = absl::StrCat(prefix, "_", f->name());
+    std::string name = absl::StrCat(prefix, "_", f->name());
     if (f->cpp_type() == FieldDescriptor::CPPTYPE_MESSAGE) {
-      std::vector<Labeled> subs;
-      std::string sub_prefix = name;
-      for (const Labeled& x : msgs) {
-        const Reflection* r = x.m->GetReflection();
-        if (!f->is_repeated()) {
-          if (r->HasField(*x.m, f)) subs.push_back({&r->GetMessage(*x.m, f), x.labels});
-          continue;
-        }
-        for (int e = 0; e < r->FieldSize(*x.m, f); ++e) {
-          const Message& el = r->GetRepeatedMessage(*x.m, f, e);
-          std::string labels = x.labels;
-          // The element's first string field names it; without one, its place in the list does.
-          const google::protobuf::Descriptor* ed = el.GetDescriptor();
-          std::string label = absl::StrCat("index=\"", e, "\"");
-          for (int j = 0; j < ed->field_count(); ++j) {
-            const FieldDescriptor* lf = ed->field(j);
-            if (lf->cpp_type() == FieldDescriptor::CPPTYPE_STRING && !lf->is_repeated()) {
-              label = absl::StrCat(lf->name(), "=\"", Escape(el.GetReflection()->GetString(el, lf)), "\"");
-              break;
-            }
-          }
-          absl::StrAppend(&labels, labels.empty() ? "" : ",", label);
-          subs.push_back({&el, std::move(labels)});
-        }
-      }
       // A list's elements are named in the singular (tenants: tenant, shards: shard).
-      if (f->is_repeated() && absl::EndsWith(sub_prefix, "s") && !absl::EndsWith(sub_prefix, "ss")) {
-        sub_prefix.pop_back();
-      }
-      Render(subs, sub_prefix, out);
+      if (f->is_repeated() && absl::EndsWith(name, "s") && !absl::EndsWith(name, "ss")) name.pop_back();
+      Render(Children(msgs, f), name, out);
       continue;
     }
     if (f->is_repeated() || f->cpp_type() == FieldDescriptor::CPPTYPE_STRING ||

@@ -121,9 +121,9 @@ absl::StatusOr<std::vector<std::string>> StoreShards(const std::string& targets,
       failed = absl::UnavailableError(absl::StrCat("DNS lists ", out.size(), " store shards for ", targets,
                                                    ", fewer than the ", min_shards, " expected"));
     }
-    // Records come and go while store pods start: look again until the wait is over.
-    // A name without records fails at once unless shards are expected; a resolver that did not
-    // answer is asked again either way.
+    // Records come and go while store pods start: look again until the wait is over. A name
+    // without records fails at once unless shards are expected; a resolver that did not answer is
+    // asked again either way.
     const bool retry = min_shards > 0 || !absl::IsNotFound(failed);
     if (!retry || absl::Now() + absl::Seconds(1) > until) return failed;
     absl::SleepFor(absl::Seconds(1));

@@ -16,8 +16,9 @@ namespace vc {
 // Tokens come in as they are verified, in batches of any size. The output ends at the stop that
 // is complete first in the generated text (the one whose last byte comes earliest; of several
 // ending on the same byte, the longest), before its first byte; the tokens sent are those whose
-// text ends there or before. A token is held back while its text could still be the start of a
-// stop. The result depends on the text alone, never on how the tokens were batched.
+// text ends there or before. A token is held back while its text reaches into the last
+// (longest stop - 1) bytes of the text so far, where a stop ending later could begin. The result
+// depends on the text alone, never on how the tokens were batched.
 class StopScanner {
  public:
   // `stops` must not hold an empty string; `tokenizer` must outlive the scanner.

@@ -427,8 +427,9 @@ grpc::Status WorkerService::Generate(grpc::ServerContext* ctx, const v1::Generat
   while (true) {
     const bool done = stream->Take(absl::Milliseconds(20), &tokens);
     tokens = stops.Take(tokens, done);
-    // (A client that cancelled first has cancelled: its stop does not make the request end well.)
-    if (stops.stopped() && !stream->stop_requested() && !stream->cancel_requested()) stream->RequestStop();
+    // Once: a stop request is a cancel too. (A client that cancelled first has cancelled: a stop
+    // found after that does not make the request end well.)
+    if (stops.stopped() && !stream->cancel_requested()) stream->RequestStop();
     if (!tokens.empty() && writable) {
       v1::GenerateResponse resp;
       resp.mutable_token_ids()->Add(tokens.begin(), tokens.end());

@@ -15,9 +15,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "cachestore/store_client.h"
-#include "grpcpp/generic/generic_stub.h"
 #include "gtest/gtest.h"
 #include "services/inference_client.h"
+#include "tests/testing/servers.h"
 #include "tests/testing/tiny_model.h"
 #include "worker/full_decoder.h"
 #include "worker/model.h"
@@ -82,22 +82,6 @@ bool WaitFor(Process& p, const std::function<bool()>& probe) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   return false;
-}
-
-// Sends `bytes` as the request of `method` (any RPC kind: the client writes one message and
-// half-closes), with a token; returns the call's status.
-grpc::Status CallRaw(int port, const std::string& method, const std::string& bytes) {
-  auto channel = grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials());
-  grpc::GenericStub stub(channel);
-  grpc::ClientContext ctx;
-  ctx.AddMetadata("authorization", "Bearer worker-token");
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
-  const grpc::Slice slice(bytes);
-  const grpc::ByteBuffer request(&slice, 1);
-  grpc::ByteBuffer response;
-  std::promise<grpc::Status> done;
-  stub.UnaryCall(&ctx, method, grpc::StubOptions(), &request, &response, [&](grpc::Status s) { done.set_value(s); });
-  return done.get_future().get();
 }
 
 class EndToEnd : public ::testing::Test {
@@ -284,31 +268,34 @@ TEST_F(EndToEnd, BadRequestsGetClearStatuses) {
            {worker_port, "/vericache.v1.Inference/GetModelInfo"},
            {store_port_, "/vericache.v1.CacheStore/Lookup"},
            {store_port_, "/vericache.v1.CacheStore/Put"}}) {
-    const grpc::Status s = CallRaw(port, method, garbage);
+    const grpc::Status s = testing::CallRaw(absl::StrCat("127.0.0.1:", port), method, garbage, "worker-token");
     EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << method << ": " << s.error_message();
     EXPECT_NE(s.error_message().find(method), std::string::npos) << s.error_message();
   }
   // A well-formed request through the same path still reaches the service.
   v1::GetModelInfoRequest info;
-  EXPECT_TRUE(CallRaw(worker_port, "/vericache.v1.Inference/GetModelInfo", info.SerializeAsString()).ok());
+  EXPECT_TRUE(testing::CallRaw(absl::StrCat("127.0.0.1:", worker_port), "/vericache.v1.Inference/GetModelInfo",
+                               info.SerializeAsString(), "worker-token")
+                  .ok());
   // The worker still serves correctly afterwards.
   GenerateReply ok = CallGenerate(*stub, Request(1, v1::MODE_VERICACHE));
   ASSERT_TRUE(ok.status.ok()) << ok.status;
   EXPECT_EQ(ok.tokens, want_[1]);
 }
 
-// SIGTERM drains the worker process: the request in flight finishes, exact, a new one is refused
-// with UNAVAILABLE, and the process then exits on its own.
+// SIGTERM drains the worker process: the request in flight, longer than a plain shutdown's grace,
+// finishes, exact, a new one is refused with UNAVAILABLE, and the process then exits on its own.
 TEST_F(EndToEnd, SigtermDrainsTheWorker) {
   const int port = FreePort(5);
   auto store = StartStore();
   auto worker = StartWorker(port);
   auto stub = InferenceStub(absl::StrCat("127.0.0.1:", port));
   v1::GenerateRequest r = Request(0, v1::MODE_VERICACHE);
-  r.set_max_tokens(600);
+  // Long enough to outlast the 2 s a plain shutdown would give it.
+  r.set_max_tokens(4000);
   r.set_ignore_eos(true);
   GenerateOptions o = options_[0];
-  o.max_tokens = 600;
+  o.max_tokens = 4000;
   o.stop_at_eos = false;
   const auto want = GenerateFull(*model_, prompts_[0], o);
   ASSERT_TRUE(want.ok());
@@ -322,8 +309,15 @@ TEST_F(EndToEnd, SigtermDrainsTheWorker) {
   }
   ASSERT_TRUE(admitted) << "the long request was not admitted";
   worker->Signal(SIGTERM);
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  const GenerateReply refused = CallGenerate(*stub, Request(1, v1::MODE_VERICACHE));
+  // Requests sent before the worker took the signal run; once it drains, they are refused.
+  GenerateReply refused;
+  for (int i = 0; i < 100; ++i) {
+    refused = CallGenerate(*stub, Request(1, v1::MODE_VERICACHE), "", absl::Seconds(30));
+    if (refused.status.code() == absl::StatusCode::kUnavailable) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_EQ(long_call.wait_for(std::chrono::seconds(0)), std::future_status::timeout)
+      << "the long request ended before a new one was refused";
   const GenerateReply done = long_call.get();
   ASSERT_TRUE(done.status.ok()) << done.status;
   EXPECT_EQ(done.tokens, want->tokens);

@@ -217,7 +217,9 @@ TEST(Tokenizer, ByteLevelRoundTripAndDeclaredTokenizer) {
   c.eos_token_id = 10;
   EXPECT_NE(MakeTokenizer(c).status().message().find("eos_token_id 10"), absl::string_view::npos);
   c.eos_token_id = 257;
-  EXPECT_TRUE((*MakeTokenizer(c))->handles_text());
+  auto byte_level = MakeTokenizer(c);
+  ASSERT_TRUE(byte_level.ok()) << byte_level.status();
+  EXPECT_TRUE((*byte_level)->handles_text());
   // Another tokenizer, or none: token ids alone, with the config's BOS and EOS.
   for (const char* other : {"LlamaTokenizerFast", ""}) {
     c.tokenizer = other;

@@ -222,15 +222,13 @@ int StorePrefixes::Lookup(absl::Span<const PrefixName> names, bool read_follows)
     }
   }
   if (here < shards_.size()) answer[here] = LookupShard(here, keys[here], use);
-  std::vector<size_t> found(shards_.size(), 0);
   for (size_t s = 0; s < shards_.size(); ++s) {
     if (asked[s].valid()) answer[s] = asked[s].get();
-    found[s] = answer[s].value_or(0);
   }
   size_t n = 0;
   const auto found_on_some = [&](size_t i) {
     return std::any_of(asked_at[i].begin(), asked_at[i].end(),
-                       [&](const std::pair<size_t, size_t>& at) { return at.second < found[at.first]; });
+                       [&](const std::pair<size_t, size_t>& at) { return at.second < answer[at.first].value_or(0); });
   };
   while (n < names.size() && found_on_some(n)) ++n;
   absl::MutexLock l(&mu_);
@@ -240,7 +238,7 @@ int StorePrefixes::Lookup(absl::Span<const PrefixName> names, bool read_follows)
     if (repair_hints_.size() > kMaxRepairHints) repair_hints_.clear();
     for (size_t i = 0; i < n; ++i) {
       for (const auto& [s, at] : asked_at[i]) {
-        if (at != found[s] || !answer[s].has_value()) continue;
+        if (!answer[s].has_value() || at != *answer[s]) continue;
         absl::InlinedVector<size_t, 2>& hint = repair_hints_[names[i]];
         if (!absl::c_linear_search(hint, s)) hint.push_back(s);
       }
@@ -585,9 +583,10 @@ void StorePrefixes::Enqueue(absl::Span<const PrefixName> names, int from, int to
   // once for all its replicas, and not at all when all their outboxes are full.
   for (int b = from; b < to; ++b) {
     absl::InlinedVector<size_t, 4> to_shards;
+    const absl::InlinedVector<size_t, 4> shards = ShardsOf(names[b]);  // hashing, outside the lock
     {
       absl::MutexLock l(&mu_);
-      for (size_t s : ShardsOf(names[b])) {
+      for (size_t s : shards) {
         if (OutboxFull(s)) {
           stats_.shards[s].publish_dropped++;
         } else {

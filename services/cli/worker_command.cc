@@ -3,6 +3,7 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <map>
 #include <thread>
@@ -181,19 +182,24 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
   out << "signal " << sig << ": draining (up to " << drain_seconds << " s; a second signal stops at once)"
       << std::endl;
   w->StopAdmitting();
-  const absl::Time until = absl::Now() + absl::Seconds(drain_seconds);
-  // Clients holding a connection are told to reconnect (elsewhere) while the calls in flight run on.
-  std::thread stop([&] { w->Shutdown(until); });
-  bool idle = false;
-  while (!(idle = w->WaitIdle(absl::Milliseconds(100))) && absl::Now() < until) {
-    const timespec now{0, 0};
-    if (sigtimedwait(&sigs, nullptr, &now) > 0) {
+  // Clients holding a connection are told to reconnect (elsewhere); the server's stop returns once
+  // the calls in flight have ended, or at the deadline, having cancelled them. Meanwhile a second
+  // signal stops the process at once.
+  std::atomic<bool> stopped{false};
+  std::thread stop([&] {
+    w->Shutdown(absl::Now() + absl::Seconds(drain_seconds));
+    stopped = true;
+  });
+  while (!stopped) {
+    const timespec tick{0, 100'000'000};
+    if (sigtimedwait(&sigs, nullptr, &tick) > 0) {
       out << "second signal: stopping now" << std::endl;
       std::_Exit(1);
     }
   }
-  stop.join();  // at once when idle; else the deadline has come and the calls are cancelled
-  out << (idle ? "drained: shutting down" : "shutting down with requests in flight") << std::endl;
+  stop.join();
+  out << (w->WaitIdle(absl::ZeroDuration()) ? "drained: shutting down" : "shutting down with requests cancelled")
+      << std::endl;
   return absl::OkStatus();
 }
 

@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/time/time.h"
+#include "grpcpp/grpcpp.h"
 #include "services/servers.h"
 #include "vericache/v1/inference.pb.h"
 
@@ -27,6 +29,18 @@ vericache::v1::GenerateRequest IdsRequest(int prompt_tokens, int max_tokens);
 // What sequential full-KV decoding of the model in `model_dir` gives for `r` (greedy, EOS
 // ignored); empty when the model cannot be loaded.
 std::vector<int32_t> FullOutput(const std::string& model_dir, const vericache::v1::GenerateRequest& r);
+
+// Sends `bytes` as the request of `method` at `target` (one request message and at most one
+// answer, so any method whose answer is an error or a single message), with `token` as bearer
+// token when not empty, within `timeout`; the call's status, and the answer's bytes in *response
+// when given.
+grpc::Status CallRaw(const std::string& target, const std::string& method, const std::string& bytes,
+                     const std::string& token = "", absl::Duration timeout = absl::Seconds(30),
+                     std::string* response = nullptr);
+
+// The standard gRPC health service's status for the whole server at `target`: 1 serving, 2 not
+// serving, -1 when the call fails.
+int HealthStatus(const std::string& target);
 
 }  // namespace vc::testing
 
