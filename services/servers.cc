@@ -65,7 +65,7 @@ class ParseErrorInterceptorFactory final : public grpc::experimental::ServerInte
 };
 
 std::unique_ptr<grpc::Server> Listen(const std::string& address, std::shared_ptr<grpc::ServerCredentials> creds,
-                                     grpc::Service* sync_service, grpc::Service* callback_service, int* port) {
+                                     const std::vector<grpc::Service*>& services, int* port) {
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder b;
   // Without SO_REUSEPORT, which gRPC sets by default: a second server on a port in use must fail,
@@ -78,8 +78,7 @@ std::unique_ptr<grpc::Server> Listen(const std::string& address, std::shared_ptr
   std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
   interceptors.push_back(std::make_unique<ParseErrorInterceptorFactory>());
   b.experimental().SetInterceptorCreators(std::move(interceptors));
-  if (sync_service != nullptr) b.RegisterService(sync_service);
-  if (callback_service != nullptr) b.RegisterService(callback_service);
+  for (grpc::Service* service : services) b.RegisterService(service);
   return b.BuildAndStart();
 }
 
@@ -96,7 +95,7 @@ std::string HexString(const std::array<uint8_t, 32>& bytes) {
 }
 
 absl::StatusOr<std::vector<std::string>> StoreShards(const std::string& targets, const std::string& dns_server,
-                                                     int min_shards, absl::Duration wait) {
+                                                     int min_shards, absl::Duration wait, absl::string_view what) {
   const absl::Time until = absl::Now() + wait;
   while (true) {
     std::vector<std::string> out;
@@ -111,14 +110,14 @@ absl::StatusOr<std::vector<std::string>> StoreShards(const std::string& targets,
       absl::StatusOr<std::vector<std::string>> found = ResolveSrv(std::string(t), dns_server);
       if (!found.ok()) {
         failed = absl::Status(found.status().code(),
-                              absl::StrCat("store shards from srv:", t, ": ", found.status().message()));
+                              absl::StrCat(what, " from srv:", t, ": ", found.status().message()));
         break;
       }
       out.insert(out.end(), found->begin(), found->end());
     }
     if (failed.ok() && (!from_dns || static_cast<int>(out.size()) >= min_shards)) return out;
     if (failed.ok()) {
-      failed = absl::UnavailableError(absl::StrCat("DNS lists ", out.size(), " store shards for ", targets,
+      failed = absl::UnavailableError(absl::StrCat("DNS lists ", out.size(), " ", what, " for ", targets,
                                                    ", fewer than the ", min_shards, " expected"));
     }
     // Records come and go while store pods start: look again until the wait is over. A name
@@ -142,7 +141,7 @@ absl::StatusOr<std::unique_ptr<StoreServer>> StoreServer::Start(StoreServerOptio
   }
   VC_ASSIGN_OR_RETURN(s->store_, cachestore::BlockStore::Open(options.store));
   s->service_ = std::make_unique<CacheStoreService>(s->store_.get(), options.service);
-  s->server_ = Listen(options.listen, options.credentials, nullptr, s->service_.get(), &s->port_);
+  s->server_ = Listen(options.listen, options.credentials, {s->service_.get()}, &s->port_);
   if (s->server_ == nullptr || s->port_ == 0) return CannotListen(options.listen, options.credentials != nullptr);
   if (!options.metrics_listen.empty()) {
     VC_ASSIGN_OR_RETURN(s->metrics_, MetricsEndpoint::Start(options.metrics_listen, [svc = s->service_.get()] {
@@ -200,7 +199,7 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(WorkerServerOp
     VC_ASSIGN_OR_RETURN(w->prefixes_, StorePrefixes::Create(po, fingerprint, layout));
   }
   VC_ASSIGN_OR_RETURN(w->service_, WorkerService::Create(*w->model_, w->tier_.get(), w->prefixes_.get(), options.service));
-  w->server_ = Listen(options.listen, options.credentials, w->service_.get(), nullptr, &w->port_);
+  w->server_ = Listen(options.listen, options.credentials, {w->service_.get()}, &w->port_);
   if (w->server_ == nullptr || w->port_ == 0) return CannotListen(options.listen, options.credentials != nullptr);
   if (!options.metrics_listen.empty()) {
     VC_ASSIGN_OR_RETURN(w->metrics_, MetricsEndpoint::Start(options.metrics_listen, [svc = w->service_.get()] {
@@ -210,6 +209,33 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(WorkerServerOp
                         }));
   }
   return w;
+}
+
+absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(RouterServerOptions options) {
+  std::unique_ptr<RouterServer> r(new RouterServer());
+  VC_RETURN_IF_ERROR(CheckAddress("listen address", options.listen, true));
+  VC_ASSIGN_OR_RETURN(r->service_, RouterService::Create(options.service));
+  r->stats_ = std::make_unique<RouterStatsService>(r->service_.get());
+  r->server_ = Listen(options.listen, options.credentials, {r->service_.get(), r->stats_.get()}, &r->port_);
+  if (r->server_ == nullptr || r->port_ == 0) return CannotListen(options.listen, options.credentials != nullptr);
+  if (!options.metrics_listen.empty()) {
+    VC_ASSIGN_OR_RETURN(r->metrics_, MetricsEndpoint::Start(options.metrics_listen, [svc = r->service_.get()] {
+                          vericache::v1::RouterStats s;
+                          svc->CurrentStats(&s);
+                          return PrometheusText(s, "vericache_router");
+                        }));
+  }
+  return r;
+}
+
+void RouterServer::StopAdmitting() {
+  if (grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService()) health->SetServingStatus(false);
+}
+
+RouterServer::~RouterServer() {
+  metrics_.reset();
+  if (server_ != nullptr) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  service_.reset();
 }
 
 void WorkerServer::StopAdmitting() {

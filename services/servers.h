@@ -1,6 +1,6 @@
-// The two servers, ready to run in a process of their own (`vericache store`, `vericache
-// worker`) or together in one (`vericache demo`, the end-to-end tests): each owns its state, its
-// gRPC server (with the standard health service) and, for the store, its UCX data plane.
+// The servers, ready to run in a process of their own (`vericache store`, `vericache worker`,
+// `vericache router`) or together in one (`vericache demo`, the end-to-end tests): each owns its
+// state, its gRPC server (with the standard health service) and, for the store, its UCX data plane.
 #ifndef VC_SERVICES_SERVERS_H_
 #define VC_SERVICES_SERVERS_H_
 
@@ -15,6 +15,7 @@
 #include "cachestore/ucx_transport.h"
 #include "grpcpp/grpcpp.h"
 #include "services/metrics.h"
+#include "services/router_service.h"
 #include "services/store_service.h"
 #include "services/worker_service.h"
 #include "worker/full_kv_tier.h"
@@ -135,9 +136,45 @@ class WorkerServer {
 // The store shards a worker's store_target lists, srv: items replaced by the targets of their
 // SRV records (looked up now, through `dns_server` when it is not empty; again every second for up
 // to `wait` while a resolver does not answer, and, with `min_shards` > 0, while a name has no
-// records or they list fewer shards in all). The lookup's error, or kUnavailable for too few.
+// records or they list fewer shards in all). The lookup's error, or kUnavailable for too few;
+// messages call the targets `what`. (A router's workers are listed the same way.)
 absl::StatusOr<std::vector<std::string>> StoreShards(const std::string& targets, const std::string& dns_server,
-                                                     int min_shards, absl::Duration wait);
+                                                     int min_shards, absl::Duration wait,
+                                                     absl::string_view what = "store shards");
+
+struct RouterServerOptions {
+  std::string listen = "127.0.0.1:0";
+  RouterServiceOptions service;
+  std::shared_ptr<grpc::ServerCredentials> credentials;  // null: plaintext
+  // HOST:PORT of a Prometheus /metrics endpoint (the RouterStats counts); empty: none.
+  std::string metrics_listen;
+};
+
+// A router (services/router_service.h) serving Inference and Router on one port.
+class RouterServer {
+ public:
+  // RouterService::Create's errors; kUnavailable when the port or the metrics address cannot be
+  // bound.
+  static absl::StatusOr<std::unique_ptr<RouterServer>> Start(RouterServerOptions options);
+  ~RouterServer();
+
+  int port() const { return port_; }
+  std::string target() const { return absl::StrCat("127.0.0.1:", port_); }
+  RouterService& service() { return *service_; }
+  int metrics_port() const { return metrics_ != nullptr ? metrics_->port() : 0; }
+  // As WorkerServer's: NOT_SERVING first, then the server's stop with calls in flight let run
+  // until `deadline`.
+  void StopAdmitting();
+  void Shutdown(absl::Time deadline) { server_->Shutdown(absl::ToChronoTime(deadline)); }
+
+ private:
+  RouterServer() = default;
+  std::unique_ptr<RouterService> service_;
+  std::unique_ptr<RouterStatsService> stats_;
+  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<MetricsEndpoint> metrics_;
+  int port_ = 0;
+};
 
 // Hex of a fingerprint.
 std::string HexString(const std::array<uint8_t, 32>& bytes);

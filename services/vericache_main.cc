@@ -6,6 +6,7 @@
 #include "services/cli/demo_command.h"
 #include "services/cli/generate_command.h"
 #include "services/cli/request_command.h"
+#include "services/cli/router_command.h"
 #include "services/cli/size_tiers_command.h"
 #include "services/cli/stats_command.h"
 #include "services/cli/store_command.h"
@@ -21,6 +22,7 @@ constexpr char kUsage[] =
     "             full-KV decoding (vericache demo [--model DIR] [--max-tokens N] [--compressor SPEC])\n"
     "  store      run a cache-store server (vericache store --help)\n"
     "  worker     run an inference worker (vericache worker --help)\n"
+    "  router     run a router in front of several workers (vericache router --help)\n"
     "  request    send one request to a worker (vericache request --help)\n"
     "  stats      what a running worker or cache store reports of itself (vericache stats --help)\n"
     "  size-tiers replay a request trace through the store's tiers at several sizes, to size them\n"
@@ -39,6 +41,7 @@ int main(int argc, char** argv) {
   if (cmd == "demo") return vc::cli::RunDemoCommand(args, std::cout, std::cerr);
   if (cmd == "store") return vc::cli::RunStoreCommand(args, std::cout, std::cerr);
   if (cmd == "worker") return vc::cli::RunWorkerCommand(args, std::cout, std::cerr);
+  if (cmd == "router") return vc::cli::RunRouterCommand(args, std::cout, std::cerr);
   if (cmd == "request") return vc::cli::RunRequestCommand(args, std::cout, std::cerr);
   if (cmd == "stats") return vc::cli::RunStatsCommand(args, std::cout, std::cerr);
   if (cmd == "size-tiers") return vc::cli::RunSizeTiersCommand(args, std::cout, std::cerr);

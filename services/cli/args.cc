@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <thread>
+#include <atomic>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
@@ -9,6 +12,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "absl/time/clock.h"
 #include "common/files.h"
 #include "common/status_macros.h"
 #include "common/text_checks.h"
@@ -159,6 +163,39 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerTls(const Args& a
   VC_ASSIGN_OR_RETURN(std::string key, ReadSmallFile(a.Str("tls-key"), "TLS key"));
   ssl.pem_key_cert_pairs.push_back({key, cert});
   return grpc::SslServerCredentials(ssl);
+}
+
+sigset_t BlockStopSignals() {
+  sigset_t sigs;
+  sigemptyset(&sigs);
+  sigaddset(&sigs, SIGINT);
+  sigaddset(&sigs, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+  return sigs;
+}
+
+void WaitAndDrain(const sigset_t& sigs, int64_t drain_seconds, std::ostream& out,
+                  const std::function<void()>& stop_admitting, const std::function<void(absl::Time)>& shutdown) {
+  int sig = 0;
+  sigwait(&sigs, &sig);
+  out << "signal " << sig << ": draining (up to " << drain_seconds << " s; a second signal stops at once)"
+      << std::endl;
+  // Load balancers see NOT_SERVING and move on; what was admitted finishes. Clients holding a
+  // connection are told to reconnect (elsewhere).
+  stop_admitting();
+  std::atomic<bool> stopped{false};
+  std::thread stop([&] {
+    shutdown(absl::Now() + absl::Seconds(drain_seconds));
+    stopped = true;
+  });
+  while (!stopped) {
+    const timespec tick{0, 100'000'000};
+    if (sigtimedwait(&sigs, nullptr, &tick) > 0) {
+      out << "second signal: stopping now" << std::endl;
+      std::_Exit(1);
+    }
+  }
+  stop.join();
 }
 
 }  // namespace vc::cli

@@ -2,6 +2,8 @@
 #ifndef VC_SERVICES_CLI_ARGS_H_
 #define VC_SERVICES_CLI_ARGS_H_
 
+#include <signal.h>
+
 #include <cstdint>
 #include <functional>
 #include <ostream>
@@ -13,6 +15,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 #include "grpcpp/security/server_credentials.h"
 
 namespace vc::cli {
@@ -54,6 +57,17 @@ absl::StatusOr<std::string> ReadSmallFile(const std::string& path, absl::string_
 // Server credentials from --tls-cert and --tls-key (both or neither): TLS with that certificate,
 // or null (plaintext) when neither is given.
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerTls(const Args& a);
+
+// Blocks SIGINT and SIGTERM for this thread and the threads it starts afterwards, so that only
+// WaitAndDrain receives them: call it before anything starts a thread (RocksDB, gRPC).
+sigset_t BlockStopSignals();
+
+// Waits for SIGINT or SIGTERM (`sigs`, as BlockStopSignals gave them), then drains a server:
+// stop_admitting() (health NOT_SERVING, new calls refused), then shutdown(deadline) on another
+// thread, which returns once the calls in flight have ended or at `drain_seconds`, having cancelled
+// them. A second signal meanwhile ends the process at once (exit status 1).
+void WaitAndDrain(const sigset_t& sigs, int64_t drain_seconds, std::ostream& out,
+                  const std::function<void()>& stop_admitting, const std::function<void(absl::Time)>& shutdown);
 
 // --ram-hot-fraction (cachestore::RamTierOptions::hot_fraction), in [0, 1]; 0.5 when absent.
 absl::StatusOr<double> HotFraction(const Args& a);

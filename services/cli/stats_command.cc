@@ -19,9 +19,11 @@ namespace v1 = vericache::v1;
 
 constexpr char kUsage[] =
     "usage: vericache stats --target HOST:PORT [--token TOKEN | --token-file FILE] [--tls-ca PEM]\n"
-    "                       [--timeout-ms N] [--json]\n"
+    "                       [--timeout-ms N] [--json] [--router]\n"
     "  asks a worker (Inference.GetStats) or, when the target is a cache store, the store\n"
-    "  (CacheStore.Stats) what it has done since it started, and prints it\n"
+    "  (CacheStore.Stats) what it has done since it started, and prints it. A router answers\n"
+    "  GetStats with its serving workers' stats summed\n"
+    "  --router         ask a router for its own counts instead (Router.GetRouterStats)\n"
     "  --token, --token-file  the bearer token the target takes (a store always needs one)\n"
     "  --tls-ca PEM     root certificates of a worker or store serving TLS\n";
 
@@ -106,8 +108,24 @@ void PrintStore(const std::string& target, const v1::StatsResponse& s, std::ostr
                          s.puts(), s.ram_evictions(), s.disk_evictions());
 }
 
+void PrintRouter(const std::string& target, const v1::RouterStats& s, std::ostream& out) {
+  const int64_t up = static_cast<int64_t>(s.uptime_micros() / 1000000);
+  out << absl::StrFormat("router %s, up %dh %02dm %02ds\n", target, up / 3600, up / 60 % 60, up % 60);
+  out << absl::StrFormat("requests: %d in flight, %d routed, %d with no worker to take them; %d moved to another "
+                         "worker before their first token\n",
+                         s.requests_in_flight(), s.requests_routed(), s.requests_unrouted(), s.retries());
+  out << absl::StrFormat("prefixes: %d requests to a worker that served their leading blocks (%d blocks), %d "
+                         "passed to a less busy one; %d blocks remembered\n",
+                         s.prefix_routed(), s.prefix_blocks_matched(), s.load_spills(), s.affinity_blocks());
+  for (const v1::RouterWorkerStats& w : s.workers()) {
+    out << absl::StrFormat("  worker %s: %s; %d in flight, %d routed, %d failures\n", w.target(), w.state(),
+                           w.requests_in_flight(), w.requests_routed(), w.failures());
+  }
+}
+
 absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
-  VC_ASSIGN_OR_RETURN(Args a, Args::Parse(argv, {"target", "token", "token-file", "tls-ca", "timeout-ms"}, {"json"}));
+  VC_ASSIGN_OR_RETURN(Args a,
+                      Args::Parse(argv, {"target", "token", "token-file", "tls-ca", "timeout-ms"}, {"json", "router"}));
   if (!a.Has("target")) return absl::InvalidArgumentError("--target is required");
   const std::string target = a.Str("target");
   VC_RETURN_IF_ERROR(CheckAddress("--target", target, false));
@@ -129,6 +147,22 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
     if (!token.empty()) ctx->AddMetadata("authorization", "Bearer " + token);
     ctx->set_deadline(absl::ToChronoTime(absl::Now() + absl::Milliseconds(timeout_ms)));
   };
+  if (a.Has("router")) {
+    grpc::ClientContext ctx;
+    call(&ctx);
+    v1::RouterStats stats;
+    const grpc::Status s = v1::Router::NewStub(channel)->GetRouterStats(&ctx, v1::GetRouterStatsRequest(), &stats);
+    if (s.error_code() == grpc::StatusCode::UNIMPLEMENTED) {
+      return absl::FailedPreconditionError(absl::StrCat(target, " is not a router"));
+    }
+    if (!s.ok()) return FromGrpc(s, target);
+    if (a.Has("json")) {
+      out << Json(stats, "router");
+    } else {
+      PrintRouter(target, stats, out);
+    }
+    return absl::OkStatus();
+  }
   {
     grpc::ClientContext ctx;
     call(&ctx);

@@ -4,7 +4,6 @@
 
 #include <set>
 
-
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "common/files.h"
@@ -44,13 +43,8 @@ constexpr char kUsage[] =
     "                   plain HTTP without authentication (default: none)\n";
 
 absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
-  // Block the signals before anything starts a thread (RocksDB, gRPC: credentials alone start
-  // gRPC's), since threads inherit the mask: only the sigwait below receives them.
-  sigset_t sigs;
-  sigemptyset(&sigs);
-  sigaddset(&sigs, SIGINT);
-  sigaddset(&sigs, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+  // Before anything starts a thread (RocksDB, gRPC: credentials alone start gRPC's).
+  const sigset_t sigs = BlockStopSignals();
   VC_ASSIGN_OR_RETURN(Args a, Args::Parse(argv, {"listen", "data-dir", "tokens", "ram-bytes", "disk-bytes",
                                                  "secret-file", "tls-cert", "tls-key", "ucx", "lease-ttl-ms",
                                                  "lease-bytes-per-tenant", "ram-hot-fraction", "ram-slot-bytes",

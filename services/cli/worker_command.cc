@@ -1,12 +1,7 @@
 #include "services/cli/worker_command.h"
 
-#include <signal.h>
-
 #include <algorithm>
-#include <atomic>
-#include <cstdlib>
 #include <map>
-#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -70,13 +65,8 @@ constexpr char kUsage[] =
     "                          a second signal stops at once)\n";
 
 absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
-  // Block the signals before anything starts a thread (RocksDB, gRPC: credentials alone start
-  // gRPC's), since threads inherit the mask: only the sigwait below receives them.
-  sigset_t sigs;
-  sigemptyset(&sigs);
-  sigaddset(&sigs, SIGINT);
-  sigaddset(&sigs, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+  // Before anything starts a thread (RocksDB, gRPC: credentials alone start gRPC's).
+  const sigset_t sigs = BlockStopSignals();
   VC_ASSIGN_OR_RETURN(
       Args a, Args::Parse(argv,
                           {"model", "listen", "store", "store-replicas", "store-token-file", "ucx", "block-tokens",
@@ -176,28 +166,7 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
   if (w->metrics_port() != 0) {
     out << "metrics at http://" << o.metrics_listen << "/metrics (port " << w->metrics_port() << ")" << std::endl;
   }
-  int sig = 0;
-  sigwait(&sigs, &sig);
-  // Drain: load balancers see NOT_SERVING and move on; what was admitted finishes.
-  out << "signal " << sig << ": draining (up to " << drain_seconds << " s; a second signal stops at once)"
-      << std::endl;
-  w->StopAdmitting();
-  // Clients holding a connection are told to reconnect (elsewhere); the server's stop returns once
-  // the calls in flight have ended, or at the deadline, having cancelled them. Meanwhile a second
-  // signal stops the process at once.
-  std::atomic<bool> stopped{false};
-  std::thread stop([&] {
-    w->Shutdown(absl::Now() + absl::Seconds(drain_seconds));
-    stopped = true;
-  });
-  while (!stopped) {
-    const timespec tick{0, 100'000'000};
-    if (sigtimedwait(&sigs, nullptr, &tick) > 0) {
-      out << "second signal: stopping now" << std::endl;
-      std::_Exit(1);
-    }
-  }
-  stop.join();
+  WaitAndDrain(sigs, drain_seconds, out, [&] { w->StopAdmitting(); }, [&](absl::Time t) { w->Shutdown(t); });
   out << (w->WaitIdle(absl::ZeroDuration()) ? "drained: shutting down" : "shutting down with requests cancelled")
       << std::endl;
   return absl::OkStatus();

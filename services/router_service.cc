@@ -1,0 +1,573 @@
+#include "services/router_service.h"
+
+#include <algorithm>
+#include <future>
+#include <utility>
+
+#include "absl/hash/hash.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "common/status_macros.h"
+#include "common/text_checks.h"
+#include "grpcpp/generic/generic_stub.h"
+#include "services/servers.h"
+
+namespace vc {
+
+using vericache::v1::GenerateRequest;
+using vericache::v1::GenerateResponse;
+
+namespace {
+
+// SplitMix64's finalizer: a 64-bit mix with full avalanche, the same in every process (unlike
+// absl::Hash, which is seeded per process), so rendezvous orders agree across router replicas.
+uint64_t Mix(uint64_t x) {
+  x ^= x >> 30;
+  x *= 0xbf58476d1ce4e5b9ULL;
+  x ^= x >> 27;
+  x *= 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+// FNV-1a over bytes, then mixed: stable across processes.
+uint64_t HashBytes(uint64_t seed, absl::string_view bytes) {
+  uint64_t h = 0xcbf29ce484222325ULL ^ Mix(seed);
+  for (unsigned char c : bytes) {
+    h ^= c;
+    h *= 0x100000001b3ULL;
+  }
+  return Mix(h);
+}
+
+// Adds the counts of `from` to `to` (same type): integers summed, uptime the larger, strings kept
+// when `to` has none; repeated messages matched by their first string field (a tenant, a shard's
+// target), appended when `to` has no such element.
+void AddCounts(const google::protobuf::Message& from, google::protobuf::Message* to) {
+  using google::protobuf::FieldDescriptor;
+  const google::protobuf::Descriptor* d = from.GetDescriptor();
+  const google::protobuf::Reflection* rf = from.GetReflection();
+  const google::protobuf::Reflection* rt = to->GetReflection();
+  for (int i = 0; i < d->field_count(); ++i) {
+    const FieldDescriptor* f = d->field(i);
+    if (f->is_repeated()) {
+      if (f->cpp_type() != FieldDescriptor::CPPTYPE_MESSAGE) continue;
+      for (int j = 0; j < rf->FieldSize(from, f); ++j) {
+        const google::protobuf::Message& e = rf->GetRepeatedMessage(from, f, j);
+        const FieldDescriptor* key = nullptr;
+        for (int k = 0; k < e.GetDescriptor()->field_count() && key == nullptr; ++k) {
+          const FieldDescriptor* c = e.GetDescriptor()->field(k);
+          if (c->cpp_type() == FieldDescriptor::CPPTYPE_STRING && !c->is_repeated()) key = c;
+        }
+        google::protobuf::Message* match = nullptr;
+        for (int k = 0; k < rt->FieldSize(*to, f) && match == nullptr && key != nullptr; ++k) {
+          google::protobuf::Message* t = rt->MutableRepeatedMessage(to, f, k);
+          if (t->GetReflection()->GetString(*t, key) == e.GetReflection()->GetString(e, key)) match = t;
+        }
+        if (match != nullptr) {
+          AddCounts(e, match);
+        } else {
+          rt->AddMessage(to, f)->CopyFrom(e);
+        }
+      }
+      continue;
+    }
+    switch (f->cpp_type()) {
+      case FieldDescriptor::CPPTYPE_UINT32: rt->SetUInt32(to, f, rt->GetUInt32(*to, f) + rf->GetUInt32(from, f)); break;
+      case FieldDescriptor::CPPTYPE_UINT64:
+        rt->SetUInt64(to, f,
+                      f->name() == "uptime_micros" ? std::max(rt->GetUInt64(*to, f), rf->GetUInt64(from, f))
+                                                   : rt->GetUInt64(*to, f) + rf->GetUInt64(from, f));
+        break;
+      case FieldDescriptor::CPPTYPE_INT32: rt->SetInt32(to, f, rt->GetInt32(*to, f) + rf->GetInt32(from, f)); break;
+      case FieldDescriptor::CPPTYPE_INT64: rt->SetInt64(to, f, rt->GetInt64(*to, f) + rf->GetInt64(from, f)); break;
+      case FieldDescriptor::CPPTYPE_MESSAGE:
+        if (rf->HasField(from, f)) AddCounts(rf->GetMessage(from, f), rt->MutableMessage(to, f));
+        break;
+      case FieldDescriptor::CPPTYPE_STRING:
+        if (rt->GetString(*to, f).empty()) rt->SetString(to, f, rf->GetString(from, f));
+        break;
+      default: break;  // no such fields in the stats messages
+    }
+  }
+}
+
+}  // namespace
+
+uint64_t AffinityTable::Get(uint64_t block) {
+  if (auto it = current_.find(block); it != current_.end()) return it->second;
+  auto it = previous_.find(block);
+  if (it == previous_.end()) return 0;
+  const uint64_t workers = it->second;
+  previous_.erase(it);
+  current_[block] = workers;
+  Roll();
+  return workers;
+}
+
+void AffinityTable::Add(uint64_t block, uint64_t workers) {
+  uint64_t& slot = current_[block];
+  if (auto it = previous_.find(block); it != previous_.end()) {
+    slot |= it->second;
+    previous_.erase(it);
+  }
+  slot |= workers;
+  Roll();
+}
+
+void AffinityTable::Forget(uint64_t workers) {
+  for (auto* m : {&current_, &previous_}) {
+    for (auto it = m->begin(); it != m->end();) {
+      it->second &= ~workers;
+      if (it->second == 0) {
+        m->erase(it++);
+      } else {
+        ++it;
+      }
+    }
+  }
+}
+
+void AffinityTable::Roll() {
+  if (static_cast<int64_t>(current_.size()) < half_) return;
+  previous_ = std::move(current_);
+  current_ = {};
+}
+
+std::vector<uint64_t> PromptBlockHashes(const GenerateRequest& req, uint64_t seed, int ids_block_tokens,
+                                        int text_block_bytes) {
+  std::vector<uint64_t> out;
+  absl::string_view bytes;
+  size_t block = 0;
+  if (req.has_token_ids()) {
+    const auto& ids = req.token_ids().ids();
+    bytes = absl::string_view(reinterpret_cast<const char*>(ids.data()), ids.size() * sizeof(int32_t));
+    block = static_cast<size_t>(std::max(1, ids_block_tokens)) * sizeof(int32_t);
+    seed = Mix(seed ^ 1);
+  } else {
+    bytes = req.text();
+    block = static_cast<size_t>(std::max(1, text_block_bytes));
+    seed = Mix(seed ^ 2);
+  }
+  uint64_t h = seed;
+  for (size_t at = 0; at + block <= bytes.size(); at += block) {
+    h = HashBytes(h, bytes.substr(at, block));
+    out.push_back(h);
+  }
+  return out;
+}
+
+struct RouterService::Upstream {
+  std::string target;
+  int slot = 0;
+  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<vericache::v1::Inference::Stub> stub;
+  std::atomic<int> in_flight{0};
+  std::atomic<uint64_t> routed{0}, failures{0};
+  std::atomic<bool> serving{false};
+  std::atomic<bool> removed{false};
+  bool model_checked = false;  // under mu_: its model was compared with the router's since it last failed
+  std::string state = "not checked yet";  // under mu_
+};
+
+RouterService::RouterService(RouterServiceOptions options)
+    : options_(std::move(options)), table_(options_.affinity_blocks) {}
+
+absl::StatusOr<std::unique_ptr<RouterService>> RouterService::Create(RouterServiceOptions options) {
+  if (options.policy != "prefix" && options.policy != "least-loaded" && options.policy != "round-robin") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown routing policy '", options.policy, "' (prefix, least-loaded or round-robin)"));
+  }
+  if (options.workers.empty()) return absl::InvalidArgumentError("the router has no workers");
+  for (absl::string_view t : absl::StrSplit(options.workers, ',')) {
+    if (absl::ConsumePrefix(&t, "srv:")) {
+      if (t.empty()) return absl::InvalidArgumentError("a worker item srv: names no DNS name");
+      continue;
+    }
+    if (absl::Status s = CheckAddress("worker", t, false); !s.ok()) return s;
+  }
+  if (options.balance_slack < 1 || options.affinity_blocks < 2 || options.ids_block_tokens < 1 ||
+      options.text_block_bytes < 1 || options.health_interval_ms < 1 || options.refresh_interval_ms < 1 ||
+      options.worker_timeout_ms < 1) {
+    return absl::InvalidArgumentError("router sizes and intervals must be positive");
+  }
+  VC_ASSIGN_OR_RETURN(std::vector<std::string> targets,
+                      StoreShards(options.workers, options.dns_server, 0, absl::ZeroDuration(), "workers"));
+  std::unique_ptr<RouterService> r(new RouterService(std::move(options)));
+  r->SetWorkers(targets);
+  r->checker_ = std::thread([p = r.get()] { p->CheckLoop(); });
+  return r;
+}
+
+RouterService::~RouterService() {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    stop_ = true;
+  }
+  changed_.notify_all();
+  if (checker_.joinable()) checker_.join();
+}
+
+void RouterService::SetWorkers(const std::vector<std::string>& targets) {
+  std::lock_guard<std::mutex> l(mu_);
+  for (auto it = workers_.begin(); it != workers_.end();) {
+    if (std::find(targets.begin(), targets.end(), (*it)->target) != targets.end()) {
+      ++it;
+      continue;
+    }
+    // Calls in flight hold their own reference; the slot's memories go with it.
+    (*it)->removed = true;
+    (*it)->serving = false;
+    const uint64_t bit = uint64_t{1} << (*it)->slot;
+    table_.Forget(bit);
+    free_slots_ |= bit;
+    it = workers_.erase(it);
+  }
+  for (const std::string& t : targets) {
+    const bool known =
+        std::any_of(workers_.begin(), workers_.end(), [&](const auto& w) { return w->target == t; });
+    if (known || free_slots_ == 0) continue;  // past kMaxRouterWorkers: left out
+    auto w = std::make_shared<Upstream>();
+    w->target = t;
+    w->slot = __builtin_ctzll(free_slots_);
+    free_slots_ &= ~(uint64_t{1} << w->slot);
+    grpc::ChannelArguments args;
+    args.SetMaxReceiveMessageSize(64 << 20);
+    std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials();
+    if (!options_.worker_tls_root_certs_pem.empty()) {
+      grpc::SslCredentialsOptions ssl;
+      ssl.pem_root_certs = options_.worker_tls_root_certs_pem;
+      creds = grpc::SslCredentials(ssl);
+    }
+    w->channel = grpc::CreateCustomChannel(t, creds, args);
+    w->stub = vericache::v1::Inference::NewStub(w->channel);
+    workers_.push_back(std::move(w));
+  }
+}
+
+RouterService::Probe RouterService::Check(const std::shared_ptr<Upstream>& w) {
+  Probe p;
+  p.w = w;
+  const auto deadline = absl::ToChronoTime(absl::Now() + absl::Milliseconds(options_.worker_timeout_ms));
+  // The standard health service's Check for the whole server: HealthCheckRequest{} is no bytes,
+  // and a SERVING answer is field 1 = 1.
+  grpc::GenericStub health(w->channel);
+  grpc::ClientContext hctx;
+  hctx.set_deadline(deadline);
+  const grpc::Slice empty("");
+  const grpc::ByteBuffer request(&empty, 1);
+  grpc::ByteBuffer answer;
+  std::promise<grpc::Status> done;
+  health.UnaryCall(&hctx, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request, &answer,
+                   [&](grpc::Status s) { done.set_value(std::move(s)); });
+  p.health = done.get_future().get();
+  std::string bytes;
+  std::vector<grpc::Slice> slices;
+  if (p.health.ok() && answer.Dump(&slices).ok()) {
+    for (const grpc::Slice& s : slices) bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  }
+  p.healthy = p.health.ok() && bytes == std::string("\x08\x01", 2);
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    p.asked_model = p.healthy && !w->model_checked;
+  }
+  if (p.asked_model) {
+    grpc::ClientContext mctx;
+    mctx.set_deadline(deadline);
+    if (!options_.worker_token.empty()) mctx.AddMetadata("authorization", "Bearer " + options_.worker_token);
+    p.model_status = w->stub->GetModelInfo(&mctx, vericache::v1::GetModelInfoRequest(), &p.info);
+  }
+  return p;
+}
+
+void RouterService::Apply(const std::vector<Probe>& probes) {
+  bool changed = false;
+  std::lock_guard<std::mutex> l(mu_);
+  if (model_ == nullptr) {
+    // The checkpoint most of the workers that answered serve (the first listed of a tie), unless
+    // the options name one.
+    std::vector<std::pair<std::string, int>> counts;
+    for (const Probe& p : probes) {
+      if (!p.asked_model || !p.model_status.ok()) continue;
+      const std::string& f = p.info.fingerprint_hex();
+      auto it = std::find_if(counts.begin(), counts.end(), [&](const auto& c) { return c.first == f; });
+      if (it == counts.end()) {
+        counts.emplace_back(f, 1);
+      } else {
+        ++it->second;
+      }
+    }
+    for (const Probe& p : probes) {
+      if (!p.asked_model || !p.model_status.ok()) continue;
+      const std::string& f = p.info.fingerprint_hex();
+      if (!options_.model_fingerprint_hex.empty() && f != options_.model_fingerprint_hex) continue;
+      const int n = std::find_if(counts.begin(), counts.end(), [&](const auto& c) { return c.first == f; })->second;
+      if (model_ == nullptr || n > std::find_if(counts.begin(), counts.end(), [&](const auto& c) {
+                                     return c.first == model_->fingerprint_hex();
+                                   })->second) {
+        model_ = std::make_unique<vericache::v1::ModelInfo>(p.info);
+      }
+    }
+  }
+  for (const Probe& p : probes) {
+    Upstream& w = *p.w;
+    bool serving = p.healthy;
+    if (!p.health.ok()) {
+      w.state = absl::StrCat("unreachable: ", p.health.error_message());
+      w.model_checked = false;  // it may come back with another model
+    } else if (!p.healthy) {
+      w.state = "not serving";
+    } else if (p.asked_model && !p.model_status.ok()) {
+      w.state = absl::StrCat("model query failed: ", p.model_status.error_message());
+    } else if (p.asked_model && model_ != nullptr) {
+      if (p.info.fingerprint_hex() != model_->fingerprint_hex()) {
+        w.state = absl::StrCat("serves another model: checkpoint ", p.info.fingerprint_hex().substr(0, 16),
+                               ", the router's workers serve ", model_->fingerprint_hex().substr(0, 16));
+      } else {
+        w.model_checked = true;
+      }
+    } else if (p.asked_model) {
+      w.state = absl::StrCat("serves another model than --model-fingerprint: checkpoint ",
+                             p.info.fingerprint_hex().substr(0, 16));
+    }
+    serving = serving && w.model_checked && !w.removed;
+    if (serving) w.state = "serving";
+    if (!p.health.ok() && w.serving) ++w.failures;
+    changed |= w.serving != serving;
+    w.serving = serving;
+  }
+  if (changed) changed_.notify_all();
+}
+
+void RouterService::CheckLoop() {
+  const bool from_dns = absl::StrContains(options_.workers, "srv:");
+  absl::Time next_refresh = absl::Now() + absl::Milliseconds(options_.refresh_interval_ms);
+  while (true) {
+    std::vector<std::shared_ptr<Upstream>> ws;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      if (stop_) return;
+      ws = workers_;
+    }
+    // All at once, so that one slow worker does not hold up the others' checks.
+    std::vector<Probe> probes(ws.size());
+    std::vector<std::thread> checks;
+    for (size_t i = 0; i < ws.size(); ++i) checks.emplace_back([this, &probes, &ws, i] { probes[i] = Check(ws[i]); });
+    for (auto& t : checks) t.join();
+    Apply(probes);
+    if (from_dns && absl::Now() >= next_refresh) {
+      absl::StatusOr<std::vector<std::string>> targets =
+          StoreShards(options_.workers, options_.dns_server, 0, absl::ZeroDuration(), "workers");
+      if (targets.ok()) SetWorkers(*targets);  // otherwise the last list stands
+      next_refresh = absl::Now() + absl::Milliseconds(options_.refresh_interval_ms);
+    }
+    std::unique_lock<std::mutex> l(mu_);
+    changed_.wait_for(l, std::chrono::milliseconds(options_.health_interval_ms), [&] { return stop_; });
+    if (stop_) return;
+  }
+}
+
+bool RouterService::WaitServing(int n, absl::Duration timeout) {
+  std::unique_lock<std::mutex> l(mu_);
+  return changed_.wait_for(l, absl::ToChronoNanoseconds(timeout), [&] {
+    return std::count_if(workers_.begin(), workers_.end(), [](const auto& w) { return w->serving.load(); }) >= n;
+  });
+}
+
+int RouterService::BlockTokens() const {
+  return model_ != nullptr && model_->prefix_block_tokens() > 0 ? static_cast<int>(model_->prefix_block_tokens())
+                                                                 : options_.ids_block_tokens;
+}
+
+std::vector<std::shared_ptr<RouterService::Upstream>> RouterService::Choose(const std::vector<uint64_t>& blocks) {
+  std::lock_guard<std::mutex> l(mu_);
+  std::vector<std::shared_ptr<Upstream>> order;
+  for (const auto& w : workers_) {
+    if (w->serving) order.push_back(w);
+  }
+  if (order.empty()) return order;
+  const uint64_t turn = round_robin_++;
+  std::rotate(order.begin(), order.begin() + static_cast<int64_t>(turn % order.size()), order.end());
+  auto by_load = [](const auto& a, const auto& b) { return a->in_flight.load() < b->in_flight.load(); };
+  if (options_.policy == "round-robin") return order;
+  if (options_.policy == "least-loaded" || blocks.empty()) {
+    std::stable_sort(order.begin(), order.end(), by_load);
+    return order;
+  }
+  // By calls in flight, ties in a rendezvous order keyed by the prompt (its last full block: the
+  // same order on every router replica, different for different prompts).
+  std::vector<std::pair<uint64_t, std::shared_ptr<Upstream>>> keyed;
+  for (const auto& w : order) keyed.emplace_back(Mix(blocks.back() ^ HashBytes(0, w->target)), w);
+  std::sort(keyed.begin(), keyed.end(), [](const auto& a, const auto& b) {
+    const int la = a.second->in_flight, lb = b.second->in_flight;
+    return la != lb ? la < lb : a.first > b.first;
+  });
+  for (size_t i = 0; i < keyed.size(); ++i) order[i] = keyed[i].second;
+  // The workers that served the longest run of the prompt's leading blocks go first, when that run
+  // is at least half the prompt's blocks (a shorter one, such as a shared system prompt, saves too
+  // little to pile its prompts onto the workers that have it).
+  uint64_t mask = 0;
+  for (const auto& w : order) mask |= uint64_t{1} << w->slot;
+  int depth = 0;
+  for (uint64_t b : blocks) {
+    const uint64_t m = table_.Get(b) & mask;
+    if (m == 0) break;
+    mask = m;
+    ++depth;
+  }
+  if (2 * static_cast<size_t>(depth) < blocks.size()) return order;
+  auto matches = [&](const auto& w) { return (mask >> w->slot & 1) != 0; };
+  std::stable_partition(order.begin(), order.end(), matches);
+  // Unless it is busier than the least busy worker by the slack.
+  int least = order.front()->in_flight;
+  for (const auto& w : order) least = std::min(least, w->in_flight.load());
+  if (order.front()->in_flight < least + options_.balance_slack) {
+    prefix_routed_++;
+    prefix_blocks_ += depth;
+    return order;
+  }
+  auto pick = std::find_if(order.begin(), order.end(),
+                           [&](const auto& w) { return w->in_flight < least + options_.balance_slack; });
+  if (pick != order.end()) std::rotate(order.begin(), pick, pick + 1);
+  spills_++;
+  return order;
+}
+
+void RouterService::Remember(const std::vector<uint64_t>& blocks, const Upstream& w) {
+  if (blocks.empty() || options_.policy != "prefix") return;
+  std::lock_guard<std::mutex> l(mu_);
+  if (w.removed) return;
+  for (uint64_t b : blocks) table_.Add(b, uint64_t{1} << w.slot);
+}
+
+grpc::Status RouterService::Generate(grpc::ServerContext* ctx, const GenerateRequest* req,
+                                     grpc::ServerWriter<GenerateResponse>* writer) {
+  std::string auth;
+  if (auto it = ctx->client_metadata().find("authorization"); it != ctx->client_metadata().end()) {
+    auth.assign(it->second.data(), it->second.size());
+  }
+  int block_tokens;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    block_tokens = BlockTokens();
+  }
+  const std::vector<uint64_t> blocks =
+      PromptBlockHashes(*req, HashBytes(0, auth), block_tokens, options_.text_block_bytes);
+  const std::vector<std::shared_ptr<Upstream>> order = Choose(blocks);
+  if (order.empty()) {
+    unrouted_++;
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the router has no serving worker");
+  }
+  in_flight_++;
+  struct Done {
+    std::atomic<int>* n;
+    ~Done() { (*n)--; }
+  } done{&in_flight_};
+  grpc::Status last;
+  for (size_t i = 0; i < order.size(); ++i) {
+    Upstream& w = *order[i];
+    if (i > 0) {
+      if (!w.serving) continue;
+      retries_++;
+    }
+    w.in_flight++;
+    std::unique_ptr<grpc::ClientContext> call = grpc::ClientContext::FromServerContext(*ctx);
+    if (!auth.empty()) call->AddMetadata("authorization", auth);
+    std::unique_ptr<grpc::ClientReader<GenerateResponse>> reader = w.stub->Generate(call.get(), *req);
+    GenerateResponse r;
+    bool sent = false, client_gone = false;
+    while (reader->Read(&r)) {
+      if (!sent) {
+        sent = true;
+        Remember(blocks, w);
+      }
+      if (!writer->Write(r)) {
+        client_gone = true;
+        call->TryCancel();
+        break;
+      }
+    }
+    grpc::Status s = reader->Finish();
+    w.in_flight--;
+    const bool refused = !sent && !client_gone && !ctx->IsCancelled() &&
+                         (s.error_code() == grpc::StatusCode::UNAVAILABLE ||
+                          s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED);
+    if (!refused) {
+      routed_++;
+      w.routed++;
+      if (client_gone) return grpc::Status(grpc::StatusCode::CANCELLED, "the client stopped reading");
+      return s;
+    }
+    w.failures++;
+    // Down or draining: no more calls until a health check says it serves again.
+    if (s.error_code() == grpc::StatusCode::UNAVAILABLE) w.serving = false;
+    last = grpc::Status(s.error_code(), absl::StrCat("worker ", w.target, ": ", s.error_message()));
+  }
+  unrouted_++;
+  return grpc::Status(last.error_code(),
+                      absl::StrCat("no worker could take the call; the last one tried said: ", last.error_message()));
+}
+
+grpc::Status RouterService::GetModelInfo(grpc::ServerContext*, const vericache::v1::GetModelInfoRequest*,
+                                         vericache::v1::ModelInfo* info) {
+  std::lock_guard<std::mutex> l(mu_);
+  if (model_ == nullptr) {
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE, "no worker has said which model it serves yet");
+  }
+  *info = *model_;
+  return grpc::Status::OK;
+}
+
+grpc::Status RouterService::GetStats(grpc::ServerContext* ctx, const vericache::v1::GetStatsRequest* req,
+                                     vericache::v1::WorkerStats* stats) {
+  std::string auth;
+  if (auto it = ctx->client_metadata().find("authorization"); it != ctx->client_metadata().end()) {
+    auth.assign(it->second.data(), it->second.size());
+  }
+  std::vector<std::shared_ptr<Upstream>> ws;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    for (const auto& w : workers_) {
+      if (w->serving) ws.push_back(w);
+    }
+  }
+  if (ws.empty()) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the router has no serving worker");
+  for (const auto& w : ws) {
+    std::unique_ptr<grpc::ClientContext> call = grpc::ClientContext::FromServerContext(*ctx);
+    if (!auth.empty()) call->AddMetadata("authorization", auth);
+    if (call->deadline() > absl::ToChronoTime(absl::Now() + absl::Milliseconds(options_.worker_timeout_ms))) {
+      call->set_deadline(absl::ToChronoTime(absl::Now() + absl::Milliseconds(options_.worker_timeout_ms)));
+    }
+    vericache::v1::WorkerStats one;
+    const grpc::Status s = w->stub->GetStats(call.get(), *req, &one);
+    if (!s.ok()) return grpc::Status(s.error_code(), absl::StrCat("worker ", w->target, ": ", s.error_message()));
+    AddCounts(one, stats);
+  }
+  return grpc::Status::OK;
+}
+
+void RouterService::CurrentStats(vericache::v1::RouterStats* s) {
+  s->set_uptime_micros(absl::ToInt64Microseconds(absl::Now() - started_));
+  s->set_requests_in_flight(static_cast<uint32_t>(std::max(0, in_flight_.load())));
+  s->set_requests_routed(routed_);
+  s->set_requests_unrouted(unrouted_);
+  s->set_prefix_routed(prefix_routed_);
+  s->set_prefix_blocks_matched(prefix_blocks_);
+  s->set_load_spills(spills_);
+  s->set_retries(retries_);
+  std::lock_guard<std::mutex> l(mu_);
+  s->set_affinity_blocks(table_.size());
+  for (const auto& w : workers_) {
+    vericache::v1::RouterWorkerStats* ws = s->add_workers();
+    ws->set_target(w->target);
+    ws->set_serving(w->serving ? 1 : 0);
+    ws->set_requests_in_flight(static_cast<uint32_t>(std::max(0, w->in_flight.load())));
+    ws->set_requests_routed(w->routed);
+    ws->set_failures(w->failures);
+    ws->set_state(w->state);
+  }
+}
+
+}  // namespace vc

@@ -1,0 +1,334 @@
+// The router in front of real workers on loopback: prompts sharing a prefix meet the worker that
+// served it, outputs are exact whichever worker serves, calls move past a worker that is down or
+// draining, and errors, tokens, cancellation and stats pass through.
+#include "services/router_service.h"
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "services/inference_client.h"
+#include "services/servers.h"
+#include "tests/testing/servers.h"
+#include "tests/testing/tiny_model.h"
+#include "worker/store_prefixes.h"
+
+namespace vc {
+namespace {
+
+namespace v1 = vericache::v1;
+
+TEST(AffinityTable, RemembersForgetsAndStaysBounded) {
+  AffinityTable t(8);  // generations of 4
+  t.Add(1, 0b01);
+  t.Add(1, 0b10);
+  EXPECT_EQ(t.Get(1), 0b11u);
+  EXPECT_EQ(t.Get(2), 0u);
+  t.Forget(0b01);
+  EXPECT_EQ(t.Get(1), 0b10u);
+  t.Forget(0b10);
+  EXPECT_EQ(t.Get(1), 0u);
+  EXPECT_EQ(t.size(), 0);
+  for (uint64_t b = 10; b < 110; ++b) t.Add(b, 1);
+  EXPECT_LE(t.size(), 8);
+  EXPECT_EQ(t.Get(109), 1u);  // the most recent are kept
+  EXPECT_EQ(t.Get(10), 0u);
+  // A block looked up moves to the current generation and outlives those that were not.
+  AffinityTable u(8);
+  u.Add(1, 1);
+  for (uint64_t b = 2; b < 5; ++b) u.Add(b, 1);  // the fourth add rolls the generation
+  EXPECT_EQ(u.Get(1), 1u);
+  for (uint64_t b = 5; b < 8; ++b) u.Add(b, 1);
+  EXPECT_EQ(u.Get(1), 1u);
+  EXPECT_EQ(u.Get(2), 0u);
+}
+
+TEST(PromptBlockHashes, ChainFullBlocksOnly) {
+  v1::GenerateRequest a = testing::IdsRequest(100, 1), b = a, c = a;
+  b.mutable_token_ids()->set_ids(40, 7);  // in the second block of 32
+  const auto ha = PromptBlockHashes(a, 1, 32, 64), hb = PromptBlockHashes(b, 1, 32, 64);
+  ASSERT_EQ(ha.size(), 3u);  // 100 tokens: three full blocks
+  EXPECT_EQ(ha[0], hb[0]);
+  EXPECT_NE(ha[1], hb[1]);
+  EXPECT_NE(ha[2], hb[2]);  // a block's hash covers the blocks before it
+  EXPECT_NE(PromptBlockHashes(a, 2, 32, 64)[0], ha[0]);  // another caller's token
+  c.mutable_token_ids()->mutable_ids()->Truncate(31);
+  EXPECT_TRUE(PromptBlockHashes(c, 1, 32, 64).empty());
+  v1::GenerateRequest text;
+  text.set_text(std::string(200, 'x'));
+  EXPECT_EQ(PromptBlockHashes(text, 1, 32, 64).size(), 3u);
+}
+
+// A store, two workers and a router over them.
+class RouterTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    stack_ = testing::MakeTinyStack("router");
+    auto store = StoreServer::Start(stack_.store);
+    ASSERT_TRUE(store.ok()) << store.status();
+    store_ = std::move(*store);
+    stack_.worker.store_target = store_->target();
+    stack_.worker.service.client_tokens = {{"ops", ""}, {"a", "team-a"}};
+    for (int i = 0; i < 2; ++i) {
+      auto w = WorkerServer::Start(stack_.worker);
+      ASSERT_TRUE(w.ok()) << w.status();
+      workers_.push_back(std::move(*w));
+    }
+  }
+
+  std::unique_ptr<RouterServer> StartRouter(int64_t health_interval_ms, const std::string& policy = "prefix") {
+    RouterServerOptions o;
+    o.service.workers = workers_[0]->target() + "," + workers_[1]->target();
+    o.service.policy = policy;
+    o.service.worker_token = "ops";
+    o.service.health_interval_ms = health_interval_ms;
+    auto r = RouterServer::Start(o);
+    EXPECT_TRUE(r.ok()) << r.status();
+    if (!r.ok()) return nullptr;
+    EXPECT_TRUE((*r)->service().WaitServing(2, absl::Seconds(20))) << Stats(**r).DebugString();
+    return std::move(*r);
+  }
+
+  static v1::RouterStats Stats(RouterServer& r) {
+    v1::RouterStats s;
+    r.service().CurrentStats(&s);
+    return s;
+  }
+
+  // A prompt of `prefix` shared tokens (from `seed`) and 20 of its own (from `own`).
+  static v1::GenerateRequest Prompt(int seed, int own, int prefix = 96) {
+    v1::GenerateRequest r;
+    for (int i = 0; i < prefix; ++i) r.mutable_token_ids()->add_ids((i * 7 + seed * 31) % 250 + 1);
+    for (int i = 0; i < 20; ++i) r.mutable_token_ids()->add_ids((i * 3 + own * 17) % 250 + 1);
+    r.set_max_tokens(8);
+    r.set_ignore_eos(true);
+    return r;
+  }
+
+  testing::TinyStack stack_;
+  std::unique_ptr<StoreServer> store_;
+  std::vector<std::unique_ptr<WorkerServer>> workers_;
+};
+
+TEST_F(RouterTest, PrefixesMeetTheirWorkerAndOutputsAreExact) {
+  auto router = StartRouter(100);
+  ASSERT_NE(router, nullptr);
+  auto stub = InferenceStub(router->target());
+  // Three prefixes, four requests each, interleaved: every request after a prefix's first goes to
+  // the worker that served it.
+  for (int round = 0; round < 4; ++round) {
+    for (int prefix = 0; prefix < 3; ++prefix) {
+      const v1::GenerateRequest req = Prompt(prefix, round);
+      const GenerateReply reply = CallGenerate(*stub, req, "ops");
+      ASSERT_TRUE(reply.status.ok()) << reply.status;
+      EXPECT_EQ(reply.tokens, testing::FullOutput(stack_.worker.model_dir, req)) << round << " " << prefix;
+    }
+  }
+  const v1::RouterStats s = Stats(*router);
+  EXPECT_EQ(s.requests_routed(), 12u);
+  EXPECT_EQ(s.prefix_routed(), 9u);
+  EXPECT_EQ(s.prefix_blocks_matched(), 27u);  // three 32-token blocks of the shared 96
+  EXPECT_EQ(s.load_spills(), 0u);
+  EXPECT_EQ(s.retries(), 0u);
+  EXPECT_GT(s.affinity_blocks(), 0u);
+  ASSERT_EQ(s.workers_size(), 2);
+  EXPECT_EQ(s.workers(0).requests_routed() + s.workers(1).requests_routed(), 12u);
+  EXPECT_EQ(s.workers(0).state(), "serving");
+  // Each worker served whole prefixes (four requests each), and GetStats through the router sums
+  // what the two say.
+  v1::WorkerStats sum;
+  uint64_t ended = 0;
+  for (const auto& w : workers_) {
+    grpc::ClientContext ctx;
+    ctx.AddMetadata("authorization", "Bearer ops");
+    v1::WorkerStats one;
+    ASSERT_TRUE(InferenceStub(w->target())->GetStats(&ctx, v1::GetStatsRequest(), &one).ok());
+    EXPECT_EQ(one.requests_ended() % 4, 0u) << one.requests_ended();
+    ended += one.requests_ended();
+  }
+  EXPECT_EQ(ended, 12u);
+  {
+    grpc::ClientContext ctx;
+    ctx.AddMetadata("authorization", "Bearer ops");
+    ASSERT_TRUE(stub->GetStats(&ctx, v1::GetStatsRequest(), &sum).ok());
+  }
+  EXPECT_EQ(sum.requests_ended(), 12u);
+  EXPECT_EQ(sum.generated_tokens(), 12u * 8);
+  EXPECT_EQ(sum.prefix_store_tokens(), 9u * 96);  // the later requests' prefixes, from the store
+  ASSERT_EQ(sum.tenants_size(), 1);
+  EXPECT_EQ(sum.tenants(0).requests_ended(), 12u);
+  ASSERT_EQ(sum.store().shards_size(), 1);  // both workers' one shard, matched by its target
+  EXPECT_EQ(sum.store().shards(0).lookups(), sum.store().lookups());
+  // A prompt that shares only its first block of three with those (a system prompt, say) is not
+  // sent after it.
+  v1::GenerateRequest shallow = Prompt(0, 0);
+  shallow.mutable_token_ids()->mutable_ids()->Truncate(32);
+  for (int i = 0; i < 64; ++i) shallow.mutable_token_ids()->add_ids((i * 11 + 5) % 250 + 1);
+  ASSERT_TRUE(CallGenerate(*stub, shallow, "ops").status.ok());
+  EXPECT_EQ(Stats(*router).prefix_routed(), 9u);
+  EXPECT_EQ(Stats(*router).requests_routed(), 13u);
+  v1::ModelInfo info;
+  {
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(stub->GetModelInfo(&ctx, v1::GetModelInfoRequest(), &info).ok());
+  }
+  EXPECT_EQ(info.prefix_block_tokens(), 32u);
+}
+
+TEST_F(RouterTest, RoundRobinSpreadsAndReusesLess) {
+  auto router = StartRouter(100, "round-robin");
+  ASSERT_NE(router, nullptr);
+  auto stub = InferenceStub(router->target());
+  for (int round = 0; round < 4; ++round) {
+    const v1::GenerateRequest req = Prompt(0, round);
+    const GenerateReply reply = CallGenerate(*stub, req, "ops");
+    ASSERT_TRUE(reply.status.ok()) << reply.status;
+    EXPECT_EQ(reply.tokens, testing::FullOutput(stack_.worker.model_dir, req));
+  }
+  const v1::RouterStats s = Stats(*router);
+  EXPECT_EQ(s.workers(0).requests_routed(), 2u);
+  EXPECT_EQ(s.workers(1).requests_routed(), 2u);
+  EXPECT_EQ(s.prefix_routed(), 0u);
+}
+
+TEST_F(RouterTest, ACallMovesPastADownWorkerAndADrainingOneGetsNone) {
+  auto router = StartRouter(60000);  // one health check, at start: the router finds out by calling
+  ASSERT_NE(router, nullptr);
+  auto stub = InferenceStub(router->target());
+  const v1::GenerateRequest req = Prompt(5, 0);
+  ASSERT_TRUE(CallGenerate(*stub, req, "ops").status.ok());
+  v1::RouterStats s = Stats(*router);
+  const int first = s.workers(0).requests_routed() == 1 ? 0 : 1;
+  // The worker that holds the prefix goes away; the same prefix is asked for again.
+  workers_[first].reset();
+  const GenerateReply moved = CallGenerate(*stub, Prompt(5, 1), "ops");
+  ASSERT_TRUE(moved.status.ok()) << moved.status;
+  EXPECT_EQ(moved.tokens, testing::FullOutput(stack_.worker.model_dir, Prompt(5, 1)));
+  s = Stats(*router);
+  EXPECT_EQ(s.retries(), 1u);
+  EXPECT_EQ(s.workers(first).failures(), 1u);
+  EXPECT_EQ(s.workers(first).serving(), 0u);
+  EXPECT_EQ(s.workers(1 - first).requests_routed(), 1u);
+  // The other one drains: with none serving, calls are refused at once, with the reason.
+  workers_[1 - first]->StopAdmitting();
+  const GenerateReply refused = CallGenerate(*stub, Prompt(6, 0), "ops");
+  EXPECT_EQ(refused.status.code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(refused.status.message().find("no worker could take the call"), std::string::npos) << refused.status;
+  const GenerateReply none = CallGenerate(*stub, Prompt(6, 0), "ops");
+  EXPECT_EQ(none.status.code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(none.status.message().find("no serving worker"), std::string::npos) << none.status;
+  EXPECT_EQ(Stats(*router).requests_unrouted(), 2u);
+}
+
+TEST_F(RouterTest, HealthChecksFollowDrainingAndAnotherModelIsRefused) {
+  // A third worker serving another checkpoint: the router pins the first model it sees.
+  testing::TinyModelSpec spec;
+  spec.max_positions = 1024;
+  spec.seed = 99;
+  testing::WriteTinyModel(stack_.dir + "/other", spec);
+  WorkerServerOptions other_options = stack_.worker;
+  other_options.model_dir = stack_.dir + "/other";
+  auto other = WorkerServer::Start(other_options);
+  ASSERT_TRUE(other.ok()) << other.status();
+  RouterServerOptions o;
+  o.service.workers = (*other)->target() + "," + workers_[0]->target() + "," + workers_[1]->target();
+  o.service.health_interval_ms = 50;
+  o.service.worker_token = "a";
+  auto router = RouterServer::Start(o);
+  ASSERT_TRUE(router.ok()) << router.status();
+  ASSERT_TRUE((*router)->service().WaitServing(2, absl::Seconds(20)));
+  v1::RouterStats s = Stats(**router);
+  ASSERT_EQ(s.workers_size(), 3);
+  EXPECT_EQ(s.workers(0).serving(), 0u);
+  EXPECT_NE(s.workers(0).state().find("serves another model"), std::string::npos) << s.workers(0).state();
+  // Named in the options, the other checkpoint is the one served.
+  RouterServerOptions pinned = o;
+  pinned.service.model_fingerprint_hex = HexString(*ModelFingerprint(other_options.model_dir));
+  auto router_other = RouterServer::Start(pinned);
+  ASSERT_TRUE(router_other.ok()) << router_other.status();
+  ASSERT_TRUE((*router_other)->service().WaitServing(1, absl::Seconds(20)));
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  s = Stats(**router_other);
+  EXPECT_EQ(s.workers(0).serving(), 1u);
+  EXPECT_EQ(s.workers(1).serving() + s.workers(2).serving(), 0u);
+  const GenerateReply from_other = CallGenerate(*InferenceStub((*router_other)->target()), Prompt(3, 0), "ops");
+  ASSERT_TRUE(from_other.status.ok()) << from_other.status;
+  EXPECT_EQ(from_other.tokens, testing::FullOutput(other_options.model_dir, Prompt(3, 0)));
+
+  auto stub = InferenceStub((*router)->target());
+  workers_[0]->StopAdmitting();
+  for (int i = 0; i < 200 && Stats(**router).workers(1).serving() == 1; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_EQ(Stats(**router).workers(1).serving(), 0u);
+  for (int i = 0; i < 3; ++i) {
+    const GenerateReply r = CallGenerate(*stub, Prompt(i, 0), "ops");
+    ASSERT_TRUE(r.status.ok()) << r.status;
+  }
+  s = Stats(**router);
+  EXPECT_EQ(s.workers(2).requests_routed(), 3u);
+  EXPECT_EQ(s.retries(), 0u);
+}
+
+TEST_F(RouterTest, ErrorsTokensAndCancellationPassThrough) {
+  auto router = StartRouter(100);
+  ASSERT_NE(router, nullptr);
+  auto stub = InferenceStub(router->target());
+  // The worker's answer to a bad request, not retried elsewhere.
+  v1::GenerateRequest empty;
+  empty.set_max_tokens(4);
+  const GenerateReply bad = CallGenerate(*stub, empty, "ops");
+  EXPECT_EQ(bad.status.code(), absl::StatusCode::kInvalidArgument) << bad.status;
+  const GenerateReply anonymous = CallGenerate(*stub, Prompt(1, 1));
+  EXPECT_EQ(anonymous.status.code(), absl::StatusCode::kUnauthenticated) << anonymous.status;
+  const GenerateReply tenant = CallGenerate(*stub, Prompt(1, 1), "a");
+  ASSERT_TRUE(tenant.status.ok()) << tenant.status;
+  EXPECT_EQ(tenant.tokens, testing::FullOutput(stack_.worker.model_dir, Prompt(1, 1)));
+  EXPECT_EQ(Stats(*router).retries(), 0u);
+
+  // A client that cancels after its first tokens: the worker's call is cancelled too (it fails
+  // there, rather than running to its end).
+  v1::GenerateRequest longer = Prompt(2, 0);
+  longer.set_max_tokens(800);
+  {
+    grpc::ClientContext ctx;
+    ctx.AddMetadata("authorization", "Bearer ops");
+    auto reader = stub->Generate(&ctx, longer);
+    v1::GenerateResponse r;
+    ASSERT_TRUE(reader->Read(&r));
+    ctx.TryCancel();
+    while (reader->Read(&r)) {
+    }
+    EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  }
+  v1::WorkerStats sum;
+  for (int i = 0; i < 300; ++i) {
+    sum.Clear();
+    grpc::ClientContext ctx;
+    ctx.AddMetadata("authorization", "Bearer ops");
+    ASSERT_TRUE(stub->GetStats(&ctx, v1::GetStatsRequest(), &sum).ok());
+    if (sum.requests_in_flight() == 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(sum.requests_in_flight(), 0u);
+  EXPECT_EQ(sum.requests_failed(), 1u);  // the cancelled one
+  EXPECT_EQ(sum.requests_ended(), 1u);   // tenant a's
+  EXPECT_LT(sum.generated_tokens(), 8u + 800u);
+
+  // Bad options.
+  RouterServiceOptions o;
+  o.workers = workers_[0]->target();
+  o.policy = "random";
+  EXPECT_EQ(RouterService::Create(o).status().code(), absl::StatusCode::kInvalidArgument);
+  o.policy = "prefix";
+  o.workers = "127.0.0.1:99999";
+  EXPECT_EQ(RouterService::Create(o).status().code(), absl::StatusCode::kInvalidArgument);
+  o.workers = "";
+  EXPECT_EQ(RouterService::Create(o).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace vc
