@@ -10,10 +10,12 @@
 // "Warm" means each distinct prefix was sent once, untimed, through the same worker before the
 // replay, as earlier turns of the conversations would have left it in a real cluster. With
 // --fresh-worker 1 another worker serves the replay: it holds no compressed prefixes of its own
-// and reads the store's compressed variants instead.
+// and reads the store's compressed variants instead. With --workers N > 1, N workers serve behind a
+// router (services/router_service.h) with --router-policy, and each mode's row gives its counts.
 //
 //   prefix_bench --model models/vc-code-4m --requests 12 --block-tokens 512 --max-prompt-tokens 8192 --max-tokens 32
 //                --time-scale 4 [--link-mb-per-s 0] [--keep-staged 1] [--fresh-worker 0] [--stored-compressed 0]
+//                [--workers 1] [--router-policy prefix|least-loaded|round-robin]
 //                [--modes recompute,fetch,vericache] --json benchmarks/results/prefix.json --md benchmarks/results/prefix.md
 #include <stdlib.h>
 
@@ -23,6 +25,7 @@
 #include <future>
 #include <iostream>
 #include <map>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <string>
@@ -110,6 +113,7 @@ struct ModeRun {
   std::vector<Outcome> outcomes;
   double makespan_s = 0;
   double warmup_s = 0;
+  std::optional<vericache::v1::RouterStats> router;  // with --workers > 1
 };
 
 struct Mode {
@@ -131,6 +135,10 @@ vericache::v1::GenerateRequest MakeRequest(const std::vector<int32_t>& prompt, i
 // once the store is warm, before the replay.
 struct StoreSetup {
   int shards = 1, replicas = 1, down = 0;
+  // > 1: that many workers behind a router with this policy, which every request goes through
+  // (the warm-up's included).
+  int workers = 1;
+  std::string policy = "prefix";
 };
 
 absl::StatusOr<ModeRun> RunMode(const Mode& mode, const std::vector<Request>& requests, WorkerServerOptions wo,
@@ -155,26 +163,43 @@ absl::StatusOr<ModeRun> RunMode(const Mode& mode, const std::vector<Request>& re
     wo.store_replicas = setup.replicas;
     wo.store_token = "bench-token";
   }
-  VC_ASSIGN_OR_RETURN(std::unique_ptr<WorkerServer> worker, WorkerServer::Start(wo));
+  std::vector<std::unique_ptr<WorkerServer>> workers;
+  for (int i = 0; i < setup.workers; ++i) {
+    VC_ASSIGN_OR_RETURN(std::unique_ptr<WorkerServer> w, WorkerServer::Start(wo));
+    workers.push_back(std::move(w));
+  }
+  std::unique_ptr<RouterServer> router;
+  std::string target = workers[0]->target();
+  if (setup.workers > 1) {
+    RouterServerOptions ro;
+    for (const auto& w : workers) ro.service.workers += (ro.service.workers.empty() ? "" : ",") + w->target();
+    ro.service.policy = setup.policy;
+    VC_ASSIGN_OR_RETURN(router, RouterServer::Start(ro));
+    if (!router->service().WaitServing(setup.workers, absl::Seconds(30))) {
+      return absl::UnavailableError("the router's workers did not all serve within 30 s");
+    }
+    target = router->target();
+  }
   ModeRun run;
   run.name = mode.name;
 
   if (mode.with_store) {
-    // Warm the store (and the worker's compressed prefixes) with each distinct prefix, untimed.
+    // Warm the store (and the workers' compressed prefixes) with each distinct prefix, untimed.
     const absl::Time w0 = absl::Now();
     std::set<std::vector<int32_t>> seen;
     for (const Request& r : requests) {
       if (r.prefix.size() < static_cast<size_t>(wo.block_tokens) || !seen.insert(r.prefix).second) continue;
-      GenerateReply g = CallGenerate(*InferenceStub(worker->target()), MakeRequest(r.prefix, 1, vericache::v1::MODE_VERICACHE));
+      GenerateReply g = CallGenerate(*InferenceStub(target), MakeRequest(r.prefix, 1, vericache::v1::MODE_VERICACHE));
       VC_RETURN_IF_ERROR(g.status);
     }
-    worker->prefixes()->Flush();
+    for (const auto& w : workers) w->prefixes()->Flush();
     run.warmup_s = absl::ToDoubleSeconds(absl::Now() - w0);
     for (int i = 0; i < setup.down; ++i) stores[i].reset();
     if (fresh_worker) {
       // Another worker serves the replay: the prefixes are in the store only, full and compressed.
-      worker.reset();
-      VC_ASSIGN_OR_RETURN(worker, WorkerServer::Start(wo));
+      workers[0].reset();
+      VC_ASSIGN_OR_RETURN(workers[0], WorkerServer::Start(wo));
+      target = workers[0]->target();
     }
   }
 
@@ -184,7 +209,7 @@ absl::StatusOr<ModeRun> RunMode(const Mode& mode, const std::vector<Request>& re
   for (size_t i = 0; i < requests.size(); ++i) {
     clients.emplace_back([&, i] {
       absl::SleepFor(start + absl::Seconds(requests[i].trace.arrival_s) - absl::Now());
-      auto own_stub = InferenceStub(worker->target());
+      auto own_stub = InferenceStub(target);
       GenerateReply g = CallGenerate(*own_stub, MakeRequest(requests[i].prompt, requests[i].max_tokens, mode.mode));
       Outcome& o = run.outcomes[i];
       o.end_s = absl::ToDoubleSeconds(absl::Now() - start);
@@ -198,6 +223,11 @@ absl::StatusOr<ModeRun> RunMode(const Mode& mode, const std::vector<Request>& re
   for (auto& t : clients) t.join();
   for (const Outcome& o : run.outcomes) run.makespan_s = std::max(run.makespan_s, o.end_s);
   for (const Outcome& o : run.outcomes) VC_RETURN_IF_ERROR(o.status);
+  if (router != nullptr) {
+    vericache::v1::RouterStats rs;
+    router->service().CurrentStats(&rs);
+    run.router = rs;
+  }
   return run;
 }
 
@@ -316,6 +346,11 @@ absl::Status Main(std::map<std::string, std::string> flags) {
   setup.shards = static_cast<int>(Int(flags, "shards"));
   setup.replicas = static_cast<int>(Int(flags, "replicas"));
   setup.down = static_cast<int>(Int(flags, "down-shards"));
+  setup.workers = static_cast<int>(Int(flags, "workers"));
+  setup.policy = flags["router-policy"];
+  if (setup.workers < 1 || setup.workers > kMaxRouterWorkers || (setup.workers > 1 && Int(flags, "fresh-worker") != 0)) {
+    return absl::InvalidArgumentError("need 1 <= --workers <= 64, and --fresh-worker 0 with several workers");
+  }
   if (setup.shards < 1 || setup.replicas < 1 || setup.replicas > setup.shards || setup.down < 0 ||
       setup.down >= setup.shards) {
     return absl::InvalidArgumentError("need 1 <= --replicas <= --shards and 0 <= --down-shards < --shards");
@@ -340,12 +375,16 @@ absl::Status Main(std::map<std::string, std::string> flags) {
     md << absl::StrFormat("store: %d shards, %d replicas of each block, %d stopped after the warm-up\n\n", setup.shards,
                           setup.replicas, setup.down);
   }
+  if (setup.workers > 1) {
+    md << absl::StrFormat("%d workers behind a router, policy %s\n\n", setup.workers, setup.policy);
+  }
   md << absl::StrFormat("| mode | TTFT mean (ms) | TTFT p50 (ms) | TTFT p90 (ms) | complete mean (ms) | tokens/s | "
                         "makespan (s) | warm-up (s) | queue mean (ms) | prefix from store (tokens) | compressed prefix reused (tokens) | "
                         "compressed prefix from store (tokens) | drafted | accepted | identical |\n"
                         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n");
   std::map<std::string, double> ttft_mean, tput;
   bool all_identical = true;
+  std::ostringstream router_md;  // after the table
   for (const ModeRun& r : runs) {
     std::vector<double> ttft;
     double total = 0;
@@ -402,8 +441,21 @@ absl::Status Main(std::map<std::string, std::string> flags) {
                     {"prefix_compressed_tokens", compressed_tokens},
                     {"prefix_compressed_store_tokens", cstore_tokens}, {"drafted", drafted},
                     {"accepted", accepted}, {"identical", identical}, {"checked", checked}, {"requests", per}});
+    if (r.router.has_value()) {
+      const vericache::v1::RouterStats& rs = *r.router;
+      std::vector<uint64_t> spread;
+      for (const auto& w : rs.workers()) spread.push_back(w.requests_routed());
+      if (router_md.tellp() == 0) router_md << "\n";
+      router_md << absl::StrFormat("router (%s): %d routed, %d to a worker that served their leading blocks (%d blocks), "
+                            "%d passed to a less busy one; requests per worker: %s\n",
+                                   r.name, rs.requests_routed(), rs.prefix_routed(), rs.prefix_blocks_matched(),
+                            rs.load_spills(), absl::StrJoin(spread, ", "));
+      rows.back()["router"] = {{"routed", rs.requests_routed()}, {"prefix_routed", rs.prefix_routed()},
+                               {"prefix_blocks_matched", rs.prefix_blocks_matched()}, {"load_spills", rs.load_spills()},
+                               {"per_worker", spread}};
+    }
   }
-  md << "\n";
+  md << router_md.str() << "\n";
   // Ratios of modes that ran (0 otherwise).
   auto ratio = [](std::map<std::string, double>& m, const char* a, const char* b) {
     return m.count(a) && m.count(b) ? m[a] / m[b] : 0.0;
@@ -481,6 +533,8 @@ int main(int argc, char** argv) {
       {"shards", "1"},
       {"replicas", "1"},
       {"down-shards", "0"},
+      {"workers", "1"},
+      {"router-policy", "prefix"},
       {"stored-compressed", "0"},
       {"modes", "recompute,fetch,vericache"},
       {"json", ""},
