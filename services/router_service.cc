@@ -193,10 +193,15 @@ absl::StatusOr<std::unique_ptr<RouterService>> RouterService::Create(RouterServi
       options.worker_timeout_ms < 1) {
     return absl::InvalidArgumentError("router sizes and intervals must be positive");
   }
-  VC_ASSIGN_OR_RETURN(std::vector<std::string> targets,
-                      StoreShards(options.workers, options.dns_server, 0, absl::ZeroDuration(), "workers"));
+  absl::StatusOr<std::vector<std::string>> targets =
+      StoreShards(options.workers, options.dns_server, 0, absl::ZeroDuration(), "workers");
+  // Worker pods that are not ready yet have no records: the router starts without them and looks
+  // again at every check until some are listed.
+  if (!targets.ok() && !absl::IsNotFound(targets.status()) && !absl::IsUnavailable(targets.status())) {
+    return targets.status();
+  }
   std::unique_ptr<RouterService> r(new RouterService(std::move(options)));
-  r->SetWorkers(targets);
+  if (targets.ok()) r->SetWorkers(*targets);
   r->checker_ = std::thread([p = r.get()] { p->CheckLoop(); });
   return r;
 }
@@ -357,7 +362,7 @@ void RouterService::CheckLoop() {
     for (size_t i = 0; i < ws.size(); ++i) checks.emplace_back([this, &probes, &ws, i] { probes[i] = Check(ws[i]); });
     for (auto& t : checks) t.join();
     Apply(probes);
-    if (from_dns && absl::Now() >= next_refresh) {
+    if (from_dns && (absl::Now() >= next_refresh || ws.empty())) {
       absl::StatusOr<std::vector<std::string>> targets =
           StoreShards(options_.workers, options_.dns_server, 0, absl::ZeroDuration(), "workers");
       if (targets.ok()) SetWorkers(*targets);  // otherwise the last list stands

@@ -90,8 +90,9 @@ std::vector<uint64_t> PromptBlockHashes(const vericache::v1::GenerateRequest& re
 
 class RouterService final : public vericache::v1::Inference::Service {
  public:
-  // Resolves the workers (kInvalidArgument for a malformed list, DNS errors as ResolveSrv gives
-  // them) and starts checking them; calls are refused with UNAVAILABLE until one is serving.
+  // Resolves the workers (kInvalidArgument for a malformed list or DNS name; a name without records
+  // yet, or a resolver that does not answer, is looked up again at every check while the router has
+  // no worker) and starts checking them; calls are refused with UNAVAILABLE until one is serving.
   static absl::StatusOr<std::unique_ptr<RouterService>> Create(RouterServiceOptions options);
   ~RouterService() override;
 

@@ -328,6 +328,15 @@ TEST_F(RouterTest, ErrorsTokensAndCancellationPassThrough) {
   EXPECT_EQ(RouterService::Create(o).status().code(), absl::StatusCode::kInvalidArgument);
   o.workers = "";
   EXPECT_EQ(RouterService::Create(o).status().code(), absl::StatusCode::kInvalidArgument);
+  // Workers named by DNS that has no answer yet: the router starts, with nothing to route to.
+  RouterServerOptions later;
+  later.service.workers = "srv:_grpc._tcp.vericache-worker";
+  later.service.dns_server = "127.0.0.1:1";
+  later.service.worker_timeout_ms = 200;
+  auto waiting = RouterServer::Start(later);
+  ASSERT_TRUE(waiting.ok()) << waiting.status();
+  const GenerateReply none = CallGenerate(*InferenceStub((*waiting)->target()), Prompt(1, 1), "ops");
+  EXPECT_EQ(none.status.code(), absl::StatusCode::kUnavailable) << none.status;
 }
 
 }  // namespace
