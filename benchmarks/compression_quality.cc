@@ -155,8 +155,8 @@ int main(int argc, char** argv) {
     return 1;
   }
   const vc::Model& model = **model_or;
-  if (!model.tokenizer().handles_text()) {
-    std::cerr << "compression_quality reads text: the model needs its built-in tokenizer (vericache-byte)\n";
+  if (absl::Status s = model.tokenizer().CheckHandlesText("compression_quality"); !s.ok()) {
+    std::cerr << s.message() << "\n";
     return 1;
   }
   const vc::ModelConfig& config = model.config();

@@ -300,8 +300,8 @@ int main(int argc, char** argv) {
     return 1;
   }
   const Model& m = **model;
-  if (!m.tokenizer().handles_text()) {
-    std::cerr << "engine_bench builds its prompts from text: the model needs its built-in tokenizer (vericache-byte)\n";
+  if (absl::Status s = m.tokenizer().CheckHandlesText("engine_bench"); !s.ok()) {
+    std::cerr << s.message() << "\n";
     return 1;
   }
   const int tokens = static_cast<int>(Ints(flags["tokens"]).at(0));

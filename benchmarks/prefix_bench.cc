@@ -11,7 +11,8 @@
 // replay, as earlier turns of the conversations would have left it in a real cluster. With
 // --fresh-worker 1 another worker serves the replay: it holds no compressed prefixes of its own
 // and reads the store's compressed variants instead. With --workers N > 1, N workers serve behind a
-// router (services/router_service.h) with --router-policy, and each mode's row gives its counts.
+// router (services/router_service.h) with --router-policy; its counts of the replay (the warm-up's
+// left out) follow the table.
 //
 //   prefix_bench --model models/vc-code-4m --requests 12 --block-tokens 512 --max-prompt-tokens 8192 --max-tokens 32
 //                --time-scale 4 [--link-mb-per-s 0] [--keep-staged 1] [--fresh-worker 0] [--stored-compressed 0]
@@ -113,7 +114,7 @@ struct ModeRun {
   std::vector<Outcome> outcomes;
   double makespan_s = 0;
   double warmup_s = 0;
-  std::optional<vericache::v1::RouterStats> router;  // with --workers > 1
+  std::optional<vericache::v1::RouterStats> router;  // with --workers > 1: the replay's counts
 };
 
 struct Mode {
@@ -203,6 +204,8 @@ absl::StatusOr<ModeRun> RunMode(const Mode& mode, const std::vector<Request>& re
     }
   }
 
+  vericache::v1::RouterStats before;  // the warm-up's counts, taken off the replay's
+  if (router != nullptr) router->service().CurrentStats(&before);
   run.outcomes.resize(requests.size());
   const absl::Time start = absl::Now();
   std::vector<std::thread> clients;
@@ -226,6 +229,13 @@ absl::StatusOr<ModeRun> RunMode(const Mode& mode, const std::vector<Request>& re
   if (router != nullptr) {
     vericache::v1::RouterStats rs;
     router->service().CurrentStats(&rs);
+    rs.set_requests_routed(rs.requests_routed() - before.requests_routed());
+    rs.set_prefix_routed(rs.prefix_routed() - before.prefix_routed());
+    rs.set_prefix_blocks_matched(rs.prefix_blocks_matched() - before.prefix_blocks_matched());
+    rs.set_load_spills(rs.load_spills() - before.load_spills());
+    for (int i = 0; i < rs.workers_size(); ++i) {
+      rs.mutable_workers(i)->set_requests_routed(rs.workers(i).requests_routed() - before.workers(i).requests_routed());
+    }
     run.router = rs;
   }
   return run;
@@ -241,10 +251,7 @@ int64_t Int(const std::map<std::string, std::string>& f, const std::string& k) {
 
 absl::Status Main(std::map<std::string, std::string> flags) {
   VC_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, Model::Load(flags["model"]));
-  if (!model->tokenizer().handles_text()) {
-    return absl::InvalidArgumentError("prefix_bench builds its prompts from text: the model needs its built-in "
-                                      "tokenizer (vericache-byte)");
-  }
+  VC_RETURN_IF_ERROR(model->tokenizer().CheckHandlesText("prefix_bench"));
   const int64_t n = Int(flags, "requests");
   const int64_t block_tokens = Int(flags, "block-tokens");  // tokens per 512-token trace block
   const int64_t max_tokens_cap = Int(flags, "max-tokens");
@@ -349,7 +356,8 @@ absl::Status Main(std::map<std::string, std::string> flags) {
   setup.workers = static_cast<int>(Int(flags, "workers"));
   setup.policy = flags["router-policy"];
   if (setup.workers < 1 || setup.workers > kMaxRouterWorkers || (setup.workers > 1 && Int(flags, "fresh-worker") != 0)) {
-    return absl::InvalidArgumentError("need 1 <= --workers <= 64, and --fresh-worker 0 with several workers");
+    return absl::InvalidArgumentError(absl::StrCat("need 1 <= --workers <= ", kMaxRouterWorkers,
+                                                   ", and --fresh-worker 0 with several workers"));
   }
   if (setup.shards < 1 || setup.replicas < 1 || setup.replicas > setup.shards || setup.down < 0 ||
       setup.down >= setup.shards) {

@@ -228,9 +228,9 @@ absl::StatusOr<std::string> RamTier::Get(const BlockKey& key) {
   uint64_t offset, size;
   {
     absl::MutexLock l(&mu_);
-    auto it = entries_.find(key);
-    if (it == entries_.end() || it->second.dead || !it->second.ready) return absl::NotFoundError("no such block");
-    Entry& e = it->second;
+    Entry* found = Readable(key);
+    if (found == nullptr) return absl::NotFoundError("no such block");
+    Entry& e = *found;
     ++e.pins;
     Touch(e);
     offset = e.offset;
@@ -249,8 +249,8 @@ const RamTier::Entry* RamTier::Readable(const BlockKey& key) const {
 
 bool RamTier::Use(const BlockKey& key) {
   absl::MutexLock l(&mu_);
-  const Entry* e = Readable(key);
-  if (e != nullptr) Touch(const_cast<Entry&>(*e));  // entries_ is this tier's own, not const
+  Entry* e = Readable(key);
+  if (e != nullptr) Touch(*e);
   return e != nullptr;
 }
 
@@ -278,9 +278,9 @@ absl::StatusOr<BlockLease> RamTier::Lease(const BlockKey& key, absl::string_view
   absl::MutexLock l(&mu_);
   const absl::Duration now = clock_->Now();
   ExpireLeases(now);
-  auto it = entries_.find(key);
-  if (it == entries_.end() || it->second.dead || !it->second.ready) return absl::NotFoundError("no such block");
-  Entry& e = it->second;
+  Entry* found = Readable(key);
+  if (found == nullptr) return absl::NotFoundError("no such block");
+  Entry& e = *found;
   if (!FitsCap(owner, e.slot)) {
     return absl::ResourceExhaustedError(absl::StrCat("leases of this owner pin ", LeasedBy(owner), " bytes of RAM; ",
                                                      e.slot, " more would pass the cap of ",

@@ -156,6 +156,9 @@ class RamTier {
   void Touch(Entry& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The entry of a block that can be read (present, copied in, not deleted), or null.
   const Entry* Readable(const BlockKey& key) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  Entry* Readable(const BlockKey& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return const_cast<Entry*>(static_cast<const RamTier*>(this)->Readable(key));
+  }
   // Drops one pin of `key`, freeing a deleted block at its last one.
   void Unpin(const BlockKey& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Bytes `owner`'s live leases pin, and whether one more slot of `slot` bytes keeps it within

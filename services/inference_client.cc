@@ -1,6 +1,9 @@
 #include "services/inference_client.h"
 
+#include <future>
+
 #include "absl/time/clock.h"
+#include "grpcpp/generic/generic_stub.h"
 
 namespace vc {
 
@@ -25,8 +28,7 @@ GenerateReply CallGenerate(vericache::v1::Inference::Stub& stub, const vericache
   return r;
 }
 
-std::unique_ptr<vericache::v1::Inference::Stub> InferenceStub(const std::string& target,
-                                                              const std::string& tls_root_certs_pem) {
+std::shared_ptr<grpc::Channel> InferenceChannel(const std::string& target, const std::string& tls_root_certs_pem) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(64 << 20);
   std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials();
@@ -35,7 +37,41 @@ std::unique_ptr<vericache::v1::Inference::Stub> InferenceStub(const std::string&
     ssl.pem_root_certs = tls_root_certs_pem;
     creds = grpc::SslCredentials(ssl);
   }
-  return vericache::v1::Inference::NewStub(grpc::CreateCustomChannel(target, creds, args));
+  return grpc::CreateCustomChannel(target, creds, args);
+}
+
+std::unique_ptr<vericache::v1::Inference::Stub> InferenceStub(const std::string& target,
+                                                              const std::string& tls_root_certs_pem) {
+  return vericache::v1::Inference::NewStub(InferenceChannel(target, tls_root_certs_pem));
+}
+
+grpc::Status CallBytes(grpc::Channel& channel, const std::string& method, const std::string& request,
+                       grpc::ClientContext* ctx, std::string* response) {
+  grpc::GenericStub stub(channel.shared_from_this());
+  const grpc::Slice slice(request);
+  const grpc::ByteBuffer in(&slice, 1);
+  grpc::ByteBuffer out;
+  std::promise<grpc::Status> done;
+  stub.UnaryCall(ctx, method, grpc::StubOptions(), &in, &out, [&](grpc::Status s) { done.set_value(std::move(s)); });
+  grpc::Status status = done.get_future().get();
+  response->clear();
+  std::vector<grpc::Slice> slices;
+  if (status.ok() && out.Dump(&slices).ok()) {
+    for (const grpc::Slice& sl : slices) response->append(reinterpret_cast<const char*>(sl.begin()), sl.size());
+  }
+  return status;
+}
+
+absl::StatusOr<int> ServingStatus(grpc::Channel& channel, absl::Time deadline) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(deadline));
+  // HealthCheckRequest{service: ""} is no bytes; the answer is field 1, a varint.
+  std::string bytes;
+  const grpc::Status s = CallBytes(channel, "/grpc.health.v1.Health/Check", "", &ctx, &bytes);
+  if (!s.ok()) return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+  if (bytes.empty()) return 0;  // UNKNOWN, the default
+  if (bytes.size() != 2 || bytes[0] != 0x08) return absl::DataLossError("a health answer that is not one status");
+  return bytes[1];
 }
 
 }  // namespace vc

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "grpcpp/grpcpp.h"
 #include "vericache/v1/inference.grpc.pb.h"
@@ -28,10 +29,25 @@ struct GenerateReply {
 GenerateReply CallGenerate(vericache::v1::Inference::Stub& stub, const vericache::v1::GenerateRequest& req,
                            const std::string& token = "", absl::Duration timeout = absl::InfiniteDuration());
 
-// A stub for the worker at `target`: over TLS, trusting these root certificates (PEM), when
-// `tls_root_certs_pem` is not empty.
+// A channel to the worker at `target`, taking answers of up to 64 MiB: over TLS, trusting these
+// root certificates (PEM), when `tls_root_certs_pem` is not empty.
+std::shared_ptr<grpc::Channel> InferenceChannel(const std::string& target, const std::string& tls_root_certs_pem = "");
+
+// A stub over InferenceChannel(target, tls_root_certs_pem).
 std::unique_ptr<vericache::v1::Inference::Stub> InferenceStub(const std::string& target,
                                                               const std::string& tls_root_certs_pem = "");
+
+// One unary call of `method` ("/package.Service/Method") on `channel` with `request` as the
+// request message's bytes, under `ctx`: the call's status, and the answer's bytes in *response.
+// For calls whose messages the caller encodes itself (no generated stub at hand, or bytes that are
+// not a valid message on purpose).
+grpc::Status CallBytes(grpc::Channel& channel, const std::string& method, const std::string& request,
+                       grpc::ClientContext* ctx, std::string* response);
+
+// What the standard gRPC health service at the other end of `channel` says of the whole server,
+// asked with this deadline: 0 UNKNOWN, 1 SERVING, 2 NOT_SERVING (grpc.health.v1's enum); the
+// call's error, or kDataLoss for an answer that is none of these.
+absl::StatusOr<int> ServingStatus(grpc::Channel& channel, absl::Time deadline);
 
 }  // namespace vc
 

@@ -1,18 +1,11 @@
 #include "services/router_service.h"
 
 #include <algorithm>
-#include <future>
 #include <utility>
 
-#include "absl/hash/hash.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
-#include "absl/strings/str_split.h"
-#include "absl/strings/strip.h"
 #include "common/status_macros.h"
-#include "common/text_checks.h"
-#include "grpcpp/generic/generic_stub.h"
+#include "services/inference_client.h"
 #include "services/servers.h"
 
 namespace vc {
@@ -94,6 +87,12 @@ void AddCounts(const google::protobuf::Message& from, google::protobuf::Message*
   }
 }
 
+// The call's authorization metadata, passed on to the workers as it came.
+std::string Authorization(const grpc::ServerContext& ctx) {
+  auto it = ctx.client_metadata().find("authorization");
+  return it == ctx.client_metadata().end() ? "" : std::string(it->second.data(), it->second.size());
+}
+
 }  // namespace
 
 uint64_t AffinityTable::Get(uint64_t block) {
@@ -161,6 +160,7 @@ std::vector<uint64_t> PromptBlockHashes(const GenerateRequest& req, uint64_t see
 
 struct RouterService::Upstream {
   std::string target;
+  uint64_t target_hash = 0;  // for rendezvous orders
   int slot = 0;
   std::shared_ptr<grpc::Channel> channel;
   std::unique_ptr<vericache::v1::Inference::Stub> stub;
@@ -172,8 +172,8 @@ struct RouterService::Upstream {
   std::string state = "not checked yet";  // under mu_
 };
 
-RouterService::RouterService(RouterServiceOptions options)
-    : options_(std::move(options)), table_(options_.affinity_blocks) {}
+RouterService::RouterService(RouterServiceOptions options, bool from_dns)
+    : options_(std::move(options)), from_dns_(from_dns), table_(options_.affinity_blocks) {}
 
 absl::StatusOr<std::unique_ptr<RouterService>> RouterService::Create(RouterServiceOptions options) {
   if (options.policy != "prefix" && options.policy != "least-loaded" && options.policy != "round-robin") {
@@ -181,26 +181,20 @@ absl::StatusOr<std::unique_ptr<RouterService>> RouterService::Create(RouterServi
         absl::StrCat("unknown routing policy '", options.policy, "' (prefix, least-loaded or round-robin)"));
   }
   if (options.workers.empty()) return absl::InvalidArgumentError("the router has no workers");
-  for (absl::string_view t : absl::StrSplit(options.workers, ',')) {
-    if (absl::ConsumePrefix(&t, "srv:")) {
-      if (t.empty()) return absl::InvalidArgumentError("a worker item srv: names no DNS name");
-      continue;
-    }
-    if (absl::Status s = CheckAddress("worker", t, false); !s.ok()) return s;
-  }
+  VC_ASSIGN_OR_RETURN(const bool from_dns, CheckTargets(options.workers, "worker"));
   if (options.balance_slack < 1 || options.affinity_blocks < 2 || options.ids_block_tokens < 1 ||
       options.text_block_bytes < 1 || options.health_interval_ms < 1 || options.refresh_interval_ms < 1 ||
       options.worker_timeout_ms < 1) {
     return absl::InvalidArgumentError("router sizes and intervals must be positive");
   }
   absl::StatusOr<std::vector<std::string>> targets =
-      StoreShards(options.workers, options.dns_server, 0, absl::ZeroDuration(), "workers");
+      ResolveTargets(options.workers, options.dns_server, 0, absl::ZeroDuration(), "workers");
   // Worker pods that are not ready yet have no records: the router starts without them and looks
   // again at every check until some are listed.
   if (!targets.ok() && !absl::IsNotFound(targets.status()) && !absl::IsUnavailable(targets.status())) {
     return targets.status();
   }
-  std::unique_ptr<RouterService> r(new RouterService(std::move(options)));
+  std::unique_ptr<RouterService> r(new RouterService(std::move(options), from_dns));
   if (targets.ok()) r->SetWorkers(*targets);
   r->checker_ = std::thread([p = r.get()] { p->CheckLoop(); });
   return r;
@@ -238,15 +232,8 @@ void RouterService::SetWorkers(const std::vector<std::string>& targets) {
     w->target = t;
     w->slot = __builtin_ctzll(free_slots_);
     free_slots_ &= ~(uint64_t{1} << w->slot);
-    grpc::ChannelArguments args;
-    args.SetMaxReceiveMessageSize(64 << 20);
-    std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials();
-    if (!options_.worker_tls_root_certs_pem.empty()) {
-      grpc::SslCredentialsOptions ssl;
-      ssl.pem_root_certs = options_.worker_tls_root_certs_pem;
-      creds = grpc::SslCredentials(ssl);
-    }
-    w->channel = grpc::CreateCustomChannel(t, creds, args);
+    w->target_hash = HashBytes(0, t);
+    w->channel = InferenceChannel(t, options_.worker_tls_root_certs_pem);
     w->stub = vericache::v1::Inference::NewStub(w->channel);
     workers_.push_back(std::move(w));
   }
@@ -255,32 +242,17 @@ void RouterService::SetWorkers(const std::vector<std::string>& targets) {
 RouterService::Probe RouterService::Check(const std::shared_ptr<Upstream>& w) {
   Probe p;
   p.w = w;
-  const auto deadline = absl::ToChronoTime(absl::Now() + absl::Milliseconds(options_.worker_timeout_ms));
-  // The standard health service's Check for the whole server: HealthCheckRequest{} is no bytes,
-  // and a SERVING answer is field 1 = 1.
-  grpc::GenericStub health(w->channel);
-  grpc::ClientContext hctx;
-  hctx.set_deadline(deadline);
-  const grpc::Slice empty("");
-  const grpc::ByteBuffer request(&empty, 1);
-  grpc::ByteBuffer answer;
-  std::promise<grpc::Status> done;
-  health.UnaryCall(&hctx, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request, &answer,
-                   [&](grpc::Status s) { done.set_value(std::move(s)); });
-  p.health = done.get_future().get();
-  std::string bytes;
-  std::vector<grpc::Slice> slices;
-  if (p.health.ok() && answer.Dump(&slices).ok()) {
-    for (const grpc::Slice& s : slices) bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
-  }
-  p.healthy = p.health.ok() && bytes == std::string("\x08\x01", 2);
+  const absl::Time deadline = absl::Now() + absl::Milliseconds(options_.worker_timeout_ms);
+  const absl::StatusOr<int> health = ServingStatus(*w->channel, deadline);
+  p.health = health.status();
+  p.healthy = health.ok() && *health == 1;
   {
     std::lock_guard<std::mutex> l(mu_);
     p.asked_model = p.healthy && !w->model_checked;
   }
   if (p.asked_model) {
     grpc::ClientContext mctx;
-    mctx.set_deadline(deadline);
+    mctx.set_deadline(absl::ToChronoTime(deadline));
     if (!options_.worker_token.empty()) mctx.AddMetadata("authorization", "Bearer " + options_.worker_token);
     p.model_status = w->stub->GetModelInfo(&mctx, vericache::v1::GetModelInfoRequest(), &p.info);
   }
@@ -291,27 +263,19 @@ void RouterService::Apply(const std::vector<Probe>& probes) {
   bool changed = false;
   std::lock_guard<std::mutex> l(mu_);
   if (model_ == nullptr) {
-    // The checkpoint most of the workers that answered serve (the first listed of a tie), unless
-    // the options name one.
-    std::vector<std::pair<std::string, int>> counts;
+    // The checkpoint the options name, or else the one most of the workers that answered serve
+    // (the first listed of a tie).
+    absl::flat_hash_map<std::string, int> count;
     for (const Probe& p : probes) {
-      if (!p.asked_model || !p.model_status.ok()) continue;
-      const std::string& f = p.info.fingerprint_hex();
-      auto it = std::find_if(counts.begin(), counts.end(), [&](const auto& c) { return c.first == f; });
-      if (it == counts.end()) {
-        counts.emplace_back(f, 1);
-      } else {
-        ++it->second;
-      }
+      if (p.asked_model && p.model_status.ok()) ++count[p.info.fingerprint_hex()];
     }
+    int best = 0;
     for (const Probe& p : probes) {
       if (!p.asked_model || !p.model_status.ok()) continue;
       const std::string& f = p.info.fingerprint_hex();
       if (!options_.model_fingerprint_hex.empty() && f != options_.model_fingerprint_hex) continue;
-      const int n = std::find_if(counts.begin(), counts.end(), [&](const auto& c) { return c.first == f; })->second;
-      if (model_ == nullptr || n > std::find_if(counts.begin(), counts.end(), [&](const auto& c) {
-                                     return c.first == model_->fingerprint_hex();
-                                   })->second) {
+      if (count[f] > best) {
+        best = count[f];
         model_ = std::make_unique<vericache::v1::ModelInfo>(p.info);
       }
     }
@@ -320,7 +284,7 @@ void RouterService::Apply(const std::vector<Probe>& probes) {
     Upstream& w = *p.w;
     bool serving = p.healthy;
     if (!p.health.ok()) {
-      w.state = absl::StrCat("unreachable: ", p.health.error_message());
+      w.state = absl::StrCat("unreachable: ", p.health.message());
       w.model_checked = false;  // it may come back with another model
     } else if (!p.healthy) {
       w.state = "not serving";
@@ -347,7 +311,6 @@ void RouterService::Apply(const std::vector<Probe>& probes) {
 }
 
 void RouterService::CheckLoop() {
-  const bool from_dns = absl::StrContains(options_.workers, "srv:");
   absl::Time next_refresh = absl::Now() + absl::Milliseconds(options_.refresh_interval_ms);
   while (true) {
     std::vector<std::shared_ptr<Upstream>> ws;
@@ -362,9 +325,9 @@ void RouterService::CheckLoop() {
     for (size_t i = 0; i < ws.size(); ++i) checks.emplace_back([this, &probes, &ws, i] { probes[i] = Check(ws[i]); });
     for (auto& t : checks) t.join();
     Apply(probes);
-    if (from_dns && (absl::Now() >= next_refresh || ws.empty())) {
+    if (from_dns_ && (absl::Now() >= next_refresh || ws.empty())) {
       absl::StatusOr<std::vector<std::string>> targets =
-          StoreShards(options_.workers, options_.dns_server, 0, absl::ZeroDuration(), "workers");
+          ResolveTargets(options_.workers, options_.dns_server, 0, absl::ZeroDuration(), "workers");
       if (targets.ok()) SetWorkers(*targets);  // otherwise the last list stands
       next_refresh = absl::Now() + absl::Milliseconds(options_.refresh_interval_ms);
     }
@@ -404,7 +367,7 @@ std::vector<std::shared_ptr<RouterService::Upstream>> RouterService::Choose(cons
   // By calls in flight, ties in a rendezvous order keyed by the prompt (its last full block: the
   // same order on every router replica, different for different prompts).
   std::vector<std::pair<uint64_t, std::shared_ptr<Upstream>>> keyed;
-  for (const auto& w : order) keyed.emplace_back(Mix(blocks.back() ^ HashBytes(0, w->target)), w);
+  for (const auto& w : order) keyed.emplace_back(Mix(blocks.back() ^ w->target_hash), w);
   std::sort(keyed.begin(), keyed.end(), [](const auto& a, const auto& b) {
     const int la = a.second->in_flight, lb = b.second->in_flight;
     return la != lb ? la < lb : a.first > b.first;
@@ -449,10 +412,7 @@ void RouterService::Remember(const std::vector<uint64_t>& blocks, const Upstream
 
 grpc::Status RouterService::Generate(grpc::ServerContext* ctx, const GenerateRequest* req,
                                      grpc::ServerWriter<GenerateResponse>* writer) {
-  std::string auth;
-  if (auto it = ctx->client_metadata().find("authorization"); it != ctx->client_metadata().end()) {
-    auth.assign(it->second.data(), it->second.size());
-  }
+  const std::string auth = Authorization(*ctx);
   int block_tokens;
   {
     std::lock_guard<std::mutex> l(mu_);
@@ -527,10 +487,7 @@ grpc::Status RouterService::GetModelInfo(grpc::ServerContext*, const vericache::
 
 grpc::Status RouterService::GetStats(grpc::ServerContext* ctx, const vericache::v1::GetStatsRequest* req,
                                      vericache::v1::WorkerStats* stats) {
-  std::string auth;
-  if (auto it = ctx->client_metadata().find("authorization"); it != ctx->client_metadata().end()) {
-    auth.assign(it->second.data(), it->second.size());
-  }
+  const std::string auth = Authorization(*ctx);
   std::vector<std::shared_ptr<Upstream>> ws;
   {
     std::lock_guard<std::mutex> l(mu_);

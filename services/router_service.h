@@ -112,7 +112,7 @@ class RouterService final : public vericache::v1::Inference::Service {
 
  private:
   struct Upstream;
-  explicit RouterService(RouterServiceOptions options);
+  RouterService(RouterServiceOptions options, bool from_dns);
   // The serving workers in the order to try them, best first (counting a prefix match or a spill).
   std::vector<std::shared_ptr<Upstream>> Choose(const std::vector<uint64_t>& blocks);
   void Remember(const std::vector<uint64_t>& blocks, const Upstream& w);
@@ -121,7 +121,7 @@ class RouterService final : public vericache::v1::Inference::Service {
   // router's since it last failed, its model.
   struct Probe {
     std::shared_ptr<Upstream> w;
-    grpc::Status health;
+    absl::Status health;
     bool healthy = false;
     bool asked_model = false;
     grpc::Status model_status;
@@ -134,6 +134,7 @@ class RouterService final : public vericache::v1::Inference::Service {
   int BlockTokens() const;
 
   const RouterServiceOptions options_;
+  const bool from_dns_;  // options_.workers has srv: items, looked up again now and then
   const absl::Time started_ = absl::Now();
 
   std::mutex mu_;

@@ -82,6 +82,19 @@ std::unique_ptr<grpc::Server> Listen(const std::string& address, std::shared_ptr
   return b.BuildAndStart();
 }
 
+// The /metrics endpoint at `listen` rendering `service`'s CurrentStats (a Stats message), or none
+// when `listen` is empty.
+template <typename Stats, typename Service>
+absl::StatusOr<std::unique_ptr<MetricsEndpoint>> StartMetrics(const std::string& listen, Service* service,
+                                                              const char* prefix) {
+  if (listen.empty()) return nullptr;
+  return MetricsEndpoint::Start(listen, [service, prefix] {
+    Stats stats;
+    service->CurrentStats(&stats);
+    return PrometheusText(stats, prefix);
+  });
+}
+
 }  // namespace
 
 std::string HexString(const std::array<uint8_t, 32>& bytes) {
@@ -94,8 +107,21 @@ std::string HexString(const std::array<uint8_t, 32>& bytes) {
   return s;
 }
 
-absl::StatusOr<std::vector<std::string>> StoreShards(const std::string& targets, const std::string& dns_server,
-                                                     int min_shards, absl::Duration wait, absl::string_view what) {
+absl::StatusOr<bool> CheckTargets(absl::string_view targets, absl::string_view what) {
+  bool from_dns = false;
+  for (absl::string_view t : absl::StrSplit(targets, ',')) {
+    if (absl::ConsumePrefix(&t, "srv:")) {
+      if (t.empty()) return absl::InvalidArgumentError(absl::StrCat(what, ": srv: names no DNS name"));
+      from_dns = true;
+      continue;
+    }
+    VC_RETURN_IF_ERROR(CheckAddress(what, t, false));
+  }
+  return from_dns;
+}
+
+absl::StatusOr<std::vector<std::string>> ResolveTargets(const std::string& targets, const std::string& dns_server,
+                                                        int min_shards, absl::Duration wait, absl::string_view what) {
   const absl::Time until = absl::Now() + wait;
   while (true) {
     std::vector<std::string> out;
@@ -143,13 +169,8 @@ absl::StatusOr<std::unique_ptr<StoreServer>> StoreServer::Start(StoreServerOptio
   s->service_ = std::make_unique<CacheStoreService>(s->store_.get(), options.service);
   s->server_ = Listen(options.listen, options.credentials, {s->service_.get()}, &s->port_);
   if (s->server_ == nullptr || s->port_ == 0) return CannotListen(options.listen, options.credentials != nullptr);
-  if (!options.metrics_listen.empty()) {
-    VC_ASSIGN_OR_RETURN(s->metrics_, MetricsEndpoint::Start(options.metrics_listen, [svc = s->service_.get()] {
-                          vericache::v1::StatsResponse r;
-                          svc->CurrentStats(&r);
-                          return PrometheusText(r, "vericache_store");
-                        }));
-  }
+  VC_ASSIGN_OR_RETURN(s->metrics_, StartMetrics<vericache::v1::StatsResponse>(
+                                     options.metrics_listen, s->service_.get(), "vericache_store"));
   return s;
 }
 
@@ -186,7 +207,7 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(WorkerServerOp
                                                      w->model_->config().max_position_embeddings));
     }
     StorePrefixOptions po;
-    VC_ASSIGN_OR_RETURN(po.shards, StoreShards(options.store_target, options.dns_server, options.min_store_shards,
+    VC_ASSIGN_OR_RETURN(po.shards, ResolveTargets(options.store_target, options.dns_server, options.min_store_shards,
                                                absl::Milliseconds(options.store_shards_wait_ms)));
     w->store_shards_ = po.shards;
     po.replicas = options.store_replicas;
@@ -201,13 +222,8 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(WorkerServerOp
   VC_ASSIGN_OR_RETURN(w->service_, WorkerService::Create(*w->model_, w->tier_.get(), w->prefixes_.get(), options.service));
   w->server_ = Listen(options.listen, options.credentials, {w->service_.get()}, &w->port_);
   if (w->server_ == nullptr || w->port_ == 0) return CannotListen(options.listen, options.credentials != nullptr);
-  if (!options.metrics_listen.empty()) {
-    VC_ASSIGN_OR_RETURN(w->metrics_, MetricsEndpoint::Start(options.metrics_listen, [svc = w->service_.get()] {
-                          vericache::v1::WorkerStats r;
-                          svc->CurrentStats(&r);
-                          return PrometheusText(r, "vericache_worker");
-                        }));
-  }
+  VC_ASSIGN_OR_RETURN(w->metrics_, StartMetrics<vericache::v1::WorkerStats>(
+                                     options.metrics_listen, w->service_.get(), "vericache_worker"));
   return w;
 }
 
@@ -218,13 +234,8 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(RouterServerOp
   r->stats_ = std::make_unique<RouterStatsService>(r->service_.get());
   r->server_ = Listen(options.listen, options.credentials, {r->service_.get(), r->stats_.get()}, &r->port_);
   if (r->server_ == nullptr || r->port_ == 0) return CannotListen(options.listen, options.credentials != nullptr);
-  if (!options.metrics_listen.empty()) {
-    VC_ASSIGN_OR_RETURN(r->metrics_, MetricsEndpoint::Start(options.metrics_listen, [svc = r->service_.get()] {
-                          vericache::v1::RouterStats s;
-                          svc->CurrentStats(&s);
-                          return PrometheusText(s, "vericache_router");
-                        }));
-  }
+  VC_ASSIGN_OR_RETURN(r->metrics_, StartMetrics<vericache::v1::RouterStats>(
+                                     options.metrics_listen, r->service_.get(), "vericache_router"));
   return r;
 }
 

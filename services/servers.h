@@ -99,7 +99,7 @@ struct WorkerServerOptions {
 class WorkerServer {
  public:
   // Loads the model and connects (lazily) to the store. Errors from the model or options as they
-  // are; kUnavailable when the port or the metrics address cannot be bound; StoreShards' errors for
+  // are; kUnavailable when the port or the metrics address cannot be bound; ResolveTargets' errors for
   // srv: stores.
   static absl::StatusOr<std::unique_ptr<WorkerServer>> Start(WorkerServerOptions options);
   ~WorkerServer();
@@ -133,14 +133,18 @@ class WorkerServer {
   int port_ = 0;
 };
 
-// The store shards a worker's store_target lists, srv: items replaced by the targets of their
-// SRV records (looked up now, through `dns_server` when it is not empty; again every second for up
-// to `wait` while a resolver does not answer, and, with `min_shards` > 0, while a name has no
-// records or they list fewer shards in all). The lookup's error, or kUnavailable for too few;
-// messages call the targets `what`. (A router's workers are listed the same way.)
-absl::StatusOr<std::vector<std::string>> StoreShards(const std::string& targets, const std::string& dns_server,
-                                                     int min_shards, absl::Duration wait,
-                                                     absl::string_view what = "store shards");
+// A list of targets, comma-separated host:port items and srv:NAME items (a worker's store shards,
+// a router's workers): kInvalidArgument naming `what` for a malformed address or an srv: item
+// without a name; otherwise whether it has srv: items.
+absl::StatusOr<bool> CheckTargets(absl::string_view targets, absl::string_view what);
+
+// The targets such a list names, srv: items replaced by the targets of their SRV records (looked
+// up now, through `dns_server` when it is not empty; again every second for up to `wait` while a
+// resolver does not answer, and, with `min_shards` > 0, while a name has no records or they list
+// fewer in all). The lookup's error, or kUnavailable for too few; messages call the targets `what`.
+absl::StatusOr<std::vector<std::string>> ResolveTargets(const std::string& targets, const std::string& dns_server,
+                                                        int min_shards, absl::Duration wait,
+                                                        absl::string_view what = "store shards");
 
 struct RouterServerOptions {
   std::string listen = "127.0.0.1:0";

@@ -13,20 +13,20 @@ StopScanner::StopScanner(const Tokenizer& tokenizer, std::vector<std::string> st
 std::vector<int32_t> StopScanner::Take(absl::Span<const int32_t> tokens, bool done) {
   if (stops_.empty()) return {tokens.begin(), tokens.end()};
   if (stopped()) return {};
+  const size_t scanned = text_.size();  // ends of stops up to here have been looked for
   for (int32_t t : tokens) {
     text_ += tokenizer_.Decode({t});
     held_.push_back(t);
     ends_.push_back(text_.size());
   }
   // Each new end position in order: the first where a stop ends wins.
-  for (size_t e = scanned_ + 1; e <= text_.size() && !stopped(); ++e) {
+  for (size_t e = scanned + 1; e <= text_.size() && !stopped(); ++e) {
     for (const std::string& s : stops_) {
       if (s.size() <= e && text_.compare(e - s.size(), s.size(), s) == 0) {
         stop_at_ = std::min(stop_at_, e - s.size());
       }
     }
   }
-  scanned_ = text_.size();
   // Send what ends before the stop; without one, what no stop that ends later can reach back into.
   const size_t keep = longest_ - 1;
   const size_t limit = stopped() ? stop_at_ : done ? text_.size() : (text_.size() > keep ? text_.size() - keep : 0);

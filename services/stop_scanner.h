@@ -35,7 +35,6 @@ class StopScanner {
   std::string text_;         // the generated text so far
   std::deque<int32_t> held_;  // tokens not sent yet
   std::deque<size_t> ends_;   // where each held token's text ends in text_
-  size_t scanned_ = 0;        // ends of stops up to here have been looked for
   size_t stop_at_ = std::string::npos;
 };
 

@@ -232,22 +232,22 @@ TEST(StoreShardsFromDns, WaitsForTheShardsItExpects) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1500));
     dns.Srv("_grpc._tcp.stores.test", {{"store-0.stores.test", 7070}, {"store-1.stores.test", 7070}});
   });
-  auto two = StoreShards(name, dns.address(), 2, absl::Seconds(10));
+  auto two = ResolveTargets(name, dns.address(), 2, absl::Seconds(10));
   later.get();
   ASSERT_TRUE(two.ok()) << two.status();
   EXPECT_EQ(*two, (std::vector<std::string>{"store-0.stores.test:7070", "store-1.stores.test:7070"}));
   const int asked = dns.queries();
-  auto three = StoreShards(name, dns.address(), 3, absl::Seconds(2));
+  auto three = ResolveTargets(name, dns.address(), 3, absl::Seconds(2));
   EXPECT_GE(dns.queries() - asked, 2) << "looked again";
   EXPECT_EQ(three.status().code(), absl::StatusCode::kUnavailable) << three.status();
   EXPECT_NE(three.status().message().find("lists 2 store shards"), std::string::npos) << three.status();
   // Without shards to wait for, a name without records fails at once.
   const auto t1 = std::chrono::steady_clock::now();
-  EXPECT_EQ(StoreShards("srv:_grpc._tcp.none.test.", dns.address(), 0, absl::Seconds(60)).status().code(),
+  EXPECT_EQ(ResolveTargets("srv:_grpc._tcp.none.test.", dns.address(), 0, absl::Seconds(60)).status().code(),
             absl::StatusCode::kNotFound);
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count(), 5.0);
   // Listed targets need no DNS, and a count applies to srv: items only.
-  auto listed = StoreShards("a:1,b:2", "", 5, absl::Seconds(0));
+  auto listed = ResolveTargets("a:1,b:2", "", 5, absl::Seconds(0));
   ASSERT_TRUE(listed.ok()) << listed.status();
   EXPECT_EQ(listed->size(), 2u);
 }

@@ -302,9 +302,8 @@ TEST_F(EndToEnd, SigtermDrainsTheWorker) {
   auto long_call = std::async(std::launch::async, [&] { return CallGenerate(*stub, r, "", absl::Seconds(120)); });
   bool admitted = false;
   for (int i = 0; i < 2000 && !admitted; ++i) {  // until it is admitted
-    grpc::ClientContext ctx;
     v1::WorkerStats stats;
-    admitted = stub->GetStats(&ctx, v1::GetStatsRequest(), &stats).ok() && stats.requests_in_flight() > 0;
+    admitted = testing::GetWorkerStats(*stub, "", &stats).ok() && stats.requests_in_flight() > 0;
     if (!admitted) std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   ASSERT_TRUE(admitted) << "the long request was not admitted";

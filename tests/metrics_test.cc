@@ -252,11 +252,7 @@ TEST(ServerMetrics, StoreAndWorkerServeTheirStats) {
   (*worker)->prefixes()->Flush();
 
   v1::WorkerStats stats;
-  {
-    grpc::ClientContext ctx;
-    ctx.AddMetadata("authorization", "Bearer ops");
-    ASSERT_TRUE(stub->GetStats(&ctx, v1::GetStatsRequest(), &stats).ok());
-  }
+  ASSERT_TRUE(testing::GetWorkerStats(*stub, "ops", &stats).ok());
   const std::string worker_text = Exchange((*worker)->metrics_port(), "GET /metrics HTTP/1.1\r\n\r\n");
   ASSERT_TRUE(absl::StartsWith(worker_text, "HTTP/1.1 200 OK\r\n")) << worker_text;
   // Everything but the uptime, which moves between the two reads.

@@ -142,19 +142,13 @@ TEST_F(RouterTest, PrefixesMeetTheirWorkerAndOutputsAreExact) {
   v1::WorkerStats sum;
   uint64_t ended = 0;
   for (const auto& w : workers_) {
-    grpc::ClientContext ctx;
-    ctx.AddMetadata("authorization", "Bearer ops");
     v1::WorkerStats one;
-    ASSERT_TRUE(InferenceStub(w->target())->GetStats(&ctx, v1::GetStatsRequest(), &one).ok());
+    ASSERT_TRUE(testing::GetWorkerStats(*InferenceStub(w->target()), "ops", &one).ok());
     EXPECT_EQ(one.requests_ended() % 4, 0u) << one.requests_ended();
     ended += one.requests_ended();
   }
   EXPECT_EQ(ended, 12u);
-  {
-    grpc::ClientContext ctx;
-    ctx.AddMetadata("authorization", "Bearer ops");
-    ASSERT_TRUE(stub->GetStats(&ctx, v1::GetStatsRequest(), &sum).ok());
-  }
+  ASSERT_TRUE(testing::GetWorkerStats(*stub, "ops", &sum).ok());
   EXPECT_EQ(sum.requests_ended(), 12u);
   EXPECT_EQ(sum.generated_tokens(), 12u * 8);
   EXPECT_EQ(sum.prefix_store_tokens(), 9u * 96);  // the later requests' prefixes, from the store
@@ -307,9 +301,7 @@ TEST_F(RouterTest, ErrorsTokensAndCancellationPassThrough) {
   v1::WorkerStats sum;
   for (int i = 0; i < 300; ++i) {
     sum.Clear();
-    grpc::ClientContext ctx;
-    ctx.AddMetadata("authorization", "Bearer ops");
-    ASSERT_TRUE(stub->GetStats(&ctx, v1::GetStatsRequest(), &sum).ok());
+    ASSERT_TRUE(testing::GetWorkerStats(*stub, "ops", &sum).ok());
     if (sum.requests_in_flight() == 0) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }

@@ -112,9 +112,7 @@ class WorkerServiceTest : public ::testing::Test {
   static v1::WorkerStats WorkerStats(v1::Inference::Stub& stub, const std::string& token,
                                      grpc::StatusCode want = grpc::StatusCode::OK) {
     v1::WorkerStats s;
-    grpc::ClientContext ctx;
-    if (!token.empty()) ctx.AddMetadata("authorization", absl::StrCat("Bearer ", token));
-    EXPECT_EQ(stub.GetStats(&ctx, v1::GetStatsRequest(), &s).error_code(), want) << token;
+    EXPECT_EQ(testing::GetWorkerStats(stub, token, &s).error_code(), want) << token;
     return s;
   }
 

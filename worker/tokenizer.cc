@@ -41,4 +41,10 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> MakeTokenizer(const ModelConfig& conf
   return std::make_unique<TokenIdsOnly>(config.bos_token_id, config.eos_token_id);
 }
 
+absl::Status Tokenizer::CheckHandlesText(absl::string_view who) const {
+  if (handles_text()) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(who, " works on text: the model needs its built-in tokenizer (vericache-byte)"));
+}
+
 }  // namespace vc

@@ -27,6 +27,9 @@ class Tokenizer {
   virtual int32_t eos() const = 0;  // -1: none (a generation ends at max_tokens only)
   // Whether Encode and Decode work; false: requests give token ids and get token ids.
   virtual bool handles_text() const { return true; }
+  // OK when it handles text; otherwise kInvalidArgument saying that `who` (a tool that sends or
+  // reads text) needs a model with the built-in tokenizer.
+  absl::Status CheckHandlesText(absl::string_view who) const;
 };
 
 // Byte-level: ids 0..255 are bytes, 256 is BOS, 257 is EOS.

@@ -65,9 +65,7 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
   {  // The demo sends text: checked before anything starts.
     VC_ASSIGN_OR_RETURN(const ModelConfig config, LoadModelConfig(model_dir));
     VC_ASSIGN_OR_RETURN(const std::unique_ptr<Tokenizer> tokenizer, MakeTokenizer(config));
-    if (!tokenizer->handles_text()) {
-      return absl::InvalidArgumentError("the demo sends text: its model needs the built-in tokenizer (vericache-byte)");
-    }
+    VC_RETURN_IF_ERROR(tokenizer->CheckHandlesText("the demo"));
   }
   char tmpl[] = "/tmp/vericache-demo-XXXXXX";
   if (mkdtemp(tmpl) == nullptr) return absl::UnavailableError("cannot create a temporary directory");

@@ -9,6 +9,7 @@
 #include "google/protobuf/util/json_util.h"
 #include "grpcpp/grpcpp.h"
 #include "services/cli/args.h"
+#include "services/inference_client.h"
 #include "vericache/v1/cache_store.grpc.pb.h"
 #include "vericache/v1/inference.grpc.pb.h"
 
@@ -136,13 +137,11 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
     VC_ASSIGN_OR_RETURN(token, ReadBearerTokenFile(a.Str("token-file")));
   }
   VC_ASSIGN_OR_RETURN(const int64_t timeout_ms, a.Int("timeout-ms", 5000, 1, int64_t{24} * 3600 * 1000));
-  std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials();
+  std::string tls_roots;
   if (a.Has("tls-ca")) {
-    grpc::SslCredentialsOptions ssl;
-    VC_ASSIGN_OR_RETURN(ssl.pem_root_certs, ReadSmallFile(a.Str("tls-ca"), "TLS root certificates"));
-    creds = grpc::SslCredentials(ssl);
+    VC_ASSIGN_OR_RETURN(tls_roots, ReadSmallFile(a.Str("tls-ca"), "TLS root certificates"));
   }
-  const std::shared_ptr<grpc::Channel> channel = grpc::CreateChannel(target, creds);
+  const std::shared_ptr<grpc::Channel> channel = InferenceChannel(target, tls_roots);
   const auto call = [&](grpc::ClientContext* ctx) {
     if (!token.empty()) ctx->AddMetadata("authorization", "Bearer " + token);
     ctx->set_deadline(absl::ToChronoTime(absl::Now() + absl::Milliseconds(timeout_ms)));

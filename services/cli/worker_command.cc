@@ -5,10 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "absl/strings/str_split.h"
-#include "absl/strings/strip.h"
 #include "common/files.h"
-#include "common/text_checks.h"
 #include "common/status_macros.h"
 #include "services/cli/args.h"
 #include "services/servers.h"
@@ -85,14 +82,7 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
   o.store_target = a.Str("store");
   bool from_dns = false;  // how many stores there are is known once the worker has looked them up
   if (a.Has("store")) {
-    for (absl::string_view t : absl::StrSplit(o.store_target, ',')) {
-      if (absl::ConsumePrefix(&t, "srv:")) {
-        if (t.empty()) return absl::InvalidArgumentError("--store srv: names no DNS name");
-        from_dns = true;
-        continue;
-      }
-      VC_RETURN_IF_ERROR(CheckAddress("--store", t, false));
-    }
+    VC_ASSIGN_OR_RETURN(from_dns, CheckTargets(o.store_target, "--store"));
   }
   VC_ASSIGN_OR_RETURN(const int64_t replicas, a.Int("store-replicas", 1, 1, 64));
   const int64_t stores = o.store_target.empty() ? 0 : 1 + std::count(o.store_target.begin(), o.store_target.end(), ',');

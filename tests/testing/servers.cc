@@ -1,9 +1,7 @@
 #include "tests/testing/servers.h"
 
-#include <future>
-
 #include "absl/time/clock.h"
-#include "grpcpp/generic/generic_stub.h"
+#include "services/inference_client.h"
 #include "tests/testing/tiny_model.h"
 #include "worker/full_decoder.h"
 #include "worker/model.h"
@@ -49,30 +47,25 @@ std::vector<int32_t> FullOutput(const std::string& model_dir, const vericache::v
 
 grpc::Status CallRaw(const std::string& target, const std::string& method, const std::string& bytes,
                      const std::string& token, absl::Duration timeout, std::string* response) {
-  grpc::GenericStub stub(grpc::CreateChannel(target, grpc::InsecureChannelCredentials()));
   grpc::ClientContext ctx;
   if (!token.empty()) ctx.AddMetadata("authorization", "Bearer " + token);
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
-  const grpc::Slice slice(bytes);
-  const grpc::ByteBuffer request(&slice, 1);
-  grpc::ByteBuffer answer;
-  std::promise<grpc::Status> done;
-  stub.UnaryCall(&ctx, method, grpc::StubOptions(), &request, &answer, [&](grpc::Status s) { done.set_value(s); });
-  const grpc::Status status = done.get_future().get();
-  if (response != nullptr) {
-    response->clear();
-    std::vector<grpc::Slice> slices;
-    if (status.ok() && answer.Dump(&slices).ok()) {
-      for (const grpc::Slice& sl : slices) response->append(reinterpret_cast<const char*>(sl.begin()), sl.size());
-    }
-  }
-  return status;
+  std::string answer;
+  return CallBytes(*grpc::CreateChannel(target, grpc::InsecureChannelCredentials()), method, bytes, &ctx,
+                   response != nullptr ? response : &answer);
+}
+
+grpc::Status GetWorkerStats(vericache::v1::Inference::Stub& stub, const std::string& token,
+                            vericache::v1::WorkerStats* stats) {
+  grpc::ClientContext ctx;
+  if (!token.empty()) ctx.AddMetadata("authorization", "Bearer " + token);
+  return stub.GetStats(&ctx, vericache::v1::GetStatsRequest(), stats);
 }
 
 int HealthStatus(const std::string& target) {
-  std::string answer;  // HealthCheckResponse: field 1, a varint
-  if (!CallRaw(target, "/grpc.health.v1.Health/Check", "", "", absl::Seconds(10), &answer).ok()) return -1;
-  return answer.size() == 2 && answer[0] == 0x08 ? answer[1] : -1;
+  const absl::StatusOr<int> s =
+      ServingStatus(*grpc::CreateChannel(target, grpc::InsecureChannelCredentials()), absl::Now() + absl::Seconds(10));
+  return s.ok() ? *s : -1;
 }
 
 }  // namespace vc::testing

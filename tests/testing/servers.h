@@ -38,6 +38,11 @@ grpc::Status CallRaw(const std::string& target, const std::string& method, const
                      const std::string& token = "", absl::Duration timeout = absl::Seconds(30),
                      std::string* response = nullptr);
 
+// GetStats on `stub` with `token` as bearer token when not empty: the call's status, the stats in
+// *stats.
+grpc::Status GetWorkerStats(vericache::v1::Inference::Stub& stub, const std::string& token,
+                            vericache::v1::WorkerStats* stats);
+
 // The standard gRPC health service's status for the whole server at `target`: 1 serving, 2 not
 // serving, -1 when the call fails.
 int HealthStatus(const std::string& target);
