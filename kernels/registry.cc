@@ -16,7 +16,8 @@ bool CpuHasAvx2() {
 }
 bool CpuHasAvx512vl() {
   return CpuHasAvx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
-         __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni");
+         __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni") &&
+         __builtin_cpu_supports("avx512vbmi");
 }
 
 }  // namespace

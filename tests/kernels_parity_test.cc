@@ -265,13 +265,14 @@ TEST_P(FastBackendTest, CompressedAttentionMatchesReference) {
 INSTANTIATE_TEST_SUITE_P(Backends, FastBackendTest, ::testing::Values("avx2", "avx512vl"),
                          [](const auto& info) { return std::string(info.param); });
 
-// The avx512vl build runs avx2's instructions with more registers, and one VNNI instruction where
-// avx2 takes three for the same exact integer sums: its results are the same bits, so workers on
-// CPUs with and without AVX-512 produce the same KV and the same tokens.
+// The avx512vl build runs avx2's arithmetic with more registers, one VNNI instruction where avx2
+// takes three for the same exact integer sums, and 512-bit vectors where each lane's result is the
+// same: its results are the same bits, so workers on CPUs with and without AVX-512 produce the same
+// KV, the same drafts and the same tokens.
 TEST(Avx512vlBackend, EqualsAvx2Bitwise) {
   const Backend* wide = Avx512vlBackendIfSupported();
   const Backend* avx2 = Avx2BackendIfSupported();
-  if (wide == nullptr || avx2 == nullptr) GTEST_SKIP() << "this CPU has no AVX-512VL with VNNI";
+  if (wide == nullptr || avx2 == nullptr) GTEST_SKIP() << "this CPU has no AVX-512VL with VNNI and VBMI";
   const auto same = [](const std::vector<float>& a, const std::vector<float>& b) {
     return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
   };
@@ -296,27 +297,31 @@ TEST(Avx512vlBackend, EqualsAvx2Bitwise) {
     wide->PagedAttention(q.data(), n, heads, rows.data(), p.layer, 0.17f, b.data());
     EXPECT_TRUE(same(a, b)) << "PagedAttention heads " << heads;
   }
-  {
-    const int heads = 8, kv_heads = 2, d = 32, bits = 4, qtokens = 288, dense = 45;
-    std::mt19937 rng(5);
-    std::vector<uint8_t> kc(qtokens * d * bits / 8), vc(kc.size());
-    for (auto& c : kc) c = static_cast<uint8_t>(rng());
-    for (auto& c : vc) c = static_cast<uint8_t>(rng());
-    const auto ks = Random(qtokens / 32 * d, 1, 0.05f), km = Random(qtokens / 32 * d, 2);
-    const auto vs = Random(qtokens, 3, 0.05f), vm = Random(qtokens, 4);
-    const auto dk = Random(dense * d, 6), dv = Random(dense * d, 7);
-    std::vector<int32_t> order(dense);
-    for (int i = 0; i < dense; ++i) order[i] = (i * 7) % dense;
-    std::vector<CompressedKvHead> kv(kv_heads);
-    for (CompressedKvHead& h : kv) {
-      h.quant = {bits, 32, 32, qtokens, kc.data(), ks.data(), km.data(), vc.data(), vs.data(), vm.data()};
-      h.dense = {dk.data(), dv.data(), d, order.data(), dense};
+  // The 4-bit draft kernels: one and two value groups per head (d 32, 64), four and three query
+  // heads per KV head, two rows.
+  for (int d : {32, 64}) {
+    for (int heads : {8, 6}) {
+      const int kv_heads = 2, bits = 4, qtokens = 288, dense = 45, n = 2;
+      std::mt19937 rng(5);
+      std::vector<uint8_t> kc(qtokens * d * bits / 8), vc(kc.size());
+      for (auto& c : kc) c = static_cast<uint8_t>(rng());
+      for (auto& c : vc) c = static_cast<uint8_t>(rng());
+      const auto ks = Random(qtokens / 32 * d, 1, 0.05f), km = Random(qtokens / 32 * d, 2);
+      const auto vs = Random(qtokens * (d / 32), 3, 0.05f), vm = Random(qtokens * (d / 32), 4);
+      const auto dk = Random(dense * d, 6), dv = Random(dense * d, 7);
+      std::vector<int32_t> order(dense);
+      for (int i = 0; i < dense; ++i) order[i] = (i * 7) % dense;
+      std::vector<CompressedKvHead> kv(n * kv_heads);
+      for (int i = 0; i < n * kv_heads; ++i) {
+        kv[i].quant = {bits, 32, 32, qtokens, kc.data(), ks.data(), km.data(), vc.data(), vs.data(), vm.data()};
+        kv[i].dense = {dk.data(), dv.data(), d, order.data(), dense - 20 * (i / kv_heads)};
+      }
+      const auto q = Random(n * heads * d, 8);
+      std::vector<float> a(n * heads * d), b(n * heads * d);
+      avx2->CompressedAttention(q.data(), n, heads, kv_heads, d, kv.data(), 0.15f, a.data());
+      wide->CompressedAttention(q.data(), n, heads, kv_heads, d, kv.data(), 0.15f, b.data());
+      EXPECT_TRUE(same(a, b)) << "CompressedAttention d " << d << " heads " << heads;
     }
-    const auto q = Random(heads * d, 8);
-    std::vector<float> a(heads * d), b(heads * d);
-    avx2->CompressedAttention(q.data(), 1, heads, kv_heads, d, kv.data(), 0.15f, a.data());
-    wide->CompressedAttention(q.data(), 1, heads, kv_heads, d, kv.data(), 0.15f, b.data());
-    EXPECT_TRUE(same(a, b)) << "CompressedAttention";
   }
 }
 
