@@ -1,6 +1,6 @@
 // Micro-benchmarks of the CPU kernels: matrix products at the test model's shapes for 1-token
 // decode, a 17-row verify pass and a 128-row prefill chunk; attention at 1K-32K positions. The first
-// argument picks the backend: 0 reference, 1 avx2, 2 avx2-variable-split, 3 avx512vl.
+// argument picks the backend: 0 reference, 1 avx2, 2 avx2-variable-split, 3 avx512vl, 4 avx512vl-novbmi.
 #include <random>
 #include <vector>
 
@@ -15,7 +15,8 @@ const Backend* ByIndex(int64_t i) {
     case 0: return &ReferenceBackend();
     case 1: return Avx2BackendIfSupported();
     case 2: return Avx2VariableSplitBackendIfSupported();
-    default: return Avx512vlBackendIfSupported();
+    case 3: return Avx512vlBackendIfSupported();
+    default: return Avx512vlNoVbmiBackendIfSupported();
   }
 }
 
@@ -101,7 +102,7 @@ void BM_KiviAttention(benchmark::State& state) {
   state.SetBytesProcessed(state.iterations() * kv_heads * (2 * int64_t{qt} * row_bytes + int64_t{qt} * 8 +
                                                           int64_t{qt} / group * d * 8 + int64_t{dense} * d * 8));
 }
-BENCHMARK(BM_KiviAttention)->ArgsProduct({{1, 3}, {1024, 16384}, {2, 4, 8}})->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_KiviAttention)->ArgsProduct({{1, 3, 4}, {1024, 16384}, {2, 4, 8}})->Unit(benchmark::kMicrosecond);
 
 }  // namespace
 }  // namespace vc::kernels

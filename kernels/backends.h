@@ -11,9 +11,13 @@ namespace vc::kernels {
 
 // AVX2 + FMA + F16C, with the fixed attention split (batch-invariant).
 const Backend* Avx2BackendIfSupported();
-// The same kernels built with AVX-512VL and VNNI too (32 vector registers, one-instruction integer
-// dot products), bitwise equal to Avx2's results.
+// The same kernels built with AVX-512 (VL, BW, VNNI, VBMI) too: 32 vector registers,
+// one-instruction integer dot products, 512-bit vectors where a lane's result does not depend on the
+// width; bitwise equal to Avx2's results.
 const Backend* Avx512vlBackendIfSupported();
+// The same without VBMI ("avx512vl-novbmi", for CPUs that lack it): the draft kernels' 4-bit codes
+// are laid out with 256-bit shuffles. Bitwise equal to Avx2's results too.
+const Backend* Avx512vlNoVbmiBackendIfSupported();
 // The same kernels with the usual shape-dependent attention split (one chunk per thread). Not
 // batch-invariant; it exists to measure what invariance costs.
 const Backend* Avx2VariableSplitBackendIfSupported();

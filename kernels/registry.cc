@@ -8,21 +8,26 @@ namespace vc::kernels {
 const Backend* Avx2Backend();
 const Backend* Avx2VariableSplitBackend();
 const Backend* Avx512vlBackend();
+const Backend* Avx512vlNoVbmiBackend();
 
 namespace {
 bool CpuHasAvx2() {
   __builtin_cpu_init();
   return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
 }
-bool CpuHasAvx512vl() {
+bool CpuHasAvx512vlVnni() {
   return CpuHasAvx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
-         __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni") &&
-         __builtin_cpu_supports("avx512vbmi");
+         __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni");
 }
 
 }  // namespace
 
-const Backend* Avx512vlBackendIfSupported() { return CpuHasAvx512vl() ? Avx512vlBackend() : nullptr; }
+const Backend* Avx512vlBackendIfSupported() {
+  return CpuHasAvx512vlVnni() && __builtin_cpu_supports("avx512vbmi") ? Avx512vlBackend() : nullptr;
+}
+const Backend* Avx512vlNoVbmiBackendIfSupported() {
+  return CpuHasAvx512vlVnni() ? Avx512vlNoVbmiBackend() : nullptr;
+}
 
 const Backend* Avx2BackendIfSupported() { return CpuHasAvx2() ? Avx2Backend() : nullptr; }
 const Backend* Avx2VariableSplitBackendIfSupported() {
@@ -31,7 +36,8 @@ const Backend* Avx2VariableSplitBackendIfSupported() {
 
 std::vector<const Backend*> AvailableBackends() {
   std::vector<const Backend*> out;
-  for (const Backend* b : {CudaBackendIfAvailable(), Avx512vlBackendIfSupported(), Avx2BackendIfSupported()}) {
+  for (const Backend* b : {CudaBackendIfAvailable(), Avx512vlBackendIfSupported(), Avx512vlNoVbmiBackendIfSupported(),
+                           Avx2BackendIfSupported()}) {
     if (b != nullptr) out.push_back(b);
   }
   out.push_back(&ReferenceBackend());
@@ -39,8 +45,8 @@ std::vector<const Backend*> AvailableBackends() {
 }
 
 const Backend* BackendByName(absl::string_view name) {
-  for (const Backend* b : {CudaBackendIfAvailable(), Avx512vlBackendIfSupported(), Avx2BackendIfSupported(),
-                           Avx2VariableSplitBackendIfSupported(), &ReferenceBackend()}) {
+  for (const Backend* b : {CudaBackendIfAvailable(), Avx512vlBackendIfSupported(), Avx512vlNoVbmiBackendIfSupported(),
+                           Avx2BackendIfSupported(), Avx2VariableSplitBackendIfSupported(), &ReferenceBackend()}) {
     if (b != nullptr && b->name() == name) return b;
   }
   return nullptr;
@@ -53,7 +59,7 @@ const Backend& DefaultBackend() {
       std::cerr << "VC_KERNELS=" << want << " is not available here; using the default backend\n";
     }
     // The model runs on the host: the fastest CPU backend. (CUDA is chosen explicitly.)
-    for (const Backend* b : {Avx512vlBackendIfSupported(), Avx2BackendIfSupported()}) {
+    for (const Backend* b : {Avx512vlBackendIfSupported(), Avx512vlNoVbmiBackendIfSupported(), Avx2BackendIfSupported()}) {
       if (b != nullptr) return b;
     }
     return &ReferenceBackend();

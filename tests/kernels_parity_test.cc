@@ -60,7 +60,14 @@ Weights MakeWeights(DType t, int64_t rows, int64_t cols, uint32_t seed) {
   return w;
 }
 
-// Every test runs for each fast backend ("avx2", "avx512vl"), skipped where the CPU lacks it.
+// Every test runs for each fast backend ("avx2", "avx512vl", "avx512vl-novbmi"), skipped where the
+// CPU lacks it.
+std::string BackendParamName(const ::testing::TestParamInfo<const char*>& info) {
+  std::string name(info.param);
+  for (char& c : name) c = c == '-' ? '_' : c;  // test names take letters, digits and '_'
+  return name;
+}
+
 class FastBackendTest : public ::testing::TestWithParam<const char*> {
  protected:
   void SetUp() override {
@@ -262,17 +269,19 @@ TEST_P(FastBackendTest, CompressedAttentionMatchesReference) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, FastBackendTest, ::testing::Values("avx2", "avx512vl"),
-                         [](const auto& info) { return std::string(info.param); });
+INSTANTIATE_TEST_SUITE_P(Backends, FastBackendTest, ::testing::Values("avx2", "avx512vl", "avx512vl-novbmi"),
+                         BackendParamName);
 
-// The avx512vl build runs avx2's arithmetic with more registers, one VNNI instruction where avx2
-// takes three for the same exact integer sums, and 512-bit vectors where each lane's result is the
-// same: its results are the same bits, so workers on CPUs with and without AVX-512 produce the same
-// KV, the same drafts and the same tokens.
-TEST(Avx512vlBackend, EqualsAvx2Bitwise) {
-  const Backend* wide = Avx512vlBackendIfSupported();
+// The avx512vl builds (with and without VBMI) run avx2's arithmetic with more registers, one VNNI
+// instruction where avx2 takes three for the same exact integer sums, and 512-bit vectors where each
+// lane's result is the same: their results are the same bits, so workers on CPUs with and without
+// AVX-512 produce the same KV, the same drafts and the same tokens.
+class WideBackendTest : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(WideBackendTest, EqualsAvx2Bitwise) {
+  const Backend* wide = BackendByName(GetParam());
   const Backend* avx2 = Avx2BackendIfSupported();
-  if (wide == nullptr || avx2 == nullptr) GTEST_SKIP() << "this CPU has no AVX-512VL with VNNI and VBMI";
+  if (wide == nullptr || avx2 == nullptr) GTEST_SKIP() << "this CPU cannot run the " << GetParam() << " backend";
   const auto same = [](const std::vector<float>& a, const std::vector<float>& b) {
     return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
   };
@@ -324,6 +333,9 @@ TEST(Avx512vlBackend, EqualsAvx2Bitwise) {
     }
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Backends, WideBackendTest, ::testing::Values("avx512vl", "avx512vl-novbmi"),
+                         BackendParamName);
 
 }  // namespace
 }  // namespace vc::kernels

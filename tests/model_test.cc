@@ -205,15 +205,17 @@ testing::TinyModelSpec TiedF32() {
 
 std::vector<ModelCase> Cases() {
   std::vector<ModelCase> out;
-  for (const char* backend : {"reference", "avx2", "avx512vl"}) {
+  for (const char* backend : {"reference", "avx2", "avx512vl", "avx512vl-novbmi"}) {
     for (const auto& spec : {testing::TinyModelSpec{}, HeadDim32(), Qwen(), TiedF32()}) out.push_back({spec, backend});
   }
   return out;
 }
 
 INSTANTIATE_TEST_SUITE_P(Architectures, ModelTest, ::testing::ValuesIn(Cases()), [](const auto& info) {
-  return info.param.backend + "_" + info.param.spec.architecture + "_d" +
-         std::to_string(info.param.spec.hidden / info.param.spec.heads) + "_" + std::to_string(info.index);
+  std::string name = info.param.backend + "_" + info.param.spec.architecture + "_d" +
+                     std::to_string(info.param.spec.hidden / info.param.spec.heads) + "_" + std::to_string(info.index);
+  for (char& c : name) c = c == '-' ? '_' : c;  // test names take letters, digits and '_'
+  return name;
 });
 
 }  // namespace
