@@ -60,14 +60,15 @@ Weights MakeWeights(DType t, int64_t rows, int64_t cols, uint32_t seed) {
   return w;
 }
 
-// Every test runs for each fast backend ("avx2", "avx512vl", "avx512vl-novbmi"), skipped where the
-// CPU lacks it.
+// A backend's name as a test name, which takes letters, digits and '_'.
 std::string BackendParamName(const ::testing::TestParamInfo<const char*>& info) {
   std::string name(info.param);
-  for (char& c : name) c = c == '-' ? '_' : c;  // test names take letters, digits and '_'
+  for (char& c : name) c = c == '-' ? '_' : c;
   return name;
 }
 
+// Every test runs for each fast backend ("avx2", "avx512vl", "avx512vl-novbmi"), skipped where the
+// CPU lacks it.
 class FastBackendTest : public ::testing::TestWithParam<const char*> {
  protected:
   void SetUp() override {
