@@ -355,7 +355,8 @@ absl::Status Main(std::map<std::string, std::string> flags) {
   setup.down = static_cast<int>(Int(flags, "down-shards"));
   setup.workers = static_cast<int>(Int(flags, "workers"));
   setup.policy = flags["router-policy"];
-  if (setup.workers < 1 || setup.workers > kMaxRouterWorkers || (setup.workers > 1 && Int(flags, "fresh-worker") != 0)) {
+  if (setup.workers < 1 || setup.workers > kMaxRouterWorkers ||
+      (setup.workers > 1 && Int(flags, "fresh-worker") != 0)) {
     return absl::InvalidArgumentError(absl::StrCat("need 1 <= --workers <= ", kMaxRouterWorkers,
                                                    ", and --fresh-worker 0 with several workers"));
   }
@@ -454,10 +455,11 @@ absl::Status Main(std::map<std::string, std::string> flags) {
       std::vector<uint64_t> spread;
       for (const auto& w : rs.workers()) spread.push_back(w.requests_routed());
       if (router_md.tellp() == 0) router_md << "\n";
-      router_md << absl::StrFormat("router (%s): %d routed, %d to a worker that served their leading blocks (%d blocks), "
-                            "%d passed to a less busy one; requests per worker: %s\n",
-                                   r.name, rs.requests_routed(), rs.prefix_routed(), rs.prefix_blocks_matched(),
-                            rs.load_spills(), absl::StrJoin(spread, ", "));
+      router_md << absl::StrFormat(
+          "router (%s): %d routed, %d to a worker that served their leading blocks (%d blocks), %d passed to a "
+          "less busy one; requests per worker: %s\n",
+          r.name, rs.requests_routed(), rs.prefix_routed(), rs.prefix_blocks_matched(), rs.load_spills(),
+          absl::StrJoin(spread, ", "));
       rows.back()["router"] = {{"routed", rs.requests_routed()}, {"prefix_routed", rs.prefix_routed()},
                                {"prefix_blocks_matched", rs.prefix_blocks_matched()}, {"load_spills", rs.load_spills()},
                                {"per_worker", spread}};

@@ -22,10 +22,10 @@ namespace vc {
 
 // The numeric fields of `stats` as samples named prefix_field: counters (with a _total suffix)
 // except the fields that are levels (in flight, used and capacity bytes, blocks held, uptime,
-// serving), which are gauges. A message field adds its name to the prefix; a repeated message field adds its
-// name without the plural s, and labels each element's samples with the element's first string
-// field (tenant="a", target="host:port"), or by its place in the list (index="0") when it has
-// none. Samples of one metric are contiguous, as the format requires. Which fields are levels is
+// serving), which are gauges. A message field adds its name to the prefix; a repeated message field
+// adds its name without the plural s, and labels each element's samples with the element's first
+// string field (tenant="a", target="host:port"), or by its place in the list (index="0") when it
+// has none. Samples of one metric are contiguous, as the format requires. Which fields are levels is
 // decided by their names (see above), so a new level field needs a name that says so.
 std::string PrometheusText(const google::protobuf::Message& stats, absl::string_view prefix);
 

@@ -349,12 +349,17 @@ int RouterService::BlockTokens() const {
                                                                  : options_.ids_block_tokens;
 }
 
+std::vector<std::shared_ptr<RouterService::Upstream>> RouterService::ServingWorkers() const {
+  std::vector<std::shared_ptr<Upstream>> out;
+  for (const auto& w : workers_) {
+    if (w->serving) out.push_back(w);
+  }
+  return out;
+}
+
 std::vector<std::shared_ptr<RouterService::Upstream>> RouterService::Choose(const std::vector<uint64_t>& blocks) {
   std::lock_guard<std::mutex> l(mu_);
-  std::vector<std::shared_ptr<Upstream>> order;
-  for (const auto& w : workers_) {
-    if (w->serving) order.push_back(w);
-  }
+  std::vector<std::shared_ptr<Upstream>> order = ServingWorkers();
   if (order.empty()) return order;
   const uint64_t turn = round_robin_++;
   std::rotate(order.begin(), order.begin() + static_cast<int64_t>(turn % order.size()), order.end());
@@ -491,17 +496,14 @@ grpc::Status RouterService::GetStats(grpc::ServerContext* ctx, const vericache::
   std::vector<std::shared_ptr<Upstream>> ws;
   {
     std::lock_guard<std::mutex> l(mu_);
-    for (const auto& w : workers_) {
-      if (w->serving) ws.push_back(w);
-    }
+    ws = ServingWorkers();
   }
   if (ws.empty()) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the router has no serving worker");
   for (const auto& w : ws) {
     std::unique_ptr<grpc::ClientContext> call = grpc::ClientContext::FromServerContext(*ctx);
     if (!auth.empty()) call->AddMetadata("authorization", auth);
-    if (call->deadline() > absl::ToChronoTime(absl::Now() + absl::Milliseconds(options_.worker_timeout_ms))) {
-      call->set_deadline(absl::ToChronoTime(absl::Now() + absl::Milliseconds(options_.worker_timeout_ms)));
-    }
+    const auto limit = absl::ToChronoTime(absl::Now() + absl::Milliseconds(options_.worker_timeout_ms));
+    if (call->deadline() > limit) call->set_deadline(limit);
     vericache::v1::WorkerStats one;
     const grpc::Status s = w->stub->GetStats(call.get(), *req, &one);
     if (!s.ok()) return grpc::Status(s.error_code(), absl::StrCat("worker ", w->target, ": ", s.error_message()));

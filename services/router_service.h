@@ -17,8 +17,8 @@
 //
 // Workers are checked every `health_interval_ms` with the standard health service (a draining
 // worker reports NOT_SERVING and gets no new calls) and must serve one checkpoint: the one named in
-// the options, or else the one most of them served when the router first reached any; srv: names are looked up again every `refresh_interval_ms`, so
-// workers that are added or removed are found.
+// the options, or else the one most of them served when the router first reached any. srv: names
+// are looked up again every `refresh_interval_ms`, so workers that are added or removed are found.
 #ifndef VC_SERVICES_ROUTER_SERVICE_H_
 #define VC_SERVICES_ROUTER_SERVICE_H_
 
@@ -113,6 +113,8 @@ class RouterService final : public vericache::v1::Inference::Service {
  private:
   struct Upstream;
   RouterService(RouterServiceOptions options, bool from_dns);
+  // The workers serving now, in list order. Needs mu_.
+  std::vector<std::shared_ptr<Upstream>> ServingWorkers() const;
   // The serving workers in the order to try them, best first (counting a prefix match or a spill).
   std::vector<std::shared_ptr<Upstream>> Choose(const std::vector<uint64_t>& blocks);
   void Remember(const std::vector<uint64_t>& blocks, const Upstream& w);

@@ -1,10 +1,10 @@
 #include "services/cli/args.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <thread>
-#include <atomic>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
