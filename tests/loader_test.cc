@@ -155,6 +155,20 @@ TEST(ModelConfig, ParsesLlamaQwenAndScaling) {
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_TRUE(c->rope_scaling.enabled);
   EXPECT_EQ(c->rope_scaling.factor, 8.0);
+  // EOS: one id, a list of them (Llama 3's configs), or none.
+  j = testing::TinyConfig(testing::TinyModelSpec{});
+  j["eos_token_id"] = 7;
+  c = ParseModelConfig(j.dump());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->eos_token_ids, std::vector<int32_t>({7}));
+  j["eos_token_id"] = {7, 3, 9};
+  c = ParseModelConfig(j.dump());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->eos_token_ids, std::vector<int32_t>({7, 3, 9}));
+  j["eos_token_id"] = nullptr;
+  c = ParseModelConfig(j.dump());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->eos_token_ids.empty());
 }
 
 TEST(ModelConfig, BadConfigs) {
@@ -175,6 +189,10 @@ TEST(ModelConfig, BadConfigs) {
   EXPECT_NE(with("rope_scaling", {{"type", "yarn"}}).message().find("yarn"), absl::string_view::npos);
   EXPECT_NE(with("sliding_window", 4096).message().find("sliding"), absl::string_view::npos);
   EXPECT_NE(with("num_hidden_layers", -1).message().find("outside"), absl::string_view::npos);
+  EXPECT_NE(with("eos_token_id", 100000).message().find("outside"), absl::string_view::npos);
+  EXPECT_NE(with("eos_token_id", {1, 100000}).message().find("holds 100000, outside"), absl::string_view::npos);
+  EXPECT_NE(with("eos_token_id", {1, "two"}).message().find("not an integer"), absl::string_view::npos);
+  EXPECT_NE(with("eos_token_id", std::vector<int>(65, 1)).message().find("at most 64"), absl::string_view::npos);
   {
     auto j = testing::TinyConfig(testing::TinyModelSpec{});
     j.erase("head_dim");
@@ -209,27 +227,32 @@ TEST(Tokenizer, ByteLevelRoundTripAndDeclaredTokenizer) {
   c.tokenizer = "vericache-byte";
   EXPECT_TRUE(MakeTokenizer(c).ok());
   c.bos_token_id = 256;
-  c.eos_token_id = 257;
+  c.eos_token_ids = {257};
   EXPECT_TRUE(MakeTokenizer(c).ok());
   c.bos_token_id = 65;  // would be ignored: every prompt starts with 256
   EXPECT_NE(MakeTokenizer(c).status().message().find("bos_token_id 65"), absl::string_view::npos);
   c.bos_token_id = 256;
-  c.eos_token_id = 10;
+  c.eos_token_ids = {257, 10};
   EXPECT_NE(MakeTokenizer(c).status().message().find("eos_token_id 10"), absl::string_view::npos);
-  c.eos_token_id = 257;
+  c.eos_token_ids = {257};
   auto byte_level = MakeTokenizer(c);
   ASSERT_TRUE(byte_level.ok()) << byte_level.status();
   EXPECT_TRUE((*byte_level)->handles_text());
+  EXPECT_TRUE((*byte_level)->IsEos(257));
+  EXPECT_FALSE((*byte_level)->IsEos(10));
   // Another tokenizer, or none: token ids alone, with the config's BOS and EOS.
   for (const char* other : {"LlamaTokenizerFast", ""}) {
     c.tokenizer = other;
     c.bos_token_id = 1;
-    c.eos_token_id = 2;
+    c.eos_token_ids = {2, 9};
     auto t = MakeTokenizer(c);
     ASSERT_TRUE(t.ok()) << other << ": " << t.status();
     EXPECT_FALSE((*t)->handles_text()) << other;
     EXPECT_EQ((*t)->bos(), 1);
-    EXPECT_EQ((*t)->eos(), 2);
+    EXPECT_TRUE((*t)->IsEos(2));
+    EXPECT_TRUE((*t)->IsEos(9));
+    EXPECT_FALSE((*t)->IsEos(3));
+    EXPECT_FALSE((*t)->IsEos(-1));
     EXPECT_TRUE((*t)->Encode("abc").empty());
     EXPECT_EQ((*t)->Decode(std::vector<int32_t>{65, 66}), "");
   }

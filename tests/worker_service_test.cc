@@ -1233,6 +1233,48 @@ TEST_F(WorkerServiceTest, AModelWithoutABuiltInTokenizerServesTokenIds) {
   EXPECT_NE(no_stops.status.message().find("'LlamaTokenizerFast'"), std::string::npos) << no_stops.status;
 }
 
+// A config may list several EOS ids (as Llama 3's do): a generation ends at the first of any of
+// them, which is sent, in either mode.
+TEST_F(WorkerServiceTest, AnyOfSeveralEosIdsEndsAGeneration) {
+  testing::TinyModelSpec spec;
+  spec.max_positions = 2048;
+  nlohmann::json config = testing::TinyConfig(spec);
+  config["tokenizer_class"] = "LlamaTokenizerFast";
+  config["eos_token_id"] = 2;
+  const std::string dir = dir_ + "/eos-model";
+  testing::WriteTinyModel(dir, spec);
+  testing::WriteFile(dir + "/config.json", config.dump(2));
+  auto model = Model::Load(dir);
+  ASSERT_TRUE(model.ok()) << model.status();
+  model_ = std::move(*model);
+  // The second EOS: a token the output reaches after a few others, none of them EOS.
+  const auto p = Prompt(120, 1);
+  const std::vector<int32_t> want = Want(p, 48);
+  size_t at = 4;
+  while (at < want.size() && std::find(want.begin(), want.begin() + at + 1, 2) == want.begin() + at + 1 &&
+         std::find(want.begin(), want.begin() + at, want[at]) != want.begin() + at) {
+    ++at;
+  }
+  ASSERT_LT(at, want.size()) << "no new token past the fourth";
+  ASSERT_EQ(std::find(want.begin(), want.begin() + at + 1, 2), want.begin() + at + 1) << "EOS 2 comes first";
+  config["eos_token_id"] = {2, want[at]};
+  testing::WriteFile(dir + "/config.json", config.dump(2));
+  WorkerServerOptions o;
+  o.model_dir = dir;
+  auto worker = StartWorker("", o);
+  auto stub = InferenceStub(worker->target());
+  for (v1::Mode mode : {v1::MODE_VERICACHE, v1::MODE_FULL}) {
+    v1::GenerateRequest r = Request(p, 48);
+    r.set_mode(mode);
+    r.set_ignore_eos(false);
+    const GenerateReply got = CallGenerate(*stub, r);
+    ASSERT_TRUE(got.status.ok()) << got.status;
+    EXPECT_EQ(got.tokens, std::vector<int32_t>(want.begin(), want.begin() + at + 1)) << v1::Mode_Name(mode);
+    r.set_ignore_eos(true);
+    EXPECT_EQ(CallGenerate(*stub, r).tokens, want) << v1::Mode_Name(mode);
+  }
+}
+
 // The stop that ends first wins, whatever the batches the tokens came in; what is held back is
 // sent once no stop can still begin in it.
 TEST(StopScanner, TheFirstStopToEndWinsWhateverTheBatches) {

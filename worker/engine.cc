@@ -470,7 +470,7 @@ absl::Status VeriCacheEngine::Verify(std::vector<Sequence*>& ready) {
       s.generated++;
       st.emitted++;
       ++emitted;
-      if ((o.stop_at_eos && t == model_.tokenizer().eos()) || s.generated >= o.max_tokens) {
+      if ((o.stop_at_eos && model_.tokenizer().IsEos(t)) || s.generated >= o.max_tokens) {
         s.done = true;
         break;
       }

@@ -45,12 +45,11 @@ absl::StatusOr<GenerateResult> GenerateFull(const Model& model, absl::Span<const
   absl::Time t1 = absl::Now();
   result.prefill_seconds = absl::ToDoubleSeconds(t1 - t0);
 
-  const int32_t eos = model.tokenizer().eos();
   for (int i = 0; i < o.max_tokens; ++i) {
     const int64_t position = cache.Length(seq);
     const int32_t next = SampleToken(logits, o.sampling, position);
     result.tokens.push_back(next);
-    if (o.stop_at_eos && next == eos) break;
+    if (o.stop_at_eos && model.tokenizer().IsEos(next)) break;
     if (i + 1 == o.max_tokens) break;
     SequenceChunk chunk{seq, {&result.tokens.back(), 1}};
     VC_RETURN_IF_ERROR(model.Forward({&chunk, 1}, cache, LogitsFor::kLastRows, &logits));

@@ -150,7 +150,6 @@ absl::Status FullKvEngine::Pass() {
   VC_RETURN_IF_ERROR(model_.Forward(chunks, cache_, LogitsFor::kLastRows, &logits));
 
   const int vocab = model_.config().vocab_size;
-  const int32_t eos = model_.tokenizer().eos();
   for (size_t i = 0; i < requests_.active.size(); ++i) {
     Sequence& s = *requests_.active[i];
     const int64_t position = cache_.Length(s.seq);
@@ -164,7 +163,7 @@ absl::Status FullKvEngine::Pass() {
     s.result.stats.emitted++;
     if (s.generated == 1) s.result.stats.first_token_seconds = absl::ToDoubleSeconds(absl::Now() - s.submitted);
     if (s.request.on_tokens) s.request.on_tokens({&t, 1});
-    if ((o.stop_at_eos && t == eos) || s.generated >= o.max_tokens) s.done = true;
+    if ((o.stop_at_eos && model_.tokenizer().IsEos(t)) || s.generated >= o.max_tokens) s.done = true;
   }
   return absl::OkStatus();
 }

@@ -48,7 +48,7 @@ absl::StatusOr<LossyResult> GenerateLossy(const Model& model, absl::Span<const i
     VC_RETURN_IF_ERROR(model.Forward({&ch, 1}, *compressed, LogitsFor::kLastRows, &logits));
     feed = SampleToken(logits, o.sampling, pos + 1);
     r.tokens.push_back(feed);
-    if (o.stop_at_eos && feed == model.tokenizer().eos()) break;
+    if (o.stop_at_eos && model.tokenizer().IsEos(feed)) break;
   }
   const absl::Time t2 = absl::Now();
   r.prefill_seconds = absl::ToDoubleSeconds(t1 - t0);

@@ -56,6 +56,31 @@ absl::Status ReadBool(const json& j, const char* key, bool* out) {
   return absl::OkStatus();
 }
 
+// "eos_token_id": one id or a list of them (as Llama 3's configs give), each in [0, vocab).
+absl::Status ReadEosIds(const json& j, int vocab_size, std::vector<int32_t>* out) {
+  auto it = j.find("eos_token_id");
+  if (it == j.end() || it->is_null()) return absl::OkStatus();
+  if (!it->is_array()) {
+    int v = -1;
+    VC_RETURN_IF_ERROR(ReadInt(j, "eos_token_id", false, 0, vocab_size - 1, &v));
+    out->push_back(v);
+    return absl::OkStatus();
+  }
+  constexpr size_t kMaxEos = 64;
+  if (it->size() > kMaxEos) {
+    return Bad(absl::StrCat("'eos_token_id' lists ", it->size(), " ids; at most ", kMaxEos));
+  }
+  for (const json& e : *it) {
+    if (!e.is_number_integer()) return Bad("'eos_token_id' holds an item that is not an integer");
+    const int64_t v = e.get<int64_t>();
+    if (v < 0 || v >= vocab_size) {
+      return Bad(absl::StrCat("'eos_token_id' holds ", v, ", outside [0, ", vocab_size - 1, "]"));
+    }
+    out->push_back(static_cast<int32_t>(v));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<ModelConfig> ParseModelConfig(absl::string_view text) {
@@ -100,7 +125,7 @@ absl::StatusOr<ModelConfig> ParseModelConfig(absl::string_view text) {
   c.qkv_bias = qwen2 || attention_bias;
   c.o_bias = !qwen2 && attention_bias;
   VC_RETURN_IF_ERROR(ReadInt(j, "bos_token_id", false, 0, c.vocab_size - 1, &c.bos_token_id));
-  VC_RETURN_IF_ERROR(ReadInt(j, "eos_token_id", false, 0, c.vocab_size - 1, &c.eos_token_id));
+  VC_RETURN_IF_ERROR(ReadEosIds(j, c.vocab_size, &c.eos_token_ids));
 
   if (c.num_heads % c.num_kv_heads != 0) {
     return Bad(absl::StrCat("num_attention_heads ", c.num_heads, " is not a multiple of num_key_value_heads ",

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -37,7 +38,7 @@ struct ModelConfig {
   bool o_bias = false;    // bias on the output projection (Llama attention_bias)
   std::string tokenizer;  // "vericache-byte"; empty when the checkpoint does not say
   int bos_token_id = -1;
-  int eos_token_id = -1;
+  std::vector<int32_t> eos_token_ids;  // any of them ends a generation; empty: none
 };
 
 // Parses config.json text. Returns kInvalidArgument naming the field for invalid JSON, a missing or

@@ -32,13 +32,15 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> MakeTokenizer(const ModelConfig& conf
       return absl::InvalidArgumentError(absl::StrCat("bos_token_id ", config.bos_token_id,
                                                      " is not the vericache-byte tokenizer's (", ByteTokenizer::kBos, ")"));
     }
-    if (config.eos_token_id >= 0 && config.eos_token_id != ByteTokenizer::kEos) {
-      return absl::InvalidArgumentError(absl::StrCat("eos_token_id ", config.eos_token_id,
-                                                     " is not the vericache-byte tokenizer's (", ByteTokenizer::kEos, ")"));
+    for (int32_t eos : config.eos_token_ids) {
+      if (eos != ByteTokenizer::kEos) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("eos_token_id ", eos, " is not the vericache-byte tokenizer's (", ByteTokenizer::kEos, ")"));
+      }
     }
     return std::make_unique<ByteTokenizer>();
   }
-  return std::make_unique<TokenIdsOnly>(config.bos_token_id, config.eos_token_id);
+  return std::make_unique<TokenIdsOnly>(config.bos_token_id, config.eos_token_ids);
 }
 
 absl::Status Tokenizer::CheckHandlesText(absl::string_view who) const {

@@ -3,9 +3,11 @@
 #ifndef VC_WORKER_TOKENIZER_H_
 #define VC_WORKER_TOKENIZER_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -24,7 +26,8 @@ class Tokenizer {
   // The text of `ids`; special tokens are dropped.
   virtual std::string Decode(absl::Span<const int32_t> ids) const = 0;
   virtual int32_t bos() const = 0;
-  virtual int32_t eos() const = 0;  // -1: none (a generation ends at max_tokens only)
+  // Whether `id` ends a generation (with none, a generation ends at max_tokens only).
+  virtual bool IsEos(int32_t id) const = 0;
   // Whether Encode and Decode work; false: requests give token ids and get token ids.
   virtual bool handles_text() const { return true; }
   // OK when it handles text; otherwise kInvalidArgument saying that `who` (a tool that sends or
@@ -40,23 +43,24 @@ class ByteTokenizer final : public Tokenizer {
   std::vector<int32_t> Encode(absl::string_view text) const override;
   std::string Decode(absl::Span<const int32_t> ids) const override;
   int32_t bos() const override { return kBos; }
-  int32_t eos() const override { return kEos; }
+  bool IsEos(int32_t id) const override { return id == kEos; }
 };
 
 // A checkpoint whose tokenizer is not built in (Hugging Face tokenizers, say): prompts come as
-// token ids and outputs go out as token ids; Encode gives nothing and Decode no text. BOS and EOS
-// are the config's ids (-1 when it names none).
+// token ids and outputs go out as token ids; Encode gives nothing and Decode no text. BOS is the
+// config's id (-1 when it names none), and each of its EOS ids ends a generation.
 class TokenIdsOnly final : public Tokenizer {
  public:
-  TokenIdsOnly(int32_t bos, int32_t eos) : bos_(bos), eos_(eos) {}
+  TokenIdsOnly(int32_t bos, std::vector<int32_t> eos) : bos_(bos), eos_(std::move(eos)) {}
   std::vector<int32_t> Encode(absl::string_view) const override { return {}; }
   std::string Decode(absl::Span<const int32_t>) const override { return ""; }
   int32_t bos() const override { return bos_; }
-  int32_t eos() const override { return eos_; }
+  bool IsEos(int32_t id) const override { return std::find(eos_.begin(), eos_.end(), id) != eos_.end(); }
   bool handles_text() const override { return false; }
 
  private:
-  const int32_t bos_, eos_;
+  const int32_t bos_;
+  const std::vector<int32_t> eos_;
 };
 
 // The tokenizer the config declares: the byte-level one, or TokenIdsOnly for any other (or none).
