@@ -423,6 +423,7 @@ grpc::Status WorkerService::Generate(grpc::ServerContext* ctx, const v1::Generat
 
   std::vector<int32_t> tokens;
   bool writable = true;
+  size_t sent = 0;
   StopScanner stops(model_.tokenizer(), {req->stop().begin(), req->stop().end()});
   while (true) {
     const bool done = stream->Take(absl::Milliseconds(20), &tokens);
@@ -435,6 +436,7 @@ grpc::Status WorkerService::Generate(grpc::ServerContext* ctx, const v1::Generat
       resp.mutable_token_ids()->Add(tokens.begin(), tokens.end());
       resp.set_text(model_.tokenizer().Decode(tokens));
       writable = watchdog_->Write(ctx, [&] { return writer->Write(resp); });
+      sent += tokens.size();
     }
     if (done) break;
     if (ctx->IsCancelled() || !writable) stream->RequestCancel();
@@ -446,6 +448,7 @@ grpc::Status WorkerService::Generate(grpc::ServerContext* ctx, const v1::Generat
   }
   v1::GenerateResponse last;
   FillStats(stream->stats(), mode, last.mutable_stats());
+  last.mutable_stats()->set_generated_tokens(static_cast<uint32_t>(sent));
   watchdog_->Write(ctx, [&] { return writer->Write(last); });
   return grpc::Status::OK;
 }

@@ -1173,6 +1173,8 @@ TEST_F(WorkerServiceTest, StopSequencesEndTheOutputBeforeThem) {
     ASSERT_TRUE(got.status.ok()) << got.status;
     EXPECT_EQ(got.text, text.substr(0, cut)) << "stop '" << stop << "'";
     EXPECT_EQ(got.tokens, kept);
+    // Stats count the tokens sent, not those verified past the stop before it ended the request.
+    EXPECT_EQ(got.stats.generated_tokens(), kept.size());
     // A stop that never comes: the whole output.
     v1::GenerateRequest never = Request(prompt, 80);
     never.set_mode(mode);
@@ -1180,6 +1182,7 @@ TEST_F(WorkerServiceTest, StopSequencesEndTheOutputBeforeThem) {
     const GenerateReply all = CallGenerate(*stub, never, "", absl::Seconds(60));
     ASSERT_TRUE(all.status.ok()) << all.status;
     EXPECT_EQ(all.tokens, want);
+    EXPECT_EQ(all.stats.generated_tokens(), want.size());
   }
   const v1::WorkerStats stats = WorkerStats(*stub, "");
   EXPECT_EQ(stats.requests_ended(), 4u);
