@@ -323,6 +323,7 @@ absl::StatusOr<std::unique_ptr<WorkerService>> WorkerService::Create(const Model
     fo.block_size = options.engine.block_size;
     fo.kv_blocks = options.full_kv_blocks;
     fo.max_batch = options.full_max_batch;
+    fo.publish_outputs = options.engine.publish_outputs;
     VC_ASSIGN_OR_RETURN(full, FullKvEngine::Create(model, fo, prefixes));
   }
   w->scheduler_ = std::make_unique<Scheduler>(std::move(vericache), std::move(full), options.max_requests,

@@ -354,11 +354,16 @@ TEST_F(FullEngineTest, PrefixStoreReadsPublishesAndRecomputes) {
     MemoryPrefixStore store(bt);
     auto engine = Engine(64, 4, &store);
     ASSERT_NE(engine, nullptr);
-    // The first request alone: the store is cold, it publishes its prompt's full blocks.
+    // Full blocks of request i's prompt and output, whose K/V it computed (all but the last
+    // token's): it publishes them all, its prompt's first and then its output's.
+    const auto computed_blocks = [&](size_t i) {
+      return static_cast<int>((reqs[i].prompt.size() + want[i].size() - 1) / bt);
+    };
+    // The first request alone: the store is cold, it publishes its full blocks.
     auto first = engine->Generate({&reqs[0], 1});
     ASSERT_TRUE(first.ok()) << first.status();
     EXPECT_EQ((*first)[0].tokens, want[0]);
-    const int blocks0 = static_cast<int>((reqs[0].prompt.size() - 1) / bt);
+    const int blocks0 = computed_blocks(0);
     EXPECT_EQ((*first)[0].stats.published_blocks, blocks0);
     EXPECT_EQ((*first)[0].stats.prefix_store_tokens, 0);
     EXPECT_EQ(static_cast<int>(store.size()), blocks0);
@@ -376,7 +381,8 @@ TEST_F(FullEngineTest, PrefixStoreReadsPublishesAndRecomputes) {
       EXPECT_EQ(st.recomputed_tokens, 0);
     }
 
-    // The store fails every read: each prompt is recomputed and republished, same tokens.
+    // The store fails every read: each prompt is recomputed and republished with its output, same
+    // tokens.
     store.fail_reads = true;
     const int published = store.published;
     got = engine->Generate(reqs);
@@ -387,7 +393,7 @@ TEST_F(FullEngineTest, PrefixStoreReadsPublishesAndRecomputes) {
       EXPECT_EQ((*got)[i].tokens, want[i]) << "bt " << bt << " request " << i << " after a failed read";
       EXPECT_GT(st.recomputed_tokens, 0) << i;
       EXPECT_EQ(st.prefix_store_tokens, 0) << i;
-      EXPECT_EQ(st.published_blocks, static_cast<int64_t>((reqs[i].prompt.size() - 1) / bt)) << i;
+      EXPECT_EQ(st.published_blocks, computed_blocks(i)) << i;
       republished += st.published_blocks;
     }
     EXPECT_EQ(store.published - published, republished);

@@ -329,6 +329,44 @@ TEST_F(WorkerServiceTest, CorruptStoredBlocksAreRecomputedNotTrusted) {
   EXPECT_GT(worker->prefixes()->stats().read_failures, 0);
 }
 
+// A request that ends at max_tokens (or EOS) publishes the blocks its output completed too: the
+// next turn of a conversation, whose prompt is the last turn's prompt and output and more, reads
+// them from the store, in either mode, and its output is exact; with publish_outputs off it
+// finds the last prompt's blocks only.
+TEST_F(WorkerServiceTest, AConversationsNextTurnFindsTheLastOutputInTheStore) {
+  auto store = StartStore();
+  for (bool publish : {true, false}) {
+    WorkerServerOptions o;
+    o.service.engine.publish_outputs = publish;
+    auto worker = StartWorker(store->target(), o);
+    auto stub = InferenceStub(worker->target());
+    for (v1::Mode mode : {v1::MODE_VERICACHE, v1::MODE_FULL}) {
+      // A conversation of its own for each case: no block of one is a prefix of another's.
+      const int salt = 1 + (publish ? 2 : 0) + (mode == v1::MODE_FULL ? 1 : 0);
+      std::vector<int32_t> turn(100);
+      for (int i = 0; i < 100; ++i) turn[i] = (i * 37 + salt * 11) % 250 + 1;
+      v1::GenerateRequest r = Request(turn, 50);
+      r.set_mode(mode);
+      const GenerateReply first = CallGenerate(*stub, r);
+      ASSERT_TRUE(first.status.ok()) << first.status;
+      ASSERT_EQ(first.tokens, Want(turn, 50)) << v1::Mode_Name(mode);
+      EXPECT_EQ(first.stats.prefix_store_tokens(), 0u);
+      worker->prefixes()->Flush();
+      turn.insert(turn.end(), first.tokens.begin(), first.tokens.end());
+      for (int i = 0; i < 20; ++i) turn.push_back((i * 13 + 5) % 250 + 1);
+      r = Request(turn, 16);
+      r.set_mode(mode);
+      const GenerateReply next = CallGenerate(*stub, r);
+      ASSERT_TRUE(next.status.ok()) << next.status;
+      EXPECT_EQ(next.tokens, Want(turn, 16)) << v1::Mode_Name(mode);
+      // The first turn's 150 tokens hold 4 blocks of 32 (its prompt's 99 positions, 3), and the
+      // next turn's prompt extends them.
+      EXPECT_EQ(next.stats.prefix_store_tokens(), publish ? 128u : 96u) << v1::Mode_Name(mode);
+      EXPECT_EQ(next.stats.recomputed_tokens(), 0u);
+    }
+  }
+}
+
 // A worker that never saw a prefix drafts from the store's compressed variant of it while the
 // full blocks stream in; a compressed block that fails its checks is dropped, not trusted, and
 // the worker waits for the full blocks instead. Output is identical either way.

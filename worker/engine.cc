@@ -23,6 +23,7 @@ struct VeriCacheEngine::Sequence : QueuedRequest {
   int64_t full_len = 0;
   std::vector<PrefixName> names;  // of the prompt's full blocks, with a PrefixStore
   int publish_from = -1;          // blocks [publish_from, names.size()) to share after a verify
+  bool shares = false;            // admitted through the PrefixStore: its output's blocks are shared too
   // The compressed variants' names (empty when the compressor has none) and those to share.
   std::vector<PrefixName> cnames;
   int cpublish_from = -1;
@@ -42,6 +43,7 @@ struct VeriCacheEngine::Sequence : QueuedRequest {
     full_len = 0;
     names.clear();
     publish_from = -1;
+    shares = false;
     cnames.clear();
     cpublish_from = -1;
     first_window = -1;
@@ -145,8 +147,19 @@ void VeriCacheEngine::SharePrefix(Sequence& s, int from, SeqId seq) {
   CachePrefix(s.names, seq);
 }
 
+void VeriCacheEngine::ShareOutput(Sequence& s, int64_t end) {
+  if (!s.shares || !options_.publish_outputs) return;
+  const std::vector<PrefixName> names =
+      prefixes_->Names(s.request.tenant, absl::MakeConstSpan(s.tokens).first(static_cast<size_t>(end)));
+  const int from = static_cast<int>(s.names.size()), to = static_cast<int>(names.size());
+  if (to <= from) return;
+  prefixes_->Publish(names, from, to, *staging_, s.sseq);
+  s.result.stats.published_blocks += to - from;
+}
+
 absl::Status VeriCacheEngine::AdmitWithPrefix(Sequence& s, bool* admitted) {
   *admitted = false;
+  s.shares = true;
   const int64_t n = s.v() - 1;
   const int bt = prefixes_->block_tokens();
   s.names = prefixes_->Names(s.request.tenant, absl::MakeConstSpan(s.tokens).subspan(0, n));
@@ -487,6 +500,9 @@ absl::Status VeriCacheEngine::Verify(std::vector<Sequence*>& ready) {
       SharePrefix(s, s.publish_from, s.sseq);  // the pass made the whole prompt exact
       s.publish_from = -1;
     }
+    // Staging holds exact K/V for [0, v + accepted): the prompt, the tokens verified before and
+    // this pass's accepted drafts (the last emitted token has none yet).
+    if (s.done) ShareOutput(s, std::min<int64_t>(v + accepted, s.v()));
     if (!s.done) {
       // Positions [full_len, v + accepted) were fed with verified tokens: their K/V is exact.
       const int64_t keep_end = v + accepted;

@@ -68,6 +68,11 @@ struct EngineOptions {
   // on the scheduling thread and shares the link with the full blocks, which the first verify
   // pass needs anyway (measured in README: it lengthened time to first token on a slow link).
   bool stored_compressed_prefixes = false;
+  // With a PrefixStore: when a request ends at EOS or max_tokens, publish the full blocks its
+  // output completed too (prompt and output, as one prefix), so that the next turn of a
+  // conversation, whose prompt extends this one, finds them in the store. (A request ended by a
+  // cancel, a deadline or a stop sequence publishes its prompt's blocks only.)
+  bool publish_outputs = true;
 };
 
 // Not thread-safe: one thread calls Submit, Cancel and Step (or Generate).
@@ -150,6 +155,9 @@ class VeriCacheEngine {
   // Publishes the blocks of `s` from `from` on and caches its compressed prefix, from exact K/V
   // of `seq` in staging.
   void SharePrefix(Sequence& s, int from, SeqId seq);
+  // At the end of `s`: publishes the full blocks of its tokens [0, end) past the prompt's own
+  // (options_.publish_outputs), from exact K/V in staging.
+  void ShareOutput(Sequence& s, int64_t end);
   void CachePrefix(absl::Span<const PrefixName> names, SeqId staging_seq);
   void Release(Sequence& s);
 

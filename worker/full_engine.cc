@@ -21,6 +21,7 @@ struct FullKvEngine::Sequence : QueuedRequest {
   int64_t prompt_len = 0;
   std::vector<PrefixName> names;  // of the prompt's full blocks, with a PrefixStore
   int publish_from = -1;          // blocks [publish_from, names.size()) to publish; -1: none
+  bool shares = false;            // its prompt went through the store: its output's blocks are shared too
   int generated = 0;
 };
 
@@ -87,6 +88,7 @@ void FullKvEngine::Leave(Sequence& s) {
 
 void FullKvEngine::FetchPrefix(Sequence& s) {
   const int64_t n = s.prompt_len - 1;  // the last prompt token is always computed: it yields logits
+  s.shares = true;
   s.names = prefixes_->Names(s.request.tenant, absl::MakeConstSpan(s.tokens).first(static_cast<size_t>(n)));
   if (s.names.empty()) return;
   s.publish_from = 0;
@@ -134,6 +136,18 @@ void FullKvEngine::PromptDone(Sequence& s) {
   s.publish_from = -1;
 }
 
+void FullKvEngine::ShareOutput(Sequence& s) {
+  if (!s.shares || !options_.publish_outputs) return;
+  // Every token but the last has its K/V in the cache.
+  const int64_t end = cache_.Length(s.seq);
+  const std::vector<PrefixName> names =
+      prefixes_->Names(s.request.tenant, absl::MakeConstSpan(s.tokens).first(static_cast<size_t>(end)));
+  const int from = static_cast<int>(s.names.size()), to = static_cast<int>(names.size());
+  if (to <= from) return;
+  prefixes_->Publish(names, from, to, cache_, s.seq);
+  s.result.stats.published_blocks += to - from;
+}
+
 absl::Status FullKvEngine::Pass() {
   std::vector<SequenceChunk> chunks;
   std::vector<bool> prefilling;
@@ -163,7 +177,10 @@ absl::Status FullKvEngine::Pass() {
     s.result.stats.emitted++;
     if (s.generated == 1) s.result.stats.first_token_seconds = absl::ToDoubleSeconds(absl::Now() - s.submitted);
     if (s.request.on_tokens) s.request.on_tokens({&t, 1});
-    if ((o.stop_at_eos && model_.tokenizer().IsEos(t)) || s.generated >= o.max_tokens) s.done = true;
+    if ((o.stop_at_eos && model_.tokenizer().IsEos(t)) || s.generated >= o.max_tokens) {
+      s.done = true;
+      ShareOutput(s);
+    }
   }
   return absl::OkStatus();
 }

@@ -16,7 +16,8 @@
 // LMCache-style systems use), admission looks the prompt's blocks up in the store and reads the
 // stored prefix into the sequence's blocks before any compute; the rest of the prompt is
 // prefilled. A read that fails is recomputed, which gives the same bits (the kernels are
-// batch-invariant). Blocks the store lacked are published once the prompt is computed. Without
+// batch-invariant). Blocks the store lacked are published once the prompt is computed, and those
+// its output completed when it ends (publish_outputs). Without
 // fetch_prefix (the "recompute" baseline) the store is neither read nor written.
 #ifndef VC_WORKER_FULL_ENGINE_H_
 #define VC_WORKER_FULL_ENGINE_H_
@@ -43,6 +44,9 @@ struct FullEngineOptions {
   // With a PrefixStore: read stored prefixes instead of computing them (and publish the blocks
   // the store lacked). False leaves the store alone and recomputes every prompt.
   bool fetch_prefix = true;
+  // With fetch_prefix: when a request ends at EOS or max_tokens, publish the full blocks its output
+  // completed too (EngineOptions::publish_outputs).
+  bool publish_outputs = true;
 };
 
 // Not thread-safe: one thread calls Submit, Cancel and Step (or Generate).
@@ -98,6 +102,9 @@ class FullKvEngine {
   absl::Status Pass();
   // After the pass that completed the prompt of `s`: shares the blocks the store lacked.
   void PromptDone(Sequence& s);
+  // At the end of `s`: publishes the full blocks of its tokens past the prompt's own
+  // (options_.publish_outputs).
+  void ShareOutput(Sequence& s);
   // Frees what a sequence holds in the pool as it leaves the batch.
   void Leave(Sequence& s);
 

@@ -20,8 +20,8 @@ constexpr char kUsage[] =
     "                        [--staging-mib N] [--full-kv-mib N] [--prefix-cache-mib N] [--host-kv-mib N]\n"
     "                        [--max-requests N] [--max-requests-per-tenant N] [--client-write-timeout-ms N]\n"
     "                        [--client-tokens FILE] [--store-timeout-ms N] [--draft-window K] [--keep-staged 0|1]\n"
-    "                        [--stored-compressed 0|1] [--metrics-listen HOST:PORT] [--drain-seconds N]\n"
-    "                        [--tls-cert PEM --tls-key PEM] [--store-tls-ca PEM]\n"
+    "                        [--stored-compressed 0|1] [--publish-outputs 0|1] [--metrics-listen HOST:PORT]\n"
+    "                        [--drain-seconds N] [--tls-cert PEM --tls-key PEM] [--store-tls-ca PEM]\n"
     "  --store HOST:PORT       the cache store: prompts' prefixes are looked up there, their full KV\n"
     "                          read over UCX while the worker drafts, and prefixes it lacked published.\n"
     "                          Several, comma-separated: blocks are spread over them by their names\n"
@@ -52,6 +52,8 @@ constexpr char kUsage[] =
     "  --stored-compressed 0|1 also publish prefixes' compressed (KIVI) variants, and draft from the\n"
     "                          store's variant of a prefix this worker has no compressed copy of\n"
     "                          (default 0)\n"
+    "  --publish-outputs 0|1   when a request ends at EOS or max_tokens, also publish the blocks its\n"
+    "                          output completed, so that a next turn extending it finds them (default 1)\n"
     "  --metrics-listen HOST:PORT  serve Prometheus metrics (GetStats' counts, every tenant's) at\n"
     "                          http://HOST:PORT/metrics, plain HTTP without authentication (default: none)\n"
     "  --tls-cert, --tls-key  serve clients over TLS with this certificate and key (PEM)\n"
@@ -69,7 +71,8 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
                           {"model", "listen", "store", "store-replicas", "store-token-file", "ucx", "block-tokens",
                            "compressor", "max-batch", "staging-mib", "full-kv-mib", "prefix-cache-mib", "host-kv-mib",
                            "client-write-timeout-ms", "max-requests", "max-requests-per-tenant", "client-tokens",
-                           "store-timeout-ms", "draft-window", "keep-staged", "stored-compressed", "metrics-listen",
+                           "store-timeout-ms", "draft-window", "keep-staged", "stored-compressed", "publish-outputs",
+                           "metrics-listen",
                            "store-shards", "drain-seconds", "tls-cert", "tls-key", "store-tls-ca"},
                           {}));
   for (const char* req : {"model", "listen"}) {
@@ -133,6 +136,8 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
   eo.keep_staged = keep != 0;
   VC_ASSIGN_OR_RETURN(int64_t stored_compressed, a.Int("stored-compressed", 0, 0, 1));
   eo.stored_compressed_prefixes = stored_compressed != 0;
+  VC_ASSIGN_OR_RETURN(int64_t publish_outputs, a.Int("publish-outputs", 1, 0, 1));
+  eo.publish_outputs = publish_outputs != 0;
   o.service.full_max_batch = eo.max_batch;
   VC_ASSIGN_OR_RETURN(int64_t max_requests, a.Int("max-requests", 256, 1, 1 << 20));
   o.service.max_requests = static_cast<int>(max_requests);
