@@ -774,5 +774,61 @@ TEST_F(KiviBlocks, AppendedBlocksAttendLikeABuiltCache) {
   }
 }
 
+// A built cache cut back to a shorter prefix (what the engine hands a prompt that shares only part
+// of a cached prefix) holds what appending that prefix's encoded blocks gives: extended the same
+// way, the two attend bitwise alike. Cuts into positions not yet quantized, off a group or past
+// the end are refused and change nothing; compressors without a block form cannot cut.
+TEST_F(KiviBlocks, ACutPrefixIsItsAppendedBlocks) {
+  Fill(17);
+  for (const char* spec : {"kivi:bits=4,group=32,residual=32", "kivi:bits=2,group=32,residual=64"}) {
+    auto cache = MakeCompressedKvCache(spec, lay, heads);
+    ASSERT_TRUE(cache.ok());
+    CompressedKvCache& c = **cache;
+    const SeqId built = c.NewSequence();
+    ASSERT_TRUE(c.BuildFrom(built, full, fs, L, nullptr).ok());
+    // 600 positions, residual 32 or 64: 544 or 512 are quantized.
+    EXPECT_EQ(c.CutTo(c.Fork(built), 576).code(), absl::StatusCode::kFailedPrecondition) << spec;
+    EXPECT_EQ(c.CutTo(c.Fork(built), 250).code(), absl::StatusCode::kInvalidArgument) << spec;
+    EXPECT_EQ(c.CutTo(c.Fork(built), 640).code(), absl::StatusCode::kInvalidArgument) << spec;
+    for (int64_t cut : {256, 512}) {
+      const SeqId cutp = c.Fork(built);
+      ASSERT_TRUE(c.CutTo(cutp, cut).ok()) << spec << " cut " << cut;
+      EXPECT_EQ(c.Length(cutp), cut);
+      const SeqId a = c.NewSequence();
+      for (int64_t first = 0; first < cut; first += 256) {
+        std::vector<std::string> layers;
+        ASSERT_TRUE(c.EncodeBlock(full, fs, first, 256, &layers).ok());
+        ASSERT_TRUE(c.AppendBlock(a, 256, {layers[0], layers[1]}).ok());
+      }
+      EXPECT_EQ(c.Bytes(cutp), c.Bytes(a)) << spec << " cut " << cut;
+      // Both extended with other K/V than the built cache had past the cut: a prompt that diverges.
+      for (SeqId seq : {cutp, a}) {
+        ASSERT_TRUE(c.Reserve(seq, L).ok());
+        for (int l = 0; l < lay.num_layers; ++l) {
+          for (int64_t p = cut; p < L; ++p) c.Write(l, seq, p, full.V(l, fs, p), full.K(l, fs, p));
+        }
+        c.Commit(seq, L);
+      }
+      std::vector<float> q(heads * lay.head_dim), out_c(q.size()), out_a(q.size());
+      for (float& x : q) x = nd(rng);
+      for (int l = 0; l < lay.num_layers; ++l) {
+        for (int64_t pos : {cut, L - 1}) {
+          const QueryRow rc{cutp, pos}, ra{a, pos};
+          c.Attend(l, {&rc, 1}, q.data(), heads, 0.17f, kernels::DefaultBackend(), out_c.data());
+          c.Attend(l, {&ra, 1}, q.data(), heads, 0.17f, kernels::DefaultBackend(), out_a.data());
+          ASSERT_EQ(0, std::memcmp(out_c.data(), out_a.data(), out_c.size() * 4))
+              << spec << " cut " << cut << " layer " << l << " pos " << pos;
+        }
+      }
+    }
+  }
+  for (const char* spec : {"streaming:sinks=4,window=64", "snapkv:capacity=64+kivi:bits=4", "none", "quest"}) {
+    auto c = MakeCompressedKvCache(spec, lay, heads);
+    ASSERT_TRUE(c.ok()) << spec;
+    const SeqId seq = (*c)->NewSequence();
+    EXPECT_EQ((*c)->CutTo(seq, 0).code(), absl::StatusCode::kUnimplemented) << spec;
+  }
+}
+
 }  // namespace
 }  // namespace vc

@@ -301,6 +301,47 @@ TEST_F(EngineExactness, PromptPassesAfterAStoredPrefixRunOneAtATime) {
   }
 }
 
+// A prompt that shares only the first blocks of a cached compressed prefix (an edit in the middle
+// of a file) drafts from that prefix cut back to the shared blocks, where KIVI can cut (whole
+// quantized groups), and from nothing where it cannot; the output is exact either way.
+TEST_F(EngineExactness, APromptSharingPartOfACachedPrefixDraftsFromItCutBack) {
+  const int prompt_len = 8 * 32 + 10;  // eight blocks of 32, then 10 more tokens
+  // 4-bit KIVI quantizes a cached 256-position prefix up to 224 (residual 32) or 192 (residual 64).
+  for (const char* spec : {"kivi:bits=4,group=32,residual=32", "kivi:bits=4,group=32,residual=64"}) {
+    GenerateOptions o;
+    EngineOptions eo;
+    TierTestOptions(prompt_len, &o, &eo);
+    eo.compressor = spec;
+    eo.staging_blocks *= 2;  // room for four at once
+    HostKvTier tier(model_->kv_layout(16), 0);
+    testing::MemoryPrefixStore store(32);
+    auto engine = VeriCacheEngine::Create(*model_, &tier, eo, &store);
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    const std::vector<int32_t> first = RandomPrompt(prompt_len, 700);
+    auto got = (*engine)->Generate({MakeRequest(first, o)});  // computes, publishes, caches its prefix
+    ASSERT_TRUE(got.ok()) << got.status();
+    ASSERT_EQ((*engine)->cached_prefixes(), 1u);
+    // Prompts that leave the first one after 5, 7 and 8 of its blocks, submitted together so that
+    // each is admitted before any fetch is timed (a fetch as fast as this store's makes drafting
+    // first not pay).
+    std::vector<EngineRequest> reqs;
+    for (int blocks : {5, 7, 8}) {
+      std::vector<int32_t> p = first;
+      for (int j = blocks * 32; j < prompt_len; ++j) p[j] = (p[j] + 1 + j) % 256;
+      reqs.push_back(MakeRequest(p, o));
+    }
+    got = (*engine)->Generate(reqs);
+    ASSERT_TRUE(got.ok()) << got.status();
+    const bool wide = std::string(spec).find("residual=64") != std::string::npos;
+    const std::vector<int64_t> want_compressed = {5 * 32, wide ? 0 : 7 * 32, 8 * 32};
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      EXPECT_EQ((*got)[i].tokens, GenerateFull(*model_, reqs[i].prompt, o)->tokens) << spec << " " << i;
+      EXPECT_EQ((*got)[i].stats.prefix_store_tokens, std::vector<int64_t>({5 * 32, 7 * 32, 8 * 32})[i]) << i;
+      EXPECT_EQ((*got)[i].stats.prefix_compressed_tokens, want_compressed[i]) << spec << " " << i;
+    }
+  }
+}
+
 TEST_F(EngineExactness, StagingThatCanNeverHoldASequenceEndsItAlone) {
   // Four blocks (64 positions) take a 60-token prompt's prefill, but not the prompt and its 16
   // output tokens that a verify pass may need: the request ends with kResourceExhausted before it

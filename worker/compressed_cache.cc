@@ -23,6 +23,10 @@ absl::Status CompressedKvCache::AppendBlock(SeqId, int64_t, const std::vector<ab
   return absl::UnimplementedError(absl::StrCat(spec(), " has no stored block form"));
 }
 
+absl::Status CompressedKvCache::CutTo(SeqId, int64_t) {
+  return absl::UnimplementedError(absl::StrCat(spec(), " has no block form to cut to"));
+}
+
 absl::StatusOr<std::vector<MethodSpec>> ParseCompressorSpec(absl::string_view spec) {
   std::vector<MethodSpec> out;
   if (spec.empty()) return absl::InvalidArgumentError("empty compressor spec");

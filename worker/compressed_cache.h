@@ -82,6 +82,12 @@ class CompressedKvCache : public AttentionCache {
   // Appends an encoded block of `tokens` positions to `seq`, which must hold only appended blocks
   // (a new sequence, or one that blocks were appended to). Truncate never goes below them.
   virtual absl::Status AppendBlock(SeqId seq, int64_t tokens, const std::vector<absl::string_view>& layers);
+  // Cuts `seq` back to positions [0, length), a multiple of the block form's group, every one of
+  // them quantized already: it then holds what AppendBlock of those positions' encoded blocks
+  // would (a cached prefix cut to the part a new prompt shares with it). kUnimplemented without a
+  // block form, kInvalidArgument for a length out of range or off a group, kFailedPrecondition
+  // when a position below it is not quantized yet; `seq` is unchanged then.
+  virtual absl::Status CutTo(SeqId seq, int64_t length);
 };
 
 // Builds a cache for `spec` and a model of `layout` with `num_heads` query heads. kInvalidArgument

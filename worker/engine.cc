@@ -119,15 +119,20 @@ void VeriCacheEngine::CachePrefix(absl::Span<const PrefixName> names, SeqId stag
     compressed_->FreeSequence(seq);
     return;
   }
-  CachedPrefix c{seq, length, compressed_->Bytes(seq), {}};
+  CachedPrefix c{seq, length, compressed_->Bytes(seq), {}, {names.begin(), names.end()}};
   prefix_lru_.push_front(names.back());
   c.lru = prefix_lru_.begin();
   prefix_bytes_ += c.bytes;
-  prefix_index_[names.back()] = c;
+  for (const PrefixName& b : names) prefix_blocks_[b] = names.back();
+  prefix_index_[names.back()] = std::move(c);
   while (prefix_bytes_ > options_.prefix_cache_bytes && !prefix_lru_.empty()) {
     auto victim = prefix_index_.find(prefix_lru_.back());
     prefix_bytes_ -= victim->second.bytes;
     compressed_->FreeSequence(victim->second.seq);
+    for (const PrefixName& b : victim->second.names) {
+      auto it = prefix_blocks_.find(b);
+      if (it != prefix_blocks_.end() && it->second == victim->first) prefix_blocks_.erase(it);
+    }
     prefix_index_.erase(victim);
     prefix_lru_.pop_back();
   }
@@ -187,6 +192,23 @@ absl::Status VeriCacheEngine::AdmitWithPrefix(Sequence& s, bool* admitted) {
   auto worth_drafting = [&](int64_t have) {
     return !(fetch_seconds > 0 && fetch_seconds < static_cast<double>(n - have + 1) * costs_.draft_step());
   };
+  // A cached prefix that shares more leading blocks with the prompt than any whole one (the
+  // prompt diverges inside it: an edit in the middle of a file) is forked and cut back to them,
+  // where the compressor can cut (KIVI: whole quantized groups).
+  SeqId cut = -1;
+  int shared = static_cast<int>(s.names.size());
+  while (shared > local && !prefix_blocks_.contains(s.names[shared - 1])) --shared;
+  if (shared > local && worth_drafting(int64_t{shared} * bt)) {
+    auto c = prefix_index_.find(prefix_blocks_.at(s.names[shared - 1]));
+    const SeqId f = compressed_->Fork(c->second.seq);
+    if (compressed_->CutTo(f, int64_t{shared} * bt).ok()) {
+      prefix_lru_.splice(prefix_lru_.begin(), prefix_lru_, c->second.lru);
+      cut = f;
+      local = shared;
+    } else {
+      compressed_->FreeSequence(f);
+    }
+  }
   // The store's compressed variant of the prefix: read when it reaches further than the copy here
   // (a worker that never saw the prefix drafts at once instead of waiting for the full blocks).
   SeqId stored = -1;
@@ -220,6 +242,10 @@ absl::Status VeriCacheEngine::AdmitWithPrefix(Sequence& s, bool* admitted) {
     if (stored >= 0) {
       s.cseq = stored;
       st.prefix_compressed_store_tokens = stored_len;
+    } else if (cut >= 0) {
+      s.cseq = cut;
+      cut = -1;
+      st.prefix_compressed_tokens = have;
     } else {
       CachedPrefix& c = prefix_index_[s.names[local - 1]];
       prefix_lru_.splice(prefix_lru_.begin(), prefix_lru_, c.lru);
@@ -229,6 +255,7 @@ absl::Status VeriCacheEngine::AdmitWithPrefix(Sequence& s, bool* admitted) {
     VC_RETURN_IF_ERROR(model_.Prefill(absl::MakeConstSpan(s.tokens).subspan(have, n - have), s.cseq,
                                       s.request.options.prefill_chunk, *compressed_, nullptr));
   }
+  if (cut >= 0) compressed_->FreeSequence(cut);  // the store's compressed copy reached further
   *admitted = true;
   return absl::OkStatus();
 }

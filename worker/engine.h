@@ -122,6 +122,7 @@ class VeriCacheEngine {
     int64_t length = 0;
     int64_t bytes = 0;
     std::list<PrefixName>::iterator lru;
+    std::vector<PrefixName> names;  // of its blocks
   };
   VeriCacheEngine(const Model& model, FullKvTier* tier, const EngineOptions& options, PrefixStore* prefixes);
   absl::Status Admit(Sequence& s);
@@ -175,7 +176,10 @@ class VeriCacheEngine {
   DraftCostModel costs_;
   RequestQueue<Sequence> requests_;
   // Compressed prefixes by the name of their last block; front of the list = most recent.
-  absl::flat_hash_map<PrefixName, CachedPrefix> prefix_index_;
+  absl::flat_hash_map<PrefixName, CachedPrefix> prefix_index_;  // by the name of its last block
+  // Every block of a cached prefix, to the prefix_index_ key of one that holds it (the latest
+  // cached): a prompt that shares only the first blocks of a cached prefix drafts from it cut back.
+  absl::flat_hash_map<PrefixName, PrefixName> prefix_blocks_;
   std::list<PrefixName> prefix_lru_;
   int64_t prefix_bytes_ = 0;
 };

@@ -325,6 +325,37 @@ absl::Status TokenListCache::AppendBlock(SeqId seq, int64_t tokens, const std::v
   return absl::OkStatus();
 }
 
+absl::Status TokenListCache::CutTo(SeqId seq, int64_t length) {
+  if (block_codec().bits == 0) return CompressedKvCache::CutTo(seq, length);
+  Sequence& s = seqs_[seq];
+  if (length < 0 || length > s.length || length % kivi_.group != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("cannot cut a sequence of ", s.length, " positions to ", length,
+                                                   " (a multiple of ", kivi_.group, ")"));
+  }
+  for (const HeadList& h : s.heads) {
+    if (h.q_tokens < length) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("cannot cut to ", length, ": only ", h.q_tokens, " positions are quantized"));
+    }
+  }
+  const int d = layout_.head_dim;
+  const size_t row_bytes = static_cast<size_t>(d) * kivi_.bits / 8;
+  const size_t n = static_cast<size_t>(length);
+  for (HeadList& h : s.heads) {
+    h.k_codes.resize(n * row_bytes);
+    h.v_codes.resize(n * row_bytes);
+    h.k_scale.resize(n / kivi_.group * d);
+    h.k_min.resize(n / kivi_.group * d);
+    h.v_scale.resize(n * (d / value_group_));
+    h.v_min.resize(n * (d / value_group_));
+    h.res_k.clear();
+    h.res_v.clear();
+    h.q_tokens = h.f_start = h.appended = static_cast<int32_t>(length);
+  }
+  s.length = length;
+  return absl::OkStatus();
+}
+
 absl::Status TokenListCache::BuildFrom(SeqId seq, const PagedKvCache& full, SeqId full_seq, int64_t length,
                                        const PromptQueries* queries) {
   if (length > full.Length(full_seq)) {

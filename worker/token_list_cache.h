@@ -59,6 +59,7 @@ class TokenListCache final : public CompressedKvCache {
   absl::Status EncodeBlock(const PagedKvCache& full, SeqId full_seq, int64_t first, int64_t tokens,
                            std::vector<std::string>* layers) const override;
   absl::Status AppendBlock(SeqId seq, int64_t tokens, const std::vector<absl::string_view>& layers) override;
+  absl::Status CutTo(SeqId seq, int64_t length) override;
 
   int64_t Length(SeqId seq) const override { return seqs_[seq].length; }
   absl::Status Reserve(SeqId seq, int64_t length) override;
