@@ -12,11 +12,13 @@
 // --fresh-worker 1 another worker serves the replay: it holds no compressed prefixes of its own
 // and reads the store's compressed variants instead. With --workers N > 1, N workers serve behind a
 // router (services/router_service.h) with --router-policy; its counts of the replay (the warm-up's
-// left out) follow the table.
+// left out) follow the table. With --edit-at F (0 < F < 1) each replayed prompt differs from the
+// prefix the warm-up sent from F of that prefix's length on (one byte changed there, as an edit
+// inside a file would): the store and the worker's compressed prefixes hold only its first blocks.
 //
 //   prefix_bench --model models/vc-code-4m --requests 12 --block-tokens 512 --max-prompt-tokens 8192 --max-tokens 32
 //                --time-scale 4 [--link-mb-per-s 0] [--keep-staged 1] [--fresh-worker 0] [--stored-compressed 0]
-//                [--workers 1] [--router-policy prefix|least-loaded|round-robin]
+//                [--workers 1] [--router-policy prefix|least-loaded|round-robin] [--edit-at 0]
 //                [--modes recompute,fetch,vericache] --json benchmarks/results/prefix.json --md benchmarks/results/prefix.md
 #include <stdlib.h>
 
@@ -258,6 +260,8 @@ absl::Status Main(std::map<std::string, std::string> flags) {
   const int64_t max_prompt_tokens = Int(flags, "max-prompt-tokens");
   const int64_t check = Int(flags, "check");
   const double time_scale = std::stod(flags["time-scale"]);
+  const double edit_at = std::stod(flags["edit-at"]);
+  if (!(edit_at >= 0 && edit_at < 1)) return absl::InvalidArgumentError("--edit-at must be in [0, 1)");
   const int64_t context = model->config().max_position_embeddings;
   VC_ASSIGN_OR_RETURN(std::vector<TraceRequest> trace,
                       ReadTrace(flags["trace"], static_cast<int>(Int(flags, "first")), static_cast<int>(n), time_scale));
@@ -292,6 +296,11 @@ absl::Status Main(std::map<std::string, std::string> flags) {
                                                      ": lower --block-tokens"));
     }
     r.prefix = model->tokenizer().Encode(prefix_text);
+    if (edit_at > 0) {
+      // Token 0 is BOS; the edit changes one byte of the text after it.
+      const size_t at = std::max<size_t>(1, static_cast<size_t>(edit_at * static_cast<double>(r.prefix.size())));
+      if (at < r.prompt.size()) r.prompt[at] = (r.prompt[at] + 1) % 256;
+    }
     for (int64_t id : r.trace.hash_ids) id_uses[id]++;
     prompt_tokens += static_cast<int64_t>(r.prompt.size());
     prefix_tokens += static_cast<int64_t>(r.prefix.size());
@@ -328,6 +337,10 @@ absl::Status Main(std::map<std::string, std::string> flags) {
       static_cast<double>(prompt_tokens) / static_cast<double>(requests.size()), max_prompt, prefix_tokens,
       id_uses.size(), shared_ids, requests.back().trace.arrival_s, time_scale, max_tokens_cap, kv_bytes_per_token,
       budget / 1048576.0, budget / 1048576.0, wo.prefix_cache_bytes / 1048576.0, wo.ucx);
+  if (edit_at > 0) {
+    std::cout << absl::StrFormat("replayed prompts differ from their warm-up prefix from %.2f of its length on\n",
+                                 edit_at);
+  }
 
   // References: sequential full-KV decoding for the first `check` requests.
   std::vector<std::vector<int32_t>> want;
@@ -547,6 +560,7 @@ int main(int argc, char** argv) {
       {"router-policy", "prefix"},
       {"stored-compressed", "0"},
       {"modes", "recompute,fetch,vericache"},
+      {"edit-at", "0"},
       {"json", ""},
       {"md", ""},
   };
