@@ -342,6 +342,44 @@ TEST_F(EngineExactness, APromptSharingPartOfACachedPrefixDraftsFromItCutBack) {
   }
 }
 
+// A request cancelled mid-generation (a stop sequence is a cancel) shares the blocks of its output
+// that staging holds exact: the next turn, whose prompt extends what it sent, reads them from the
+// store, and its output is exact.
+TEST_F(EngineExactness, ACancelledRequestSharesItsOutputForTheNextTurn) {
+  GenerateOptions o;
+  EngineOptions eo;
+  TierTestOptions(100, &o, &eo);
+  o.max_tokens = 200;
+  eo.staging_blocks = 64;
+  HostKvTier tier(model_->kv_layout(16), 0);
+  testing::MemoryPrefixStore store(16);
+  auto created = VeriCacheEngine::Create(*model_, &tier, eo, &store);
+  ASSERT_TRUE(created.ok()) << created.status();
+  VeriCacheEngine* engine = created->get();
+  const std::vector<int32_t> prompt = RandomPrompt(100, 900);
+  std::vector<int32_t> out;
+  absl::Status ended = absl::UnknownError("not ended");
+  EngineRequest r = MakeRequest(prompt, o);
+  r.on_tokens = [&](absl::Span<const int32_t> t) { out.insert(out.end(), t.begin(), t.end()); };
+  const RequestId id = engine->Submit(std::move(r), [&](absl::Status s, EngineResult) { ended = s; });
+  for (int i = 0; i < 4000 && out.size() < 60; ++i) ASSERT_TRUE(engine->Step().ok());
+  ASSERT_GE(out.size(), 60u);
+  engine->Cancel(id);
+  for (int i = 0; i < 100 && !engine->Idle(); ++i) ASSERT_TRUE(engine->Step().ok());
+  ASSERT_TRUE(engine->Idle());
+  EXPECT_TRUE(absl::IsCancelled(ended)) << ended;
+  // The next turn: the prompt, what the cancelled request sent, and more.
+  std::vector<int32_t> next = prompt;
+  next.insert(next.end(), out.begin(), out.end());
+  for (int j = 0; j < 10; ++j) next.push_back((j * 29 + 3) % 256);
+  o.max_tokens = 8;
+  auto got = engine->Generate({MakeRequest(next, o)});
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ((*got)[0].tokens, GenerateFull(*model_, next, o)->tokens);
+  // Every token it sent but the last had exact K/V when it was cancelled.
+  EXPECT_EQ((*got)[0].stats.prefix_store_tokens, static_cast<int64_t>((prompt.size() + out.size() - 1) / 16 * 16));
+}
+
 TEST_F(EngineExactness, StagingThatCanNeverHoldASequenceEndsItAlone) {
   // Four blocks (64 positions) take a 60-token prompt's prefill, but not the prompt and its 16
   // output tokens that a verify pass may need: the request ends with kResourceExhausted before it

@@ -574,7 +574,12 @@ absl::Status VeriCacheEngine::Step() {
         }
         return absl::OkStatus();
       },
-      [&](Sequence& s) { Release(s); });
+      [&](Sequence& s) {
+        // Cancelled (a stop sequence is a cancel) or past its deadline: what staging holds of it
+        // is exact and may be the start of the next turn.
+        if (s.generated > 0 && s.resident()) ShareOutput(s, s.full_len);
+        Release(s);
+      });
   RequestQueue<Sequence>::TellAll(ended);
   auto& active = requests_.active;
   // A request that does not fit yet (its memory is taken by the batch) waits; a step tries 4 such

@@ -68,10 +68,10 @@ struct EngineOptions {
   // on the scheduling thread and shares the link with the full blocks, which the first verify
   // pass needs anyway (measured in README: it lengthened time to first token on a slow link).
   bool stored_compressed_prefixes = false;
-  // With a PrefixStore: when a request ends at EOS or max_tokens, publish the full blocks its
-  // output completed too (prompt and output, as one prefix), so that the next turn of a
-  // conversation, whose prompt extends this one, finds them in the store. (A request ended by a
-  // cancel, a deadline or a stop sequence publishes its prompt's blocks only.)
+  // With a PrefixStore: when a request ends, publish the full blocks its output completed too
+  // (prompt and output, as one prefix), so that the next turn of a conversation, whose prompt
+  // extends this one, finds them in the store. A request cancelled (a stop sequence included) or
+  // past its deadline publishes what its exact K/V covers if staging still holds it.
   bool publish_outputs = true;
 };
 

@@ -189,7 +189,13 @@ absl::Status FullKvEngine::Step() {
   // Requests that end are told only at the end of the step; what they held is freed at once, so
   // that admission below can use it.
   std::vector<RequestQueue<Sequence>::Ended> ended = requests_.TakeEnded(
-      absl::Now(), [&](const Sequence& s) { return Check(s.request); }, [&](Sequence& s) { Leave(s); });
+      absl::Now(), [&](const Sequence& s) { return Check(s.request); },
+      [&](Sequence& s) {
+        // Cancelled (a stop sequence is a cancel) or past its deadline: its K/V is exact and may be
+        // the start of the next turn.
+        if (s.generated > 0) ShareOutput(s);
+        Leave(s);
+      });
   auto& active = requests_.active;
   requests_.AdmitInOrder(static_cast<size_t>(options_.max_batch), INT_MAX, [&](Sequence& s) {
     if (cache_.free_blocks() < BlocksFor(s.request)) return Admission::kWait;

@@ -44,8 +44,8 @@ struct FullEngineOptions {
   // With a PrefixStore: read stored prefixes instead of computing them (and publish the blocks
   // the store lacked). False leaves the store alone and recomputes every prompt.
   bool fetch_prefix = true;
-  // With fetch_prefix: when a request ends at EOS or max_tokens, publish the full blocks its output
-  // completed too (EngineOptions::publish_outputs).
+  // With fetch_prefix: when a request ends (at EOS, max_tokens, a cancel or its deadline), publish
+  // the full blocks its output completed too (EngineOptions::publish_outputs).
   bool publish_outputs = true;
 };
 
