@@ -9,6 +9,7 @@
 
 #include "gtest/gtest.h"
 #include "tests/testing/memory_prefix_store.h"
+#include "tests/testing/next_turn.h"
 #include "tests/testing/tiny_model.h"
 #include "worker/engine.h"
 #include "worker/full_decoder.h"
@@ -357,21 +358,9 @@ TEST_F(EngineExactness, ACancelledRequestSharesItsOutputForTheNextTurn) {
   ASSERT_TRUE(created.ok()) << created.status();
   VeriCacheEngine* engine = created->get();
   const std::vector<int32_t> prompt = RandomPrompt(100, 900);
-  std::vector<int32_t> out;
-  absl::Status ended = absl::UnknownError("not ended");
-  EngineRequest r = MakeRequest(prompt, o);
-  r.on_tokens = [&](absl::Span<const int32_t> t) { out.insert(out.end(), t.begin(), t.end()); };
-  const RequestId id = engine->Submit(std::move(r), [&](absl::Status s, EngineResult) { ended = s; });
-  for (int i = 0; i < 4000 && out.size() < 60; ++i) ASSERT_TRUE(engine->Step().ok());
+  const std::vector<int32_t> out = testing::SendThenCancel(*engine, prompt, o, 60);
   ASSERT_GE(out.size(), 60u);
-  engine->Cancel(id);
-  for (int i = 0; i < 100 && !engine->Idle(); ++i) ASSERT_TRUE(engine->Step().ok());
-  ASSERT_TRUE(engine->Idle());
-  EXPECT_TRUE(absl::IsCancelled(ended)) << ended;
-  // The next turn: the prompt, what the cancelled request sent, and more.
-  std::vector<int32_t> next = prompt;
-  next.insert(next.end(), out.begin(), out.end());
-  for (int j = 0; j < 10; ++j) next.push_back((j * 29 + 3) % 256);
+  const std::vector<int32_t> next = testing::NextTurn(prompt, out, 10);
   o.max_tokens = 8;
   auto got = engine->Generate({MakeRequest(next, o)});
   ASSERT_TRUE(got.ok()) << got.status();

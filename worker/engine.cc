@@ -199,6 +199,7 @@ absl::Status VeriCacheEngine::AdmitWithPrefix(Sequence& s, bool* admitted) {
   int shared = static_cast<int>(s.names.size());
   while (shared > local && !prefix_blocks_.contains(s.names[shared - 1])) --shared;
   if (shared > local && worth_drafting(int64_t{shared} * bt)) {
+    // (Eviction takes a prefix's blocks out of prefix_blocks_ with it, so the entry is there.)
     auto c = prefix_index_.find(prefix_blocks_.at(s.names[shared - 1]));
     const SeqId f = compressed_->Fork(c->second.seq);
     if (compressed_->CutTo(f, int64_t{shared} * bt).ok()) {

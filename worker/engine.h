@@ -176,7 +176,7 @@ class VeriCacheEngine {
   DraftCostModel costs_;
   RequestQueue<Sequence> requests_;
   // Compressed prefixes by the name of their last block; front of the list = most recent.
-  absl::flat_hash_map<PrefixName, CachedPrefix> prefix_index_;  // by the name of its last block
+  absl::flat_hash_map<PrefixName, CachedPrefix> prefix_index_;
   // Every block of a cached prefix, to the prefix_index_ key of one that holds it (the latest
   // cached): a prompt that shares only the first blocks of a cached prefix drafts from it cut back.
   absl::flat_hash_map<PrefixName, PrefixName> prefix_blocks_;
