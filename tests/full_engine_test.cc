@@ -411,15 +411,11 @@ TEST_F(FullEngineTest, ACancelledRequestSharesItsOutputForTheNextTurn) {
   ASSERT_NE(owned, nullptr);
   FullKvEngine* engine = owned.get();
   const std::vector<int32_t> prompt = RandomPrompt(100, 900);
-  const std::vector<int32_t> out = testing::SendThenCancel(*engine, prompt, o, 60);
-  ASSERT_GE(out.size(), 60u);
-  const std::vector<int32_t> next = testing::NextTurn(prompt, out, 10);
-  o.max_tokens = 8;
-  auto got = engine->Generate({MakeRequest(next, o)});
-  ASSERT_TRUE(got.ok()) << got.status();
-  EXPECT_EQ((*got)[0].tokens, Reference(*model_, MakeRequest(next, o)));
+  const testing::NextTurnRun run = testing::CancelThenNextTurn(*engine, prompt, o, 60, 10, 8);
+  ASSERT_GE(run.sent.size(), 60u);
+  EXPECT_EQ(run.result.tokens, Reference(*model_, MakeRequest(run.next, run.options)));
   // Every token it sent but the last had exact K/V when it was cancelled.
-  EXPECT_EQ((*got)[0].stats.prefix_store_tokens, static_cast<int64_t>((prompt.size() + out.size() - 1) / 16 * 16));
+  EXPECT_EQ(run.result.stats.prefix_store_tokens, static_cast<int64_t>((prompt.size() + run.sent.size() - 1) / 16 * 16));
 }
 
 TEST_F(FullEngineTest, StoredPrefixIsWhatTheSequenceAttendsTo) {

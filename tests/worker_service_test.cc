@@ -142,6 +142,30 @@ class WorkerServiceTest : public ::testing::Test {
     return StartWorker("", o);
   }
 
+  // A tiny model in dir_/`name` whose config declares a tokenizer that is not built in (so it is
+  // served on token ids), with `fields` set in its config; Want then decodes with it. Returns its
+  // directory.
+  std::string UseTokenIdsModel(const std::string& name, const nlohmann::json& fields) {
+    const std::string dir = dir_ + "/" + name;
+    testing::WriteTinyModel(dir, TokenIdsSpec());
+    WriteTokenIdsConfig(dir, fields);
+    auto model = Model::Load(dir);
+    EXPECT_TRUE(model.ok()) << model.status();
+    if (model.ok()) model_ = std::move(*model);
+    return dir;
+  }
+  static testing::TinyModelSpec TokenIdsSpec() {
+    testing::TinyModelSpec spec;
+    spec.max_positions = 2048;
+    return spec;
+  }
+  static void WriteTokenIdsConfig(const std::string& dir, const nlohmann::json& fields) {
+    nlohmann::json config = testing::TinyConfig(TokenIdsSpec());
+    config["tokenizer_class"] = "LlamaTokenizerFast";
+    config.update(fields);
+    testing::WriteFile(dir + "/config.json", config.dump(2));
+  }
+
   std::vector<int32_t> Prompt(int n, int salt) const {
     std::vector<int32_t> p;
     for (int i = 0; i < n; ++i) p.push_back((i * 31 + (i >= 160 ? salt : 0) * 17) % 250 + 1);
@@ -1237,18 +1261,7 @@ TEST_F(WorkerServiceTest, StopSequencesEndTheOutputBeforeThem) {
 // A checkpoint whose tokenizer is not built in is served on token ids: outputs are exact, their
 // text empty; a text prompt or a stop sequence is refused, naming the tokenizer.
 TEST_F(WorkerServiceTest, AModelWithoutABuiltInTokenizerServesTokenIds) {
-  testing::TinyModelSpec spec;
-  spec.max_positions = 2048;
-  nlohmann::json config = testing::TinyConfig(spec);
-  config["tokenizer_class"] = "LlamaTokenizerFast";
-  config["bos_token_id"] = 1;
-  config["eos_token_id"] = 2;
-  const std::string dir = dir_ + "/hf-model";
-  testing::WriteTinyModel(dir, spec);
-  testing::WriteFile(dir + "/config.json", config.dump(2));
-  auto model = Model::Load(dir);
-  ASSERT_TRUE(model.ok()) << model.status();
-  model_ = std::move(*model);
+  const std::string dir = UseTokenIdsModel("hf-model", {{"bos_token_id", 1}, {"eos_token_id", 2}});
   EXPECT_FALSE(model_->tokenizer().handles_text());
   WorkerServerOptions o;
   o.model_dir = dir;
@@ -1277,17 +1290,7 @@ TEST_F(WorkerServiceTest, AModelWithoutABuiltInTokenizerServesTokenIds) {
 // A config may list several EOS ids (as Llama 3's do): a generation ends at the first of any of
 // them, which is sent, in either mode.
 TEST_F(WorkerServiceTest, AnyOfSeveralEosIdsEndsAGeneration) {
-  testing::TinyModelSpec spec;
-  spec.max_positions = 2048;
-  nlohmann::json config = testing::TinyConfig(spec);
-  config["tokenizer_class"] = "LlamaTokenizerFast";
-  config["eos_token_id"] = 2;
-  const std::string dir = dir_ + "/eos-model";
-  testing::WriteTinyModel(dir, spec);
-  testing::WriteFile(dir + "/config.json", config.dump(2));
-  auto model = Model::Load(dir);
-  ASSERT_TRUE(model.ok()) << model.status();
-  model_ = std::move(*model);
+  const std::string dir = UseTokenIdsModel("eos-model", {{"eos_token_id", 2}});
   // The second EOS: a token the output reaches after a few others, none of them EOS.
   const auto p = Prompt(120, 1);
   const std::vector<int32_t> want = Want(p, 48);
@@ -1298,8 +1301,7 @@ TEST_F(WorkerServiceTest, AnyOfSeveralEosIdsEndsAGeneration) {
   }
   ASSERT_LT(at, want.size()) << "no new token past the fourth";
   ASSERT_EQ(std::find(want.begin(), want.begin() + at + 1, 2), want.begin() + at + 1) << "EOS 2 comes first";
-  config["eos_token_id"] = {2, want[at]};
-  testing::WriteFile(dir + "/config.json", config.dump(2));
+  WriteTokenIdsConfig(dir, {{"eos_token_id", {2, want[at]}}});
   WorkerServerOptions o;
   o.model_dir = dir;
   auto worker = StartWorker("", o);

@@ -23,7 +23,6 @@ struct VeriCacheEngine::Sequence : QueuedRequest {
   int64_t full_len = 0;
   std::vector<PrefixName> names;  // of the prompt's full blocks, with a PrefixStore
   int publish_from = -1;          // blocks [publish_from, names.size()) to share after a verify
-  bool shares = false;            // admitted through the PrefixStore: its output's blocks are shared too
   // The compressed variants' names (empty when the compressor has none) and those to share.
   std::vector<PrefixName> cnames;
   int cpublish_from = -1;
@@ -43,7 +42,6 @@ struct VeriCacheEngine::Sequence : QueuedRequest {
     full_len = 0;
     names.clear();
     publish_from = -1;
-    shares = false;
     cnames.clear();
     cpublish_from = -1;
     first_window = -1;
@@ -152,19 +150,20 @@ void VeriCacheEngine::SharePrefix(Sequence& s, int from, SeqId seq) {
   CachePrefix(s.names, seq);
 }
 
+bool VeriCacheEngine::UsesStore(const Sequence& s) const {
+  return prefixes_ != nullptr && compressed_->needs() != CompressorNeeds::kPromptQueries &&
+         s.request.prefilled.cache == nullptr;
+}
+
 void VeriCacheEngine::ShareOutput(Sequence& s, int64_t end) {
-  if (!s.shares || !options_.publish_outputs) return;
-  const std::vector<PrefixName> names =
-      prefixes_->Names(s.request.tenant, absl::MakeConstSpan(s.tokens).first(static_cast<size_t>(end)));
-  const int from = static_cast<int>(s.names.size()), to = static_cast<int>(names.size());
-  if (to <= from) return;
-  prefixes_->Publish(names, from, to, *staging_, s.sseq);
-  s.result.stats.published_blocks += to - from;
+  if (!UsesStore(s) || !options_.publish_outputs) return;
+  s.result.stats.published_blocks +=
+      PublishBlocksPast(*prefixes_, s.request.tenant, absl::MakeConstSpan(s.tokens).first(static_cast<size_t>(end)),
+                        static_cast<int>(s.names.size()), *staging_, s.sseq);
 }
 
 absl::Status VeriCacheEngine::AdmitWithPrefix(Sequence& s, bool* admitted) {
   *admitted = false;
-  s.shares = true;
   const int64_t n = s.v() - 1;
   const int bt = prefixes_->block_tokens();
   s.names = prefixes_->Names(s.request.tenant, absl::MakeConstSpan(s.tokens).subspan(0, n));
@@ -286,7 +285,7 @@ absl::Status VeriCacheEngine::Admit(Sequence& s) {
     st.prefill_seconds = absl::ToDoubleSeconds(absl::Now() - t0);
     return absl::OkStatus();
   }
-  if (prefixes_ != nullptr && compressed_->needs() != CompressorNeeds::kPromptQueries) {
+  if (UsesStore(s)) {
     bool admitted = false;
     VC_RETURN_IF_ERROR(AdmitWithPrefix(s, &admitted));
     if (admitted) {

@@ -159,6 +159,8 @@ class VeriCacheEngine {
   // At the end of `s`: publishes the full blocks of its tokens [0, end) past the prompt's own
   // (options_.publish_outputs), from exact K/V in staging.
   void ShareOutput(Sequence& s, int64_t end);
+  // Whether `s` is admitted through the PrefixStore (and so shares its blocks).
+  bool UsesStore(const Sequence& s) const;
   void CachePrefix(absl::Span<const PrefixName> names, SeqId staging_seq);
   void Release(Sequence& s);
 

@@ -21,7 +21,6 @@ struct FullKvEngine::Sequence : QueuedRequest {
   int64_t prompt_len = 0;
   std::vector<PrefixName> names;  // of the prompt's full blocks, with a PrefixStore
   int publish_from = -1;          // blocks [publish_from, names.size()) to publish; -1: none
-  bool shares = false;            // its prompt went through the store: its output's blocks are shared too
   int generated = 0;
 };
 
@@ -88,7 +87,6 @@ void FullKvEngine::Leave(Sequence& s) {
 
 void FullKvEngine::FetchPrefix(Sequence& s) {
   const int64_t n = s.prompt_len - 1;  // the last prompt token is always computed: it yields logits
-  s.shares = true;
   s.names = prefixes_->Names(s.request.tenant, absl::MakeConstSpan(s.tokens).first(static_cast<size_t>(n)));
   if (s.names.empty()) return;
   s.publish_from = 0;
@@ -121,7 +119,7 @@ void FullKvEngine::Admit(Sequence& s) {
       for (int64_t p = 0; p < n; ++p) cache_.Write(l, s.seq, p, pre.cache->K(l, pre.seq, p), pre.cache->V(l, pre.seq, p));
     }
     cache_.Commit(s.seq, n);
-  } else if (prefixes_ != nullptr && options_.fetch_prefix) {
+  } else if (UsesStore(s)) {
     FetchPrefix(s);
   }
 }
@@ -136,16 +134,17 @@ void FullKvEngine::PromptDone(Sequence& s) {
   s.publish_from = -1;
 }
 
+bool FullKvEngine::UsesStore(const Sequence& s) const {
+  return prefixes_ != nullptr && options_.fetch_prefix && s.request.prefilled.cache == nullptr;
+}
+
 void FullKvEngine::ShareOutput(Sequence& s) {
-  if (!s.shares || !options_.publish_outputs) return;
+  if (!UsesStore(s) || !options_.publish_outputs) return;
   // Every token but the last has its K/V in the cache.
-  const int64_t end = cache_.Length(s.seq);
-  const std::vector<PrefixName> names =
-      prefixes_->Names(s.request.tenant, absl::MakeConstSpan(s.tokens).first(static_cast<size_t>(end)));
-  const int from = static_cast<int>(s.names.size()), to = static_cast<int>(names.size());
-  if (to <= from) return;
-  prefixes_->Publish(names, from, to, cache_, s.seq);
-  s.result.stats.published_blocks += to - from;
+  const size_t end = static_cast<size_t>(cache_.Length(s.seq));
+  s.result.stats.published_blocks +=
+      PublishBlocksPast(*prefixes_, s.request.tenant, absl::MakeConstSpan(s.tokens).first(end),
+                        static_cast<int>(s.names.size()), cache_, s.seq);
 }
 
 absl::Status FullKvEngine::Pass() {

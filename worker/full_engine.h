@@ -105,6 +105,8 @@ class FullKvEngine {
   // At the end of `s`: publishes the full blocks of its tokens past the prompt's own
   // (options_.publish_outputs).
   void ShareOutput(Sequence& s);
+  // Whether `s` reads its prompt's prefix from the PrefixStore (and so shares its blocks).
+  bool UsesStore(const Sequence& s) const;
   // Frees what a sequence holds in the pool as it leaves the batch.
   void Leave(Sequence& s);
 

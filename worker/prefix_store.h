@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "kernels/kernels.h"
 #include "worker/compressed_cache.h"
@@ -99,6 +100,18 @@ class PrefixStore {
   // Counts of lookups, reads and puts so far (zeros where a store keeps none). Thread-safe.
   virtual StorePrefixStats stats() const { return {}; }
 };
+
+// Publishes the full blocks of `tokens` past its first `known` ones (named and shared already),
+// whose exact K/V are those positions of `seq` in `cache`; returns how many it published. What an
+// engine does when a request ends, so that the next turn of a conversation finds its output.
+inline int PublishBlocksPast(PrefixStore& store, absl::string_view tenant, absl::Span<const int32_t> tokens,
+                             int known, const PagedKvCache& cache, SeqId seq) {
+  const std::vector<PrefixName> names = store.Names(tenant, tokens);
+  const int to = static_cast<int>(names.size());
+  if (to <= known) return 0;
+  store.Publish(names, known, to, cache, seq);
+  return to - known;
+}
 
 }  // namespace vc
 

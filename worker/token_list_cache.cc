@@ -325,6 +325,19 @@ absl::Status TokenListCache::AppendBlock(SeqId seq, int64_t tokens, const std::v
   return absl::OkStatus();
 }
 
+void TokenListCache::KeepQuantized(int32_t q, HeadList* h) const {
+  const size_t d = static_cast<size_t>(layout_.head_dim), n = static_cast<size_t>(q);
+  const size_t row_bytes = d * kivi_.bits / 8;
+  const size_t groups = kivi_.bits == 0 ? 0 : n / kivi_.group;
+  h->q_tokens = q;
+  h->k_codes.resize(n * row_bytes);
+  h->v_codes.resize(n * row_bytes);
+  h->k_scale.resize(groups * d);
+  h->k_min.resize(groups * d);
+  h->v_scale.resize(n * (d / value_group_));
+  h->v_min.resize(n * (d / value_group_));
+}
+
 absl::Status TokenListCache::CutTo(SeqId seq, int64_t length) {
   if (block_codec().bits == 0) return CompressedKvCache::CutTo(seq, length);
   Sequence& s = seqs_[seq];
@@ -338,19 +351,11 @@ absl::Status TokenListCache::CutTo(SeqId seq, int64_t length) {
           absl::StrCat("cannot cut to ", length, ": only ", h.q_tokens, " positions are quantized"));
     }
   }
-  const int d = layout_.head_dim;
-  const size_t row_bytes = static_cast<size_t>(d) * kivi_.bits / 8;
-  const size_t n = static_cast<size_t>(length);
   for (HeadList& h : s.heads) {
-    h.k_codes.resize(n * row_bytes);
-    h.v_codes.resize(n * row_bytes);
-    h.k_scale.resize(n / kivi_.group * d);
-    h.k_min.resize(n / kivi_.group * d);
-    h.v_scale.resize(n * (d / value_group_));
-    h.v_min.resize(n * (d / value_group_));
+    KeepQuantized(static_cast<int32_t>(length), &h);
     h.res_k.clear();
     h.res_v.clear();
-    h.q_tokens = h.f_start = h.appended = static_cast<int32_t>(length);
+    h.f_start = h.appended = h.q_tokens;
   }
   s.length = length;
   return absl::OkStatus();
@@ -489,19 +494,11 @@ absl::Status TokenListCache::Truncate(SeqId seq, int64_t length) {
     }
   }
   const int d = layout_.head_dim;
-  const int row_bytes = d * kivi_.bits / 8;
   for (size_t i = 0; i < s.heads.size(); ++i) {
     HeadList& h = s.heads[i];
     if (s.selective) h.positions.resize(keep[i]);
     // Codes of groups the view at `length` reads in float32 go; they are rebuilt when needed.
-    h.q_tokens = std::min(h.q_tokens, std::max(QuantizedCount(keep[i]), h.appended));
-    h.k_codes.resize(static_cast<size_t>(h.q_tokens) * row_bytes);
-    h.v_codes.resize(static_cast<size_t>(h.q_tokens) * row_bytes);
-    const size_t groups = kivi_.bits == 0 ? 0 : static_cast<size_t>(h.q_tokens / kivi_.group);
-    h.k_scale.resize(groups * d);
-    h.k_min.resize(groups * d);
-    h.v_scale.resize(static_cast<size_t>(h.q_tokens) * (d / value_group_));
-    h.v_min.resize(static_cast<size_t>(h.q_tokens) * (d / value_group_));
+    KeepQuantized(std::min(h.q_tokens, std::max(QuantizedCount(keep[i]), h.appended)), &h);
     h.res_k.resize(static_cast<size_t>(keep[i] - h.f_start) * d);
     h.res_v.resize(static_cast<size_t>(keep[i] - h.f_start) * d);
   }

@@ -90,6 +90,8 @@ class TokenListCache final : public CompressedKvCache {
   // Quantized tokens of a head holding n tokens (a commit quantizes that many).
   int32_t QuantizedCount(int64_t n) const;
   void Append(HeadList& h, bool selective, int64_t pos, const float* k, const float* v);
+  // Drops h's codes and scales past its first q quantized tokens (q <= q_tokens).
+  void KeepQuantized(int32_t q, HeadList* h) const;
   // Quantizes the group of tokens that follows the quantized ones; their float32 copies stay.
   void QuantizeNextGroup(HeadList& h);
   // Quantizes one group of tokens (k, v: [group, head_dim]) and appends its codes and scales to

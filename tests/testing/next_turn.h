@@ -1,8 +1,9 @@
-// Conversations in engine tests: a turn cut short by a cancel, and the next turn's prompt.
+// Conversations in engine tests: a turn cut short by a cancel, and the next turn.
 #ifndef VC_TESTS_TESTING_NEXT_TURN_H_
 #define VC_TESTS_TESTING_NEXT_TURN_H_
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -31,12 +32,28 @@ std::vector<int32_t> SendThenCancel(Engine& engine, const std::vector<int32_t>& 
   return out;
 }
 
-// The next turn's prompt: the last turn's prompt, what it sent, and `more` tokens of new text.
-inline std::vector<int32_t> NextTurn(const std::vector<int32_t>& prompt, const std::vector<int32_t>& sent, int more) {
-  std::vector<int32_t> next = prompt;
-  next.insert(next.end(), sent.begin(), sent.end());
-  for (int j = 0; j < more; ++j) next.push_back((j * 29 + 3) % 256);
-  return next;
+// A conversation's next turn after a cancelled one: SendThenCancel(`sent`), then a request of
+// `next` (the prompt, what was sent, and `more` tokens of new text) for `next_tokens` tokens.
+struct NextTurnRun {
+  std::vector<int32_t> sent;  // by the cancelled turn
+  std::vector<int32_t> next;  // the next turn's prompt
+  GenerateOptions options;    // the next turn's
+  EngineResult result;        // of the next turn
+};
+template <typename Engine>
+NextTurnRun CancelThenNextTurn(Engine& engine, const std::vector<int32_t>& prompt, GenerateOptions o, size_t sent,
+                               int more, int next_tokens) {
+  NextTurnRun run;
+  run.sent = SendThenCancel(engine, prompt, o, sent);
+  run.next = prompt;
+  run.next.insert(run.next.end(), run.sent.begin(), run.sent.end());
+  for (int j = 0; j < more; ++j) run.next.push_back((j * 29 + 3) % 256);
+  o.max_tokens = next_tokens;
+  run.options = o;
+  auto got = engine.Generate({MakeRequest(run.next, o)});
+  EXPECT_TRUE(got.ok()) << got.status();
+  if (got.ok()) run.result = std::move((*got)[0]);
+  return run;
 }
 
 }  // namespace vc::testing
