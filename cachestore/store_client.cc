@@ -91,15 +91,27 @@ StoreClient::~StoreClient() {
   std::vector<std::shared_ptr<ReleaseCall>> pending;
   {
     absl::MutexLock l(&releases_->mu);
-    if (releases_->mu.AwaitWithTimeout(absl::Condition(+none_in_flight, releases_.get()), absl::Milliseconds(500))) {
-      return;
+    if (!releases_->mu.AwaitWithTimeout(absl::Condition(+none_in_flight, releases_.get()), absl::Milliseconds(500))) {
+      for (auto& [c, call] : releases_->in_flight) pending.push_back(call);
     }
-    for (auto& [c, call] : releases_->in_flight) pending.push_back(call);
   }
-  // Not under the lock: a cancellation may run the call's callback on this thread.
-  for (const auto& call : pending) call->ctx.TryCancel();
-  absl::MutexLock l(&releases_->mu);
-  releases_->mu.Await(absl::Condition(+none_in_flight, releases_.get()));
+  if (!pending.empty()) {
+    // Not under the lock: a cancellation may run the call's callback on this thread.
+    for (const auto& call : pending) call->ctx.TryCancel();
+    pending.clear();
+    absl::MutexLock l(&releases_->mu);
+    releases_->mu.Await(absl::Condition(+none_in_flight, releases_.get()));
+  }
+  // The answered calls go here, before the stub: the channel dies with this client, on this thread.
+  DropAnsweredReleases();
+}
+
+void StoreClient::DropAnsweredReleases() {
+  std::vector<std::shared_ptr<ReleaseCall>> answered;
+  {
+    absl::MutexLock l(&releases_->mu);
+    answered.swap(releases_->answered);
+  }
 }
 
 absl::StatusOr<std::unique_ptr<StoreClient>> StoreClient::Create(const StoreClientOptions& options) {
@@ -436,6 +448,7 @@ void StoreClient::GetInline(absl::Span<const BlockKey> keys, size_t first, const
 }
 
 std::shared_ptr<StoreClient::ReleaseCall> StoreClient::SendReleases(const std::vector<uint64_t>& lease_ids) {
+  DropAnsweredReleases();
   auto call = std::make_shared<ReleaseCall>();
   ReleaseCall* c = call.get();
   Prepare(&c->ctx);
@@ -446,14 +459,12 @@ std::shared_ptr<StoreClient::ReleaseCall> StoreClient::SendReleases(const std::v
   }
   stub_->async()->ReleaseLeases(&c->ctx, &c->req, &c->resp, [tracker = releases_, c](grpc::Status st) {
     c->status = std::move(st);
-    std::shared_ptr<ReleaseCall> self;  // the last reference may be this one: `c` dies with it
-    {
-      absl::MutexLock l(&tracker->mu);
-      auto it = tracker->in_flight.find(c);
-      self = std::move(it->second);
-      tracker->in_flight.erase(it);
-    }
+    // The last touch of `c`: once it is in `answered` and the lock is free, the client may drop it.
+    absl::MutexLock l(&tracker->mu);
     c->done.Notify();
+    auto it = tracker->in_flight.find(c);
+    tracker->answered.push_back(std::move(it->second));
+    tracker->in_flight.erase(it);
   });
   return call;
 }

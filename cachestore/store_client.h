@@ -131,10 +131,14 @@ class StoreClient {
   // Where the blocks of a batch go (store_client.cc).
   struct Sink;
   // The ReleaseLeases calls in flight, shared with their completion callbacks so a callback that
-  // runs as the client is destroyed never touches freed memory.
+  // runs as the client is destroyed never touches freed memory. An answered call waits in
+  // `answered` for a thread of this client's callers to drop it: its context holds a reference to
+  // the channel, and the channel must not die on a gRPC callback thread (gRPC would join that
+  // thread from itself and free the completion queue the thread goes back to).
   struct ReleaseTracker {
     absl::Mutex mu;
     absl::flat_hash_map<ReleaseCall*, std::shared_ptr<ReleaseCall>> in_flight ABSL_GUARDED_BY(mu);
+    std::vector<std::shared_ptr<ReleaseCall>> answered ABSL_GUARDED_BY(mu);
   };
 
   StoreClient() = default;
@@ -160,6 +164,8 @@ class StoreClient {
   // Starts one ReleaseLeases call for `lease_ids` (not empty) and returns it without waiting; wait
   // on its `done` for the per-id answer.
   std::shared_ptr<ReleaseCall> SendReleases(const std::vector<uint64_t>& lease_ids);
+  // Drops the answered ReleaseLeases calls (ReleaseTracker::answered) on the calling thread.
+  void DropAnsweredReleases();
   // Queues `lease_ids` (leases whose release needs no answer) to ride on the next LeaseBlocks
   // call, within the bounds of options_.max_pending_releases.
   void DeferReleases(const std::vector<uint64_t>& lease_ids);
