@@ -27,11 +27,13 @@
 #include "absl/time/clock.h"
 #include "benchmarks/bandwidth.h"
 #include "benchmarks/flags.h"
+#include "common/status_macros.h"
 #include "nlohmann/json.hpp"
 #include "worker/compressed_cache.h"
 #include "worker/engine.h"
 #include "worker/full_kv_tier.h"
 #include "worker/model.h"
+#include "worker/query_recorder.h"
 
 namespace vc {
 namespace {
@@ -71,6 +73,26 @@ int64_t WeightBytes(const ModelConfig& c) {
   const int64_t d = c.hidden_size, f = c.intermediate_size, hd = c.head_dim;
   return ((d * (c.num_heads * hd) * 2 + d * (c.num_kv_heads * hd) * 2 + 3 * d * f) * c.num_layers +
           int64_t{c.vocab_size} * d) * 2;
+}
+
+// Prefills `prompt` but its last token into `seq` of `cache` and returns the queries of its last
+// `window` positions (none when `window` is 0), for compressors that choose what to keep from them.
+absl::StatusOr<PromptQueries> PrefillPrompt(const Model& m, const std::vector<int32_t>& prompt, SeqId seq,
+                                           PagedKvCache& cache, int64_t window) {
+  const int64_t n = static_cast<int64_t>(prompt.size()) - 1;
+  const absl::Span<const int32_t> tokens = absl::MakeConstSpan(prompt).first(static_cast<size_t>(n));
+  if (window == 0) {
+    VC_RETURN_IF_ERROR(m.Prefill(tokens, seq, 512, cache, nullptr));
+    return PromptQueries{};
+  }
+  QueryRecorder recorder(cache, seq, n, std::min(window, n), m.config().num_layers);
+  VC_RETURN_IF_ERROR(m.Prefill(tokens, seq, 512, recorder, nullptr));
+  return recorder.Take();
+}
+
+// The queries BuildFrom gets for prefilled sequence i: null when the compressor needs none.
+const PromptQueries* QueriesOf(const std::vector<PromptQueries>& queries, size_t i) {
+  return i < queries.size() && queries[i].count > 0 ? &queries[i] : nullptr;
 }
 
 // Greedy one-token steps for every sequence of `seqs` in `cache`, `tokens` times; each step reads
@@ -188,7 +210,8 @@ ModeResult RunOffload(const Model& m, const PagedKvCache& master, const std::vec
 
 // (c): batched one-token steps over the compressed cache alone.
 ModeResult RunLossy(const Model& m, const PagedKvCache& master, const std::vector<SeqId>& src,
-                    const std::vector<std::vector<int32_t>>& prompts, int tokens, const std::string& spec) {
+                    const std::vector<PromptQueries>& queries, const std::vector<std::vector<int32_t>>& prompts,
+                    int tokens, const std::string& spec) {
   ModeResult r;
   r.mode = "lossy";
   auto cache = MakeCompressedKvCache(spec, master.layout(), m.config().num_heads);
@@ -196,7 +219,10 @@ ModeResult RunLossy(const Model& m, const PagedKvCache& master, const std::vecto
   std::vector<SeqId> seqs;
   for (size_t i = 0; i < prompts.size(); ++i) {
     seqs.push_back((*cache)->NewSequence());
-    if (!(*cache)->BuildFrom(seqs[i], master, src[i], static_cast<int64_t>(prompts[i].size()) - 1, nullptr).ok()) {
+    const absl::Status built = (*cache)->BuildFrom(seqs[i], master, src[i], static_cast<int64_t>(prompts[i].size()) - 1,
+                                                   QueriesOf(queries, i));
+    if (!built.ok()) {
+      std::cerr << built << "\n";
       std::abort();
     }
   }
@@ -210,7 +236,8 @@ ModeResult RunLossy(const Model& m, const PagedKvCache& master, const std::vecto
 
 // (d): the engine.
 ModeResult RunVeriCache(const Model& m, const PagedKvCache& master, const std::vector<SeqId>& src,
-                        const std::vector<std::vector<int32_t>>& prompts, int tokens, const std::string& spec,
+                        const std::vector<PromptQueries>& queries, const std::vector<std::vector<int32_t>>& prompts,
+                        int tokens, const std::string& spec,
                         int draft_window, double link_bps, int64_t staging_blocks = 0, bool resident = false) {
   ModeResult r;
   r.mode = resident ? "vericache-resident" : "vericache";
@@ -234,7 +261,7 @@ ModeResult RunVeriCache(const Model& m, const PagedKvCache& master, const std::v
     GenerateOptions o;
     o.max_tokens = tokens;
     o.stop_at_eos = false;
-    reqs.push_back(MakeRequest(prompts[i], o, PrefilledKv{&master, src[i]}));
+    reqs.push_back(MakeRequest(prompts[i], o, PrefilledKv{&master, src[i], QueriesOf(queries, i)}));
   }
   // Staging is allocated (and zeroed) before the clock starts, as (a) and (b) allocate theirs: a
   // worker holds its staging from startup.
@@ -317,6 +344,14 @@ int main(int argc, char** argv) {
       *std::max_element(contexts.begin(), contexts.end()) * (max_batch + 1)));
   std::set<std::string> modes;
   for (absl::string_view s : absl::StrSplit(flags["modes"], ',')) modes.insert(std::string(s));
+  auto probe = MakeCompressedKvCache(flags["compressor"], m.kv_layout(16), m.config().num_heads);
+  if (!probe.ok()) {
+    std::cerr << probe.status().message() << "\n";
+    return 2;
+  }
+  // Compressors that choose what to keep from the prompt's last queries (SnapKV) get them recorded
+  // at the shared prefill.
+  const int64_t query_window = (*probe)->prompt_query_window();
 
   nlohmann::json all = nlohmann::json::array();
   std::cout << "| context | batch | link | mode | tokens/s | ms/token/seq | bytes read/token | speedup vs full | "
@@ -331,11 +366,14 @@ int main(int argc, char** argv) {
     const KvLayout layout = m.kv_layout(16);
     PagedKvCache master(layout, max_batch * (ctx / 16 + 2));
     std::vector<SeqId> src;
+    std::vector<PromptQueries> queries;
     const absl::Time p0 = absl::Now();
     for (const auto& p : prompts) {
       const SeqId s = master.NewSequence();
-      if (!m.Prefill(absl::MakeConstSpan(p).first(p.size() - 1), s, 512, master, nullptr).ok()) return 1;
+      auto q = PrefillPrompt(m, p, s, master, query_window);
+      if (!q.ok()) return 1;
       src.push_back(s);
+      queries.push_back(*std::move(q));
     }
     std::cerr << absl::StrFormat("context %d: prefilled %d prompts in %.1f s\n", ctx, prompts.size(),
                                  absl::ToDoubleSeconds(absl::Now() - p0));
@@ -344,16 +382,16 @@ int main(int argc, char** argv) {
       std::vector<SeqId> bs(src.begin(), src.begin() + batch);
       std::vector<ModeResult> local;
       if (modes.count("full")) local.push_back(RunFull(m, master, bs, bp, tokens));
-      if (modes.count("lossy")) local.push_back(RunLossy(m, master, bs, bp, tokens, flags["compressor"]));
+      if (modes.count("lossy")) local.push_back(RunLossy(m, master, bs, queries, bp, tokens, flags["compressor"]));
       if (modes.count("resident")) {
-        local.push_back(RunVeriCache(m, master, bs, bp, tokens, flags["compressor"], draft_window, 0.0, 0, true));
+        local.push_back(RunVeriCache(m, master, bs, queries, bp, tokens, flags["compressor"], draft_window, 0.0, 0, true));
       }
       for (int64_t ratio : Ints(flags["link-ratios"])) {
         const double link = ratio > 0 ? bw / ratio : 0.0;
         std::vector<ModeResult> linked;
         if (modes.count("offload")) linked.push_back(RunOffload(m, master, bs, bp, tokens, link));
         if (modes.count("vericache")) {
-          linked.push_back(RunVeriCache(m, master, bs, bp, tokens, flags["compressor"], draft_window, link));
+          linked.push_back(RunVeriCache(m, master, bs, queries, bp, tokens, flags["compressor"], draft_window, link));
         }
         const std::string link_name = ratio > 0 ? absl::StrFormat("1/%d", ratio) : "unpaced";
         std::vector<ModeResult*> rows;
@@ -403,15 +441,14 @@ int main(int argc, char** argv) {
     const int64_t ctx = Ints(flags["budget-context"]).at(0);
     const KvLayout layout = m.kv_layout(16);
     const int64_t full_seq = (ctx + tokens + 16) * layout.bytes_per_token();
-    auto probe = MakeCompressedKvCache(flags["compressor"], layout, m.config().num_heads);
-    if (!probe.ok()) return 1;
     // Compressed bytes per sequence, measured on one sequence built from real KV.
     std::vector<int32_t> prompt = m.tokenizer().Encode(corpus.substr(0, static_cast<size_t>(ctx - 1)));
     PagedKvCache one(layout, ctx / 16 + 2);
     const SeqId s0 = one.NewSequence();
-    if (!m.Prefill(absl::MakeConstSpan(prompt).first(prompt.size() - 1), s0, 512, one, nullptr).ok()) return 1;
+    auto q0 = PrefillPrompt(m, prompt, s0, one, query_window);
+    if (!q0.ok()) return 1;
     const SeqId c0 = (*probe)->NewSequence();
-    if (!(*probe)->BuildFrom(c0, one, s0, static_cast<int64_t>(prompt.size()) - 1, nullptr).ok()) return 1;
+    if (!(*probe)->BuildFrom(c0, one, s0, static_cast<int64_t>(prompt.size()) - 1, q0->count > 0 ? &*q0 : nullptr).ok()) return 1;
     const int64_t comp_seq = (*probe)->Bytes(c0) * (ctx + tokens) / ctx + 1;
     const int64_t batch_full = budget / full_seq;
     const int64_t batch_vc = std::max<int64_t>(0, (budget - full_seq) / comp_seq);
@@ -435,13 +472,14 @@ int main(int argc, char** argv) {
         src.push_back(sq);
         prompts.push_back(prompt);
       }
+      const std::vector<PromptQueries> queries(static_cast<size_t>(batch_vc), *q0);
       std::vector<std::vector<int32_t>> pf(prompts.begin(), prompts.begin() + batch_full);
       std::vector<SeqId> sf(src.begin(), src.begin() + batch_full);
       ModeResult full = RunFull(m, master, sf, pf, tokens);
       const int64_t staging = full_seq / (layout.bytes_per_token() * 16) + 1;
       for (int64_t ratio : Ints(flags["link-ratios"])) {
         const double link = ratio > 0 ? bw / ratio : 0.0;
-        ModeResult vcr = RunVeriCache(m, master, src, prompts, tokens, flags["compressor"], draft_window, link, staging);
+        ModeResult vcr = RunVeriCache(m, master, src, queries, prompts, tokens, flags["compressor"], draft_window, link, staging);
         for (size_t i = 0; i < vcr.outputs.size(); ++i) {
           if (vcr.outputs[i] != full.outputs[0]) {
             std::cerr << "EXACTNESS FAILURE under the memory budget\n";

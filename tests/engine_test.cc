@@ -13,6 +13,7 @@
 #include "tests/testing/tiny_model.h"
 #include "worker/engine.h"
 #include "worker/full_decoder.h"
+#include "worker/query_recorder.h"
 
 namespace vc {
 namespace {
@@ -73,7 +74,10 @@ Model* EngineExactness::model_ = nullptr;
 TEST_F(EngineExactness, EveryCompressorWindowAndSampling) {
   const std::vector<std::vector<int32_t>> prompts = {RandomPrompt(1, 1), RandomPrompt(37, 2), RandomPrompt(150, 3)};
   for (const char* spec : {"none", "kivi:bits=2", "kivi:bits=4,group=32,residual=16", "kivi:bits=8",
-                           "streaming:sinks=4,window=64", "streaming:sinks=0,window=1"}) {
+                           "streaming:sinks=4,window=64", "streaming:sinks=0,window=1",
+                           "snapkv:capacity=48,window=16,kernel=3",
+                           "snapkv:capacity=48,window=16+kivi:bits=4,group=8,residual=8",
+                           "h2o:heavy=16,recent=8,rollback=8", "quest:page=8,budget=32"}) {
     for (int k : {0, 1, 2, 3, 5, 8, 16}) {
       for (float temp : {0.0f, 0.9f}) {
         GenerateOptions o;
@@ -408,6 +412,51 @@ TEST_F(EngineExactness, StagingThatCanNeverHoldASequenceEndsItAlone) {
   for (int i = 0; i < 100 && !(*engine)->Idle(); ++i) ASSERT_TRUE((*engine)->Step().ok());
   EXPECT_EQ(got.code(), absl::StatusCode::kResourceExhausted) << got;
   EXPECT_NE(got.message().find("host KV tier"), absl::string_view::npos) << got;
+}
+
+// KV prefilled elsewhere (a benchmark's shared prefill) builds the draft cache; a compressor that
+// chooses what to keep from the prompt's last queries takes them along with it.
+TEST_F(EngineExactness, PrefilledKvBuildsTheDraftCache) {
+  const std::vector<int32_t> prompt = RandomPrompt(90, 45);
+  const int64_t n = static_cast<int64_t>(prompt.size()) - 1;
+  PagedKvCache pre(model_->kv_layout(16), 8);
+  const SeqId seq = pre.NewSequence();
+  QueryRecorder recorder(pre, seq, n, 16, model_->config().num_layers);
+  ASSERT_TRUE(model_->Prefill(absl::MakeConstSpan(prompt).first(n), seq, 32, recorder, nullptr).ok());
+  auto queries = recorder.Take();
+  ASSERT_TRUE(queries.ok()) << queries.status();
+  GenerateOptions o;
+  o.max_tokens = 20;
+  o.stop_at_eos = false;
+  o.sampling = {0.8f, 0, 1.0f, 3};
+  auto want = GenerateFull(*model_, prompt, o);
+  ASSERT_TRUE(want.ok());
+  for (const char* spec : {"kivi:bits=4", "snapkv:capacity=48,window=16,kernel=3"}) {
+    SCOPED_TRACE(spec);
+    HostKvTier tier(model_->kv_layout(16), 0);
+    EngineOptions eo;
+    eo.compressor = spec;
+    eo.draft_window = 4;
+    auto engine = VeriCacheEngine::Create(*model_, &tier, eo);
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    EngineRequest r = MakeRequest(prompt, o, PrefilledKv{&pre, seq, &*queries});
+    auto got = (*engine)->Generate({&r, 1});
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ((*got)[0].tokens, want->tokens);
+    EXPECT_GT((*got)[0].stats.drafted, 0);
+  }
+  // Without the queries SnapKV cannot choose: the request is refused, not built from nothing.
+  HostKvTier tier(model_->kv_layout(16), 0);
+  EngineOptions eo;
+  eo.compressor = "snapkv:capacity=48,window=16,kernel=3";
+  auto engine = VeriCacheEngine::Create(*model_, &tier, eo);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  EngineRequest r = MakeRequest(prompt, o, PrefilledKv{&pre, seq});
+  EXPECT_EQ((*engine)->Generate({&r, 1}).status().code(), absl::StatusCode::kFailedPrecondition);
+  // And the prefilled KV is what the engine reads: too short a one is the request's error.
+  ASSERT_TRUE(pre.Truncate(seq, 10).ok());
+  r.prefilled.queries = &*queries;
+  EXPECT_EQ((*engine)->Generate({&r, 1}).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST_F(EngineExactness, RejectsBadOptions) {

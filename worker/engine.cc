@@ -275,12 +275,13 @@ absl::Status VeriCacheEngine::Admit(Sequence& s) {
       return absl::InvalidArgumentError(absl::StrCat("prefilled KV holds ", pre.cache->Length(pre.seq),
                                                      " positions, the prompt needs ", n));
     }
-    if (compressed_->needs() == CompressorNeeds::kPromptQueries) {
-      return absl::FailedPreconditionError(absl::StrCat(spec_, " needs prompt queries: prefill the prompt instead"));
+    if (compressed_->needs() == CompressorNeeds::kPromptQueries && pre.queries == nullptr) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          spec_, " needs prompt queries: hand them in with the prefilled KV, or prefill the prompt instead"));
     }
     VC_RETURN_IF_ERROR(tier_->Append(s.key, *pre.cache, pre.seq, 0, n));
     s.cseq = compressed_->NewSequence();
-    VC_RETURN_IF_ERROR(compressed_->BuildFrom(s.cseq, *pre.cache, pre.seq, n, nullptr));
+    VC_RETURN_IF_ERROR(compressed_->BuildFrom(s.cseq, *pre.cache, pre.seq, n, pre.queries));
     s.full_len = n;
     st.prefill_seconds = absl::ToDoubleSeconds(absl::Now() - t0);
     return absl::OkStatus();

@@ -23,6 +23,8 @@
 
 namespace vc {
 
+struct PromptQueries;  // worker/compressed_cache.h
+
 struct EngineStats {
   int64_t prompt_tokens = 0;
   int64_t drafted = 0;
@@ -55,6 +57,9 @@ struct EngineStats {
 struct PrefilledKv {
   const PagedKvCache* cache = nullptr;
   SeqId seq = 0;
+  // The queries of the prefill's last positions (ending at prompt.size() - 1), for compressors
+  // that choose what to keep from them (SnapKV); may be null for the others. Read at admission.
+  const PromptQueries* queries = nullptr;
 };
 
 struct EngineRequest {
