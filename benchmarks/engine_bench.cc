@@ -384,7 +384,8 @@ int main(int argc, char** argv) {
       if (modes.count("full")) local.push_back(RunFull(m, master, bs, bp, tokens));
       if (modes.count("lossy")) local.push_back(RunLossy(m, master, bs, queries, bp, tokens, flags["compressor"]));
       if (modes.count("resident")) {
-        local.push_back(RunVeriCache(m, master, bs, queries, bp, tokens, flags["compressor"], draft_window, 0.0, 0, true));
+        local.push_back(
+            RunVeriCache(m, master, bs, queries, bp, tokens, flags["compressor"], draft_window, 0.0, 0, true));
       }
       for (int64_t ratio : Ints(flags["link-ratios"])) {
         const double link = ratio > 0 ? bw / ratio : 0.0;
@@ -448,7 +449,8 @@ int main(int argc, char** argv) {
     auto q0 = PrefillPrompt(m, prompt, s0, one, query_window);
     if (!q0.ok()) return 1;
     const SeqId c0 = (*probe)->NewSequence();
-    if (!(*probe)->BuildFrom(c0, one, s0, static_cast<int64_t>(prompt.size()) - 1, q0->count > 0 ? &*q0 : nullptr).ok()) return 1;
+    const PromptQueries* queries0 = q0->count > 0 ? &*q0 : nullptr;
+    if (!(*probe)->BuildFrom(c0, one, s0, static_cast<int64_t>(prompt.size()) - 1, queries0).ok()) return 1;
     const int64_t comp_seq = (*probe)->Bytes(c0) * (ctx + tokens) / ctx + 1;
     const int64_t batch_full = budget / full_seq;
     const int64_t batch_vc = std::max<int64_t>(0, (budget - full_seq) / comp_seq);
@@ -479,7 +481,8 @@ int main(int argc, char** argv) {
       const int64_t staging = full_seq / (layout.bytes_per_token() * 16) + 1;
       for (int64_t ratio : Ints(flags["link-ratios"])) {
         const double link = ratio > 0 ? bw / ratio : 0.0;
-        ModeResult vcr = RunVeriCache(m, master, src, queries, prompts, tokens, flags["compressor"], draft_window, link, staging);
+        ModeResult vcr =
+            RunVeriCache(m, master, src, queries, prompts, tokens, flags["compressor"], draft_window, link, staging);
         for (size_t i = 0; i < vcr.outputs.size(); ++i) {
           if (vcr.outputs[i] != full.outputs[0]) {
             std::cerr << "EXACTNESS FAILURE under the memory budget\n";
