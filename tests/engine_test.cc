@@ -369,6 +369,26 @@ TEST_F(EngineExactness, ACancelledRequestSharesItsOutputForTheNextTurn) {
   EXPECT_EQ(run.result.stats.prefix_store_tokens, static_cast<int64_t>((prompt.size() + run.sent.size() - 1) / 16 * 16));
 }
 
+// The same when staging does not keep the sequence between verify passes (keep_staged off, or
+// another sequence took its room): its exact K/V are fetched back from the tier to be shared.
+TEST_F(EngineExactness, ACancelledRequestOutOfStagingSharesItsOutputToo) {
+  GenerateOptions o;
+  EngineOptions eo;
+  TierTestOptions(100, &o, &eo);
+  o.max_tokens = 200;
+  eo.staging_blocks = 64;
+  eo.keep_staged = false;
+  HostKvTier tier(model_->kv_layout(16), 0);
+  testing::MemoryPrefixStore store(16);
+  auto created = VeriCacheEngine::Create(*model_, &tier, eo, &store);
+  ASSERT_TRUE(created.ok()) << created.status();
+  const std::vector<int32_t> prompt = RandomPrompt(100, 901);
+  const testing::NextTurnRun run = testing::CancelThenNextTurn(**created, prompt, o, 60, 10, 8);
+  ASSERT_GE(run.sent.size(), 60u);
+  EXPECT_EQ(run.result.tokens, GenerateFull(*model_, run.next, run.options)->tokens);
+  EXPECT_EQ(run.result.stats.prefix_store_tokens, static_cast<int64_t>((prompt.size() + run.sent.size() - 1) / 16 * 16));
+}
+
 TEST_F(EngineExactness, StagingThatCanNeverHoldASequenceEndsItAlone) {
   // Four blocks (64 positions) take a 60-token prompt's prefill, but not the prompt and its 16
   // output tokens that a verify pass may need: the request ends with kResourceExhausted before it

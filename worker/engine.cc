@@ -155,11 +155,32 @@ bool VeriCacheEngine::UsesStore(const Sequence& s) const {
          s.request.prefilled.cache == nullptr;
 }
 
-void VeriCacheEngine::ShareOutput(Sequence& s, int64_t end) {
+void VeriCacheEngine::ShareOutput(Sequence& s, int64_t end, SeqId seq) {
   if (!UsesStore(s) || !options_.publish_outputs) return;
   s.result.stats.published_blocks +=
       PublishBlocksPast(*prefixes_, s.request.tenant, absl::MakeConstSpan(s.tokens).first(static_cast<size_t>(end)),
-                        static_cast<int>(s.names.size()), *staging_, s.sseq);
+                        static_cast<int>(s.names.size()), *staging_, seq);
+}
+
+void VeriCacheEngine::ShareOutputCutShort(Sequence& s) {
+  if (s.generated == 0 || !UsesStore(s) || !options_.publish_outputs) return;
+  // Nothing to share unless it completed a block past the prompt's.
+  if (s.full_len / prefixes_->block_tokens() <= static_cast<int64_t>(s.names.size())) return;
+  SeqId seq = s.resident() ? s.sseq : -1;
+  SeqId tmp = -1;
+  // A fetch for the next verify pass may be on its way into s.sseq; else one is made for this.
+  std::shared_ptr<FetchHandle> fetch = std::move(s.fetch);
+  if (seq < 0 && fetch == nullptr) {
+    tmp = staging_->NewSequence();
+    if (staging_->Reserve(tmp, s.full_len).ok()) fetch = tier_->Fetch(s.key, s.full_len, staging_.get(), tmp);
+  }
+  if (fetch != nullptr && fetch->Wait().ok()) {
+    seq = tmp >= 0 ? tmp : s.sseq;
+    staging_->Commit(seq, s.full_len);
+    s.result.stats.bytes_fetched += fetch->bytes();
+  }
+  if (seq >= 0) ShareOutput(s, s.full_len, seq);
+  if (tmp >= 0) staging_->FreeSequence(tmp);
 }
 
 absl::Status VeriCacheEngine::AdmitWithPrefix(Sequence& s, bool* admitted) {
@@ -530,7 +551,7 @@ absl::Status VeriCacheEngine::Verify(std::vector<Sequence*>& ready) {
     }
     // Staging holds exact K/V for [0, v + accepted): the prompt, the tokens verified before and
     // this pass's accepted drafts (the last emitted token has none yet).
-    if (s.done) ShareOutput(s, std::min<int64_t>(v + accepted, s.v()));
+    if (s.done) ShareOutput(s, std::min<int64_t>(v + accepted, s.v()), s.sseq);
     if (!s.done) {
       // Positions [full_len, v + accepted) were fed with verified tokens: their K/V is exact.
       const int64_t keep_end = v + accepted;
@@ -576,9 +597,9 @@ absl::Status VeriCacheEngine::Step() {
         return absl::OkStatus();
       },
       [&](Sequence& s) {
-        // Cancelled (a stop sequence is a cancel) or past its deadline: what staging holds of it
+        // Cancelled (a stop sequence is a cancel) or past its deadline: what the tier holds of it
         // is exact and may be the start of the next turn.
-        if (s.generated > 0 && s.resident()) ShareOutput(s, s.full_len);
+        ShareOutputCutShort(s);
         Release(s);
       });
   RequestQueue<Sequence>::TellAll(ended);

@@ -157,8 +157,13 @@ class VeriCacheEngine {
   // of `seq` in staging.
   void SharePrefix(Sequence& s, int from, SeqId seq);
   // At the end of `s`: publishes the full blocks of its tokens [0, end) past the prompt's own
-  // (options_.publish_outputs), from exact K/V in staging.
-  void ShareOutput(Sequence& s, int64_t end);
+  // (options_.publish_outputs), from exact K/V of `seq` in staging.
+  void ShareOutput(Sequence& s, int64_t end, SeqId seq);
+  // ShareOutput for a sequence cancelled or past its deadline, of what the tier holds exact
+  // ([0, full_len)): from staging when it is there or on its way, else fetched back into staging
+  // for it when staging has the room without taking another sequence's. Waits for the fetch (a
+  // copy from host memory in a worker).
+  void ShareOutputCutShort(Sequence& s);
   // Whether `s` is admitted through the PrefixStore (and so shares its blocks).
   bool UsesStore(const Sequence& s) const;
   void CachePrefix(absl::Span<const PrefixName> names, SeqId staging_seq);
