@@ -348,45 +348,34 @@ TEST_F(EngineExactness, APromptSharingPartOfACachedPrefixDraftsFromItCutBack) {
 }
 
 // A request cancelled mid-generation (a stop sequence is a cancel) shares the blocks of its output
-// that staging holds exact: the next turn, whose prompt extends what it sent, reads them from the
-// store, and its output is exact.
-TEST_F(EngineExactness, ACancelledRequestSharesItsOutputForTheNextTurn) {
+// that the tier holds exact: the next turn, whose prompt extends what it sent, reads them from the
+// store, and its output is exact. With `keep_staged` its K/V are still in staging when it is
+// cancelled; without, they are fetched back from the tier to be shared.
+void ExpectCancelledTurnShared(const Model& model, bool keep_staged, uint32_t seed) {
   GenerateOptions o;
   EngineOptions eo;
   TierTestOptions(100, &o, &eo);
   o.max_tokens = 200;
   eo.staging_blocks = 64;
-  HostKvTier tier(model_->kv_layout(16), 0);
+  eo.keep_staged = keep_staged;
+  HostKvTier tier(model.kv_layout(16), 0);
   testing::MemoryPrefixStore store(16);
-  auto created = VeriCacheEngine::Create(*model_, &tier, eo, &store);
+  auto created = VeriCacheEngine::Create(model, &tier, eo, &store);
   ASSERT_TRUE(created.ok()) << created.status();
-  VeriCacheEngine* engine = created->get();
-  const std::vector<int32_t> prompt = RandomPrompt(100, 900);
-  const testing::NextTurnRun run = testing::CancelThenNextTurn(*engine, prompt, o, 60, 10, 8);
+  const std::vector<int32_t> prompt = RandomPrompt(100, seed);
+  const testing::NextTurnRun run = testing::CancelThenNextTurn(**created, prompt, o, 60, 10, 8);
   ASSERT_GE(run.sent.size(), 60u);
-  EXPECT_EQ(run.result.tokens, GenerateFull(*model_, run.next, run.options)->tokens);
+  EXPECT_EQ(run.result.tokens, GenerateFull(model, run.next, run.options)->tokens);
   // Every token it sent but the last had exact K/V when it was cancelled.
   EXPECT_EQ(run.result.stats.prefix_store_tokens, static_cast<int64_t>((prompt.size() + run.sent.size() - 1) / 16 * 16));
 }
 
-// The same when staging does not keep the sequence between verify passes (keep_staged off, or
-// another sequence took its room): its exact K/V are fetched back from the tier to be shared.
+TEST_F(EngineExactness, ACancelledRequestSharesItsOutputForTheNextTurn) {
+  ExpectCancelledTurnShared(*model_, /*keep_staged=*/true, 900);
+}
+
 TEST_F(EngineExactness, ACancelledRequestOutOfStagingSharesItsOutputToo) {
-  GenerateOptions o;
-  EngineOptions eo;
-  TierTestOptions(100, &o, &eo);
-  o.max_tokens = 200;
-  eo.staging_blocks = 64;
-  eo.keep_staged = false;
-  HostKvTier tier(model_->kv_layout(16), 0);
-  testing::MemoryPrefixStore store(16);
-  auto created = VeriCacheEngine::Create(*model_, &tier, eo, &store);
-  ASSERT_TRUE(created.ok()) << created.status();
-  const std::vector<int32_t> prompt = RandomPrompt(100, 901);
-  const testing::NextTurnRun run = testing::CancelThenNextTurn(**created, prompt, o, 60, 10, 8);
-  ASSERT_GE(run.sent.size(), 60u);
-  EXPECT_EQ(run.result.tokens, GenerateFull(*model_, run.next, run.options)->tokens);
-  EXPECT_EQ(run.result.stats.prefix_store_tokens, static_cast<int64_t>((prompt.size() + run.sent.size() - 1) / 16 * 16));
+  ExpectCancelledTurnShared(*model_, /*keep_staged=*/false, 901);
 }
 
 TEST_F(EngineExactness, StagingThatCanNeverHoldASequenceEndsItAlone) {
