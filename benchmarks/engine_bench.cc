@@ -27,13 +27,12 @@
 #include "absl/time/clock.h"
 #include "benchmarks/bandwidth.h"
 #include "benchmarks/flags.h"
-#include "common/status_macros.h"
 #include "nlohmann/json.hpp"
 #include "worker/compressed_cache.h"
 #include "worker/engine.h"
 #include "worker/full_kv_tier.h"
+#include "worker/lossy_decoder.h"
 #include "worker/model.h"
-#include "worker/query_recorder.h"
 
 namespace vc {
 namespace {
@@ -75,25 +74,16 @@ int64_t WeightBytes(const ModelConfig& c) {
           int64_t{c.vocab_size} * d) * 2;
 }
 
-// Prefills `prompt` but its last token into `seq` of `cache` and returns the queries of its last
-// `window` positions (none when `window` is 0), for compressors that choose what to keep from them.
+// Prefills `prompt` but its last token into `seq` of `cache` (the positions a request's prefilled
+// KV holds) and returns the queries of its last `window` positions, for compressors that choose
+// what to keep from them.
 absl::StatusOr<PromptQueries> PrefillPrompt(const Model& m, const std::vector<int32_t>& prompt, SeqId seq,
                                            PagedKvCache& cache, int64_t window) {
-  const int64_t n = static_cast<int64_t>(prompt.size()) - 1;
-  const absl::Span<const int32_t> tokens = absl::MakeConstSpan(prompt).first(static_cast<size_t>(n));
-  if (window == 0) {
-    VC_RETURN_IF_ERROR(m.Prefill(tokens, seq, 512, cache, nullptr));
-    return PromptQueries{};
-  }
-  QueryRecorder recorder(cache, seq, n, std::min(window, n), m.config().num_layers);
-  VC_RETURN_IF_ERROR(m.Prefill(tokens, seq, 512, recorder, nullptr));
-  return recorder.Take();
+  return PrefillRecordingQueries(m, absl::MakeConstSpan(prompt).first(prompt.size() - 1), 512, cache, seq, window);
 }
 
-// The queries BuildFrom gets for prefilled sequence i: null when the compressor needs none.
-const PromptQueries* QueriesOf(const std::vector<PromptQueries>& queries, size_t i) {
-  return i < queries.size() && queries[i].count > 0 ? &queries[i] : nullptr;
-}
+// What BuildFrom gets for recorded queries: null when none were recorded (the compressor needs none).
+const PromptQueries* Given(const PromptQueries& queries) { return queries.count > 0 ? &queries : nullptr; }
 
 // Greedy one-token steps for every sequence of `seqs` in `cache`, `tokens` times; each step reads
 // the weights plus kv_bytes(i) for sequence i. Fills r's outputs, bytes, time and token count.
@@ -220,7 +210,7 @@ ModeResult RunLossy(const Model& m, const PagedKvCache& master, const std::vecto
   for (size_t i = 0; i < prompts.size(); ++i) {
     seqs.push_back((*cache)->NewSequence());
     const absl::Status built = (*cache)->BuildFrom(seqs[i], master, src[i], static_cast<int64_t>(prompts[i].size()) - 1,
-                                                   QueriesOf(queries, i));
+                                                   Given(queries[i]));
     if (!built.ok()) {
       std::cerr << built << "\n";
       std::abort();
@@ -261,7 +251,7 @@ ModeResult RunVeriCache(const Model& m, const PagedKvCache& master, const std::v
     GenerateOptions o;
     o.max_tokens = tokens;
     o.stop_at_eos = false;
-    reqs.push_back(MakeRequest(prompts[i], o, PrefilledKv{&master, src[i], QueriesOf(queries, i)}));
+    reqs.push_back(MakeRequest(prompts[i], o, PrefilledKv{&master, src[i], Given(queries[i])}));
   }
   // Staging is allocated (and zeroed) before the clock starts, as (a) and (b) allocate theirs: a
   // worker holds its staging from startup.
@@ -449,8 +439,7 @@ int main(int argc, char** argv) {
     auto q0 = PrefillPrompt(m, prompt, s0, one, query_window);
     if (!q0.ok()) return 1;
     const SeqId c0 = (*probe)->NewSequence();
-    const PromptQueries* queries0 = q0->count > 0 ? &*q0 : nullptr;
-    if (!(*probe)->BuildFrom(c0, one, s0, static_cast<int64_t>(prompt.size()) - 1, queries0).ok()) return 1;
+    if (!(*probe)->BuildFrom(c0, one, s0, static_cast<int64_t>(prompt.size()) - 1, Given(*q0)).ok()) return 1;
     const int64_t comp_seq = (*probe)->Bytes(c0) * (ctx + tokens) / ctx + 1;
     const int64_t batch_full = budget / full_seq;
     const int64_t batch_vc = std::max<int64_t>(0, (budget - full_seq) / comp_seq);

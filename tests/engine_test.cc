@@ -13,7 +13,7 @@
 #include "tests/testing/tiny_model.h"
 #include "worker/engine.h"
 #include "worker/full_decoder.h"
-#include "worker/query_recorder.h"
+#include "worker/lossy_decoder.h"
 
 namespace vc {
 namespace {
@@ -430,9 +430,7 @@ TEST_F(EngineExactness, PrefilledKvBuildsTheDraftCache) {
   const int64_t n = static_cast<int64_t>(prompt.size()) - 1;
   PagedKvCache pre(model_->kv_layout(16), 8);
   const SeqId seq = pre.NewSequence();
-  QueryRecorder recorder(pre, seq, n, 16, model_->config().num_layers);
-  ASSERT_TRUE(model_->Prefill(absl::MakeConstSpan(prompt).first(n), seq, 32, recorder, nullptr).ok());
-  auto queries = recorder.Take();
+  auto queries = PrefillRecordingQueries(*model_, absl::MakeConstSpan(prompt).first(n), 32, pre, seq, 16);
   ASSERT_TRUE(queries.ok()) << queries.status();
   GenerateOptions o;
   o.max_tokens = 20;

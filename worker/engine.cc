@@ -163,24 +163,30 @@ void VeriCacheEngine::ShareOutput(Sequence& s, int64_t end, SeqId seq) {
 }
 
 void VeriCacheEngine::ShareOutputCutShort(Sequence& s) {
-  if (s.generated == 0 || !UsesStore(s) || !options_.publish_outputs) return;
-  // Nothing to share unless it completed a block past the prompt's.
+  if (!UsesStore(s) || !options_.publish_outputs) return;
+  // Nothing to share unless its output completed a block past the prompt's.
   if (s.full_len / prefixes_->block_tokens() <= static_cast<int64_t>(s.names.size())) return;
-  SeqId seq = s.resident() ? s.sseq : -1;
-  SeqId tmp = -1;
-  // A fetch for the next verify pass may be on its way into s.sseq; else one is made for this.
-  std::shared_ptr<FetchHandle> fetch = std::move(s.fetch);
-  if (seq < 0 && fetch == nullptr) {
-    tmp = staging_->NewSequence();
-    if (staging_->Reserve(tmp, s.full_len).ok()) fetch = tier_->Fetch(s.key, s.full_len, staging_.get(), tmp);
+  if (s.fetch != nullptr) {
+    // On its way into s.sseq for the next verify pass.
+    const bool landed = LandFetch(s, s.sseq);
+    s.fetch.reset();
+    if (!landed) return;
   }
-  if (fetch != nullptr && fetch->Wait().ok()) {
-    seq = tmp >= 0 ? tmp : s.sseq;
-    staging_->Commit(seq, s.full_len);
-    s.result.stats.bytes_fetched += fetch->bytes();
+  if (s.sseq >= 0) return ShareOutput(s, s.full_len, s.sseq);
+  const SeqId tmp = staging_->NewSequence();
+  if (staging_->Reserve(tmp, s.full_len).ok()) {
+    s.fetch = tier_->Fetch(s.key, s.full_len, staging_.get(), tmp);
+    if (LandFetch(s, tmp)) ShareOutput(s, s.full_len, tmp);
+    s.fetch.reset();
   }
-  if (seq >= 0) ShareOutput(s, s.full_len, seq);
-  if (tmp >= 0) staging_->FreeSequence(tmp);
+  staging_->FreeSequence(tmp);
+}
+
+bool VeriCacheEngine::LandFetch(Sequence& s, SeqId seq) {
+  if (!s.fetch->Wait().ok()) return false;
+  staging_->Commit(seq, s.full_len);
+  s.result.stats.bytes_fetched += s.fetch->bytes();
+  return true;
 }
 
 absl::Status VeriCacheEngine::AdmitWithPrefix(Sequence& s, bool* admitted) {
@@ -468,14 +474,8 @@ absl::Status VeriCacheEngine::Verify(std::vector<Sequence*>& ready) {
   std::vector<SequenceChunk> chunks;
   for (size_t i = 0; i < ready.size(); ++i) {
     Sequence& s = *ready[i];
-    if (!s.resident()) {  // else staging already holds [0, full_len) from the last pass
-      if (s.fetch->Wait().ok()) {
-        staging_->Commit(s.sseq, s.full_len);
-        s.result.stats.bytes_fetched += s.fetch->bytes();
-      } else {
-        VC_RETURN_IF_ERROR(Recompute(s));
-      }
-    }
+    // Else staging already holds [0, full_len) from the last pass.
+    if (!s.resident() && !LandFetch(s, s.sseq)) VC_RETURN_IF_ERROR(Recompute(s));
     // The prompt positions not yet exact (after a store prefix), the last verified token, drafts.
     feeds[i].assign(s.tokens.begin() + s.full_len, s.tokens.end());
     feeds[i].insert(feeds[i].end(), s.drafts.begin(), s.drafts.end());

@@ -71,7 +71,8 @@ struct EngineOptions {
   // With a PrefixStore: when a request ends, publish the full blocks its output completed too
   // (prompt and output, as one prefix), so that the next turn of a conversation, whose prompt
   // extends this one, finds them in the store. A request cancelled (a stop sequence included) or
-  // past its deadline publishes what its exact K/V covers if staging still holds it.
+  // past its deadline publishes what its exact K/V covers, fetched back from the tier when staging
+  // no longer holds it and has the room.
   bool publish_outputs = true;
 };
 
@@ -164,6 +165,9 @@ class VeriCacheEngine {
   // for it when staging has the room without taking another sequence's. Waits for the fetch (a
   // copy from host memory in a worker).
   void ShareOutputCutShort(Sequence& s);
+  // Waits for s.fetch, which writes [0, full_len) into `seq` of staging; when it succeeded, commits
+  // those positions there, counts its bytes and returns true.
+  bool LandFetch(Sequence& s, SeqId seq);
   // Whether `s` is admitted through the PrefixStore (and so shares its blocks).
   bool UsesStore(const Sequence& s) const;
   void CachePrefix(absl::Span<const PrefixName> names, SeqId staging_seq);

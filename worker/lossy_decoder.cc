@@ -1,7 +1,6 @@
 #include "worker/lossy_decoder.h"
 
 #include <algorithm>
-#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -11,16 +10,26 @@
 
 namespace vc {
 
+absl::StatusOr<PromptQueries> PrefillRecordingQueries(const Model& model, absl::Span<const int32_t> tokens,
+                                                      int prefill_chunk, PagedKvCache& full, SeqId seq,
+                                                      int64_t window) {
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  window = std::min(n, window);
+  if (window <= 0) {
+    VC_RETURN_IF_ERROR(model.Prefill(tokens, seq, prefill_chunk, full, nullptr));
+    return PromptQueries{};
+  }
+  QueryRecorder recorder(full, seq, n, window, model.config().num_layers);
+  VC_RETURN_IF_ERROR(model.Prefill(tokens, seq, prefill_chunk, recorder, nullptr));
+  return recorder.Take();
+}
+
 absl::Status PrefillAndCompress(const Model& model, absl::Span<const int32_t> tokens, int64_t n, int prefill_chunk,
                                 PagedKvCache& full, SeqId seq, CompressedKvCache& compressed, SeqId cseq) {
-  const int64_t window = std::min(n, compressed.prompt_query_window());
-  std::optional<QueryRecorder> recorder;
-  AttentionCache* target = &full;
-  if (window > 0) target = &recorder.emplace(full, seq, n, window, model.config().num_layers);
-  VC_RETURN_IF_ERROR(model.Prefill(tokens.first(static_cast<size_t>(n)), seq, prefill_chunk, *target, nullptr));
-  if (!recorder.has_value()) return compressed.BuildFrom(cseq, full, seq, n, nullptr);
-  VC_ASSIGN_OR_RETURN(PromptQueries queries, recorder->Take());
-  return compressed.BuildFrom(cseq, full, seq, n, &queries);
+  VC_ASSIGN_OR_RETURN(const PromptQueries queries,
+                      PrefillRecordingQueries(model, tokens.first(static_cast<size_t>(n)), prefill_chunk, full, seq,
+                                              compressed.prompt_query_window()));
+  return compressed.BuildFrom(cseq, full, seq, n, queries.count > 0 ? &queries : nullptr);
 }
 
 absl::StatusOr<LossyResult> GenerateLossy(const Model& model, absl::Span<const int32_t> prompt,

@@ -21,6 +21,13 @@ struct LossyResult {
 absl::StatusOr<LossyResult> GenerateLossy(const Model& model, absl::Span<const int32_t> prompt,
                                           const GenerateOptions& options, absl::string_view compressor);
 
+// Prefills `tokens` into `seq` of `full` in passes of `prefill_chunk`, and returns the queries of
+// the last `window` of those positions (count 0, none recorded, when `window` is 0): what a
+// compressor that chooses by prompt queries (CompressedKvCache::prompt_query_window) builds from.
+absl::StatusOr<PromptQueries> PrefillRecordingQueries(const Model& model, absl::Span<const int32_t> tokens,
+                                                      int prefill_chunk, PagedKvCache& full, SeqId seq,
+                                                      int64_t window);
+
 // Prefills positions [0, n) of `tokens` into `seq` of `full`, recording the queries of the last
 // prompt positions when the compressor uses them, then builds `cseq` of `compressed`.
 absl::Status PrefillAndCompress(const Model& model, absl::Span<const int32_t> tokens, int64_t n, int prefill_chunk,
