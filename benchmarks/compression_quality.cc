@@ -42,7 +42,7 @@
 #include "nlohmann/json.hpp"
 #include "worker/compressed_cache.h"
 #include "worker/model.h"
-#include "worker/query_recorder.h"
+#include "worker/lossy_decoder.h"
 
 namespace {
 
@@ -201,21 +201,13 @@ int main(int argc, char** argv) {
     vc::PagedKvCache full(layout, (n + tokens) / layout.block_size + 2);
     const vc::SeqId seq = full.NewSequence();
     std::vector<float> logits;
-    vc::PromptQueries queries;
-    {
-      vc::QueryRecorder rec(full, seq, n, window, config.num_layers);
-      if (absl::Status st = model.Prefill(absl::MakeConstSpan(prompt.tokens).first(n), seq, 512, rec, nullptr);
-          !st.ok()) {
-        std::cerr << st << "\n";
-        return 1;
-      }
-      auto q = rec.Take();
-      if (!q.ok()) {
-        std::cerr << q.status() << "\n";
-        return 1;
-      }
-      queries = std::move(*q);
+    auto recorded = vc::PrefillRecordingQueries(model, absl::MakeConstSpan(prompt.tokens).first(n), 512, full, seq,
+                                                window);
+    if (!recorded.ok()) {
+      std::cerr << recorded.status() << "\n";
+      return 1;
     }
+    const vc::PromptQueries queries = std::move(*recorded);
     // Full-KV greedy decoding; fed[i] is the token fed at step i, greedy[i] the argmax after it.
     std::vector<int32_t> fed = {prompt.tokens.back()}, greedy;
     const auto t0 = std::chrono::steady_clock::now();
