@@ -1,6 +1,7 @@
 #include "services/router_service.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -87,10 +88,22 @@ void AddCounts(const google::protobuf::Message& from, google::protobuf::Message*
   }
 }
 
-// The call's authorization metadata, passed on to the workers as it came.
-std::string Authorization(const grpc::ServerContext& ctx) {
+// The call's authorization metadata into *auth, to pass on to the workers as it came (empty when
+// there is none). gRPC takes a header value with bytes other than printable ASCII from a raw HTTP/2
+// peer, but aborts a process that sends one on, so such a value is refused here.
+grpc::Status Authorization(const grpc::ServerContext& ctx, std::string* auth) {
+  auth->clear();
   auto it = ctx.client_metadata().find("authorization");
-  return it == ctx.client_metadata().end() ? "" : std::string(it->second.data(), it->second.size());
+  if (it == ctx.client_metadata().end()) return grpc::Status::OK;
+  for (const char c : it->second) {
+    if (c < 0x20 || c > 0x7e) {
+      return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                          absl::StrCat("the authorization header holds a byte other than printable ASCII (",
+                                       static_cast<int>(static_cast<uint8_t>(c)), ")"));
+    }
+  }
+  auth->assign(it->second.data(), it->second.size());
+  return grpc::Status::OK;
 }
 
 }  // namespace
@@ -417,7 +430,8 @@ void RouterService::Remember(const std::vector<uint64_t>& blocks, const Upstream
 
 grpc::Status RouterService::Generate(grpc::ServerContext* ctx, const GenerateRequest* req,
                                      grpc::ServerWriter<GenerateResponse>* writer) {
-  const std::string auth = Authorization(*ctx);
+  std::string auth;
+  if (grpc::Status s = Authorization(*ctx, &auth); !s.ok()) return s;
   int block_tokens;
   {
     std::lock_guard<std::mutex> l(mu_);
@@ -492,7 +506,8 @@ grpc::Status RouterService::GetModelInfo(grpc::ServerContext*, const vericache::
 
 grpc::Status RouterService::GetStats(grpc::ServerContext* ctx, const vericache::v1::GetStatsRequest* req,
                                      vericache::v1::WorkerStats* stats) {
-  const std::string auth = Authorization(*ctx);
+  std::string auth;
+  if (grpc::Status s = Authorization(*ctx, &auth); !s.ok()) return s;
   std::vector<std::shared_ptr<Upstream>> ws;
   {
     std::lock_guard<std::mutex> l(mu_);

@@ -3,10 +3,17 @@
 // draining, and errors, tokens, cancellation and stats pass through.
 #include "services/router_service.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <chrono>
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -60,6 +67,83 @@ TEST(PromptBlockHashes, ChainFullBlocksOnly) {
   v1::GenerateRequest text;
   text.set_text(std::string(200, 'x'));
   EXPECT_EQ(PromptBlockHashes(text, 1, 32, 64).size(), 3u);
+}
+
+// One gRPC call written as raw HTTP/2 frames to 127.0.0.1:port, with header values sent as given
+// (gRPC's own clients refuse some values, such as control bytes, that a raw peer can send):
+// returns whether the server answered on the stream with a HEADERS or RST_STREAM frame, or
+// closed the connection, within 10 s.
+bool RawGrpcCall(int port, const std::string& path, const std::vector<std::pair<std::string, std::string>>& extra,
+                 const std::string& message) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return false;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    close(fd);
+    return false;
+  }
+  const auto frame = [](uint8_t type, uint8_t flags, uint32_t stream, const std::string& payload) {
+    std::string f;
+    f += static_cast<char>(payload.size() >> 16), f += static_cast<char>(payload.size() >> 8);
+    f += static_cast<char>(payload.size()), f += static_cast<char>(type), f += static_cast<char>(flags);
+    for (int shift = 24; shift >= 0; shift -= 8) f += static_cast<char>(stream >> shift);
+    return f + payload;
+  };
+  // HPACK literals without indexing, new names, no Huffman coding (all lengths here are < 127).
+  std::string block;
+  const auto header = [&](const std::string& name, const std::string& value) {
+    block += '\0';
+    block += static_cast<char>(name.size()), block += name;
+    block += static_cast<char>(value.size()), block += value;
+  };
+  header(":method", "POST");
+  header(":scheme", "http");
+  header(":path", path);
+  header(":authority", "127.0.0.1");
+  header("content-type", "application/grpc");
+  header("te", "trailers");
+  for (const auto& [name, value] : extra) header(name, value);
+  std::string body(1, '\0');  // not compressed
+  for (int shift = 24; shift >= 0; shift -= 8) body += static_cast<char>(message.size() >> shift);
+  body += message;
+  const std::string out = std::string("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n") + frame(0x4, 0, 0, "") +
+                          frame(0x1, 0x4, 1, block) + frame(0x0, 0x1, 1, body);
+  if (send(fd, out.data(), out.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(out.size())) {
+    close(fd);
+    return false;
+  }
+  // Frames in: 9-byte headers, then payloads. SETTINGS, WINDOW_UPDATE and PING come first.
+  std::string in;
+  bool answered = false;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!answered && std::chrono::steady_clock::now() < deadline) {
+    pollfd p{fd, POLLIN, 0};
+    if (poll(&p, 1, 100) <= 0) continue;
+    char buf[4096];
+    const ssize_t n = recv(fd, buf, sizeof(buf), 0);
+    if (n <= 0) {
+      answered = true;  // closed
+      break;
+    }
+    in.append(buf, static_cast<size_t>(n));
+    while (in.size() >= 9) {
+      const size_t len = (size_t{static_cast<uint8_t>(in[0])} << 16) | (size_t{static_cast<uint8_t>(in[1])} << 8) |
+                         static_cast<uint8_t>(in[2]);
+      if (in.size() < 9 + len) break;
+      const uint8_t type = static_cast<uint8_t>(in[3]);
+      const uint32_t stream = (uint32_t{static_cast<uint8_t>(in[5])} << 24) |
+                              (uint32_t{static_cast<uint8_t>(in[6])} << 16) |
+                              (uint32_t{static_cast<uint8_t>(in[7])} << 8) | static_cast<uint8_t>(in[8]);
+      if (stream == 1 && (type == 0x1 || type == 0x3)) answered = true;  // HEADERS, RST_STREAM
+      if (type == 0x7) answered = true;                                   // GOAWAY
+      in.erase(0, 9 + len);
+    }
+  }
+  close(fd);
+  return answered;
 }
 
 // A store, two workers and a router over them.
@@ -329,6 +413,27 @@ TEST_F(RouterTest, ErrorsTokensAndCancellationPassThrough) {
   ASSERT_TRUE(waiting.ok()) << waiting.status();
   const GenerateReply none = CallGenerate(*InferenceStub((*waiting)->target()), Prompt(1, 1), "ops");
   EXPECT_EQ(none.status.code(), absl::StatusCode::kUnavailable) << none.status;
+}
+
+// A client's authorization header goes on to the workers, and gRPC aborts the process that sends a
+// header value holding bytes other than printable ASCII; gRPC's server takes such a value from a
+// raw HTTP/2 peer. The router refuses it instead, and still serves.
+TEST_F(RouterTest, AnAuthorizationValueGrpcCannotSendOnIsRefused) {
+  auto router = StartRouter(100);
+  ASSERT_NE(router, nullptr);
+  v1::GenerateRequest req = Prompt(3, 1);
+  req.set_max_tokens(2);
+  for (const std::string& value : {std::string("Bearer \x01ops"), std::string("Bearer op\ts"),
+                                   std::string("Bearer caf\xc3\xa9")}) {
+    EXPECT_TRUE(RawGrpcCall(router->port(), "/vericache.v1.Inference/Generate", {{"authorization", value}},
+                            req.SerializeAsString()));
+    EXPECT_TRUE(RawGrpcCall(router->port(), "/vericache.v1.Inference/GetStats", {{"authorization", value}},
+                            v1::GetStatsRequest().SerializeAsString()));
+  }
+  auto stub = InferenceStub(router->target());
+  const GenerateReply ok = CallGenerate(*stub, Prompt(3, 1), "ops");
+  ASSERT_TRUE(ok.status.ok()) << ok.status;
+  EXPECT_EQ(ok.tokens, testing::FullOutput(stack_.worker.model_dir, Prompt(3, 1)));
 }
 
 }  // namespace
