@@ -197,7 +197,7 @@ absl::StatusOr<std::unique_ptr<RouterService>> RouterService::Create(RouterServi
   VC_ASSIGN_OR_RETURN(const bool from_dns, CheckTargets(options.workers, "worker"));
   if (options.balance_slack < 1 || options.affinity_blocks < 2 || options.ids_block_tokens < 1 ||
       options.text_block_bytes < 1 || options.health_interval_ms < 1 || options.refresh_interval_ms < 1 ||
-      options.worker_timeout_ms < 1) {
+      options.worker_timeout_ms < 1 || options.client_write_timeout_ms < 1) {
     return absl::InvalidArgumentError("router sizes and intervals must be positive");
   }
   absl::StatusOr<std::vector<std::string>> targets =
@@ -208,6 +208,8 @@ absl::StatusOr<std::unique_ptr<RouterService>> RouterService::Create(RouterServi
     return targets.status();
   }
   std::unique_ptr<RouterService> r(new RouterService(std::move(options), from_dns));
+  r->watchdog_ =
+      std::make_unique<WriteWatchdog<grpc::ServerContext>>(absl::Milliseconds(r->options_.client_write_timeout_ms));
   if (targets.ok()) r->SetWorkers(*targets);
   r->checker_ = std::thread([p = r.get()] { p->CheckLoop(); });
   return r;
@@ -467,7 +469,7 @@ grpc::Status RouterService::Generate(grpc::ServerContext* ctx, const GenerateReq
         sent = true;
         Remember(blocks, w);
       }
-      if (!writer->Write(r)) {
+      if (!watchdog_->Write(ctx, [&] { return writer->Write(r); })) {
         client_gone = true;
         call->TryCancel();
         break;

@@ -35,6 +35,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "grpcpp/grpcpp.h"
+#include "services/write_watchdog.h"
 #include "vericache/v1/inference.grpc.pb.h"
 
 namespace vc {
@@ -59,6 +60,9 @@ struct RouterServiceOptions {
   int64_t health_interval_ms = 1000;
   int64_t refresh_interval_ms = 10000;
   int64_t worker_timeout_ms = 2000;  // health checks and model queries
+  // A client that takes no streamed tokens for this long (its call open, its window full) has its
+  // call cancelled, as the worker does with its own --client-write-timeout-ms.
+  int64_t client_write_timeout_ms = 60'000;
   // The checkpoint (ModelInfo.fingerprint_hex) the workers must serve; empty: the one most of the
   // workers serve at the first check that reaches any.
   std::string model_fingerprint_hex;
@@ -147,6 +151,8 @@ class RouterService final : public vericache::v1::Inference::Service {
   std::unique_ptr<vericache::v1::ModelInfo> model_;  // pinned by the first worker that answered
   uint64_t round_robin_ = 0;
   bool stop_ = false;
+
+  std::unique_ptr<WriteWatchdog<grpc::ServerContext>> watchdog_;  // bounds writes to clients
 
   std::atomic<int> in_flight_{0};
   std::atomic<uint64_t> routed_{0}, unrouted_{0}, prefix_routed_{0}, prefix_blocks_{0}, spills_{0}, retries_{0};

@@ -69,82 +69,92 @@ TEST(PromptBlockHashes, ChainFullBlocksOnly) {
   EXPECT_EQ(PromptBlockHashes(text, 1, 32, 64).size(), 3u);
 }
 
-// One gRPC call written as raw HTTP/2 frames to 127.0.0.1:port, with header values sent as given
-// (gRPC's own clients refuse some values, such as control bytes, that a raw peer can send):
-// returns whether the server answered on the stream with a HEADERS or RST_STREAM frame, or
-// closed the connection, within 10 s.
-bool RawGrpcCall(int port, const std::string& path, const std::vector<std::pair<std::string, std::string>>& extra,
-                 const std::string& message) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return false;
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    close(fd);
-    return false;
+// One gRPC call written as raw HTTP/2 frames on its own connection to 127.0.0.1:port, with header
+// values sent as given (gRPC's clients refuse some values, such as control bytes, that a raw peer
+// can send). With `zero_window` the client grants no flow-control window to the call's stream, so
+// nothing the server writes on it gets through: a client that never reads.
+class RawGrpcCall {
+ public:
+  RawGrpcCall(int port, const std::string& path, const std::vector<std::pair<std::string, std::string>>& headers,
+              const std::string& message, bool zero_window = false) {
+    fd_ = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (fd_ < 0 || connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) return;
+    // HPACK literals without indexing, new names, no Huffman coding (all lengths here are < 127).
+    std::string block;
+    const auto header = [&](const std::string& name, const std::string& value) {
+      block += '\0';
+      block += static_cast<char>(name.size()), block += name;
+      block += static_cast<char>(value.size()), block += value;
+    };
+    header(":method", "POST");
+    header(":scheme", "http");
+    header(":path", path);
+    header(":authority", "127.0.0.1");
+    header("content-type", "application/grpc");
+    header("te", "trailers");
+    for (const auto& [name, value] : headers) header(name, value);
+    std::string body(1, '\0');  // not compressed
+    for (int shift = 24; shift >= 0; shift -= 8) body += static_cast<char>(message.size() >> shift);
+    body += message;
+    const std::string settings = zero_window ? std::string("\0\x04\0\0\0\0", 6) : "";  // INITIAL_WINDOW_SIZE 0
+    Send(std::string("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n") + Frame(0x4, 0, 0, settings) + Frame(0x1, 0x4, 1, block) +
+         Frame(0x0, 0x1, 1, body));
   }
-  const auto frame = [](uint8_t type, uint8_t flags, uint32_t stream, const std::string& payload) {
+  ~RawGrpcCall() {
+    if (fd_ >= 0) close(fd_);
+  }
+
+  // Reads frames for up to `timeout` (acknowledging the server's SETTINGS and PINGs, as a client
+  // that keeps its connection must), or until the server has answered the call when `until_answered`:
+  // whether it has (HEADERS or RST_STREAM on the call's stream, GOAWAY, or the connection closed).
+  bool Pump(std::chrono::milliseconds timeout, bool until_answered) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (!(until_answered && answered_) && !closed_ && std::chrono::steady_clock::now() < deadline) {
+      pollfd p{fd_, POLLIN, 0};
+      if (poll(&p, 1, 20) <= 0) continue;
+      char buf[4096];
+      const ssize_t n = recv(fd_, buf, sizeof(buf), 0);
+      if (n <= 0) {
+        closed_ = answered_ = true;
+        break;
+      }
+      in_.append(buf, static_cast<size_t>(n));
+      while (in_.size() >= 9) {
+        const size_t len = (size_t{Byte(0)} << 16) | (size_t{Byte(1)} << 8) | Byte(2);
+        if (in_.size() < 9 + len) break;
+        const uint8_t type = Byte(3), flags = Byte(4);
+        const uint32_t stream = (uint32_t{Byte(5)} << 24) | (uint32_t{Byte(6)} << 16) | (uint32_t{Byte(7)} << 8) | Byte(8);
+        if (stream == 1 && (type == 0x1 || type == 0x3)) answered_ = true;  // HEADERS, RST_STREAM
+        if (type == 0x7) answered_ = true;                                   // GOAWAY
+        if (type == 0x4 && (flags & 0x1) == 0) Send(Frame(0x4, 0x1, 0, ""));            // SETTINGS: ack
+        if (type == 0x6 && (flags & 0x1) == 0) Send(Frame(0x6, 0x1, 0, in_.substr(9, len)));  // PING: ack
+        in_.erase(0, 9 + len);
+      }
+    }
+    return answered_;
+  }
+
+ private:
+  static std::string Frame(uint8_t type, uint8_t flags, uint32_t stream, const std::string& payload) {
     std::string f;
     f += static_cast<char>(payload.size() >> 16), f += static_cast<char>(payload.size() >> 8);
     f += static_cast<char>(payload.size()), f += static_cast<char>(type), f += static_cast<char>(flags);
     for (int shift = 24; shift >= 0; shift -= 8) f += static_cast<char>(stream >> shift);
     return f + payload;
-  };
-  // HPACK literals without indexing, new names, no Huffman coding (all lengths here are < 127).
-  std::string block;
-  const auto header = [&](const std::string& name, const std::string& value) {
-    block += '\0';
-    block += static_cast<char>(name.size()), block += name;
-    block += static_cast<char>(value.size()), block += value;
-  };
-  header(":method", "POST");
-  header(":scheme", "http");
-  header(":path", path);
-  header(":authority", "127.0.0.1");
-  header("content-type", "application/grpc");
-  header("te", "trailers");
-  for (const auto& [name, value] : extra) header(name, value);
-  std::string body(1, '\0');  // not compressed
-  for (int shift = 24; shift >= 0; shift -= 8) body += static_cast<char>(message.size() >> shift);
-  body += message;
-  const std::string out = std::string("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n") + frame(0x4, 0, 0, "") +
-                          frame(0x1, 0x4, 1, block) + frame(0x0, 0x1, 1, body);
-  if (send(fd, out.data(), out.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(out.size())) {
-    close(fd);
-    return false;
   }
-  // Frames in: 9-byte headers, then payloads. SETTINGS, WINDOW_UPDATE and PING come first.
-  std::string in;
-  bool answered = false;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (!answered && std::chrono::steady_clock::now() < deadline) {
-    pollfd p{fd, POLLIN, 0};
-    if (poll(&p, 1, 100) <= 0) continue;
-    char buf[4096];
-    const ssize_t n = recv(fd, buf, sizeof(buf), 0);
-    if (n <= 0) {
-      answered = true;  // closed
-      break;
-    }
-    in.append(buf, static_cast<size_t>(n));
-    while (in.size() >= 9) {
-      const size_t len = (size_t{static_cast<uint8_t>(in[0])} << 16) | (size_t{static_cast<uint8_t>(in[1])} << 8) |
-                         static_cast<uint8_t>(in[2]);
-      if (in.size() < 9 + len) break;
-      const uint8_t type = static_cast<uint8_t>(in[3]);
-      const uint32_t stream = (uint32_t{static_cast<uint8_t>(in[5])} << 24) |
-                              (uint32_t{static_cast<uint8_t>(in[6])} << 16) |
-                              (uint32_t{static_cast<uint8_t>(in[7])} << 8) | static_cast<uint8_t>(in[8]);
-      if (stream == 1 && (type == 0x1 || type == 0x3)) answered = true;  // HEADERS, RST_STREAM
-      if (type == 0x7) answered = true;                                   // GOAWAY
-      in.erase(0, 9 + len);
-    }
+  uint8_t Byte(size_t i) const { return static_cast<uint8_t>(in_[i]); }
+  void Send(const std::string& bytes) {
+    if (fd_ >= 0) (void)send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL);
   }
-  close(fd);
-  return answered;
-}
+
+  int fd_ = -1;
+  std::string in_;
+  bool answered_ = false, closed_ = false;
+};
 
 // A store, two workers and a router over them.
 class RouterTest : public ::testing::Test {
@@ -163,8 +173,10 @@ class RouterTest : public ::testing::Test {
     }
   }
 
-  std::unique_ptr<RouterServer> StartRouter(int64_t health_interval_ms, const std::string& policy = "prefix") {
+  std::unique_ptr<RouterServer> StartRouter(int64_t health_interval_ms, const std::string& policy = "prefix",
+                                            int64_t client_write_timeout_ms = 60'000) {
     RouterServerOptions o;
+    o.service.client_write_timeout_ms = client_write_timeout_ms;
     o.service.workers = workers_[0]->target() + "," + workers_[1]->target();
     o.service.policy = policy;
     o.service.worker_token = "ops";
@@ -425,15 +437,45 @@ TEST_F(RouterTest, AnAuthorizationValueGrpcCannotSendOnIsRefused) {
   req.set_max_tokens(2);
   for (const std::string& value : {std::string("Bearer \x01ops"), std::string("Bearer op\ts"),
                                    std::string("Bearer caf\xc3\xa9")}) {
-    EXPECT_TRUE(RawGrpcCall(router->port(), "/vericache.v1.Inference/Generate", {{"authorization", value}},
-                            req.SerializeAsString()));
-    EXPECT_TRUE(RawGrpcCall(router->port(), "/vericache.v1.Inference/GetStats", {{"authorization", value}},
-                            v1::GetStatsRequest().SerializeAsString()));
+    RawGrpcCall generate(router->port(), "/vericache.v1.Inference/Generate", {{"authorization", value}},
+                         req.SerializeAsString());
+    EXPECT_TRUE(generate.Pump(std::chrono::seconds(10), true));
+    RawGrpcCall stats(router->port(), "/vericache.v1.Inference/GetStats", {{"authorization", value}},
+                      v1::GetStatsRequest().SerializeAsString());
+    EXPECT_TRUE(stats.Pump(std::chrono::seconds(10), true));
   }
   auto stub = InferenceStub(router->target());
   const GenerateReply ok = CallGenerate(*stub, Prompt(3, 1), "ops");
   ASSERT_TRUE(ok.status.ok()) << ok.status;
   EXPECT_EQ(ok.tokens, testing::FullOutput(stack_.worker.model_dir, Prompt(3, 1)));
+}
+
+// A client that keeps its call open and takes nothing (here: it grants the stream no window) blocks
+// the router's writes; past --client-write-timeout-ms the router cancels the call, which frees its
+// handler and its count of calls in flight, and cancels the worker's call.
+TEST_F(RouterTest, AClientThatStopsReadingIsCutOff) {
+  auto router = StartRouter(100, "prefix", 300);
+  ASSERT_NE(router, nullptr);
+  v1::GenerateRequest req = Prompt(4, 1);
+  req.set_max_tokens(4);
+  RawGrpcCall stalled(router->port(), "/vericache.v1.Inference/Generate", {{"authorization", "Bearer ops"}},
+                      req.SerializeAsString(), /*zero_window=*/true);
+  bool started = false;
+  for (int i = 0; i < 500 && !started; ++i) {
+    stalled.Pump(std::chrono::milliseconds(20), false);
+    started = Stats(*router).requests_in_flight() == 1;
+  }
+  ASSERT_TRUE(started) << Stats(*router).DebugString();
+  uint32_t in_flight = 1;
+  for (int i = 0; i < 500 && in_flight != 0; ++i) {
+    stalled.Pump(std::chrono::milliseconds(20), false);  // the connection stays open meanwhile
+    in_flight = Stats(*router).requests_in_flight();
+  }
+  EXPECT_EQ(in_flight, 0u) << Stats(*router).DebugString();
+  auto stub = InferenceStub(router->target());
+  const GenerateReply ok = CallGenerate(*stub, Prompt(4, 1), "ops");
+  ASSERT_TRUE(ok.status.ok()) << ok.status;
+  EXPECT_EQ(ok.tokens, testing::FullOutput(stack_.worker.model_dir, Prompt(4, 1)));
 }
 
 }  // namespace

@@ -13,6 +13,7 @@ constexpr char kUsage[] =
     "                        [--policy prefix|least-loaded|round-robin] [--balance-slack N]\n"
     "                        [--affinity-blocks N] [--block-tokens N] [--text-block-bytes N]\n"
     "                        [--health-interval-ms N] [--refresh-seconds N] [--worker-timeout-ms N]\n"
+    "                        [--client-write-timeout-ms N]\n"
     "                        [--model-fingerprint HEX] [--worker-token-file FILE] [--worker-tls-ca PEM]\n"
     "                        [--tls-cert PEM --tls-key PEM]\n"
     "                        [--metrics-listen HOST:PORT] [--drain-seconds N]\n"
@@ -33,6 +34,8 @@ constexpr char kUsage[] =
     "  --health-interval-ms N  how often each worker's health is checked (default 1000): a draining\n"
     "                          worker gets no new calls, nor one serving another model than the first\n"
     "  --worker-timeout-ms N   deadline of health checks and model queries (default 2000)\n"
+    "  --client-write-timeout-ms N  a client that takes no streamed tokens for this long has its\n"
+    "                          call cancelled, and the worker's with it (default 60000)\n"
     "  --model-fingerprint HEX the checkpoint the workers must serve (GetModelInfo's fingerprint_hex);\n"
     "                          by default the one most workers serve when the router first reaches any\n"
     "  --worker-token-file FILE  the bearer token the router's own model queries present to workers\n"
@@ -51,7 +54,7 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
   VC_ASSIGN_OR_RETURN(
       Args a, Args::Parse(argv,
                           {"listen", "workers", "policy", "balance-slack", "affinity-blocks", "block-tokens",
-                           "text-block-bytes", "health-interval-ms", "refresh-seconds", "worker-timeout-ms",
+                           "text-block-bytes", "health-interval-ms", "refresh-seconds", "worker-timeout-ms", "client-write-timeout-ms",
                            "worker-tls-ca", "model-fingerprint", "worker-token-file", "tls-cert", "tls-key",
                            "metrics-listen", "drain-seconds"},
                           {}));
@@ -75,6 +78,7 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
   VC_ASSIGN_OR_RETURN(const int64_t refresh, a.Int("refresh-seconds", 10, 1, 86400));
   s.refresh_interval_ms = refresh * 1000;
   VC_ASSIGN_OR_RETURN(s.worker_timeout_ms, a.Int("worker-timeout-ms", 2000, 1, 600000));
+  VC_ASSIGN_OR_RETURN(s.client_write_timeout_ms, a.Int("client-write-timeout-ms", 60000, 1, 86400000));
   s.model_fingerprint_hex = a.Str("model-fingerprint", "");
   if (!s.model_fingerprint_hex.empty() &&
       (s.model_fingerprint_hex.size() != 64 ||
