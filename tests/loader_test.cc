@@ -5,12 +5,14 @@
 #include <filesystem>
 #include <fstream>
 
+#include "absl/strings/str_format.h"
 #include "common/files.h"
 #include "common/text_checks.h"
 #include "gtest/gtest.h"
 #include "tests/testing/tiny_model.h"
 #include "worker/model.h"
 #include "worker/safetensors.h"
+#include "worker/store_prefixes.h"
 
 namespace vc {
 namespace {
@@ -333,12 +335,50 @@ TEST(ModelLoad, GoodAndBadCheckpoints) {
   std::filesystem::remove(dir + "/config.json");
   std::filesystem::rename(dir + "/config.json.good", dir + "/config.json");
   ASSERT_TRUE(Model::Load(dir).ok());
+  // The weights as a FIFO.
+  std::filesystem::rename(dir + "/model.safetensors", dir + "/model.safetensors.good");
+  ASSERT_EQ(mkfifo((dir + "/model.safetensors").c_str(), 0600), 0);
+  EXPECT_NE(Model::Load(dir).status().message().find("not a regular file"), absl::string_view::npos);
+  std::filesystem::remove(dir + "/model.safetensors");
+  std::filesystem::rename(dir + "/model.safetensors.good", dir + "/model.safetensors");
+  ASSERT_TRUE(Model::Load(dir).ok());
 
   // No weights at all; no config at all.
   std::filesystem::remove(dir + "/model.safetensors");
   EXPECT_EQ(Model::Load(dir).status().code(), absl::StatusCode::kNotFound);
   std::filesystem::remove(dir + "/config.json");
   EXPECT_EQ(Model::Load(dir).status().code(), absl::StatusCode::kNotFound);
+}
+
+// The checkpoint's fingerprint names a worker's blocks in the store, so it must not change from one
+// version to the next: the shipped model's is pinned here (SHA-256 over config.json and the
+// .safetensors files in name order, each as its name's length, name and bytes). Only regular files
+// are read: a FIFO or a link to a device among the weights is refused, not waited on or read
+// forever.
+TEST(ModelFingerprint, StaysTheSameAndReadsRegularFilesOnly) {
+  const auto shipped = ModelFingerprint(std::string(VC_SOURCE_DIR) + "/models/vc-code-4m");
+  ASSERT_TRUE(shipped.ok()) << shipped.status();
+  std::string hex;
+  for (uint8_t b : *shipped) hex += absl::StrFormat("%02x", b);
+  EXPECT_EQ(hex, "83b0cebda87751341d250b1f30e158a372ce443a2960dfd8b9ae47ed6d1213d9");
+
+  const std::string dir = testing::TempDir("fingerprint");
+  testing::WriteTinyModel(dir, testing::TinyModelSpec{});
+  const auto first = ModelFingerprint(dir);
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_EQ(mkfifo((dir + "/extra.safetensors").c_str(), 0600), 0);
+  auto fp = ModelFingerprint(dir);
+  EXPECT_EQ(fp.status().code(), absl::StatusCode::kInvalidArgument) << fp.status();
+  EXPECT_NE(fp.status().message().find("extra.safetensors: not a regular file"), absl::string_view::npos)
+      << fp.status();
+  std::filesystem::remove(dir + "/extra.safetensors");
+  std::filesystem::create_symlink("/dev/zero", dir + "/extra.safetensors");
+  fp = ModelFingerprint(dir);
+  EXPECT_NE(fp.status().message().find("not a regular file"), absl::string_view::npos) << fp.status();
+  std::filesystem::remove(dir + "/extra.safetensors");
+  fp = ModelFingerprint(dir);
+  ASSERT_TRUE(fp.ok()) << fp.status();
+  EXPECT_EQ(*fp, *first);
 }
 
 TEST(Files, ReadFileLimitedTakesOnlySmallRegularFiles) {

@@ -1,11 +1,15 @@
 #include "worker/store_prefixes.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cerrno>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <functional>
 #include <future>
 #include <optional>
@@ -50,12 +54,29 @@ absl::StatusOr<std::array<uint8_t, 32>> ModelFingerprint(const std::string& dir)
     const uint32_t len = static_cast<uint32_t>(name.size());
     EVP_DigestUpdate(ctx.get(), &len, sizeof(len));
     EVP_DigestUpdate(ctx.get(), name.data(), name.size());
-    std::ifstream in(fs::path(dir) / name, std::ios::binary);
-    if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", dir, "/", name));
-    while (in) {
-      in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
-      EVP_DigestUpdate(ctx.get(), buf.data(), static_cast<size_t>(in.gcount()));
+    // Regular files only, read to the size they had when opened: a FIFO would block the open
+    // (O_NONBLOCK) or the reads, and a link to a device such as /dev/zero would never end.
+    const std::string path = (fs::path(dir) / name).string();
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0) return absl::NotFoundError(absl::StrCat("cannot read ", path, ": ", std::strerror(errno)));
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+      ::close(fd);
+      return absl::InvalidArgumentError(absl::StrCat(path, ": not a regular file"));
     }
+    for (uint64_t left = static_cast<uint64_t>(st.st_size); left > 0;) {
+      const ssize_t got = ::read(fd, buf.data(), std::min<uint64_t>(left, buf.size()));
+      if (got < 0 && errno == EINTR) continue;
+      if (got <= 0) {
+        const int err = got < 0 ? errno : 0;
+        ::close(fd);
+        return absl::DataLossError(absl::StrCat("cannot read ", path, ": ",
+                                                err != 0 ? std::strerror(err) : "shorter than when opened"));
+      }
+      EVP_DigestUpdate(ctx.get(), buf.data(), static_cast<size_t>(got));
+      left -= static_cast<uint64_t>(got);
+    }
+    ::close(fd);
   }
   std::array<uint8_t, 32> out{};
   unsigned int n = 0;
