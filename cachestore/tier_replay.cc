@@ -17,6 +17,7 @@
 #include "cachestore/block_key.h"
 #include "cachestore/store.h"
 #include "cachestore/tiers.h"
+#include "common/files.h"
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
 
@@ -46,6 +47,8 @@ absl::StatusOr<int64_t> Count(const nlohmann::json& j, const char* name) {
 }
 
 absl::StatusOr<TraceRequest> ParseRequest(const std::string& text) {
+  // A request nests two levels; brackets alone could make the parser build gigabytes of nodes.
+  VC_RETURN_IF_ERROR(CheckJsonDepth(text, 8));
   const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) return absl::InvalidArgumentError("not a JSON object");
   TraceRequest r;

@@ -188,6 +188,9 @@ TEST_F(TierReplayTest, BadTraceLinesAreNamed) {
            std::string("{\"timestamp\": 1, \"input_length\": 1, \"output_length\": 1, \"hash_ids\": [1]}") +
                std::string(1, '\0') + "x",
            std::string(17 << 20, ' '),
+           std::string(16 << 20, '['),
+           "{\"timestamp\": 1, \"input_length\": 1, \"output_length\": 1, \"hash_ids\": [1], \"x\": " +
+               std::string(64, '[') + std::string(64, ']') + "}",
        }) {
     const absl::Status s = ReadMooncakeTrace(WriteTrace(good + bad + "\n")).status();
     EXPECT_TRUE(absl::IsInvalidArgument(s)) << bad.substr(0, 100) << ": " << s;
