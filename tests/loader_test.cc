@@ -157,6 +157,15 @@ TEST(ModelConfig, ParsesLlamaQwenAndScaling) {
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_TRUE(c->rope_scaling.enabled);
   EXPECT_EQ(c->rope_scaling.factor, 8.0);
+  // "rope_type" over the older "type" when a config has both, as Hugging Face reads them.
+  j["rope_scaling"]["type"] = "default";
+  c = ParseModelConfig(j.dump());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->rope_scaling.enabled);
+  j["rope_scaling"].erase("rope_type");
+  c = ParseModelConfig(j.dump());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_FALSE(c->rope_scaling.enabled);
   // EOS: one id, a list of them (Llama 3's configs), or none.
   j = testing::TinyConfig(testing::TinyModelSpec{});
   j["eos_token_id"] = 7;

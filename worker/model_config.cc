@@ -146,10 +146,14 @@ absl::StatusOr<ModelConfig> ParseModelConfig(absl::string_view text) {
   auto rs = j.find("rope_scaling");
   if (rs != j.end() && !rs->is_null()) {
     if (!rs->is_object()) return Bad("'rope_scaling' is not an object");
+    // "rope_type", or the older "type" when there is none (Hugging Face's precedence).
     std::string type;
     for (const char* k : {"rope_type", "type"}) {
       auto t = rs->find(k);
-      if (t != rs->end() && t->is_string()) type = t->get<std::string>();
+      if (t != rs->end() && t->is_string()) {
+        type = t->get<std::string>();
+        break;
+      }
     }
     if (type == "default") {
       // Plain RoPE.
