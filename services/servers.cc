@@ -64,17 +64,20 @@ class ParseErrorInterceptorFactory final : public grpc::experimental::ServerInte
   }
 };
 
+// What a store call may carry; the Inference servers' calls are far smaller (a prompt of a million
+// token ids is about 5 MB), and a larger limit would let each call cost that much memory.
+constexpr int kMaxInferenceMessageBytes = 32 << 20;
+
 std::unique_ptr<grpc::Server> Listen(const std::string& address, std::shared_ptr<grpc::ServerCredentials> creds,
-                                     const std::vector<grpc::Service*>& services, int* port) {
+                                     const std::vector<grpc::Service*>& services, int max_message_bytes, int* port) {
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder b;
   // Without SO_REUSEPORT, which gRPC sets by default: a second server on a port in use must fail,
   // not share the port's connections with the first.
   b.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   b.AddListeningPort(address, creds != nullptr ? creds : grpc::InsecureServerCredentials(), port);
-  // What a store call may carry (the worker's calls are far smaller).
-  b.SetMaxReceiveMessageSize(cachestore::kMaxStoreMessageBytes);
-  b.SetMaxSendMessageSize(cachestore::kMaxStoreMessageBytes);
+  b.SetMaxReceiveMessageSize(max_message_bytes);
+  b.SetMaxSendMessageSize(max_message_bytes);
   std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
   interceptors.push_back(std::make_unique<ParseErrorInterceptorFactory>());
   b.experimental().SetInterceptorCreators(std::move(interceptors));
@@ -167,7 +170,8 @@ absl::StatusOr<std::unique_ptr<StoreServer>> StoreServer::Start(StoreServerOptio
   }
   VC_ASSIGN_OR_RETURN(s->store_, cachestore::BlockStore::Open(options.store));
   s->service_ = std::make_unique<CacheStoreService>(s->store_.get(), options.service);
-  s->server_ = Listen(options.listen, options.credentials, {s->service_.get()}, &s->port_);
+  s->server_ = Listen(options.listen, options.credentials, {s->service_.get()}, cachestore::kMaxStoreMessageBytes,
+                     &s->port_);
   if (s->server_ == nullptr || s->port_ == 0) return CannotListen(options.listen, options.credentials != nullptr);
   VC_ASSIGN_OR_RETURN(s->metrics_, StartMetrics<vericache::v1::StatsResponse>(
                                      options.metrics_listen, s->service_.get(), "vericache_store"));
@@ -220,7 +224,7 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(WorkerServerOp
     VC_ASSIGN_OR_RETURN(w->prefixes_, StorePrefixes::Create(po, fingerprint, layout));
   }
   VC_ASSIGN_OR_RETURN(w->service_, WorkerService::Create(*w->model_, w->tier_.get(), w->prefixes_.get(), options.service));
-  w->server_ = Listen(options.listen, options.credentials, {w->service_.get()}, &w->port_);
+  w->server_ = Listen(options.listen, options.credentials, {w->service_.get()}, kMaxInferenceMessageBytes, &w->port_);
   if (w->server_ == nullptr || w->port_ == 0) return CannotListen(options.listen, options.credentials != nullptr);
   VC_ASSIGN_OR_RETURN(w->metrics_, StartMetrics<vericache::v1::WorkerStats>(
                                      options.metrics_listen, w->service_.get(), "vericache_worker"));
@@ -232,7 +236,8 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(RouterServerOp
   VC_RETURN_IF_ERROR(CheckAddress("listen address", options.listen, true));
   VC_ASSIGN_OR_RETURN(r->service_, RouterService::Create(options.service));
   r->stats_ = std::make_unique<RouterStatsService>(r->service_.get());
-  r->server_ = Listen(options.listen, options.credentials, {r->service_.get(), r->stats_.get()}, &r->port_);
+  r->server_ = Listen(options.listen, options.credentials, {r->service_.get(), r->stats_.get()},
+                     kMaxInferenceMessageBytes, &r->port_);
   if (r->server_ == nullptr || r->port_ == 0) return CannotListen(options.listen, options.credentials != nullptr);
   VC_ASSIGN_OR_RETURN(r->metrics_, StartMetrics<vericache::v1::RouterStats>(
                                      options.metrics_listen, r->service_.get(), "vericache_router"));

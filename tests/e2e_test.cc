@@ -259,6 +259,21 @@ TEST_F(EndToEnd, BadRequestsGetClearStatuses) {
   r.set_max_tokens(500);
   GenerateReply late = CallGenerate(*stub, r, "", absl::Milliseconds(50));
   EXPECT_EQ(late.status.code(), absl::StatusCode::kDeadlineExceeded) << late.status;
+  // Prompts past the context are refused before they are encoded or copied, and a message past
+  // the Inference servers' 32 MiB before it is parsed.
+  v1::GenerateRequest big;
+  big.set_max_tokens(4);
+  big.set_text(std::string(1 << 20, 'x'));
+  GenerateReply refused = CallGenerate(*stub, big);
+  EXPECT_EQ(refused.status.code(), absl::StatusCode::kInvalidArgument) << refused.status;
+  EXPECT_NE(refused.status.message().find("prompt of at least 1048577 tokens"), std::string::npos) << refused.status;
+  big.clear_text();
+  for (int i = 0; i < (1 << 20); ++i) big.mutable_token_ids()->add_ids(i % 200 + 1);
+  refused = CallGenerate(*stub, big);
+  EXPECT_NE(refused.status.message().find("prompt of 1048576 tokens"), std::string::npos) << refused.status;
+  big.set_text(std::string(40 << 20, 'x'));
+  refused = CallGenerate(*stub, big);
+  EXPECT_EQ(refused.status.code(), absl::StatusCode::kResourceExhausted) << refused.status;
   // Bytes that are no protocol buffer (a length-delimited field 1 whose length runs past the end),
   // to a streaming and a unary worker method and to the store (a callback service): each names the
   // method and changes nothing.

@@ -30,6 +30,9 @@ class Tokenizer {
   virtual bool IsEos(int32_t id) const = 0;
   // Whether Encode and Decode work; false: requests give token ids and get token ids.
   virtual bool handles_text() const { return true; }
+  // The fewest ids Encode can give for a text of `bytes` bytes (0 when unknown): lets a request
+  // too long for the context be refused before its text is encoded.
+  virtual int64_t MinTokens(size_t /*bytes*/) const { return 0; }
   // OK when it handles text; otherwise kInvalidArgument saying that `who` (a tool that sends or
   // reads text) needs a model with the built-in tokenizer.
   absl::Status CheckHandlesText(absl::string_view who) const;
@@ -44,6 +47,7 @@ class ByteTokenizer final : public Tokenizer {
   std::string Decode(absl::Span<const int32_t> ids) const override;
   int32_t bos() const override { return kBos; }
   bool IsEos(int32_t id) const override { return id == kEos; }
+  int64_t MinTokens(size_t bytes) const override { return static_cast<int64_t>(bytes) + 1; }
 };
 
 // A checkpoint whose tokenizer is not built in (Hugging Face tokenizers, say): prompts come as
