@@ -502,10 +502,11 @@ absl::Status DiskTier::Put(const BlockKey& key, absl::string_view block) {
   rocksdb::WriteBatch batch;
   (void)batch.Put(blocks_, KeySlice(key), rocksdb::Slice(block.data(), block.size()));
   (void)batch.Put(sizes_cf_, KeySlice(key), SizeValue(block.size()));
-  absl::Status s = FromRocks(db_->Write(w, &batch), "put");
-  if (!s.ok()) return s;
   std::vector<BlockKey> victims;
   {
+    absl::MutexLock stripe(&Stripe(key));
+    absl::Status s = FromRocks(db_->Write(w, &batch), "put");
+    if (!s.ok()) return s;
     absl::MutexLock l(&mu_);
     Unindex(key);
     Index(key, block.size());
@@ -515,8 +516,17 @@ absl::Status DiskTier::Put(const BlockKey& key, absl::string_view block) {
       evictions_++;
     }
   }
-  for (const BlockKey& v : victims) (void)Erase(v);
+  for (const BlockKey& v : victims) EraseEvicted(v);
   return absl::OkStatus();
+}
+
+void DiskTier::EraseEvicted(const BlockKey& key) {
+  absl::MutexLock stripe(&Stripe(key));
+  {
+    absl::MutexLock l(&mu_);
+    if (sizes_.contains(key)) return;
+  }
+  (void)Erase(key);
 }
 
 absl::Status DiskTier::Erase(const BlockKey& key) {
@@ -534,6 +544,7 @@ absl::StatusOr<std::string> DiskTier::Get(const BlockKey& key) {
 }
 
 absl::Status DiskTier::Delete(const BlockKey& key) {
+  absl::MutexLock stripe(&Stripe(key));
   {
     absl::MutexLock l(&mu_);
     Unindex(key);

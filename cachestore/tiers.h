@@ -31,6 +31,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/hash/hash.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -235,6 +236,15 @@ class DiskTier {
   DiskTier() = default;
   // Deletes the block and its size from the database.
   absl::Status Erase(const BlockKey& key);
+  // Erases a block that eviction took out of the index, unless a put of its key has indexed it
+  // again since (that put's block stays).
+  void EraseEvicted(const BlockKey& key);
+  // A put of a key holds the key's stripe from its write to its index entry, and an eviction or a
+  // delete of it from its index change to its erase, so an eviction never erases a block that a
+  // put wrote after the eviction picked the key (which left the index naming a block not there).
+  absl::Mutex& Stripe(const BlockKey& key) { return stripes_[absl::Hash<BlockKey>{}(key) % kStripes]; }
+  static constexpr size_t kStripes = 64;
+  absl::Mutex stripes_[kStripes];
   // Adds `key` to the index as the newest block; takes it out of the index (if there).
   void Index(const BlockKey& key, uint64_t size) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Unindex(const BlockKey& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

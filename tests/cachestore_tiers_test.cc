@@ -419,6 +419,33 @@ TEST(DiskTier, PersistsAcrossReopenAndEvictsOldest) {
   EXPECT_EQ(DiskTier::Open({"/proc/no/such/dir", 1, false}).status().code(), absl::StatusCode::kUnavailable);
 }
 
+// Bursts of puts of a few keys from two threads into a tier with room for three blocks, each put
+// evicting another key's block; between bursts, every key the index lists must be readable. Before
+// puts and evictions of a key were serialized, an eviction could erase a block that a put of the
+// same key wrote after the eviction picked it, leaving the index naming a block that was gone.
+TEST(DiskTier, ConcurrentPutsNeverLeaveAListedBlockUnreadable) {
+  const std::string dir = vc::testing::TempDir("disk_tier_race");
+  auto t = DiskTier::Open({dir, 35000, false});  // room for three 10 KB blocks
+  ASSERT_TRUE(t.ok()) << t.status();
+  DiskTier& tier = **t;
+  int stale = 0;
+  for (int round = 0; round < 300; ++round) {
+    const auto burst = [&](uint32_t x) {
+      for (int i = 0; i < 40; ++i) {
+        x = x * 1664525u + 1013904223u;
+        const int k = static_cast<int>((x >> 16) % 5);
+        EXPECT_TRUE(tier.Put(Key(k), Block(k)).ok());
+      }
+    };
+    std::thread other(burst, 2 * round + 1);
+    burst(2 * round + 2);
+    other.join();
+    for (int j = 0; j < 5; ++j) stale += tier.Contains(Key(j)) && !tier.Get(Key(j)).ok();
+  }
+  EXPECT_EQ(stale, 0);
+  EXPECT_LE(tier.used_bytes(), 35000u);
+}
+
 TEST(DiskTier, EvictsTheLeastRecentlyUsed) {
   const std::string dir = vc::testing::TempDir("disk_tier_lru");
   auto t = DiskTier::Open({dir, 35000, false});  // room for three 10 KB blocks
