@@ -127,7 +127,8 @@ class RawGrpcCall {
         const size_t len = (size_t{Byte(0)} << 16) | (size_t{Byte(1)} << 8) | Byte(2);
         if (in_.size() < 9 + len) break;
         const uint8_t type = Byte(3), flags = Byte(4);
-        const uint32_t stream = (uint32_t{Byte(5)} << 24) | (uint32_t{Byte(6)} << 16) | (uint32_t{Byte(7)} << 8) | Byte(8);
+        const uint32_t stream =
+            (uint32_t{Byte(5)} << 24) | (uint32_t{Byte(6)} << 16) | (uint32_t{Byte(7)} << 8) | Byte(8);
         if (stream == 1 && (type == 0x1 || type == 0x3)) answered_ = true;  // HEADERS, RST_STREAM
         if (type == 0x7) answered_ = true;                                   // GOAWAY
         if (type == 0x4 && (flags & 0x1) == 0) Send(Frame(0x4, 0x1, 0, ""));            // SETTINGS: ack
