@@ -442,13 +442,35 @@ absl::StatusOr<std::unique_ptr<DiskTier>> DiskTier::Open(const DiskTierOptions& 
   std::string complete;
   const bool had_sizes = db->Get(rocksdb::ReadOptions(), t->sizes_cf_, kSizesComplete, &complete).ok();
   absl::Status scanned;
+  std::vector<std::string> damaged;  // keys whose size entry is not 8 bytes
   if (had_sizes) {
     scanned = t->ScanSalvaging(scan, [&](const rocksdb::Iterator& it) {
-      if (it.key().size() != 32 || it.value().size() != 8) return true;
+      if (it.key().size() != 32) return true;
+      if (it.value().size() != 8) {
+        damaged.push_back(it.key().ToString());
+        return true;
+      }
       BlockKey k;
       std::memcpy(k.bytes.data(), it.key().data(), 32);
       return index(k, ParseSizeValue(it.value()));
     });
+    // A block whose size entry is damaged goes with it: left unindexed, it would be served but
+    // never counted or evicted.
+    if (!damaged.empty()) {
+      rocksdb::WriteBatch drop;
+      for (const std::string& k : damaged) {
+        (void)drop.Delete(t->blocks_, k);
+        (void)drop.Delete(t->sizes_cf_, k);
+      }
+      rocksdb::WriteOptions sync;
+      sync.sync = true;
+      if (rocksdb::Status w = db->Write(sync, &drop); !w.ok()) {
+        return absl::UnavailableError(
+            absl::StrCat("RocksDB at ", options.path, ": deleting blocks with damaged sizes: ", w.ToString()));
+      }
+      std::fprintf(stderr, "RocksDB at %s: %zu blocks had a damaged size entry and were deleted\n",
+                   options.path.c_str(), damaged.size());
+    }
   } else {
     // A database from before the sizes were kept (or a new one, or one whose first indexing was
     // cut short): sizes from the payloads, all in one synced write with the mark that they are

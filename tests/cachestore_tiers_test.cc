@@ -652,5 +652,38 @@ TEST(DiskTier, DatabaseWithoutSizesAndALostBlobFileIsRefused) {
   EXPECT_NE(t.status().message().find("move it aside"), absl::string_view::npos) << t.status();
 }
 
+// A size entry that is not 8 bytes (a damaged index) takes its block with it when the tier opens:
+// left unindexed, the block would be served but never counted or evicted.
+TEST(DiskTier, ADamagedSizeEntryDropsItsBlock) {
+  const std::string dir = vc::testing::TempDir("disk_tier_damaged_size");
+  {
+    auto t = DiskTier::Open({dir, 1 << 20, false});
+    ASSERT_TRUE(t.ok()) << t.status();
+    for (int i = 0; i < 3; ++i) ASSERT_TRUE((*t)->Put(Key(i), Block(i)).ok());
+  }
+  {
+    const std::vector<rocksdb::ColumnFamilyDescriptor> families = {
+        {rocksdb::kDefaultColumnFamilyName, rocksdb::ColumnFamilyOptions()},
+        {"sizes", rocksdb::ColumnFamilyOptions()}};
+    std::vector<rocksdb::ColumnFamilyHandle*> handles;
+    rocksdb::DB* raw = nullptr;
+    ASSERT_TRUE(rocksdb::DB::Open(rocksdb::DBOptions(), dir, families, &handles, &raw).ok());
+    std::unique_ptr<rocksdb::DB> db(raw);
+    const BlockKey key = Key(1);
+    EXPECT_TRUE(db->Put(rocksdb::WriteOptions(), handles[1],
+                        rocksdb::Slice(reinterpret_cast<const char*>(key.bytes.data()), 32), "abc")
+                    .ok());
+    for (rocksdb::ColumnFamilyHandle* h : handles) ASSERT_TRUE(db->DestroyColumnFamilyHandle(h).ok());
+  }
+  auto t = DiskTier::Open({dir, 1 << 20, false});
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ((*t)->blocks(), 2u);
+  EXPECT_EQ((*t)->used_bytes(), 2u * Block(0).size());
+  EXPECT_FALSE((*t)->Contains(Key(1)));
+  EXPECT_EQ((*t)->Get(Key(1)).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(*(*t)->Get(Key(0)), Block(0));
+  EXPECT_EQ(*(*t)->Get(Key(2)), Block(2));
+}
+
 }  // namespace
 }  // namespace vc::cachestore
