@@ -82,7 +82,12 @@ class RawGrpcCall {
     addr.sin_family = AF_INET;
     addr.sin_port = htons(static_cast<uint16_t>(port));
     addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (fd_ < 0 || connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) return;
+    if (fd_ < 0 || connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+      ADD_FAILURE() << "cannot connect to port " << port;
+      if (fd_ >= 0) close(fd_);
+      fd_ = -1;  // Pump then reports no answer
+      return;
+    }
     // HPACK literals without indexing, new names, no Huffman coding (all lengths here are < 127).
     std::string block;
     const auto header = [&](const std::string& name, const std::string& value) {
@@ -112,6 +117,7 @@ class RawGrpcCall {
   // that keeps its connection must), or until the server has answered the call when `until_answered`:
   // whether it has (HEADERS or RST_STREAM on the call's stream, GOAWAY, or the connection closed).
   bool Pump(std::chrono::milliseconds timeout, bool until_answered) {
+    if (fd_ < 0) return false;
     const auto deadline = std::chrono::steady_clock::now() + timeout;
     while (!(until_answered && answered_) && !closed_ && std::chrono::steady_clock::now() < deadline) {
       pollfd p{fd_, POLLIN, 0};
