@@ -32,6 +32,7 @@
 #include "services/stop_scanner.h"
 #include "services/write_watchdog.h"
 #include "tests/testing/blocks.h"
+#include "tests/testing/raw_http2.h"
 #include "tests/testing/servers.h"
 #include "tests/testing/tiny_model.h"
 #include "worker/full_decoder.h"
@@ -1047,6 +1048,31 @@ TEST(WriteWatchdog, CancelsAWriteBlockedPastItsTimeout) {
   EXPECT_TRUE(dog.Write(&quick, [] { return true; }));
   absl::SleepFor(absl::Milliseconds(300));
   EXPECT_EQ(quick.cancels, 0);
+}
+
+// The same through a real call: a client that keeps its call open and grants it no flow-control
+// window (so no token reaches it) has its call cancelled after --client-write-timeout-ms, which
+// ends its request (here one that would otherwise generate for many seconds).
+TEST_F(WorkerServiceTest, AClientThatStopsReadingIsCutOff) {
+  WorkerServerOptions o;
+  o.service.client_write_timeout_ms = 300;
+  auto worker = StartSlowWorker(o);
+  auto stub = InferenceStub(worker->target());
+  const auto p = Prompt(60, 5);
+  const auto want = Want(p, 4);
+  testing::RawGrpcCall stalled(worker->port(), "/vericache.v1.Inference/Generate", {},
+                               Request(p, 16000).SerializeAsString(), /*zero_window=*/true);
+  v1::WorkerStats s;
+  for (int i = 0; i < 250 && !(s.requests_failed() == 1 && s.requests_in_flight() == 0); ++i) {
+    stalled.Pump(std::chrono::milliseconds(20), false);  // the connection stays open meanwhile
+    s = WorkerStats(*stub, "");
+  }
+  EXPECT_EQ(s.requests_failed(), 1u) << s.DebugString();
+  EXPECT_EQ(s.requests_in_flight(), 0u) << s.DebugString();
+  EXPECT_EQ(s.requests_ended(), 0u) << s.DebugString();
+  const GenerateReply ok = CallGenerate(*stub, Request(p, 4));
+  ASSERT_TRUE(ok.status.ok()) << ok.status;
+  EXPECT_EQ(ok.tokens, want);
 }
 
 // Requests built from valid ones with fields set to edge values, or with their bytes damaged, to
