@@ -82,9 +82,6 @@ absl::StatusOr<PromptQueries> PrefillPrompt(const Model& m, const std::vector<in
   return PrefillRecordingQueries(m, absl::MakeConstSpan(prompt).first(prompt.size() - 1), 512, cache, seq, window);
 }
 
-// What BuildFrom gets for recorded queries: null when none were recorded (the compressor needs none).
-const PromptQueries* Given(const PromptQueries& queries) { return queries.count > 0 ? &queries : nullptr; }
-
 // Greedy one-token steps for every sequence of `seqs` in `cache`, `tokens` times; each step reads
 // the weights plus kv_bytes(i) for sequence i. Fills r's outputs, bytes, time and token count.
 template <typename KvBytes>
@@ -210,7 +207,7 @@ ModeResult RunLossy(const Model& m, const PagedKvCache& master, const std::vecto
   for (size_t i = 0; i < prompts.size(); ++i) {
     seqs.push_back((*cache)->NewSequence());
     const absl::Status built = (*cache)->BuildFrom(seqs[i], master, src[i], static_cast<int64_t>(prompts[i].size()) - 1,
-                                                   Given(queries[i]));
+                                                   RecordedQueries(queries[i]));
     if (!built.ok()) {
       std::cerr << built << "\n";
       std::abort();
@@ -251,7 +248,7 @@ ModeResult RunVeriCache(const Model& m, const PagedKvCache& master, const std::v
     GenerateOptions o;
     o.max_tokens = tokens;
     o.stop_at_eos = false;
-    reqs.push_back(MakeRequest(prompts[i], o, PrefilledKv{&master, src[i], Given(queries[i])}));
+    reqs.push_back(MakeRequest(prompts[i], o, PrefilledKv{&master, src[i], RecordedQueries(queries[i])}));
   }
   // Staging is allocated (and zeroed) before the clock starts, as (a) and (b) allocate theirs: a
   // worker holds its staging from startup.
@@ -439,7 +436,9 @@ int main(int argc, char** argv) {
     auto q0 = PrefillPrompt(m, prompt, s0, one, query_window);
     if (!q0.ok()) return 1;
     const SeqId c0 = (*probe)->NewSequence();
-    if (!(*probe)->BuildFrom(c0, one, s0, static_cast<int64_t>(prompt.size()) - 1, Given(*q0)).ok()) return 1;
+    if (!(*probe)->BuildFrom(c0, one, s0, static_cast<int64_t>(prompt.size()) - 1, RecordedQueries(*q0)).ok()) {
+      return 1;
+    }
     const int64_t comp_seq = (*probe)->Bytes(c0) * (ctx + tokens) / ctx + 1;
     const int64_t batch_full = budget / full_seq;
     const int64_t batch_vc = std::max<int64_t>(0, (budget - full_seq) / comp_seq);

@@ -442,8 +442,8 @@ absl::StatusOr<std::unique_ptr<DiskTier>> DiskTier::Open(const DiskTierOptions& 
   std::string complete;
   const bool had_sizes = db->Get(rocksdb::ReadOptions(), t->sizes_cf_, kSizesComplete, &complete).ok();
   absl::Status scanned;
-  std::vector<std::string> damaged;  // keys whose size entry is not 8 bytes
   if (had_sizes) {
+    std::vector<std::string> damaged;  // keys whose size entry is not 8 bytes
     scanned = t->ScanSalvaging(scan, [&](const rocksdb::Iterator& it) {
       if (it.key().size() != 32) return true;
       if (it.value().size() != 8) {

@@ -11,7 +11,7 @@
 
 namespace vc {
 
-absl::StatusOr<std::string> ReadFileLimited(const std::string& path, uint64_t max_bytes, absl::string_view what) {
+absl::StatusOr<int> OpenRegularFile(const std::string& path, absl::string_view what, uint64_t* size) {
   // O_NONBLOCK: opening a FIFO with no writer returns at once instead of waiting for one.
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) {
@@ -24,10 +24,19 @@ absl::StatusOr<std::string> ReadFileLimited(const std::string& path, uint64_t ma
     ::close(fd);
     return absl::InvalidArgumentError(absl::StrCat(what, " ", path, ": not a regular file"));
   }
-  if (static_cast<uint64_t>(st.st_size) > max_bytes) {
+  *size = static_cast<uint64_t>(st.st_size);
+  return fd;
+}
+
+absl::StatusOr<std::string> ReadFileLimited(const std::string& path, uint64_t max_bytes, absl::string_view what) {
+  uint64_t size = 0;
+  absl::StatusOr<int> opened = OpenRegularFile(path, what, &size);
+  if (!opened.ok()) return opened.status();
+  const int fd = *opened;
+  if (size > max_bytes) {
     ::close(fd);
     return absl::InvalidArgumentError(
-        absl::StrCat(what, " ", path, ": ", st.st_size, " bytes, more than the ", max_bytes, " allowed"));
+        absl::StrCat(what, " ", path, ": ", size, " bytes, more than the ", max_bytes, " allowed"));
   }
   std::string out;
   char buf[1 << 16];

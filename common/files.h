@@ -13,6 +13,11 @@
 
 namespace vc {
 
+// `path` opened for reading (a descriptor the caller closes) when it is a regular file, its size
+// in *size: kNotFound when it does not exist, kInvalidArgument when it cannot be opened or is not a
+// regular file (`what` names it in the message). A FIFO is refused, not waited on.
+absl::StatusOr<int> OpenRegularFile(const std::string& path, absl::string_view what, uint64_t* size);
+
 // The whole of `path`: kNotFound when it does not exist, kInvalidArgument when it is not a regular
 // file or holds more than `max_bytes` (`what` names it in the message, e.g. "token file").
 absl::StatusOr<std::string> ReadFileLimited(const std::string& path, uint64_t max_bytes, absl::string_view what);

@@ -350,28 +350,21 @@ absl::StatusOr<EngineRequest> WorkerService::Parse(const v1::GenerateRequest& re
   // A prompt that cannot fit the context is refused before it is copied or encoded (four bytes an
   // id: a large request would cost several times its size first).
   const int64_t ctx = model_.config().max_position_embeddings;
-  const auto too_long = [&](int64_t tokens, absl::string_view at_least) {
-    return absl::InvalidArgumentError(absl::StrCat("prompt of ", at_least, tokens, " tokens plus max_tokens ",
-                                                   req.max_tokens(), " exceeds the model's context of ", ctx));
-  };
   if (req.max_tokens() > static_cast<uint64_t>(ctx)) {
     return absl::InvalidArgumentError(absl::StrCat("max_tokens ", req.max_tokens(), " exceeds the context of ", ctx));
   }
   switch (req.prompt_case()) {
-    case v1::GenerateRequest::kText: {
+    case v1::GenerateRequest::kText:
       if (req.text().empty()) return absl::InvalidArgumentError("the prompt text is empty");
       if (!model_.tokenizer().handles_text()) return NoText(model_.config());
-      const int64_t fewest = model_.tokenizer().MinTokens(req.text().size());
-      if (fewest + int64_t{req.max_tokens()} > ctx) return too_long(fewest, "at least ");
+      VC_RETURN_IF_ERROR(CheckFitsContext(model_, model_.tokenizer().MinTokens(req.text().size()), req.max_tokens(),
+                                          /*at_least=*/true));
       r.prompt = model_.tokenizer().Encode(req.text());
       break;
-    }
-    case v1::GenerateRequest::kTokenIds: {
-      const int64_t n = req.token_ids().ids_size();
-      if (n + int64_t{req.max_tokens()} > ctx) return too_long(n, "");
+    case v1::GenerateRequest::kTokenIds:
+      VC_RETURN_IF_ERROR(CheckFitsContext(model_, req.token_ids().ids_size(), req.max_tokens()));
       r.prompt.assign(req.token_ids().ids().begin(), req.token_ids().ids().end());
       break;
-    }
     default:
       return absl::InvalidArgumentError("the request has no prompt (text or token_ids)");
   }

@@ -345,10 +345,10 @@ TEST_F(RouterTest, AnAuthorizationValueGrpcCannotSendOnIsRefused) {
   for (const std::string& value : {std::string("Bearer \x01ops"), std::string("Bearer op\ts"),
                                    std::string("Bearer caf\xc3\xa9")}) {
     testing::RawGrpcCall generate(router->port(), "/vericache.v1.Inference/Generate", {{"authorization", value}},
-                         req.SerializeAsString());
+                                  req.SerializeAsString());
     EXPECT_TRUE(generate.Pump(std::chrono::seconds(10), true));
     testing::RawGrpcCall stats(router->port(), "/vericache.v1.Inference/GetStats", {{"authorization", value}},
-                      v1::GetStatsRequest().SerializeAsString());
+                               v1::GetStatsRequest().SerializeAsString());
     EXPECT_TRUE(stats.Pump(std::chrono::seconds(10), true));
   }
   auto stub = InferenceStub(router->target());
@@ -365,8 +365,8 @@ TEST_F(RouterTest, AClientThatStopsReadingIsCutOff) {
   ASSERT_NE(router, nullptr);
   v1::GenerateRequest req = Prompt(4, 1);
   req.set_max_tokens(4);
-  testing::RawGrpcCall stalled(router->port(), "/vericache.v1.Inference/Generate", {{"authorization", "Bearer ops"}},
-                      req.SerializeAsString(), /*zero_window=*/true);
+  testing::RawGrpcCall stalled(router->port(), "/vericache.v1.Inference/Generate",
+                               {{"authorization", "Bearer ops"}}, req.SerializeAsString(), /*zero_window=*/true);
   bool started = false;
   for (int i = 0; i < 500 && !started; ++i) {
     stalled.Pump(std::chrono::milliseconds(20), false);

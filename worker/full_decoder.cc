@@ -8,6 +8,14 @@
 
 namespace vc {
 
+absl::Status CheckFitsContext(const Model& model, int64_t prompt_tokens, int64_t max_tokens, bool at_least) {
+  const int64_t ctx = model.config().max_position_embeddings;
+  if (prompt_tokens + max_tokens <= ctx) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("prompt of ", at_least ? "at least " : "", prompt_tokens,
+                                                 " tokens plus max_tokens ", max_tokens,
+                                                 " exceeds the model's context of ", ctx));
+}
+
 absl::Status ValidateGenerate(const Model& model, absl::Span<const int32_t> prompt,
                               const GenerateOptions& o) {
   if (prompt.empty()) return absl::InvalidArgumentError("the prompt is empty");
@@ -18,11 +26,7 @@ absl::Status ValidateGenerate(const Model& model, absl::Span<const int32_t> prom
     return absl::InvalidArgumentError("prefill_chunk and block_size must be at least 1");
   }
   VC_RETURN_IF_ERROR(ValidateSamplingParams(o.sampling));
-  const int64_t ctx = model.config().max_position_embeddings;
-  if (static_cast<int64_t>(prompt.size()) + o.max_tokens > ctx) {
-    return absl::InvalidArgumentError(absl::StrCat("prompt of ", prompt.size(), " tokens plus max_tokens ",
-                                                   o.max_tokens, " exceeds the model's context of ", ctx));
-  }
+  VC_RETURN_IF_ERROR(CheckFitsContext(model, static_cast<int64_t>(prompt.size()), o.max_tokens));
   for (int32_t t : prompt) {
     if (t < 0 || t >= model.config().vocab_size) {
       return absl::InvalidArgumentError(absl::StrCat("prompt token ", t, " outside the vocabulary"));

@@ -27,6 +27,10 @@ struct GenerateResult {
   double decode_seconds = 0;
 };
 
+// kInvalidArgument, saying why, when a prompt of `prompt_tokens` tokens (of at least that many,
+// with `at_least`) plus `max_tokens` does not fit the model's context.
+absl::Status CheckFitsContext(const Model& model, int64_t prompt_tokens, int64_t max_tokens, bool at_least = false);
+
 // kInvalidArgument for an empty prompt, max_tokens < 1, invalid sampling params, or a prompt plus
 // max_tokens beyond the model's context.
 absl::Status ValidateGenerate(const Model& model, absl::Span<const int32_t> prompt,

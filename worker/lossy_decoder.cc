@@ -29,7 +29,7 @@ absl::Status PrefillAndCompress(const Model& model, absl::Span<const int32_t> to
   VC_ASSIGN_OR_RETURN(const PromptQueries queries,
                       PrefillRecordingQueries(model, tokens.first(static_cast<size_t>(n)), prefill_chunk, full, seq,
                                               compressed.prompt_query_window()));
-  return compressed.BuildFrom(cseq, full, seq, n, queries.count > 0 ? &queries : nullptr);
+  return compressed.BuildFrom(cseq, full, seq, n, RecordedQueries(queries));
 }
 
 absl::StatusOr<LossyResult> GenerateLossy(const Model& model, absl::Span<const int32_t> prompt,

@@ -28,6 +28,12 @@ absl::StatusOr<PromptQueries> PrefillRecordingQueries(const Model& model, absl::
                                                       int prefill_chunk, PagedKvCache& full, SeqId seq,
                                                       int64_t window);
 
+// What CompressedKvCache::BuildFrom takes for queries PrefillRecordingQueries returned: null when
+// none were recorded.
+inline const PromptQueries* RecordedQueries(const PromptQueries& queries) {
+  return queries.count > 0 ? &queries : nullptr;
+}
+
 // Prefills positions [0, n) of `tokens` into `seq` of `full`, recording the queries of the last
 // prompt positions when the compressor uses them, then builds `cseq` of `compressed`.
 absl::Status PrefillAndCompress(const Model& model, absl::Span<const int32_t> tokens, int64_t n, int prefill_chunk,

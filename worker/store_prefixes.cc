@@ -1,7 +1,5 @@
 #include "worker/store_prefixes.h"
 
-#include <fcntl.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -19,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "cachestore/block_format.h"
 #include "cachestore/block_key.h"
+#include "common/files.h"
 #include "common/status_macros.h"
 #include "openssl/evp.h"
 
@@ -54,17 +53,12 @@ absl::StatusOr<std::array<uint8_t, 32>> ModelFingerprint(const std::string& dir)
     const uint32_t len = static_cast<uint32_t>(name.size());
     EVP_DigestUpdate(ctx.get(), &len, sizeof(len));
     EVP_DigestUpdate(ctx.get(), name.data(), name.size());
-    // Regular files only, read to the size they had when opened: a FIFO would block the open
-    // (O_NONBLOCK) or the reads, and a link to a device such as /dev/zero would never end.
+    // Regular files only (a FIFO would block, a link to a device such as /dev/zero would never
+    // end), read to the size they had when opened.
     const std::string path = (fs::path(dir) / name).string();
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-    if (fd < 0) return absl::NotFoundError(absl::StrCat("cannot read ", path, ": ", std::strerror(errno)));
-    struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-      ::close(fd);
-      return absl::InvalidArgumentError(absl::StrCat(path, ": not a regular file"));
-    }
-    for (uint64_t left = static_cast<uint64_t>(st.st_size); left > 0;) {
+    uint64_t size = 0;
+    VC_ASSIGN_OR_RETURN(const int fd, OpenRegularFile(path, "checkpoint file", &size));
+    for (uint64_t left = size; left > 0;) {
       const ssize_t got = ::read(fd, buf.data(), std::min<uint64_t>(left, buf.size()));
       if (got < 0 && errno == EINTR) continue;
       if (got <= 0) {
