@@ -53,6 +53,23 @@ TEST(Safetensors, ReadsTensors) {
   EXPECT_EQ((*f)->Get("c").status().code(), absl::StatusCode::kNotFound);
 }
 
+TEST(Safetensors, MisalignedTensorsAreReadAligned) {
+  // One byte of an unknown dtype first, so "a"'s four-byte floats start at an odd address.
+  const float a[4] = {1, 2, 3, 4};
+  std::string data(1, '\x7f');
+  data.append(reinterpret_cast<const char*>(a), sizeof(a));
+  const std::string header =
+      R"({"pad":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},)"
+      R"("a":{"dtype":"F32","shape":[2,2],"data_offsets":[1,17]}})";
+  auto f = SafetensorsFile::Open(WriteRaw("st_misaligned", WithHeader(header, data)));
+  ASSERT_TRUE(f.ok()) << f.status();
+  auto t = (*f)->Get("a");
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(t->data) % alignof(float), 0u);
+  EXPECT_EQ(std::vector<float>(reinterpret_cast<const float*>(t->data), reinterpret_cast<const float*>(t->data) + 4),
+            std::vector<float>({1, 2, 3, 4}));
+}
+
 TEST(Safetensors, MissingFile) {
   auto f = SafetensorsFile::Open("/nonexistent/x.safetensors");
   EXPECT_EQ(f.status().code(), absl::StatusCode::kNotFound);

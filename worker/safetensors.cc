@@ -144,6 +144,14 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std
       return Bad(path, absl::StrCat("tensors '", *prev_name, "' and '", *name, "' overlap in the data section"));
     }
   }
+  // The format does not align tensors; one whose bytes are not aligned to its element size is
+  // copied out, so that every reader may take its elements through typed pointers.
+  for (auto& [name, e] : f->entries_) {
+    auto dtype = ParseDType(e.dtype_name);
+    if (!dtype.ok() || reinterpret_cast<uintptr_t>(f->data_ + e.begin) % DTypeSize(*dtype) == 0) continue;
+    e.copy.resize((e.end - e.begin + 7) / 8);
+    std::memcpy(e.copy.data(), f->data_ + e.begin, e.end - e.begin);
+  }
   return f;
 }
 
@@ -161,7 +169,7 @@ absl::StatusOr<TensorView> SafetensorsFile::Get(absl::string_view name) const {
   TensorView v;
   v.dtype = *dtype;
   v.shape = e.shape;
-  v.data = data_ + e.begin;
+  v.data = e.copy.empty() ? data_ + e.begin : reinterpret_cast<const uint8_t*>(e.copy.data());
   v.size_bytes = e.end - e.begin;
   return v;
 }

@@ -49,6 +49,7 @@ class SafetensorsFile {
     std::string dtype_name;  // as written in the header
     std::vector<int64_t> shape;
     uint64_t begin = 0, end = 0;  // relative to the data section
+    std::vector<uint64_t> copy;   // the bytes, when the file's are not aligned to the element size
   };
   SafetensorsFile() = default;
 
