@@ -7,6 +7,7 @@
 #include <random>
 #include <sstream>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "tests/testing/memory_prefix_store.h"
 #include "tests/testing/next_turn.h"
@@ -79,6 +80,7 @@ TEST_F(EngineExactness, EveryCompressorWindowAndSampling) {
                            "snapkv:capacity=48,window=16+kivi:bits=4,group=8,residual=8",
                            "h2o:heavy=16,recent=8,rollback=8", "quest:page=8,budget=32"}) {
     for (int k : {0, 1, 2, 3, 5, 8, 16}) {
+      EngineStats total;
       for (float temp : {0.0f, 0.9f}) {
         GenerateOptions o;
         o.max_tokens = 24;
@@ -88,10 +90,48 @@ TEST_F(EngineExactness, EveryCompressorWindowAndSampling) {
         eo.compressor = spec;
         eo.draft_window = k;
         eo.keep_staged = k % 2 == 0;  // both: full KV fetched for every verify, or kept staged
-        ExpectExact(*model_, prompts, o, eo);
+        ExpectExact(*model_, prompts, o, eo, &total);
         if (HasFatalFailure()) return;
       }
+      // Every window drafts (the adaptive one at least in its probes), a fixed one gets some
+      // drafts accepted (even the one-position window's, here), and every emitted token is an
+      // accepted draft or a verify pass's own token. A compressor that keeps everything drafts
+      // what full KV would: all its drafts are accepted.
+      SCOPED_TRACE(absl::StrCat(spec, " k=", k));
+      EXPECT_GT(total.drafted, 0);
+      if (k > 0) EXPECT_GT(total.accepted_drafts, 0);
+      EXPECT_LE(total.accepted_drafts, total.drafted);
+      EXPECT_EQ(total.accepted_drafts + total.verifies, int64_t{2} * 24 * static_cast<int64_t>(prompts.size()));
+      if (std::string(spec) == "none") EXPECT_EQ(total.accepted_drafts, total.drafted);
     }
+  }
+}
+
+// The lossy baseline decodes from the compressed cache alone: with a compressor that keeps every
+// position exactly it is full-KV decoding, and with 2-bit KIVI it is not.
+TEST_F(EngineExactness, LossyDecodingIsFullDecodingOnlyWhenNothingIsLost) {
+  const std::vector<std::vector<int32_t>> prompts = {RandomPrompt(2, 11), RandomPrompt(60, 12), RandomPrompt(150, 13)};
+  for (float temp : {0.0f, 0.9f}) {
+    GenerateOptions o;
+    o.max_tokens = 24;
+    o.stop_at_eos = false;
+    o.sampling = {temp, temp > 0 ? 50 : 0, temp > 0 ? 0.95f : 1.0f, 78};
+    int lossy_differs = 0;
+    for (const auto& p : prompts) {
+      auto want = GenerateFull(*model_, p, o);
+      ASSERT_TRUE(want.ok()) << want.status();
+      ASSERT_EQ(want->tokens.size(), 24u);
+      for (const char* spec : {"none", "streaming:sinks=0,window=4096", "snapkv:capacity=4096"}) {
+        auto got = GenerateLossy(*model_, p, o, spec);
+        ASSERT_TRUE(got.ok()) << got.status();
+        EXPECT_EQ(got->generation.tokens, want->tokens) << spec << " prompt " << p.size() << " temp " << temp;
+      }
+      auto lossy = GenerateLossy(*model_, p, o, "kivi:bits=2");
+      ASSERT_TRUE(lossy.ok()) << lossy.status();
+      ASSERT_EQ(lossy->generation.tokens.size(), 24u);
+      lossy_differs += lossy->generation.tokens != want->tokens;
+    }
+    EXPECT_GT(lossy_differs, 0) << "temp " << temp;
   }
 }
 
@@ -106,8 +146,11 @@ TEST_F(EngineExactness, BatchSizesOneToEight) {
     EngineOptions eo;
     eo.compressor = "kivi:bits=4";
     eo.max_batch = batch;
-    ExpectExact(*model_, prompts, o, eo);
+    EngineStats total;
+    ExpectExact(*model_, prompts, o, eo, &total);
     if (HasFatalFailure()) return;
+    EXPECT_GT(total.accepted_drafts, 0) << "batch " << batch;
+    EXPECT_EQ(total.accepted_drafts + total.verifies, int64_t{20} * static_cast<int64_t>(prompts.size()));
   }
 }
 
@@ -123,8 +166,10 @@ TEST_F(EngineExactness, TightStagingMemoryOnlyDelays) {
     eo.compressor = "kivi:bits=4";
     eo.staging_blocks = (60 + 16 + 17) / 16 + 2;
     eo.keep_staged = keep;  // kept staging is given up whenever another sequence needs it
-    ExpectExact(*model_, prompts, o, eo);
+    EngineStats total;
+    ExpectExact(*model_, prompts, o, eo, &total);
     if (HasFatalFailure()) return;
+    EXPECT_GT(total.accepted_drafts, 0) << "keep_staged " << keep;
   }
 }
 
