@@ -3,6 +3,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "absl/strings/str_join.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "services/cli/args.h"
@@ -51,6 +52,41 @@ TEST_F(CliTest, JsonOutput) {
   EXPECT_EQ(nlohmann::json::parse(a.out)["token_ids"], nlohmann::json::parse(b.out)["token_ids"]);
 }
 
+// Every mode through the command, greedy and sampled, against its full-KV decoding: VeriCache
+// identical under any compressor and window, lossy identical when its compressor keeps everything.
+TEST_F(CliTest, EveryModeAgainstFullDecoding) {
+  const std::vector<std::string> base = {"--model", dir_, "--prompt", "def f(x):\n    return x", "--max-tokens",
+                                         "24", "--json"};
+  for (const std::vector<std::string>& sampling :
+       {std::vector<std::string>{}, std::vector<std::string>{"--temperature", "0.9", "--top-k", "20", "--seed", "5"}}) {
+    auto run = [&](const std::vector<std::string>& extra) {
+      std::vector<std::string> args = base;
+      args.insert(args.end(), sampling.begin(), sampling.end());
+      args.insert(args.end(), extra.begin(), extra.end());
+      CliRun r = Generate(args);
+      EXPECT_EQ(r.code, 0) << r.err;
+      return r.code == 0 ? nlohmann::json::parse(r.out) : nlohmann::json::object();
+    };
+    const nlohmann::json full = run({"--mode", "full"});
+    const nlohmann::json want = full["token_ids"];
+    ASSERT_GT(want.size(), 0u);
+    for (const std::vector<std::string>& extra :
+         {std::vector<std::string>{"--mode", "vericache"},
+          std::vector<std::string>{"--mode", "vericache", "--draft-window", "auto"},
+          std::vector<std::string>{"--mode", "vericache", "--draft-window", "3"},
+          std::vector<std::string>{"--mode", "vericache", "--draft-window", "16", "--compressor", "kivi:bits=2"},
+          std::vector<std::string>{"--mode", "vericache", "--draft-window", "4", "--compressor",
+                                   "streaming:sinks=0,window=1"}}) {
+      const nlohmann::json j = run(extra);
+      SCOPED_TRACE(absl::StrJoin(extra, " ") + (sampling.empty() ? " greedy" : " sampled"));
+      EXPECT_EQ(j["token_ids"], want);
+      EXPECT_GT(j["stats"]["verifies"].get<int64_t>(), 0);
+      if (extra.size() > 2 && extra[3] != "auto") EXPECT_GT(j["stats"]["drafted"].get<int64_t>(), 0);
+    }
+    EXPECT_EQ(run({"--mode", "lossy", "--compressor", "none"})["token_ids"], want);
+  }
+}
+
 TEST_F(CliTest, BadInputsExitNonZeroWithAMessage) {
   struct Case {
     std::vector<std::string> args;
@@ -69,6 +105,9 @@ TEST_F(CliTest, BadInputsExitNonZeroWithAMessage) {
       {{"--model", dir_, "--prompt", "x", "--temperature", "-1"}, "temperature"},
       {{"--model", dir_, "--prompt", "x", "--top-p", "2"}, "top_p"},
       {{"--model", dir_, "--prompt", "x", "--bogus"}, "unknown option"},
+      {{"--model", dir_, "--prompt", "x", "--mode", "vericache", "--draft-window", "65"}, "--draft-window"},
+      {{"--model", dir_, "--prompt", "x", "--mode", "vericache", "--draft-window", "-1"}, "--draft-window"},
+      {{"--model", dir_, "--prompt", "x", "--mode", "vericache", "--draft-window", "some"}, "--draft-window"},
       {{"--model", dir_, "--model", dir_, "--prompt", "x"}, "given twice"},
       {{"--model", "/nonexistent", "--prompt", "x"}, "config.json"},
       {{"--model", dir_, "--prompt", "x", "--temperature", "inf"}, "finite number"},

@@ -93,6 +93,12 @@ absl::StatusOr<std::string> ReadBearerTokenFile(const std::string& path) {
   return line;
 }
 
+absl::StatusOr<int> DraftWindow(const Args& a) {
+  if (a.Str("draft-window", "auto") == "auto") return 0;
+  VC_ASSIGN_OR_RETURN(const int64_t k, a.Int("draft-window", 0, 0, 64));
+  return static_cast<int>(k);
+}
+
 absl::StatusOr<double> HotFraction(const Args& a) {
   VC_ASSIGN_OR_RETURN(const double f, a.Double("ram-hot-fraction", 0.5));
   if (f < 0 || f > 1) return absl::InvalidArgumentError("--ram-hot-fraction must be in [0, 1]");

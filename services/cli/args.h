@@ -69,6 +69,10 @@ sigset_t BlockStopSignals();
 void WaitAndDrain(const sigset_t& sigs, int64_t drain_seconds, std::ostream& out,
                   const std::function<void()>& stop_admitting, const std::function<void(absl::Time)>& shutdown);
 
+// --draft-window: "auto" (the default) or 0, which let the engine choose each sequence's window
+// (EngineOptions::draft_window 0), or a fixed window of 1 to 64 tokens.
+absl::StatusOr<int> DraftWindow(const Args& a);
+
 // --ram-hot-fraction (cachestore::RamTierOptions::hot_fraction), in [0, 1]; 0.5 when absent.
 absl::StatusOr<double> HotFraction(const Args& a);
 

@@ -63,11 +63,7 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
     return absl::InvalidArgumentError(absl::StrCat("--mode must be full, lossy or vericache, got '", mode, "'"));
   }
   const std::string compressor = a.Str("compressor", "kivi:bits=4,group=32,residual=32");
-  int draft_window = 0;
-  if (a.Has("draft-window") && a.Str("draft-window") != "auto") {
-    VC_ASSIGN_OR_RETURN(int64_t k, a.Int("draft-window", 0, 1, 64));
-    draft_window = static_cast<int>(k);
-  }
+  VC_ASSIGN_OR_RETURN(const int draft_window, DraftWindow(a));
 
   VC_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, Model::Load(a.Str("model")));
   // A compressor given is checked in full mode too, which does not use it (the others build it).

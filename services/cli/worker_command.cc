@@ -19,9 +19,10 @@ constexpr char kUsage[] =
     "                        [--ucx none|peer|off] [--block-tokens N] [--compressor SPEC] [--max-batch N]\n"
     "                        [--staging-mib N] [--full-kv-mib N] [--prefix-cache-mib N] [--host-kv-mib N]\n"
     "                        [--max-requests N] [--max-requests-per-tenant N] [--client-write-timeout-ms N]\n"
-    "                        [--client-tokens FILE] [--store-timeout-ms N] [--draft-window K] [--keep-staged 0|1]\n"
-    "                        [--stored-compressed 0|1] [--publish-outputs 0|1] [--metrics-listen HOST:PORT]\n"
-    "                        [--drain-seconds N] [--tls-cert PEM --tls-key PEM] [--store-tls-ca PEM]\n"
+    "                        [--client-tokens FILE] [--store-timeout-ms N] [--draft-window K|auto]\n"
+    "                        [--keep-staged 0|1] [--stored-compressed 0|1] [--publish-outputs 0|1]\n"
+    "                        [--metrics-listen HOST:PORT] [--drain-seconds N] [--tls-cert PEM --tls-key PEM]\n"
+    "                        [--store-tls-ca PEM]\n"
     "  --store HOST:PORT       the cache store: prompts' prefixes are looked up there, their full KV\n"
     "                          read over UCX while the worker drafts, and prefixes it lacked published.\n"
     "                          Several, comma-separated: blocks are spread over them by their names\n"
@@ -47,6 +48,13 @@ constexpr char kUsage[] =
     "                          no auth): a tenant's prefixes are found by its own requests only\n"
     "  --client-write-timeout-ms N  a client that takes no streamed tokens for this long has its\n"
     "                          call cancelled (default 60000)\n"
+    "  --store-timeout-ms N    the deadline of each gRPC call to a store (default 2000); a prefix\n"
+    "                          whose lookup or read fails is computed by the worker instead\n"
+    "  --compressor SPEC       the compressed KV that sequences draft from (default\n"
+    "                          kivi:bits=4,group=32,residual=32; see vericache generate --help)\n"
+    "  --max-batch N           sequences drafting and verifying together (default 16)\n"
+    "  --draft-window K|auto   tokens drafted per verify pass: a fixed K in 1..64, or auto (the default;\n"
+    "                          0 says the same), chosen per sequence from its acceptance and measured costs\n"
     "  --keep-staged 0|1       keep a sequence's full KV staged between verify passes while no other\n"
     "                          sequence needs the room (default 1); 0 fetches it for every verify\n"
     "  --stored-compressed 0|1 also publish prefixes' compressed (KIVI) variants, and draft from the\n"
@@ -129,9 +137,8 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
   EngineOptions& eo = o.service.engine;
   eo.compressor = a.Str("compressor", eo.compressor);
   VC_ASSIGN_OR_RETURN(int64_t batch, a.Int("max-batch", 16, 1, 4096));
-  VC_ASSIGN_OR_RETURN(int64_t window, a.Int("draft-window", 0, 0, 64));
   eo.max_batch = static_cast<int>(batch);
-  eo.draft_window = static_cast<int>(window);
+  VC_ASSIGN_OR_RETURN(eo.draft_window, DraftWindow(a));
   VC_ASSIGN_OR_RETURN(int64_t keep, a.Int("keep-staged", 1, 0, 1));
   eo.keep_staged = keep != 0;
   VC_ASSIGN_OR_RETURN(int64_t stored_compressed, a.Int("stored-compressed", 0, 0, 1));
