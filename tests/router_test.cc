@@ -351,10 +351,14 @@ TEST_F(RouterTest, AnAuthorizationValueGrpcCannotSendOnIsRefused) {
                                v1::GetStatsRequest().SerializeAsString());
     EXPECT_TRUE(stats.Pump(std::chrono::seconds(10), true));
   }
+  // Answered without reaching a worker.
+  EXPECT_EQ(Stats(*router).requests_routed(), 0u);
+  EXPECT_EQ(Stats(*router).requests_unrouted(), 0u);
   auto stub = InferenceStub(router->target());
   const GenerateReply ok = CallGenerate(*stub, Prompt(3, 1), "ops");
   ASSERT_TRUE(ok.status.ok()) << ok.status;
   EXPECT_EQ(ok.tokens, testing::FullOutput(stack_.worker.model_dir, Prompt(3, 1)));
+  EXPECT_EQ(Stats(*router).requests_routed(), 1u);
 }
 
 // A client that keeps its call open and takes nothing (here: it grants the stream no window) blocks
