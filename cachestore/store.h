@@ -66,6 +66,7 @@ class BlockStore {
   StoreStats Stats() const;
 
   RamTier& ram() { return *ram_; }
+  const DiskTier& disk() const { return *disk_; }
 
  private:
   // A stored block that cannot be served (RocksDB could not read it, or it failed its checks):

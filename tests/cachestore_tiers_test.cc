@@ -487,6 +487,9 @@ TEST(BlockStore, ReadsKeepBlocksOnDisk) {
   ASSERT_TRUE(s.Release(lease->id).ok());
   ASSERT_TRUE(s.Get(Key(1), nullptr).ok());
   ASSERT_TRUE(s.Put(Key(3), vc::testing::RandomBlock(4, 7)).ok());  // evicts key 2 from disk
+  // Not key 0, the oldest put, which only its lease keeps (Contains marks no use).
+  EXPECT_FALSE(s.disk().Contains(Key(2)));
+  EXPECT_TRUE(s.disk().Contains(Key(0)));
   ASSERT_TRUE(s.Put(Key(4), vc::testing::RandomBlock(5, 7)).ok());  // and then key 0
   bool from_ram = true;
   EXPECT_TRUE(absl::IsNotFound(s.Get(Key(2), &from_ram).status()));
