@@ -863,10 +863,16 @@ TEST(StoreService, RestartKeepsDiskTier) {
   EXPECT_EQ(a->Lookup(keys)->second, 1u);  // promoted on the hit
 }
 
+// Blocks of 1 MiB, twice what the 8 MiB RAM tier holds: reads promote blocks from disk while
+// others are evicted and their slots reused, under concurrent puts and reads of the same keys.
+// A read either misses or returns the block put (a torn copy would fail the store's checks and
+// come back as an error, so any error but NotFound counts), and every block reads back at the end.
 TEST(StoreService, ConcurrentClientsNeverSeeTornBlocks) {
   StoreServer server(testing::TempDir("store_conc"));
   const auto keys = Chain(16, 5);
-  std::atomic<int> bad{0};
+  std::vector<std::string> blocks;
+  for (int k = 0; k < 16; ++k) blocks.push_back(testing::LargeRandomBlock(k, 42, 64));
+  std::atomic<int> bad{0}, read{0};
   std::vector<std::thread> threads;
   for (int t = 0; t < 6; ++t) {
     threads.emplace_back([&, t] {
@@ -874,15 +880,27 @@ TEST(StoreService, ConcurrentClientsNeverSeeTornBlocks) {
       for (int i = 0; i < 40; ++i) {
         const int k = (t * 5 + i) % 16;
         if (i % 2 == 0) {
-          if (!c->Put(keys[k], MakeBlock(k)).ok()) bad++;
-        } else if (auto g = c->Get(keys[k]); g.ok() && *g != MakeBlock(k)) {
+          if (absl::Status st = c->Put(keys[k], blocks[k]); !st.ok()) bad++, ADD_FAILURE() << st;
+        } else if (auto g = c->Get(keys[k]); g.ok()) {
+          read++;
+          if (*g != blocks[k]) bad++;
+        } else if (!absl::IsNotFound(g.status())) {
           bad++;
+          ADD_FAILURE() << g.status();
         }
       }
     });
   }
   for (auto& th : threads) th.join();
   EXPECT_EQ(bad.load(), 0);
+  EXPECT_GT(read.load(), 0);
+  auto c = server.Client("token-a");
+  for (int k = 0; k < 16; ++k) {
+    auto g = c->Get(keys[k]);
+    ASSERT_TRUE(g.ok()) << k << ": " << g.status();
+    EXPECT_TRUE(*g == blocks[k]) << k;
+  }
+  EXPECT_GT(server.store().Stats().ram_evictions, 0u);
 }
 
 }  // namespace

@@ -8,17 +8,29 @@
 
 namespace vc::testing {
 
-std::string RandomBlock(uint32_t seed, uint8_t fingerprint_byte, std::array<uint8_t, 32>* fingerprint) {
+namespace {
+
+std::string RandomBlockOf(uint32_t seed, uint8_t fingerprint_byte, const cachestore::BlockLayout& layout,
+                          std::array<uint8_t, 32>* fingerprint) {
   std::array<uint8_t, 32> fp{};
   fp[0] = fingerprint_byte;
   if (fingerprint != nullptr) *fingerprint = fp;
-  const cachestore::BlockLayout layout{2, 2, 8, 16};
   std::mt19937 rng(seed);
   std::vector<std::string> layers(2, std::string(layout.layer_bytes(), '\0'));
   for (auto& l : layers) {
     for (char& c : l) c = static_cast<char>(rng());
   }
   return *cachestore::EncodeBlock(fp, layout, {layers[0], layers[1]});
+}
+
+}  // namespace
+
+std::string RandomBlock(uint32_t seed, uint8_t fingerprint_byte, std::array<uint8_t, 32>* fingerprint) {
+  return RandomBlockOf(seed, fingerprint_byte, cachestore::BlockLayout{2, 2, 8, 16}, fingerprint);
+}
+
+std::string LargeRandomBlock(uint32_t seed, uint8_t fingerprint_byte, int tokens) {
+  return RandomBlockOf(seed, fingerprint_byte, cachestore::BlockLayout{2, 8, 128, tokens}, nullptr);
 }
 
 absl::Status CorruptInRam(cachestore::BlockStore& store, const std::string& secret, const std::string& tenant,

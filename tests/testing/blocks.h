@@ -16,6 +16,9 @@ namespace vc::testing {
 // *fingerprint when given).
 std::string RandomBlock(uint32_t seed, uint8_t fingerprint_byte, std::array<uint8_t, 32>* fingerprint = nullptr);
 
+// The same with `tokens` tokens of 8 KV heads of 128 dimensions: 16 KiB a token over the 2 layers.
+std::string LargeRandomBlock(uint32_t seed, uint8_t fingerprint_byte, int tokens);
+
 // Corrupts the stored copy in `store`'s RAM tier of `tenant`'s block `key` (the tenant salt derived
 // from `secret` as the store service derives it): the byte `from_end` bytes before the end of the
 // block is xored with `mask`. The error when the block is not in RAM. *released (when given): whether
