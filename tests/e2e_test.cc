@@ -169,6 +169,17 @@ class EndToEnd : public ::testing::Test {
     return out;
   }
 
+  // Waits (up to 10 s) until the worker at `port` has a request in flight.
+  static bool WaitInFlight(int port) {
+    auto stub = InferenceStub(absl::StrCat("127.0.0.1:", port));
+    for (int i = 0; i < 2000; ++i) {
+      v1::WorkerStats stats;
+      if (testing::GetWorkerStats(*stub, "", &stats).ok() && stats.requests_in_flight() > 0) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    return false;
+  }
+
   void ExpectIdentical(const std::vector<GenerateReply>& got, const std::string& what) {
     for (size_t i = 0; i < got.size(); ++i) {
       ASSERT_TRUE(got[i].status.ok()) << what << " request " << i << ": " << got[i].status;
@@ -207,7 +218,7 @@ TEST_F(EndToEnd, ConcurrentClientsThroughStoreAndWorkerRestarts) {
   // The store dies mid-run: requests in flight and after still give identical output
   // (recomputed); then it comes back with its disk tier and serves the prefixes again.
   auto inflight = std::async(std::launch::async, [&] { return RunAll(worker_port, v1::MODE_VERICACHE); });
-  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_TRUE(WaitInFlight(worker_port));
   store->Kill(SIGKILL);
   ExpectIdentical(inflight.get(), "store killed mid-run");
   ExpectIdentical(RunAll(worker_port, v1::MODE_VERICACHE), "store down");
@@ -219,7 +230,7 @@ TEST_F(EndToEnd, ConcurrentClientsThroughStoreAndWorkerRestarts) {
   // The worker dies mid-run: its calls end with a clear status, never with wrong tokens; a new
   // worker (without compressed prefixes) reads the store's blocks and gives identical output.
   auto dying = std::async(std::launch::async, [&] { return RunAll(worker_port, v1::MODE_VERICACHE); });
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_TRUE(WaitInFlight(worker_port));
   worker->Kill(SIGKILL);
   const std::vector<GenerateReply> cut = dying.get();
   for (size_t i = 0; i < cut.size(); ++i) {
@@ -257,8 +268,19 @@ TEST_F(EndToEnd, BadRequestsGetClearStatuses) {
   EXPECT_EQ(CallGenerate(*stub, r).status.code(), absl::StatusCode::kInvalidArgument);
   r = Request(0, v1::MODE_VERICACHE);
   r.set_max_tokens(500);
+  v1::WorkerStats before;
+  ASSERT_TRUE(testing::GetWorkerStats(*stub, "", &before).ok());
   GenerateReply late = CallGenerate(*stub, r, "", absl::Milliseconds(50));
   EXPECT_EQ(late.status.code(), absl::StatusCode::kDeadlineExceeded) << late.status;
+  // The worker ends the call too, as failed, rather than decoding its 500 tokens for nobody.
+  bool ended = false;
+  for (int i = 0; i < 2000 && !ended; ++i) {
+    v1::WorkerStats stats;
+    ended = testing::GetWorkerStats(*stub, "", &stats).ok() && stats.requests_in_flight() == 0 &&
+            stats.requests_failed() == before.requests_failed() + 1;
+    if (!ended) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_TRUE(ended) << "the worker kept the expired call";
   // Prompts past the context are refused before they are encoded or copied, and a message past
   // the Inference servers' 32 MiB before it is parsed.
   v1::GenerateRequest big;

@@ -490,20 +490,20 @@ TEST_F(WorkerServiceTest, AShardThatHangsHoldsUpOnlyItsOwnPuts) {
   GenerateReply r = CallGenerate(*stub, Request(p, 8));
   ASSERT_TRUE(r.status.ok()) << r.status;
   EXPECT_EQ(r.tokens, Want(p, 8));
-  // Each put to the hanging shard waits out the 300 ms timeout; the good shard's are done long
-  // before the first of those fails.
-  std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  const int64_t early = worker->prefixes()->stats().blocks_published;
-  for (int i = 0; i < 500; ++i) {
+  // Each put to the hanging shard waits out the 300 ms timeout; the good shard's are done by the
+  // time the first of those fails.
+  int64_t at_first_failure = -1;
+  for (int i = 0; i < 2000; ++i) {
     const StorePrefixStats s = worker->prefixes()->stats();
+    if (at_first_failure < 0 && s.publish_failures > 0) at_first_failure = s.blocks_published;
     if (s.blocks_published + s.publish_failures >= 18) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   const StorePrefixStats s = worker->prefixes()->stats();
   EXPECT_EQ(s.blocks_published + s.publish_failures, 18);
   EXPECT_GT(s.publish_failures, 0);
   EXPECT_GT(s.blocks_published, 0);
-  EXPECT_EQ(early, s.blocks_published);
+  EXPECT_EQ(at_first_failure, s.blocks_published);
   ASSERT_EQ(s.shards.size(), 2u);
   EXPECT_EQ(s.shards[0].blocks_published, s.blocks_published);
   EXPECT_EQ(s.shards[1].publish_failures, s.publish_failures);
@@ -546,7 +546,10 @@ TEST_F(WorkerServiceTest, OverloadCancellationAndAuthentication) {
   auto long_call = std::async(std::launch::async, [&] {
     return CallGenerate(*stub, Request(p, 20000), "client-token", absl::Milliseconds(1500));
   });
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  for (int i = 0; i < 100 && WorkerStats(*stub, "client-token").requests_in_flight() == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));  // until the long request is admitted
+  }
+  ASSERT_EQ(WorkerStats(*stub, "client-token").requests_in_flight(), 1u);
   EXPECT_EQ(CallGenerate(*stub, Request(p, 4), "client-token").status.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_EQ(long_call.get().status.code(), absl::StatusCode::kDeadlineExceeded);
   GenerateReply after;
