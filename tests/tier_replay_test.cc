@@ -271,28 +271,44 @@ TEST_F(TierReplayTest, Command) {
   EXPECT_EQ(twice["replays"][0]["disk_write_bytes"].get<double>(), 2 * j["replays"][0]["disk_write_bytes"].get<double>());
 
   // Bad input: exit 2 and a line that names it.
-  const std::vector<std::vector<std::string>> bad = {
-      {"--kv-bytes-per-token", "128", "--ram-bytes", "4M", "--disk-bytes", "4M"},
-      {"--trace", trace, "--ram-bytes", "4M", "--disk-bytes", "4M"},
-      {"--trace", trace, "--kv-bytes-per-token", "128", "--model", dir_, "--ram-bytes", "4M", "--disk-bytes", "4M"},
-      {"--trace", trace, "--kv-bytes-per-token", "128", "--ram-bytes", "4Q", "--disk-bytes", "4M"},
-      {"--trace", trace, "--kv-bytes-per-token", "128", "--ram-bytes", "1K", "--disk-bytes", "4M"},
-      {"--trace", trace, "--kv-bytes-per-token", "128", "--ram-bytes", "100K", "--disk-bytes", "4M"},  // < a slot
-      {"--trace", trace, "--kv-bytes-per-token", "128", "--ram-bytes", "4M", "--disk-bytes", "4M", "--ram-slot-bytes",
-       "8388608"},
-      {"--trace", trace, "--kv-bytes-per-token", "128", "--ram-bytes", "4M", "--disk-bytes", "4M", "--scale", "3"},
-      {"--trace", trace, "--kv-bytes-per-token", "0", "--ram-bytes", "4M", "--disk-bytes", "4M"},
-      {"--trace", trace, "--kv-bytes-per-token", "128", "--ram-bytes", "4M", "--disk-bytes", "4M", "--ram-hot-fraction", "2"},
-      {"--trace", dir_ + "/absent", "--kv-bytes-per-token", "128", "--ram-bytes", "4M", "--disk-bytes", "4M"},
-      {"--trace", WriteTrace("{]\n", "bad.jsonl"), "--kv-bytes-per-token", "128", "--ram-bytes", "4M", "--disk-bytes", "4M"},
-      {"--trace", trace, "--model", dir_ + "/absent", "--ram-bytes", "4M", "--disk-bytes", "4M"},
-      {"--trace", trace, "--kv-bytes-per-token", "128", "--ram-bytes", "4M", "--disk-bytes", "4M", "--replicas", "0"},
-      {"--trace", trace, "--kv-bytes-per-token", "128", "--ram-bytes", "200K", "--disk-bytes", "4M", "--replicas", "2"},
+  const std::vector<std::pair<std::vector<std::string>, std::string>> bad = {
+      {{"--kv-bytes-per-token", "128", "--ram-bytes", "4M", "--disk-bytes", "4M"}, "--trace is required"},
+      {{"--trace", trace, "--ram-bytes", "4M", "--disk-bytes", "4M"}, "give one of --model and --kv-bytes-per-token"},
+      {{"--trace", trace, "--kv-bytes-per-token", "128", "--model", dir_, "--ram-bytes", "4M", "--disk-bytes", "4M"},
+       "give one of --model and --kv-bytes-per-token"},
+      {{"--trace", trace, "--kv-bytes-per-token", "128", "--ram-bytes", "4Q", "--disk-bytes", "4M"},
+       "--ram-bytes: '4Q' is not a size"},
+      {{"--trace", trace, "--kv-bytes-per-token", "128", "--ram-bytes", "1K", "--disk-bytes", "4M"},
+       "--ram-bytes 1024 holds no slot of 131072 bytes"},
+      {{"--trace", trace, "--kv-bytes-per-token", "128", "--ram-bytes", "100K", "--disk-bytes", "4M"},  // < a slot
+       "--ram-bytes 102400 holds no slot of 131072 bytes"},
+      {{"--trace", trace, "--kv-bytes-per-token", "128", "--ram-bytes", "4M", "--disk-bytes", "4M", "--ram-slot-bytes",
+        "8388608"},
+       "holds no slot of 8388608 bytes"},
+      {{"--trace", trace, "--kv-bytes-per-token", "128", "--ram-bytes", "4M", "--disk-bytes", "4M", "--scale", "3"},
+       "--scale must be a power of two"},
+      {{"--trace", trace, "--kv-bytes-per-token", "0", "--ram-bytes", "4M", "--disk-bytes", "4M"},
+       "--kv-bytes-per-token must be an integer"},
+      {{"--trace", trace, "--kv-bytes-per-token", "128", "--ram-bytes", "4M", "--disk-bytes", "4M", "--ram-hot-fraction",
+        "2"},
+       "--ram-hot-fraction must be in [0, 1]"},
+      {{"--trace", dir_ + "/absent", "--kv-bytes-per-token", "128", "--ram-bytes", "4M", "--disk-bytes", "4M"},
+       "cannot read the trace"},
+      {{"--trace", WriteTrace("{]\n", "bad.jsonl"), "--kv-bytes-per-token", "128", "--ram-bytes", "4M", "--disk-bytes",
+        "4M"},
+       "bad.jsonl: line 1: not a JSON object"},
+      {{"--trace", trace, "--model", dir_ + "/absent", "--ram-bytes", "4M", "--disk-bytes", "4M"},
+       "absent/config.json: no such file"},
+      {{"--trace", trace, "--kv-bytes-per-token", "128", "--ram-bytes", "4M", "--disk-bytes", "4M", "--replicas", "0"},
+       "--replicas must be an integer in [1, 64]"},
+      {{"--trace", trace, "--kv-bytes-per-token", "128", "--ram-bytes", "200K", "--disk-bytes", "4M", "--replicas", "2"},
+       "(1/2 of it per copy) holds no slot"},
   };
-  for (const auto& args : bad) {
+  for (const auto& [args, message] : bad) {
     r = SizeTiers(args);
     EXPECT_EQ(r.code, 2) << args[1] << " " << r.err;
-    EXPECT_NE(r.err.find("vericache size-tiers: "), std::string::npos) << r.err;
+    EXPECT_EQ(r.err.rfind("vericache size-tiers: ", 0), 0u) << r.err;
+    EXPECT_NE(r.err.find(message), std::string::npos) << "want: " << message << "\ngot: " << r.err;
   }
 }
 
