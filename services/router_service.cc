@@ -304,7 +304,9 @@ void RouterService::Apply(const std::vector<Probe>& probes) {
     } else if (!p.healthy) {
       w.state = "not serving";
     } else if (p.asked_model && !p.model_status.ok()) {
-      w.state = absl::StrCat("model query failed: ", p.model_status.error_message());
+      w.state = absl::StrCat("model query failed: ", p.model_status.error_code() == grpc::StatusCode::UNIMPLEMENTED
+                                                         ? "it serves no workers' Inference API (is it a store?)"
+                                                         : p.model_status.error_message());
     } else if (p.asked_model && model_ != nullptr) {
       if (p.info.fingerprint_hex() != model_->fingerprint_hex()) {
         w.state = absl::StrCat("serves another model: checkpoint ", p.info.fingerprint_hex().substr(0, 16),

@@ -231,16 +231,20 @@ TEST_F(RouterTest, HealthChecksFollowDrainingAndAnotherModelIsRefused) {
   auto other = WorkerServer::Start(other_options);
   ASSERT_TRUE(other.ok()) << other.status();
   RouterServerOptions o;
-  o.service.workers = (*other)->target() + "," + workers_[0]->target() + "," + workers_[1]->target();
+  // And a store listed as a worker by mistake.
+  o.service.workers = (*other)->target() + "," + workers_[0]->target() + "," + workers_[1]->target() + "," +
+                      store_->target();
   o.service.health_interval_ms = 50;
   o.service.worker_token = "a";
   auto router = RouterServer::Start(o);
   ASSERT_TRUE(router.ok()) << router.status();
   ASSERT_TRUE((*router)->service().WaitServing(2, absl::Seconds(20)));
   v1::RouterStats s = Stats(**router);
-  ASSERT_EQ(s.workers_size(), 3);
+  ASSERT_EQ(s.workers_size(), 4);
   EXPECT_EQ(s.workers(0).serving(), 0u);
   EXPECT_NE(s.workers(0).state().find("serves another model"), std::string::npos) << s.workers(0).state();
+  EXPECT_EQ(s.workers(3).serving(), 0u);
+  EXPECT_NE(s.workers(3).state().find("serves no workers' Inference API"), std::string::npos) << s.workers(3).state();
   // Named in the options, the other checkpoint is the one served.
   RouterServerOptions pinned = o;
   pinned.service.model_fingerprint_hex = HexString(*ModelFingerprint(other_options.model_dir));

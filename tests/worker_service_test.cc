@@ -982,7 +982,10 @@ TEST_F(WorkerServiceTest, AStoreThatRefusesTheWorkerIsAnErrorAtStart) {
   EXPECT_NE(refused.status().message().find("refused this worker"), absl::string_view::npos) << refused.status();
   o.store_token = "tok";
   o.store_target = worker->target();  // a worker, not a store
-  EXPECT_EQ(WorkerServer::Start(o).status().code(), absl::StatusCode::kFailedPrecondition);
+  refused = WorkerServer::Start(o);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(refused.status().message().find("serves no cache store there"), absl::string_view::npos)
+      << refused.status();
 }
 
 TEST_F(WorkerServiceTest, WhatCannotWorkIsRefusedUpFront) {

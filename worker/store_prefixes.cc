@@ -115,7 +115,9 @@ absl::StatusOr<std::unique_ptr<StorePrefixes>> StorePrefixes::Create(const Store
     // store without prefixes: an error now. (One that is down may come up later.)
     if (const absl::Status st = shard.client->Stats().status();
         absl::IsUnauthenticated(st) || absl::IsPermissionDenied(st) || absl::IsUnimplemented(st)) {
-      return absl::FailedPreconditionError(absl::StrCat("the store at ", target, " refused this worker: ", st.message()));
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the store at ", target, " refused this worker: ",
+          absl::IsUnimplemented(st) ? "it serves no cache store there (is it a worker or a router?)" : st.message()));
     }
     p->shards_.push_back(std::move(shard));
   }
