@@ -88,8 +88,15 @@ std::vector<BlockKey> Keys(const TraceRequest& r, int64_t block_tokens) {
   return ChainBlockKeys(context, words);
 }
 
-// Bytes per second of the busiest minute of `events` (time in seconds, bytes).
-double PeakMinute(const std::vector<std::pair<double, double>>& events) {
+// Bytes per second of the busiest minute of `events` (time in seconds, bytes) over a trace of
+// `duration_s`: one shorter than a minute has no whole minute, and its busiest is the whole
+// trace (the mean rate; 0 for a trace of one instant).
+double PeakMinute(const std::vector<std::pair<double, double>>& events, double duration_s) {
+  if (duration_s < 60.0) {
+    double total = 0;
+    for (const auto& [t, b] : events) total += b;
+    return duration_s > 0 ? total / duration_s : 0.0;
+  }
   std::map<int64_t, double> per_minute;
   for (const auto& [t, b] : events) per_minute[static_cast<int64_t>(t / 60.0)] += b;
   double peak = 0;
@@ -123,9 +130,9 @@ class Tally {
     st_.ram_read_bytes = static_cast<double>(st_.ram_hits + st_.disk_hits) * block_;
     st_.disk_read_bytes = static_cast<double>(st_.disk_hits) * block_;
     st_.disk_write_bytes = static_cast<double>(st_.blocks_put) * block_;
-    st_.peak_ram_read_bps = PeakMinute(ram_reads_);
-    st_.peak_disk_read_bps = PeakMinute(disk_reads_);
-    st_.peak_disk_write_bps = PeakMinute(disk_writes_);
+    st_.peak_ram_read_bps = PeakMinute(ram_reads_, st_.duration_s);
+    st_.peak_disk_read_bps = PeakMinute(disk_reads_, st_.duration_s);
+    st_.peak_disk_write_bps = PeakMinute(disk_writes_, st_.duration_s);
     st_.ram_blocks = ram_blocks;
     st_.disk_blocks = disk_blocks;
     return st_;

@@ -59,7 +59,7 @@ struct ReplayStats {
   // At full scale: bytes leased out of RAM (every hit; remote reads), read from disk (disk hits,
   // brought up to RAM) and written to disk (puts).
   double ram_read_bytes = 0, disk_read_bytes = 0, disk_write_bytes = 0;
-  // The busiest minute of each, bytes per second.
+  // The busiest minute of each, bytes per second (of a trace shorter than a minute: its mean).
   double peak_ram_read_bps = 0, peak_disk_read_bps = 0, peak_disk_write_bps = 0;
   // Blocks in each tier at the end.
   uint64_t ram_blocks = 0, disk_blocks = 0;

@@ -81,6 +81,19 @@ TEST_F(TierReplayTest, AStoreThatHoldsEverythingServesWhatAnUnboundedOneWould) {
   EXPECT_TRUE(std::filesystem::is_empty(dir_));
 }
 
+// A trace shorter than a minute has no busiest minute: its peak rates are its mean rates, never
+// below them (bytes over a whole minute would be).
+TEST_F(TierReplayTest, ATraceShorterThanAMinutePeaksAtItsMean) {
+  std::vector<TraceRequest> trace = SharedPrefixes();
+  trace.pop_back();  // 3 s
+  absl::StatusOr<ReplayStats> s = ReplayTrace(trace, Options(64, 64));
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_DOUBLE_EQ(s->duration_s, 3.0);
+  EXPECT_DOUBLE_EQ(s->peak_ram_read_bps, 5.0 * (64 << 10) / 3);
+  EXPECT_DOUBLE_EQ(s->peak_disk_write_bps, 6.0 * (64 << 10) / 3);
+  EXPECT_DOUBLE_EQ(UnboundedReplay(trace, kBt, 64 << 10).peak_ram_read_bps, 5.0 * (64 << 10) / 3);
+}
+
 TEST_F(TierReplayTest, WhatRamCannotHoldIsServedFromDisk) {
   // RAM holds one block: the last one put or brought up, never one the next request starts with.
   absl::StatusOr<ReplayStats> s = ReplayTrace(SharedPrefixes(), Options(1, 64));
