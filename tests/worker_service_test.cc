@@ -167,6 +167,8 @@ class WorkerServiceTest : public ::testing::Test {
     testing::WriteFile(dir + "/config.json", config.dump(2));
   }
 
+  // Tokens from position 160 on depend on `salt`: prompts of more than 160 tokens share their
+  // first 160.
   std::vector<int32_t> Prompt(int n, int salt) const {
     std::vector<int32_t> p;
     for (int i = 0; i < n; ++i) p.push_back((i * 31 + (i >= 160 ? salt : 0) * 17) % 250 + 1);
@@ -448,7 +450,8 @@ TEST_F(WorkerServiceTest, NoStoreMeansComputeEverything) {
   auto worker = StartWorker("127.0.0.1:1");
   auto stub = InferenceStub(worker->target());
   for (int salt : {1, 2}) {
-    const auto p = Prompt(100, salt);
+    auto p = Prompt(100, salt);
+    p[1] = 200 + salt;  // prompts unlike from their first block on
     GenerateReply r = CallGenerate(*stub, Request(p, 12));
     ASSERT_TRUE(r.status.ok()) << r.status;
     EXPECT_EQ(r.tokens, Want(p, 12));
@@ -467,7 +470,8 @@ TEST_F(WorkerServiceTest, AStoreThatHangsIsWaitedOutOnceNotByEveryRequest) {
   auto worker = StartWorker("127.0.0.1:" + std::to_string(port));
   auto stub = InferenceStub(worker->target());
   for (int salt : {1, 2, 3}) {
-    const auto p = Prompt(100, salt);
+    auto p = Prompt(100, salt);
+    p[1] = 200 + salt;  // prompts unlike from their first block on
     GenerateReply r = CallGenerate(*stub, Request(p, 8));
     ASSERT_TRUE(r.status.ok()) << r.status;
     EXPECT_EQ(r.tokens, Want(p, 8));

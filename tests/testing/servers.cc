@@ -1,6 +1,7 @@
 #include "tests/testing/servers.h"
 
 #include "absl/time/clock.h"
+#include "gtest/gtest.h"
 #include "services/inference_client.h"
 #include "tests/testing/tiny_model.h"
 #include "worker/full_decoder.h"
@@ -35,14 +36,26 @@ vericache::v1::GenerateRequest IdsRequest(int prompt_tokens, int max_tokens) {
 }
 
 std::vector<int32_t> FullOutput(const std::string& model_dir, const vericache::v1::GenerateRequest& r) {
+  // What it computes: greedy decoding of a token-id prompt, EOS ignored.
+  if (!r.ignore_eos() || r.sampling().temperature() != 0 || !r.has_token_ids() || r.stop_size() > 0) {
+    ADD_FAILURE() << "FullOutput takes greedy token-id requests that ignore EOS, without stops";
+    return {};
+  }
   auto model = Model::Load(model_dir);
-  if (!model.ok()) return {};
+  if (!model.ok()) {
+    ADD_FAILURE() << model.status();
+    return {};
+  }
   GenerateOptions o;
   o.max_tokens = static_cast<int>(r.max_tokens());
   o.stop_at_eos = false;
   const std::vector<int32_t> prompt(r.token_ids().ids().begin(), r.token_ids().ids().end());
   auto out = GenerateFull(**model, prompt, o);
-  return out.ok() ? out->tokens : std::vector<int32_t>();
+  if (!out.ok()) {
+    ADD_FAILURE() << out.status();
+    return {};
+  }
+  return out->tokens;
 }
 
 grpc::Status CallRaw(const std::string& target, const std::string& method, const std::string& bytes,
