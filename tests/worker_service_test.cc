@@ -746,6 +746,7 @@ TEST_F(WorkerServiceTest, ReplicasKeepPrefixesWhenAStoreLosesThemOrGoesAway) {
   // Store a loses all of p's blocks: the read takes them from b in one more round, and each read
   // puts back those a was asked for and the first a's lookup missed, until a holds them all.
   DeleteBlocks(*a, names);
+  ASSERT_EQ(blocks_on(*a), 18u);  // q's alone
   for (int i = 0; i < 18 && blocks_on(*a) < 36; ++i) {
     whole_prefix();
     worker->prefixes()->Flush();
