@@ -6,6 +6,7 @@
 #include "cachestore/block_format.h"
 #include "cachestore/block_key.h"
 #include "cachestore/crc32c.h"
+#include "absl/strings/escaping.h"
 #include "gtest/gtest.h"
 
 namespace vc::cachestore {
@@ -269,6 +270,10 @@ TEST(BlockFormat, KiviVariantRoundTripsAndIsChecked) {
   ASSERT_TRUE(old.ok());
   EXPECT_EQ(VerifyBlock(*old, fp)->version, kBlockFormatVersion);
   EXPECT_EQ(old->size(), BlockHeaderBytes(2) + 2 * f32.layer_bytes());
+  // The header the encoder wrote before the KIVI encoding existed (7efc8f5^), for these inputs.
+  EXPECT_EQ(absl::BytesToHexString(old->substr(0, BlockHeaderBytes(2))),
+            "56434b56010000000000000900000000000000000000000000000000000000000000000000000000020000000200"
+            "000020000000400000009f395b453a24a4cc90fef695");
 }
 
 }  // namespace
