@@ -4,6 +4,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <fstream>
 #include <random>
@@ -22,11 +23,11 @@ std::string MakeBlock(uint32_t seed) { return testing::RandomBlock(seed, 0); }
 
 // Waits up to 20 s for the store to answer; false if it exited or never answered.
 bool WaitUp(pid_t pid, const std::string& target) {
-  auto probe = *cachestore::StoreClient::Create({target, "tok", 300, ""});
   const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
   while (std::chrono::steady_clock::now() < until) {
     if (waitpid(pid, nullptr, WNOHANG) == pid) return false;
-    if (probe->Stats().ok()) return true;
+    // A new channel each time: one that failed to connect waits out gRPC's reconnect backoff.
+    if ((*cachestore::StoreClient::Create({target, "tok", 300, ""}))->Stats().ok()) return true;
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   return false;
@@ -68,8 +69,24 @@ TEST(StoreCrash, KillNineThenRestart) {
   } reaper{&pid};
   ASSERT_TRUE(WaitUp(pid, target)) << "store did not start";
   for (int i = 0; i < 20; ++i) ASSERT_TRUE(client->Put(keys[i], MakeBlock(i)).ok());
+  // Then blocks of 64 KiB, put one after another until the store dies: it is killed while one is
+  // on its way in.
+  constexpr int kLate = 200;
+  std::vector<cachestore::BlockKey> late_keys;
+  for (int i = 0; i < kLate; ++i) late_keys.push_back(cachestore::ChainBlockKeys({"late", "l", "", 1}, {i})[0]);
+  const auto late_block = [](int i) { return testing::LargeRandomBlock(1000 + i, 0, 4); };
+  std::atomic<int> acked{0};
+  std::thread writer([&] {
+    auto c = *cachestore::StoreClient::Create({target, "tok", 2000, ""});
+    for (int i = 0; i < kLate && c->Put(late_keys[i], late_block(i)).ok(); ++i) acked++;
+  });
+  for (int i = 0; i < 2000 && acked.load() < 5; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
   ASSERT_EQ(kill(pid, SIGKILL), 0);
   waitpid(pid, nullptr, 0);
+  writer.join();
+  const int acked_before_kill = acked.load();
+  ASSERT_GE(acked_before_kill, 5);
+  ASSERT_LT(acked_before_kill, kLate) << "every put finished before the kill";
 
   pid = StartStore(dir + "/db", tokens, port);
   ASSERT_TRUE(WaitUp(pid, target)) << "store did not restart";
@@ -77,6 +94,17 @@ TEST(StoreCrash, KillNineThenRestart) {
     auto g = client->Get(keys[i]);
     ASSERT_TRUE(g.ok()) << i << ": " << g.status();
     EXPECT_EQ(*g, MakeBlock(i));
+  }
+  // Every acknowledged put is served whole; the one in flight is whole or absent.
+  for (int i = 0; i <= acked_before_kill && i < kLate; ++i) {
+    auto g = client->Get(late_keys[i]);
+    if (i == acked_before_kill && absl::IsNotFound(g.status())) continue;
+    ASSERT_TRUE(g.ok()) << "late block " << i << " of " << acked_before_kill << " acknowledged: " << g.status();
+    EXPECT_TRUE(*g == late_block(i)) << i;
+  }
+  for (int i = acked_before_kill + 1; i < kLate; ++i) {
+    const auto st = client->Get(late_keys[i]).status();
+    EXPECT_TRUE(absl::IsNotFound(st)) << "never put: " << i << " " << st;
   }
   client.reset();
   // SIGTERM stops the store; a store that does not stop within 10 s fails the test (and is killed).
