@@ -68,6 +68,51 @@ class EngineExactness : public ::testing::Test {
     }
   }
 
+  // What a stepwise run saw: the most sequences in flight at once, and whether a request waited
+  // in the queue while others ran.
+  struct Admission {
+    size_t max_active = 0;
+    bool waited = false;
+  };
+
+  // ExpectExact through Submit and Step, watching admission (eo.staging_blocks must be set).
+  static Admission ExpectExactStepwise(const Model& model, const std::vector<std::vector<int32_t>>& prompts,
+                                       const GenerateOptions& o, const EngineOptions& eo, EngineStats* total) {
+    Admission seen;
+    HostKvTier tier(model.kv_layout(eo.block_size), 0);
+    auto engine = VeriCacheEngine::Create(model, &tier, eo);
+    EXPECT_TRUE(engine.ok()) << engine.status();
+    if (!engine.ok()) return seen;
+    std::vector<EngineResult> results(prompts.size());
+    std::vector<bool> done(prompts.size(), false);
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      (*engine)->Submit(MakeRequest(prompts[i], o), [&, i](absl::Status st, EngineResult r) {
+        EXPECT_TRUE(st.ok()) << st;
+        results[i] = std::move(r);
+        done[i] = true;
+      });
+    }
+    while (!(*engine)->Idle()) {
+      const absl::Status st = (*engine)->Step();
+      EXPECT_TRUE(st.ok()) << st;
+      if (!st.ok()) return seen;
+      seen.max_active = std::max(seen.max_active, (*engine)->active());
+      if ((*engine)->queued() > 0 && (*engine)->active() > 0) seen.waited = true;
+    }
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      EXPECT_TRUE(done[i]) << "request " << i << " never ended";
+      auto want = GenerateFull(model, prompts[i], o);
+      EXPECT_TRUE(want.ok());
+      if (!want.ok()) continue;
+      EXPECT_EQ(results[i].tokens, want->tokens) << eo.compressor << " prompt " << i;
+      total->drafted += results[i].stats.drafted;
+      total->accepted_drafts += results[i].stats.accepted_drafts;
+      total->verifies += results[i].stats.verifies;
+      total->bytes_fetched += results[i].stats.bytes_fetched;
+    }
+    return seen;
+  }
+
   static Model* model_;
 };
 Model* EngineExactness::model_ = nullptr;
@@ -146,9 +191,12 @@ TEST_F(EngineExactness, BatchSizesOneToEight) {
     EngineOptions eo;
     eo.compressor = "kivi:bits=4";
     eo.max_batch = batch;
+    eo.staging_blocks = 8 * ((20 + 13 * 7 + 20 + 17) / 16 + 2);  // all eight at once
     EngineStats total;
-    ExpectExact(*model_, prompts, o, eo, &total);
+    const Admission seen = ExpectExactStepwise(*model_, prompts, o, eo, &total);
     if (HasFatalFailure()) return;
+    EXPECT_EQ(seen.max_active, static_cast<size_t>(batch)) << "the batch limit binds";
+    EXPECT_EQ(seen.waited, batch < 8);
     EXPECT_GT(total.accepted_drafts, 0) << "batch " << batch;
     EXPECT_EQ(total.accepted_drafts + total.verifies, int64_t{20} * static_cast<int64_t>(prompts.size()));
   }
@@ -167,9 +215,18 @@ TEST_F(EngineExactness, TightStagingMemoryOnlyDelays) {
     eo.staging_blocks = (60 + 16 + 17) / 16 + 2;
     eo.keep_staged = keep;  // kept staging is given up whenever another sequence needs it
     EngineStats total;
-    ExpectExact(*model_, prompts, o, eo, &total);
+    const Admission seen = ExpectExactStepwise(*model_, prompts, o, eo, &total);
     if (HasFatalFailure()) return;
     EXPECT_GT(total.accepted_drafts, 0) << "keep_staged " << keep;
+    EXPECT_EQ(seen.max_active, prompts.size());  // all admitted: they wait for staging, not admission
+    if (keep) {
+      // The limit binds: kept sequences lose their staging to one another and fetch again, where
+      // staging for all four keeps them resident.
+      eo.staging_blocks = 4 * ((60 + 16 + 17) / 16 + 2);
+      EngineStats ample;
+      ExpectExactStepwise(*model_, prompts, o, eo, &ample);
+      EXPECT_GT(total.bytes_fetched, 4 * ample.bytes_fetched);
+    }
   }
 }
 
