@@ -369,10 +369,32 @@ TEST_F(RouterTest, AnAuthorizationValueGrpcCannotSendOnIsRefused) {
 // the router's writes; past --client-write-timeout-ms the router cancels the call, which frees its
 // handler and its count of calls in flight, and cancels the worker's call.
 TEST_F(RouterTest, AClientThatStopsReadingIsCutOff) {
-  auto router = StartRouter(100, "prefix", 300);
-  ASSERT_NE(router, nullptr);
+  // A worker of the 4M-parameter model, still generating when the router gives up on the client,
+  // behind a router of its own.
+  WorkerServerOptions wo = stack_.worker;
+  wo.model_dir = VC_SOURCE_DIR "/models/vc-code-4m";
+  wo.store_target = "";
+  wo.staging_bytes = wo.full_kv_bytes = int64_t{96} << 20;
+  auto slow = WorkerServer::Start(wo);
+  ASSERT_TRUE(slow.ok()) << slow.status();
+  RouterServerOptions o;
+  o.service.workers = (*slow)->target();
+  o.service.worker_token = "ops";
+  o.service.health_interval_ms = 100;
+  o.service.client_write_timeout_ms = 300;
+  auto started_router = RouterServer::Start(o);
+  ASSERT_TRUE(started_router.ok()) << started_router.status();
+  RouterServer* router = started_router->get();
+  ASSERT_TRUE(router->service().WaitServing(1, absl::Seconds(20)));
   v1::GenerateRequest req = Prompt(4, 1);
-  req.set_max_tokens(4);
+  req.set_max_tokens(2000);
+  req.set_ignore_eos(true);
+  auto worker_stub = InferenceStub((*slow)->target());
+  const auto worker_stats = [&] {
+    v1::WorkerStats s;
+    EXPECT_TRUE(testing::GetWorkerStats(*worker_stub, "ops", &s).ok());
+    return s;
+  };
   testing::RawGrpcCall stalled(router->port(), "/vericache.v1.Inference/Generate",
                                {{"authorization", "Bearer ops"}}, req.SerializeAsString(), /*zero_window=*/true);
   bool started = false;
@@ -387,10 +409,23 @@ TEST_F(RouterTest, AClientThatStopsReadingIsCutOff) {
     in_flight = Stats(*router).requests_in_flight();
   }
   EXPECT_EQ(in_flight, 0u) << Stats(*router).DebugString();
+  // The worker's call is cancelled too (it ends as failed), not left to run its 2000 tokens.
+  v1::WorkerStats w = worker_stats();
+  for (int i = 0; i < 500 && w.requests_in_flight() != 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    w = worker_stats();
+  }
+  EXPECT_EQ(w.requests_in_flight(), 0u);
+  EXPECT_EQ(w.requests_failed(), 1u);
+  EXPECT_EQ(w.requests_ended(), 0u);
+  EXPECT_LT(w.generated_tokens(), 2000u);
   auto stub = InferenceStub(router->target());
-  const GenerateReply ok = CallGenerate(*stub, Prompt(4, 1), "ops");
+  v1::GenerateRequest small = Prompt(4, 1);
+  small.set_max_tokens(8);
+  small.set_ignore_eos(true);
+  const GenerateReply ok = CallGenerate(*stub, small, "ops");
   ASSERT_TRUE(ok.status.ok()) << ok.status;
-  EXPECT_EQ(ok.tokens, testing::FullOutput(stack_.worker.model_dir, Prompt(4, 1)));
+  EXPECT_EQ(ok.tokens, testing::FullOutput(wo.model_dir, small));
 }
 
 }  // namespace
