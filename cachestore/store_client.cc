@@ -362,18 +362,18 @@ void StoreClient::ReadRound(absl::Span<const BlockKey> keys, size_t first, UcxRe
       out[i] = dest.status();
       continue;
     }
-    absl::StatusOr<const char*> mapped = reader->Map(r.worker_address(), r.rkey(), r.address(), size);
-    if (mapped.ok()) {
-      checked[i] = CopyAndVerifyBlock(*mapped, size, *dest, nullptr, sink.streaming).status();
-    } else if (absl::IsUnimplemented(mapped.status())) {
+    const absl::Status mapped = reader->WithMapping(r.worker_address(), r.rkey(), r.address(), size, [&](const char* p) {
+      checked[i] = CopyAndVerifyBlock(p, size, *dest, nullptr, sink.streaming).status();
+    });
+    if (absl::IsUnimplemented(mapped)) {
       const absl::Status read = reader->Get(r.worker_address(), r.rkey(), r.address(), *dest, size);
       if (!read.ok()) {
         out[i] = read;
         continue;
       }
       unchecked[i] = *dest;
-    } else {
-      out[i] = mapped.status();
+    } else if (!mapped.ok()) {
+      out[i] = mapped;
       continue;
     }
     if (options_.clock->Now() >= trusted_until) confirm[i] = static_cast<int>(lease_ids.size() - 1);

@@ -133,33 +133,51 @@ UcxRegionServer::~UcxRegionServer() {
 }
 
 struct UcxReader::Impl {
-  UcxErrorMode mode = UcxErrorMode::kNone;
+  Options options;
   ContextPtr ctx;
   WorkerPtr worker;
   struct Peer {
     ucp_ep_h ep = nullptr;
     std::map<std::string, ucp_rkey_h> rkeys;
+    std::chrono::steady_clock::time_point last_used;
   };
   std::map<std::string, Peer> peers;
+
+  // Closes `ep`, waiting for the close to complete; with `force`, outstanding operations end
+  // with UCS_ERR_CANCELED at once (valid in error mode peer only).
+  void Close(ucp_ep_h ep, bool force) {
+    ucp_request_param_t rp{};
+    if (force) {
+      rp.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+      rp.flags = UCP_EP_CLOSE_FLAG_FORCE;
+    }
+    ucs_status_ptr_t req = ucp_ep_close_nbx(ep, &rp);
+    if (UCS_PTR_IS_PTR(req)) {
+      while (ucp_request_check_status(req) == UCS_INPROGRESS) ucp_worker_progress(worker.get());
+      ucp_request_free(req);
+    }
+  }
+  // Releases a peer's keys; closes its endpoint in error mode peer, where that cannot wait on a
+  // peer that no longer answers.
+  void Release(Peer& p) {
+    for (auto& [k, r] : p.rkeys) ucp_rkey_destroy(r);
+    p.rkeys.clear();
+    if (options.mode == UcxErrorMode::kPeer) Close(p.ep, /*force=*/true);
+  }
   ~Impl() {
     for (auto& [addr, p] : peers) {
       for (auto& [k, r] : p.rkeys) ucp_rkey_destroy(r);
-      ucp_request_param_t rp{};
-      ucs_status_ptr_t req = ucp_ep_close_nbx(p.ep, &rp);
-      if (UCS_PTR_IS_PTR(req)) {
-        while (ucp_request_check_status(req) == UCS_INPROGRESS) ucp_worker_progress(worker.get());
-        ucp_request_free(req);
-      }
+      Close(p.ep, options.mode == UcxErrorMode::kPeer);
     }
-    worker.reset();
+    worker.reset();  // destroys the endpoints forgotten in error mode none too
     ctx.reset();
   }
 };
 
-absl::StatusOr<std::unique_ptr<UcxReader>> UcxReader::Create(UcxErrorMode mode) {
+absl::StatusOr<std::unique_ptr<UcxReader>> UcxReader::Create(const Options& options) {
   std::unique_ptr<UcxReader> r(new UcxReader());
   r->impl_ = std::make_unique<Impl>();
-  r->impl_->mode = mode;
+  r->impl_->options = options;
   absl::Status st = MakeContextAndWorker(&r->impl_->ctx, &r->impl_->worker);
   if (!st.ok()) return st;
   return r;
@@ -172,19 +190,42 @@ struct UcxReader::Target {
   ucp_rkey_h rkey;
 };
 
+void UcxReader::Forget(const std::string& worker_address) {
+  auto it = impl_->peers.find(worker_address);
+  if (it == impl_->peers.end()) return;
+  impl_->Release(it->second);
+  impl_->peers.erase(it);
+}
+
+size_t UcxReader::cached_peers() {
+  absl::MutexLock l(&mu_);
+  return impl_->peers.size();
+}
+
 absl::StatusOr<UcxReader::Target> UcxReader::Find(const std::string& worker_address, const std::string& rkey) {
   Impl& im = *impl_;
+  const auto now = std::chrono::steady_clock::now();
+  const auto idle = absl::ToChronoNanoseconds(im.options.idle);
+  for (auto it = im.peers.begin(); it != im.peers.end();) {
+    if (it->first != worker_address && now - it->second.last_used > idle) {
+      im.Release(it->second);
+      it = im.peers.erase(it);
+    } else {
+      ++it;
+    }
+  }
   auto peer = im.peers.find(worker_address);
   if (peer == im.peers.end()) {
     ucp_ep_params_t ep{};
     ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
     ep.address = reinterpret_cast<const ucp_address_t*>(worker_address.data());
-    ep.err_mode = im.mode == UcxErrorMode::kPeer ? UCP_ERR_HANDLING_MODE_PEER : UCP_ERR_HANDLING_MODE_NONE;
+    ep.err_mode = im.options.mode == UcxErrorMode::kPeer ? UCP_ERR_HANDLING_MODE_PEER : UCP_ERR_HANDLING_MODE_NONE;
     ucp_ep_h h = nullptr;
     ucs_status_t s = ucp_ep_create(im.worker.get(), &ep, &h);
     if (s != UCS_OK) return UcxError("ucp_ep_create", s);
-    peer = im.peers.emplace(worker_address, Impl::Peer{h, {}}).first;
+    peer = im.peers.emplace(worker_address, Impl::Peer{h, {}, now}).first;
   }
+  peer->second.last_used = now;
   auto rk = peer->second.rkeys.find(rkey);
   if (rk == peer->second.rkeys.end()) {
     ucp_rkey_h h = nullptr;
@@ -197,41 +238,80 @@ absl::StatusOr<UcxReader::Target> UcxReader::Find(const std::string& worker_addr
 
 absl::Status UcxReader::Get(const std::string& worker_address, const std::string& rkey, uint64_t remote, void* dest,
                             size_t size) {
+  absl::WriterMutexLock ml(&mapping_mu_);
   absl::MutexLock l(&mu_);
   absl::StatusOr<Target> t = Find(worker_address, rkey);
   if (!t.ok()) return t.status();
   ucp_request_param_t rp{};
   ucs_status_ptr_t req = ucp_get_nbx(t->ep, dest, size, remote, t->rkey, &rp);
-  if (UCS_PTR_IS_ERR(req)) return UcxError("ucp_get_nbx", UCS_PTR_STATUS(req));
+  if (UCS_PTR_IS_ERR(req)) {
+    Forget(worker_address);
+    return UcxError("ucp_get_nbx", UCS_PTR_STATUS(req));
+  }
   if (req == nullptr) return absl::OkStatus();  // completed in place
+  const bool timed = impl_->options.mode == UcxErrorMode::kPeer;
+  const auto deadline = std::chrono::steady_clock::now() + absl::ToChronoNanoseconds(impl_->options.get_timeout);
+  bool expired = false;
   ucs_status_t s;
-  while ((s = ucp_request_check_status(req)) == UCS_INPROGRESS) ucp_worker_progress(impl_->worker.get());
+  while ((s = ucp_request_check_status(req)) == UCS_INPROGRESS) {
+    ucp_worker_progress(impl_->worker.get());
+    if (timed && !expired && std::chrono::steady_clock::now() >= deadline) {
+      // Closing the endpoint by force ends the get, with UCS_ERR_CANCELED.
+      expired = true;
+      Forget(worker_address);
+    }
+  }
   ucp_request_free(req);
-  if (s != UCS_OK) return UcxError("get", s);
+  if (expired) {
+    return absl::DeadlineExceededError(absl::StrCat("UCX get of ", size, " bytes: no answer from the store within ",
+                                                    absl::FormatDuration(impl_->options.get_timeout)));
+  }
+  if (s != UCS_OK) {
+    Forget(worker_address);
+    return UcxError("get", s);
+  }
   return absl::OkStatus();
 }
 
-absl::StatusOr<const char*> UcxReader::Map(const std::string& worker_address, const std::string& rkey,
-                                           uint64_t remote, size_t size) {
-  if (impl_->mode == UcxErrorMode::kPeer) {
+absl::Status UcxReader::WithMapping(const std::string& worker_address, const std::string& rkey, uint64_t remote,
+                                    size_t size, absl::FunctionRef<void(const char*)> use) {
+  if (impl_->options.mode == UcxErrorMode::kPeer) {
     return absl::UnimplementedError("error mode peer reads through UCX only");
   }
-  absl::MutexLock l(&mu_);
-  absl::StatusOr<Target> t = Find(worker_address, rkey);
-  if (!t.ok()) return t.status();
-  // Both ends of the range must map, and contiguously (one segment).
-  void* first = nullptr;
-  ucs_status_t s = ucp_rkey_ptr(t->rkey, remote, &first);
-  if (s != UCS_OK) return absl::UnimplementedError(absl::StrCat("ucp_rkey_ptr: ", ucs_status_string(s)));
-  if (size > 0) {
-    void* last = nullptr;
-    s = ucp_rkey_ptr(t->rkey, remote + size - 1, &last);
-    if (s != UCS_OK) return absl::UnimplementedError(absl::StrCat("ucp_rkey_ptr: ", ucs_status_string(s)));
-    if (static_cast<char*>(last) != static_cast<char*>(first) + (size - 1)) {
-      return absl::UnimplementedError("the range is not mapped contiguously");
+  // Cached keys are used under the shared lock, which keeps them from being forgotten meanwhile;
+  // missing ones are made under the exclusive lock, and then used as cached ones.
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    if (attempt > 0) {
+      absl::WriterMutexLock ml(&mapping_mu_);
+      absl::MutexLock l(&mu_);
+      absl::StatusOr<Target> t = Find(worker_address, rkey);
+      if (!t.ok()) return t.status();
     }
+    absl::ReaderMutexLock ml(&mapping_mu_);
+    void* first = nullptr;
+    {
+      absl::MutexLock l(&mu_);
+      auto peer = impl_->peers.find(worker_address);
+      if (peer == impl_->peers.end()) continue;
+      auto rk = peer->second.rkeys.find(rkey);
+      if (rk == peer->second.rkeys.end()) continue;
+      peer->second.last_used = std::chrono::steady_clock::now();
+      // Both ends of the range must map, and contiguously (one segment).
+      ucs_status_t s = ucp_rkey_ptr(rk->second, remote, &first);
+      if (s != UCS_OK) return absl::UnimplementedError(absl::StrCat("ucp_rkey_ptr: ", ucs_status_string(s)));
+      if (size > 0) {
+        void* last = nullptr;
+        s = ucp_rkey_ptr(rk->second, remote + size - 1, &last);
+        if (s != UCS_OK) return absl::UnimplementedError(absl::StrCat("ucp_rkey_ptr: ", ucs_status_string(s)));
+        if (static_cast<char*>(last) != static_cast<char*>(first) + (size - 1)) {
+          return absl::UnimplementedError("the range is not mapped contiguously");
+        }
+      }
+    }
+    use(static_cast<const char*>(first));
+    return absl::OkStatus();
   }
-  return static_cast<const char*>(first);
+  return absl::UnavailableError("the store's keys were released while being mapped, twice");
 }
 
 }  // namespace vc::cachestore

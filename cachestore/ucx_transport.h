@@ -18,8 +18,10 @@
 #include <thread>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 
 namespace vc::cachestore {
 
@@ -71,36 +73,63 @@ class UcxRegionServer {
 };
 
 // Reads remote regions. Thread-safe (operations are serialized on one worker).
+//
+// The endpoint and unpacked keys of a server are made on first use and cached. A server's are
+// forgotten after a Get from it fails (an endpoint UCX has marked failed stays failed; the next
+// read connects anew) and once it has not been read from for `idle` (a restarted store has a new
+// address, and the keys of its old one would keep the old shared-memory segment attached).
+// Forgetting releases the keys; the endpoint is closed in error mode kPeer, and in kNone left to
+// the reader's destruction (closing one to a peer that no longer answers can wait for it there).
 class UcxReader {
  public:
-  static absl::StatusOr<std::unique_ptr<UcxReader>> Create(UcxErrorMode mode);
+  struct Options {
+    UcxErrorMode mode = UcxErrorMode::kNone;
+    // How long a Get may wait for its peer, in error mode kPeer: past it the endpoint is closed,
+    // which ends the get (kDeadlineExceeded). In kNone a get to a peer that stops answering (over
+    // TCP, from another host) waits for it: across hosts, use kPeer.
+    absl::Duration get_timeout = absl::Seconds(10);
+    absl::Duration idle = absl::Minutes(1);
+  };
+  static absl::StatusOr<std::unique_ptr<UcxReader>> Create(UcxErrorMode mode) { return Create(Options{mode}); }
+  static absl::StatusOr<std::unique_ptr<UcxReader>> Create(const Options& options);
   ~UcxReader();
 
   // Copies `size` bytes at remote address `remote` of the server at `worker_address` (whose
-  // region has packed key `rkey`) into `dest`. kUnavailable when the peer is unreachable.
+  // region has packed key `rkey`) into `dest`. kUnavailable when the peer is unreachable,
+  // kDeadlineExceeded as Options::get_timeout says.
   absl::Status Get(const std::string& worker_address, const std::string& rkey, uint64_t remote, void* dest,
                    size_t size);
 
   // The same `size` bytes, mapped into this process, for a caller that copies them itself (and can
-  // checksum them on the way, which Get cannot): a pointer to the server's region at `remote`, when
-  // the region is shared memory on this host (ucp_rkey_ptr). kUnimplemented otherwise, and always in
-  // error mode kPeer, whose point is that UCX reports a dead peer; read with Get then. The mapping
-  // is UCX's attachment of the server's segment, cached with the rkey for as long as this reader
-  // lives: it stays readable after the server is gone (it then holds what the server last wrote).
-  // The bytes are the server's live memory, which the server may change at any time; a reader must
-  // copy and check them as Get's bytes are checked, never use them in place.
-  absl::StatusOr<const char*> Map(const std::string& worker_address, const std::string& rkey, uint64_t remote,
-                                  size_t size);
+  // checksum them on the way, which Get cannot): calls use(p) with p pointing at the server's
+  // region at `remote`, when the region is shared memory on this host (ucp_rkey_ptr), and returns
+  // OK. kUnimplemented otherwise, and always in error mode kPeer, whose point is that UCX reports a
+  // dead peer; read with Get then. The mapping is UCX's attachment of the server's segment, held
+  // with the server's keys, and valid while `use` runs (the keys are not forgotten meanwhile). It
+  // stays readable after the server is gone (it then holds what the server last wrote). The bytes
+  // are the server's live memory, which the server may change at any time; `use` must copy and
+  // check them as Get's bytes are checked, never keep the pointer.
+  absl::Status WithMapping(const std::string& worker_address, const std::string& rkey, uint64_t remote, size_t size,
+                           absl::FunctionRef<void(const char*)> use);
+
+  // Servers whose endpoint and keys are cached now.
+  size_t cached_peers();
 
  private:
   struct Impl;
   struct Target;
   UcxReader() = default;
-  // The endpoint and unpacked rkey for a server and key, made on first use and cached.
+  // The endpoint and unpacked rkey for a server and key, made on first use and cached; forgets
+  // the other servers idle past Options::idle.
   absl::StatusOr<Target> Find(const std::string& worker_address, const std::string& rkey)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mapping_mu_, mu_);
+  // Releases the keys (and in kPeer closes the endpoint) of the server at `worker_address`.
+  void Forget(const std::string& worker_address) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mapping_mu_, mu_);
   std::unique_ptr<Impl> impl_;
-  absl::Mutex mu_;
+  // Held shared while a mapping is in use, exclusively while keys are made or released; taken
+  // before mu_.
+  absl::Mutex mapping_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+  absl::Mutex mu_;  // serializes the UCX worker
 };
 
 }  // namespace vc::cachestore

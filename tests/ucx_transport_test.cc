@@ -1,8 +1,16 @@
 // One-sided UCX gets from a registered region (the caller's memory, or memory UCX allocated), in
 // both error-handling modes, on this host.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
 #include <random>
+#include <thread>
 
 #include "cachestore/ucx_transport.h"
+#include "absl/time/clock.h"
 #include "gtest/gtest.h"
 
 namespace vc::cachestore {
@@ -64,18 +72,120 @@ TEST_P(UcxTransport, MapsARegionUcxAllocatedInModeNone) {
   auto reader = UcxReader::Create(GetParam());
   ASSERT_TRUE(reader.ok()) << reader.status();
   const size_t off = 12345, size = size_t{1} << 20;
-  absl::StatusOr<const char*> p =
-      (*reader)->Map((*server)->worker_address(), (*server)->rkey(), (*server)->base() + off, size);
+  const char* p = nullptr;
+  const absl::Status st = (*reader)->WithMapping((*server)->worker_address(), (*server)->rkey(),
+                                                 (*server)->base() + off, size, [&](const char* m) {
+                                                   p = m;
+                                                   EXPECT_EQ(0, std::memcmp(m, (*server)->region() + off, size));
+                                                   (*server)->region()[off + 7] ^= 1;  // writes show through
+                                                   EXPECT_EQ(m[7], (*server)->region()[off + 7]);
+                                                 });
   if (GetParam() == UcxErrorMode::kPeer) {
-    EXPECT_EQ(p.status().code(), absl::StatusCode::kUnimplemented) << p.status();
+    EXPECT_EQ(st.code(), absl::StatusCode::kUnimplemented) << st;
+    EXPECT_EQ(p, nullptr);
     return;
   }
-  ASSERT_TRUE(p.ok()) << p.status();
-  EXPECT_EQ(0, std::memcmp(*p, (*server)->region() + off, size));
-  (*server)->region()[off + 7] ^= 1;  // the server's writes show through the mapping
-  EXPECT_EQ((*p)[7], (*server)->region()[off + 7]);
+  ASSERT_TRUE(st.ok()) << st;
+  ASSERT_NE(p, nullptr);
   // The mapping is cached with the rkey: the same address maps to the same place.
-  EXPECT_EQ(*(*reader)->Map((*server)->worker_address(), (*server)->rkey(), (*server)->base() + off, 1), *p);
+  const char* again = nullptr;
+  ASSERT_TRUE((*reader)
+                  ->WithMapping((*server)->worker_address(), (*server)->rkey(), (*server)->base() + off, 1,
+                                [&](const char* m) { again = m; })
+                  .ok());
+  EXPECT_EQ(again, p);
+}
+
+// A restarted store has a new address: the keys of the old one (which would keep its shared
+// memory attached) are released once it has gone unread for the idle time.
+TEST_P(UcxTransport, PeersUnreadForTheIdleTimeAreForgotten) {
+  UcxReader::Options o;
+  o.mode = GetParam();
+  o.idle = absl::Milliseconds(50);
+  auto reader = UcxReader::Create(o);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  auto first = UcxRegionServer::Allocate(1 << 20, GetParam());
+  auto second = UcxRegionServer::Allocate(1 << 20, GetParam());
+  ASSERT_TRUE(first.ok() && second.ok());
+  (*first)->region()[0] = 'a';
+  (*second)->region()[0] = 'b';
+  char byte = 0;
+  ASSERT_TRUE((*reader)->Get((*first)->worker_address(), (*first)->rkey(), (*first)->base(), &byte, 1).ok());
+  EXPECT_EQ(byte, 'a');
+  ASSERT_TRUE((*reader)->Get((*second)->worker_address(), (*second)->rkey(), (*second)->base(), &byte, 1).ok());
+  EXPECT_EQ(byte, 'b');
+  EXPECT_EQ((*reader)->cached_peers(), 2u);  // both read within the idle time
+  std::this_thread::sleep_for(std::chrono::milliseconds(120));
+  ASSERT_TRUE((*reader)->Get((*second)->worker_address(), (*second)->rkey(), (*second)->base(), &byte, 1).ok());
+  EXPECT_EQ((*reader)->cached_peers(), 1u);
+  // And the first is read again as a new peer.
+  ASSERT_TRUE((*reader)->Get((*first)->worker_address(), (*first)->rkey(), (*first)->base(), &byte, 1).ok());
+  EXPECT_EQ(byte, 'a');
+}
+
+// In error mode peer a get from a store that stops answering (here: a stopped process) ends at
+// the timeout, the endpoint closed, rather than waiting for it; the reader then reads elsewhere.
+// Over TCP, as between hosts: on one host UCX would otherwise read the stopped process's memory
+// through CMA, which needs no answer from it.
+TEST(UcxGet, APeerThatStopsAnsweringTimesOutInModePeer) {
+  struct TcpOnly {
+    const char* was = getenv("UCX_TLS");
+    std::string before = was != nullptr ? was : "";
+    TcpOnly() { setenv("UCX_TLS", "tcp", 1); }
+    ~TcpOnly() { was != nullptr ? setenv("UCX_TLS", before.c_str(), 1) : unsetenv("UCX_TLS"); }
+  } tcp_only;
+  int to_parent[2];
+  ASSERT_EQ(pipe(to_parent), 0);
+  const pid_t child = fork();
+  if (child == 0) {
+    auto server = UcxRegionServer::Allocate(1 << 20, UcxErrorMode::kPeer);
+    if (!server.ok()) _exit(1);
+    const std::string& a = (*server)->worker_address();
+    const std::string& k = (*server)->rkey();
+    const uint64_t sizes[3] = {a.size(), k.size(), (*server)->base()};
+    if (write(to_parent[1], sizes, sizeof(sizes)) != sizeof(sizes)) _exit(1);
+    if (write(to_parent[1], a.data(), a.size()) != static_cast<ssize_t>(a.size())) _exit(1);
+    if (write(to_parent[1], k.data(), k.size()) != static_cast<ssize_t>(k.size())) _exit(1);
+    pause();
+    _exit(0);
+  }
+  ASSERT_GT(child, 0);
+  close(to_parent[1]);
+  struct Reaper {
+    pid_t pid;
+    ~Reaper() {
+      kill(pid, SIGKILL);
+      waitpid(pid, nullptr, 0);
+    }
+  } reaper{child};
+  uint64_t sizes[3];
+  ASSERT_EQ(read(to_parent[0], sizes, sizeof(sizes)), static_cast<ssize_t>(sizeof(sizes)));
+  std::string address(sizes[0], '\0'), rkey(sizes[1], '\0');
+  ASSERT_EQ(read(to_parent[0], address.data(), address.size()), static_cast<ssize_t>(address.size()));
+  ASSERT_EQ(read(to_parent[0], rkey.data(), rkey.size()), static_cast<ssize_t>(rkey.size()));
+  close(to_parent[0]);
+  UcxReader::Options o;
+  o.mode = UcxErrorMode::kPeer;
+  o.get_timeout = absl::Milliseconds(500);
+  auto reader = UcxReader::Create(o);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  char page[4096];
+  ASSERT_TRUE((*reader)->Get(address, rkey, sizes[2], page, sizeof(page)).ok());
+  ASSERT_EQ(kill(child, SIGSTOP), 0);
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, WUNTRACED), child);  // stopped by now
+  ASSERT_TRUE(WIFSTOPPED(status));
+  const absl::Time start = absl::Now();
+  const absl::Status st = (*reader)->Get(address, rkey, sizes[2], page, sizeof(page));
+  EXPECT_EQ(st.code(), absl::StatusCode::kDeadlineExceeded) << st;
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  EXPECT_EQ((*reader)->cached_peers(), 0u);
+  auto local = UcxRegionServer::Allocate(1 << 20, UcxErrorMode::kPeer);
+  ASSERT_TRUE(local.ok());
+  (*local)->region()[5] = 'z';
+  char byte = 0;
+  ASSERT_TRUE((*reader)->Get((*local)->worker_address(), (*local)->rkey(), (*local)->base() + 5, &byte, 1).ok());
+  EXPECT_EQ(byte, 'z');
 }
 
 TEST(UcxMap, CallerMemoryIsNotMapped) {
@@ -84,8 +194,11 @@ TEST(UcxMap, CallerMemoryIsNotMapped) {
   ASSERT_TRUE(server.ok()) << server.status();
   auto reader = UcxReader::Create(UcxErrorMode::kNone);
   ASSERT_TRUE(reader.ok()) << reader.status();
-  absl::StatusOr<const char*> p = (*reader)->Map((*server)->worker_address(), (*server)->rkey(), (*server)->base(), 4096);
-  EXPECT_EQ(p.status().code(), absl::StatusCode::kUnimplemented) << p.status();
+  bool used = false;
+  const absl::Status st = (*reader)->WithMapping((*server)->worker_address(), (*server)->rkey(), (*server)->base(),
+                                                 4096, [&](const char*) { used = true; });
+  EXPECT_EQ(st.code(), absl::StatusCode::kUnimplemented) << st;
+  EXPECT_FALSE(used);
   char byte = 0;  // Get still works
   ASSERT_TRUE((*reader)->Get((*server)->worker_address(), (*server)->rkey(), (*server)->base() + 3, &byte, 1).ok());
   EXPECT_EQ(byte, 'x');
