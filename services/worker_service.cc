@@ -276,6 +276,10 @@ absl::Status NoText(const ModelConfig& c) {
 constexpr int kMaxStops = 16;
 constexpr size_t kMaxStopBytes = 256;
 
+// Seconds as whole microseconds for the stats messages: a negative duration (the wall clock
+// stepped back during a request) is 0, not a wrapped unsigned count.
+uint64_t Micros(double seconds) { return seconds > 0 ? static_cast<uint64_t>(seconds * 1e6) : 0; }
+
 void FillStats(const EngineStats& s, v1::Mode mode, v1::GenerateStats* out) {
   out->set_prompt_tokens(static_cast<uint32_t>(s.prompt_tokens));
   out->set_generated_tokens(static_cast<uint32_t>(s.emitted));
@@ -286,14 +290,14 @@ void FillStats(const EngineStats& s, v1::Mode mode, v1::GenerateStats* out) {
   out->set_drafted_tokens(static_cast<uint32_t>(s.drafted));
   out->set_accepted_drafts(static_cast<uint32_t>(s.accepted_drafts));
   out->set_verify_passes(static_cast<uint32_t>(s.verifies));
-  out->set_queue_micros(static_cast<uint64_t>(s.queue_seconds * 1e6));
-  out->set_time_to_first_token_micros(static_cast<uint64_t>(s.first_token_seconds * 1e6));
-  out->set_total_micros(static_cast<uint64_t>(s.total_seconds * 1e6));
+  out->set_queue_micros(Micros(s.queue_seconds));
+  out->set_time_to_first_token_micros(Micros(s.first_token_seconds));
+  out->set_total_micros(Micros(s.total_seconds));
   out->set_mode(mode);
-  out->set_prefill_micros(static_cast<uint64_t>(s.prefill_seconds * 1e6));
-  out->set_draft_micros(static_cast<uint64_t>(s.draft_seconds * 1e6));
-  out->set_verify_micros(static_cast<uint64_t>(s.verify_seconds * 1e6));
-  out->set_fetch_wait_micros(static_cast<uint64_t>(s.fetch_wait_seconds * 1e6));
+  out->set_prefill_micros(Micros(s.prefill_seconds));
+  out->set_draft_micros(Micros(s.draft_seconds));
+  out->set_verify_micros(Micros(s.verify_seconds));
+  out->set_fetch_wait_micros(Micros(s.fetch_wait_seconds));
 }
 
 }  // namespace
@@ -527,7 +531,7 @@ grpc::Status WorkerService::GetStats(grpc::ServerContext* ctx, const v1::GetStat
 void WorkerService::CurrentStats(v1::WorkerStats* resp) const {
   const Scheduler::Snapshot snapshot = scheduler_->totals();
   const Scheduler::Totals& t = snapshot.all;
-  resp->set_uptime_micros(static_cast<uint64_t>(absl::ToInt64Microseconds(absl::Now() - started_)));
+  resp->set_uptime_micros(static_cast<uint64_t>(std::max<int64_t>(0, absl::ToInt64Microseconds(absl::Now() - started_))));
   SetRequestCounts(t, resp);
   resp->set_requests_invalid(static_cast<uint64_t>(invalid_.load()));
   for (const auto& [name, tt] : snapshot.tenants) {

@@ -13,8 +13,8 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/functional/function_ref.h"
 #include "absl/synchronization/mutex.h"
-#include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/clock.h"
 
 namespace vc {
 
@@ -38,7 +38,7 @@ class WriteWatchdog {
   bool Write(Call* call, absl::FunctionRef<bool()> write) {
     {
       absl::MutexLock l(&mu_);
-      writing_[call] = absl::Now();
+      writing_[call] = SteadyClock()->Now();
     }
     const bool ok = write();
     absl::MutexLock l(&mu_);  // once erased, the watchdog no longer touches `call`
@@ -51,18 +51,18 @@ class WriteWatchdog {
     const absl::Duration period = std::max(absl::Milliseconds(1), std::min(timeout_ / 4, absl::Milliseconds(250)));
     absl::MutexLock l(&mu_);
     while (!mu_.AwaitWithTimeout(absl::Condition(&stop_), period)) {
-      const absl::Time now = absl::Now();
+      const absl::Duration now = SteadyClock()->Now();  // a wall-clock step must not cut or spare calls
       for (auto& [call, since] : writing_) {
         if (now - since < timeout_) continue;
         call->TryCancel();
-        since = absl::InfiniteFuture();  // cancelled once
+        since = absl::InfiniteDuration();  // cancelled once
       }
     }
   }
 
   const absl::Duration timeout_;
   absl::Mutex mu_;
-  std::map<Call*, absl::Time> writing_ ABSL_GUARDED_BY(mu_);  // calls in a write, since when
+  std::map<Call*, absl::Duration> writing_ ABSL_GUARDED_BY(mu_);  // calls in a write, since when (steady)
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;
 };

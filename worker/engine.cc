@@ -279,10 +279,14 @@ absl::Status VeriCacheEngine::AdmitWithPrefix(Sequence& s, bool* admitted) {
       s.cseq = compressed_->Fork(c.seq);
       st.prefix_compressed_tokens = c.length;
     }
+    if (cut >= 0) {  // the store's compressed copy reached further
+      compressed_->FreeSequence(cut);
+      cut = -1;
+    }
     VC_RETURN_IF_ERROR(model_.Prefill(absl::MakeConstSpan(s.tokens).subspan(have, n - have), s.cseq,
                                       s.request.options.prefill_chunk, *compressed_, nullptr));
   }
-  if (cut >= 0) compressed_->FreeSequence(cut);  // the store's compressed copy reached further
+  if (cut >= 0) compressed_->FreeSequence(cut);  // not drafted from
   *admitted = true;
   return absl::OkStatus();
 }

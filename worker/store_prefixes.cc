@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "cachestore/block_format.h"
 #include "cachestore/block_key.h"
+#include "common/clock.h"
 #include "common/files.h"
 #include "common/status_macros.h"
 #include "openssl/evp.h"
@@ -123,7 +124,7 @@ absl::StatusOr<std::unique_ptr<StorePrefixes>> StorePrefixes::Create(const Store
   }
   {
     absl::MutexLock l(&p->mu_);
-    p->skip_lookups_until_.assign(p->shards_.size(), absl::InfinitePast());
+    p->skip_lookups_until_.assign(p->shards_.size(), -absl::InfiniteDuration());
     for (const Shard& shard : p->shards_) p->stats_.shards.push_back({shard.target});
   }
   if (options.ucx != "off") {
@@ -192,14 +193,14 @@ absl::InlinedVector<size_t, 4> StorePrefixes::ShardsOf(const PrefixName& name) c
 std::optional<size_t> StorePrefixes::LookupShard(size_t s, absl::Span<const cachestore::BlockKey> keys, bool use) {
   {
     absl::MutexLock l(&mu_);
-    if (absl::Now() < skip_lookups_until_[s]) {
+    if (SteadyClock()->Now() < skip_lookups_until_[s]) {
       stats_.shards[s].lookups_skipped++;
       return std::nullopt;
     }
   }
-  const absl::Time start = absl::Now();
+  const absl::Duration start = SteadyClock()->Now();
   auto got = shards_[s].client->Lookup(keys, use);
-  const absl::Time end = absl::Now();
+  const absl::Duration end = SteadyClock()->Now();
   absl::MutexLock l(&mu_);
   stats_.shards[s].lookups++;
   if (!got.ok()) {
@@ -292,7 +293,7 @@ absl::Status StorePrefixes::ReadBlocks(absl::Span<const PrefixName> names, const
   std::vector<bool> backed_off(shards_.size()), failed(shards_.size(), false), lacked(shards_.size(), false);
   {
     absl::MutexLock l(&mu_);
-    const absl::Time now = absl::Now();
+    const absl::Duration now = SteadyClock()->Now();
     for (size_t s = 0; s < shards_.size(); ++s) backed_off[s] = now < skip_lookups_until_[s];
   }
   std::vector<absl::InlinedVector<size_t, 4>> replicas;

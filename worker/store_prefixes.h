@@ -172,7 +172,7 @@ class StorePrefixes final : public PrefixStore {
   // on the worker's scheduling thread, so a store that hangs would otherwise stall the batch for
   // its timeout at every request; this way it stalls it a ninth of the time at most, and a store
   // that refuses at once (down, restarting) is tried again soon. Per shard.
-  std::vector<absl::Time> skip_lookups_until_ ABSL_GUARDED_BY(mu_);
+  std::vector<absl::Duration> skip_lookups_until_ ABSL_GUARDED_BY(mu_);  // SteadyClock() time
   // With replicas: blocks a lookup found on some of their shards, and the shards that answered
   // it without them (each its first missing block), which get a copy when the block is read
   // (cleared past kMaxRepairHints).
