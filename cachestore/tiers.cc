@@ -407,6 +407,10 @@ absl::StatusOr<std::unique_ptr<DiskTier>> DiskTier::Open(const DiskTierOptions& 
   // The small sizes family would hold back the deletion of every log file until it flushes; logs
   // past this size make it flush.
   db_options.max_total_wal_size = uint64_t{128} << 20;
+  // RocksDB's own LOG grows for as long as the store runs, and each restart keeps the old one:
+  // rolled at 16 MiB, four kept.
+  db_options.max_log_file_size = size_t{16} << 20;
+  db_options.keep_log_file_num = 4;
   rocksdb::ColumnFamilyOptions blocks;
   blocks.enable_blob_files = true;
   blocks.min_blob_size = 4096;

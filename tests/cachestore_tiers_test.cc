@@ -382,6 +382,21 @@ TEST(RamTier, ConcurrentReadersAndWritersSeeWholeBlocks) {
   EXPECT_EQ(torn.load(), 0);
 }
 
+// RocksDB's info logs are capped: restarts do not pile up old ones.
+TEST(DiskTier, KeepsAFewInfoLogsAcrossRestarts) {
+  const std::string dir = vc::testing::TempDir("disk_tier_logs");
+  for (int i = 0; i < 8; ++i) {
+    auto t = DiskTier::Open({dir, 1 << 20, false});
+    ASSERT_TRUE(t.ok()) << t.status();
+  }
+  int logs = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    logs += e.path().filename().string().rfind("LOG", 0) == 0;
+  }
+  EXPECT_GE(logs, 1);
+  EXPECT_LE(logs, 5);  // LOG and at most four old ones
+}
+
 TEST(DiskTier, ABudgetPastTheFilesystemIsRefused) {
   const std::string dir = vc::testing::TempDir("disk_tier_budget");
   auto t = DiskTier::Open({dir, uint64_t{1} << 62, false});
