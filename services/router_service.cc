@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <utility>
 
+#include "absl/algorithm/container.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "services/inference_client.h"
@@ -277,6 +278,22 @@ RouterService::Probe RouterService::Check(const std::shared_ptr<Upstream>& w) {
 void RouterService::Apply(const std::vector<Probe>& probes) {
   bool changed = false;
   std::lock_guard<std::mutex> l(mu_);
+  // A checkpoint learned from the workers (not named in the options) is given up once no worker
+  // has served it for options_.repin_after_ms and another answers with a model: after a rollout
+  // the new workers' is taken, where a router pinned for good would refuse them all. (The wait
+  // keeps a short outage of the pinned workers from handing the fleet to a canary.)
+  const absl::Duration now = SteadyClock()->Now();
+  if (absl::c_any_of(workers_, [](const auto& w) { return w->serving && !w->removed; })) model_last_served_ = now;
+  if (model_ != nullptr && options_.model_fingerprint_hex.empty() &&
+      now - model_last_served_ >= absl::Milliseconds(options_.repin_after_ms)) {
+    const bool another = absl::c_any_of(probes, [&](const Probe& p) {
+      return p.healthy && p.asked_model && p.model_status.ok() && p.info.fingerprint_hex() != model_->fingerprint_hex();
+    });
+    if (another) {
+      model_.reset();
+      for (const auto& w : workers_) w->model_checked = false;
+    }
+  }
   if (model_ == nullptr) {
     // The checkpoint the options name, or else the one most of the workers that answered serve
     // (the first listed of a tie).

@@ -35,6 +35,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "grpcpp/grpcpp.h"
+#include "common/clock.h"
 #include "services/write_watchdog.h"
 #include "vericache/v1/inference.grpc.pb.h"
 
@@ -64,8 +65,10 @@ struct RouterServiceOptions {
   // call cancelled, as the worker does with its own --client-write-timeout-ms.
   int64_t client_write_timeout_ms = 60'000;
   // The checkpoint (ModelInfo.fingerprint_hex) the workers must serve; empty: the one most of the
-  // workers serve at the first check that reaches any.
+  // workers serve at the first check that reaches any, given up for the one most of them then
+  // serve once none has served it for `repin_after_ms` (a rollout of another checkpoint).
   std::string model_fingerprint_hex;
+  int64_t repin_after_ms = 30'000;
 };
 
 inline constexpr int kMaxRouterWorkers = 64;
@@ -149,6 +152,7 @@ class RouterService final : public vericache::v1::Inference::Service {
   uint64_t free_slots_ = ~uint64_t{0};
   AffinityTable table_;
   std::unique_ptr<vericache::v1::ModelInfo> model_;  // pinned by the first worker that answered
+  absl::Duration model_last_served_ = SteadyClock()->Now();  // when a worker last served model_
   uint64_t round_robin_ = 0;
   bool stop_ = false;
 

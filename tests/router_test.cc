@@ -338,6 +338,40 @@ TEST_F(RouterTest, ErrorsTokensAndCancellationPassThrough) {
   EXPECT_EQ(none.status.code(), absl::StatusCode::kUnavailable) << none.status;
 }
 
+// A router that learned its checkpoint from the workers takes the new one after a rollout: once
+// no worker has served the old one for repin_after_ms, the workers serving another are served.
+TEST_F(RouterTest, AfterARolloutTheNewCheckpointIsServed) {
+  testing::TinyModelSpec spec;
+  spec.max_positions = 1024;
+  spec.seed = 98;
+  testing::WriteTinyModel(stack_.dir + "/rolled", spec);
+  WorkerServerOptions rolled_options = stack_.worker;
+  rolled_options.model_dir = stack_.dir + "/rolled";
+  auto rolled = WorkerServer::Start(rolled_options);
+  ASSERT_TRUE(rolled.ok()) << rolled.status();
+  RouterServerOptions o;
+  o.service.workers = workers_[0]->target() + "," + (*rolled)->target();  // a tie: the first listed
+  o.service.health_interval_ms = 50;
+  o.service.worker_token = "a";
+  o.service.repin_after_ms = 300;
+  auto router = RouterServer::Start(o);
+  ASSERT_TRUE(router.ok()) << router.status();
+  ASSERT_TRUE((*router)->service().WaitServing(1, absl::Seconds(20)));
+  v1::RouterStats s = Stats(**router);
+  EXPECT_EQ(s.workers(0).serving(), 1u);
+  EXPECT_EQ(s.workers(1).serving(), 0u) << s.workers(1).state();
+  workers_[0]->StopAdmitting();  // the old checkpoint's last worker drains
+  for (int i = 0; i < 500 && Stats(**router).workers(1).serving() == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  s = Stats(**router);
+  ASSERT_EQ(s.workers(1).serving(), 1u) << s.workers(1).state();
+  EXPECT_EQ(s.workers(0).serving(), 0u);
+  const GenerateReply r = CallGenerate(*InferenceStub((*router)->target()), Prompt(2, 0), "ops");
+  ASSERT_TRUE(r.status.ok()) << r.status;
+  EXPECT_EQ(r.tokens, testing::FullOutput(rolled_options.model_dir, Prompt(2, 0)));
+}
+
 // A client's authorization header goes on to the workers, and gRPC aborts the process that sends a
 // header value holding bytes other than printable ASCII; gRPC's server takes such a value from a
 // raw HTTP/2 peer. The router refuses it instead, and still serves.
