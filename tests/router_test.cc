@@ -95,6 +95,20 @@ class RouterTest : public ::testing::Test {
     return std::move(*r);
   }
 
+  // A worker like the others serving another checkpoint (a tiny model of `seed`), written to
+  // stack_.dir/`name`.
+  std::unique_ptr<WorkerServer> StartWorkerOfAnotherModel(const std::string& name, int seed) {
+    testing::TinyModelSpec spec;
+    spec.max_positions = 1024;
+    spec.seed = seed;
+    testing::WriteTinyModel(stack_.dir + "/" + name, spec);
+    WorkerServerOptions o = stack_.worker;
+    o.model_dir = stack_.dir + "/" + name;
+    auto w = WorkerServer::Start(o);
+    EXPECT_TRUE(w.ok()) << w.status();
+    return w.ok() ? std::move(*w) : nullptr;
+  }
+
   static v1::RouterStats Stats(RouterServer& r) {
     v1::RouterStats s;
     r.service().CurrentStats(&s);
@@ -222,17 +236,12 @@ TEST_F(RouterTest, ACallMovesPastADownWorkerAndADrainingOneGetsNone) {
 
 TEST_F(RouterTest, HealthChecksFollowDrainingAndAnotherModelIsRefused) {
   // A third worker serving another checkpoint: the router pins the first model it sees.
-  testing::TinyModelSpec spec;
-  spec.max_positions = 1024;
-  spec.seed = 99;
-  testing::WriteTinyModel(stack_.dir + "/other", spec);
-  WorkerServerOptions other_options = stack_.worker;
-  other_options.model_dir = stack_.dir + "/other";
-  auto other = WorkerServer::Start(other_options);
-  ASSERT_TRUE(other.ok()) << other.status();
+  auto other = StartWorkerOfAnotherModel("other", 99);
+  ASSERT_NE(other, nullptr);
+  const std::string other_model = stack_.dir + "/other";
   RouterServerOptions o;
   // And a store listed as a worker by mistake.
-  o.service.workers = (*other)->target() + "," + workers_[0]->target() + "," + workers_[1]->target() + "," +
+  o.service.workers = other->target() + "," + workers_[0]->target() + "," + workers_[1]->target() + "," +
                       store_->target();
   o.service.health_interval_ms = 50;
   o.service.worker_token = "a";
@@ -247,7 +256,7 @@ TEST_F(RouterTest, HealthChecksFollowDrainingAndAnotherModelIsRefused) {
   EXPECT_NE(s.workers(3).state().find("serves no workers' Inference API"), std::string::npos) << s.workers(3).state();
   // Named in the options, the other checkpoint is the one served.
   RouterServerOptions pinned = o;
-  pinned.service.model_fingerprint_hex = HexString(*ModelFingerprint(other_options.model_dir));
+  pinned.service.model_fingerprint_hex = HexString(*ModelFingerprint(other_model));
   auto router_other = RouterServer::Start(pinned);
   ASSERT_TRUE(router_other.ok()) << router_other.status();
   ASSERT_TRUE((*router_other)->service().WaitServing(1, absl::Seconds(20)));
@@ -257,7 +266,7 @@ TEST_F(RouterTest, HealthChecksFollowDrainingAndAnotherModelIsRefused) {
   EXPECT_EQ(s.workers(1).serving() + s.workers(2).serving(), 0u);
   const GenerateReply from_other = CallGenerate(*InferenceStub((*router_other)->target()), Prompt(3, 0), "ops");
   ASSERT_TRUE(from_other.status.ok()) << from_other.status;
-  EXPECT_EQ(from_other.tokens, testing::FullOutput(other_options.model_dir, Prompt(3, 0)));
+  EXPECT_EQ(from_other.tokens, testing::FullOutput(other_model, Prompt(3, 0)));
 
   auto stub = InferenceStub((*router)->target());
   workers_[0]->StopAdmitting();
@@ -341,16 +350,10 @@ TEST_F(RouterTest, ErrorsTokensAndCancellationPassThrough) {
 // A router that learned its checkpoint from the workers takes the new one after a rollout: once
 // no worker has served the old one for repin_after_ms, the workers serving another are served.
 TEST_F(RouterTest, AfterARolloutTheNewCheckpointIsServed) {
-  testing::TinyModelSpec spec;
-  spec.max_positions = 1024;
-  spec.seed = 98;
-  testing::WriteTinyModel(stack_.dir + "/rolled", spec);
-  WorkerServerOptions rolled_options = stack_.worker;
-  rolled_options.model_dir = stack_.dir + "/rolled";
-  auto rolled = WorkerServer::Start(rolled_options);
-  ASSERT_TRUE(rolled.ok()) << rolled.status();
+  auto rolled = StartWorkerOfAnotherModel("rolled", 98);
+  ASSERT_NE(rolled, nullptr);
   RouterServerOptions o;
-  o.service.workers = workers_[0]->target() + "," + (*rolled)->target();  // a tie: the first listed
+  o.service.workers = workers_[0]->target() + "," + rolled->target();  // a tie: the first listed
   o.service.health_interval_ms = 50;
   o.service.worker_token = "a";
   o.service.repin_after_ms = 300;
@@ -369,7 +372,7 @@ TEST_F(RouterTest, AfterARolloutTheNewCheckpointIsServed) {
   EXPECT_EQ(s.workers(0).serving(), 0u);
   const GenerateReply r = CallGenerate(*InferenceStub((*router)->target()), Prompt(2, 0), "ops");
   ASSERT_TRUE(r.status.ok()) << r.status;
-  EXPECT_EQ(r.tokens, testing::FullOutput(rolled_options.model_dir, Prompt(2, 0)));
+  EXPECT_EQ(r.tokens, testing::FullOutput(stack_.dir + "/rolled", Prompt(2, 0)));
 }
 
 // A client's authorization header goes on to the workers, and gRPC aborts the process that sends a
