@@ -81,7 +81,9 @@ TEST_F(CliTest, EveryModeAgainstFullDecoding) {
       SCOPED_TRACE(absl::StrJoin(extra, " ") + (sampling.empty() ? " greedy" : " sampled"));
       EXPECT_EQ(j["token_ids"], want);
       EXPECT_GT(j["stats"]["verifies"].get<int64_t>(), 0);
-      if (extra.size() > 2 && extra[3] != "auto") EXPECT_GT(j["stats"]["drafted"].get<int64_t>(), 0);
+      if (extra.size() > 3 && extra[3] != "auto") {  // a fixed window
+        EXPECT_GT(j["stats"]["drafted"].get<int64_t>(), 0);
+      }
     }
     EXPECT_EQ(run({"--mode", "lossy", "--compressor", "none"})["token_ids"], want);
   }

@@ -144,10 +144,14 @@ TEST_F(EngineExactness, EveryCompressorWindowAndSampling) {
       // what full KV would: all its drafts are accepted.
       SCOPED_TRACE(absl::StrCat(spec, " k=", k));
       EXPECT_GT(total.drafted, 0);
-      if (k > 0) EXPECT_GT(total.accepted_drafts, 0);
+      if (k > 0) {
+        EXPECT_GT(total.accepted_drafts, 0);
+      }
       EXPECT_LE(total.accepted_drafts, total.drafted);
       EXPECT_EQ(total.accepted_drafts + total.verifies, int64_t{2} * 24 * static_cast<int64_t>(prompts.size()));
-      if (std::string(spec) == "none") EXPECT_EQ(total.accepted_drafts, total.drafted);
+      if (std::string(spec) == "none") {
+        EXPECT_EQ(total.accepted_drafts, total.drafted);
+      }
     }
   }
 }
