@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/clock.h"
 
 namespace vc::cachestore {
 namespace {
@@ -139,7 +140,7 @@ struct UcxReader::Impl {
   struct Peer {
     ucp_ep_h ep = nullptr;
     std::map<std::string, ucp_rkey_h> rkeys;
-    std::chrono::steady_clock::time_point last_used;
+    absl::Duration last_used;  // SteadyClock() time
   };
   std::map<std::string, Peer> peers;
 
@@ -157,18 +158,16 @@ struct UcxReader::Impl {
       ucp_request_free(req);
     }
   }
-  // Releases a peer's keys; closes its endpoint in error mode peer, where that cannot wait on a
-  // peer that no longer answers.
-  void Release(Peer& p) {
+  // Releases a peer's keys, then closes its endpoint: always with `close_in_none`, else only in
+  // error mode peer, where the close cannot wait on a peer that no longer answers.
+  void Release(Peer& p, bool close_in_none = false) {
     for (auto& [k, r] : p.rkeys) ucp_rkey_destroy(r);
     p.rkeys.clear();
-    if (options.mode == UcxErrorMode::kPeer) Close(p.ep, /*force=*/true);
+    const bool peer_mode = options.mode == UcxErrorMode::kPeer;
+    if (peer_mode || close_in_none) Close(p.ep, /*force=*/peer_mode);
   }
   ~Impl() {
-    for (auto& [addr, p] : peers) {
-      for (auto& [k, r] : p.rkeys) ucp_rkey_destroy(r);
-      Close(p.ep, options.mode == UcxErrorMode::kPeer);
-    }
+    for (auto& [addr, p] : peers) Release(p, /*close_in_none=*/true);
     worker.reset();  // destroys the endpoints forgotten in error mode none too
     ctx.reset();
   }
@@ -204,10 +203,9 @@ size_t UcxReader::cached_peers() {
 
 absl::StatusOr<UcxReader::Target> UcxReader::Find(const std::string& worker_address, const std::string& rkey) {
   Impl& im = *impl_;
-  const auto now = std::chrono::steady_clock::now();
-  const auto idle = absl::ToChronoNanoseconds(im.options.idle);
+  const absl::Duration now = SteadyClock()->Now();
   for (auto it = im.peers.begin(); it != im.peers.end();) {
-    if (it->first != worker_address && now - it->second.last_used > idle) {
+    if (it->first != worker_address && now - it->second.last_used > im.options.idle) {
       im.Release(it->second);
       it = im.peers.erase(it);
     } else {
@@ -250,12 +248,12 @@ absl::Status UcxReader::Get(const std::string& worker_address, const std::string
   }
   if (req == nullptr) return absl::OkStatus();  // completed in place
   const bool timed = impl_->options.mode == UcxErrorMode::kPeer;
-  const auto deadline = std::chrono::steady_clock::now() + absl::ToChronoNanoseconds(impl_->options.get_timeout);
+  const absl::Duration deadline = SteadyClock()->Now() + impl_->options.get_timeout;
   bool expired = false;
   ucs_status_t s;
   while ((s = ucp_request_check_status(req)) == UCS_INPROGRESS) {
     ucp_worker_progress(impl_->worker.get());
-    if (timed && !expired && std::chrono::steady_clock::now() >= deadline) {
+    if (timed && !expired && SteadyClock()->Now() >= deadline) {
       // Closing the endpoint by force ends the get, with UCS_ERR_CANCELED.
       expired = true;
       Forget(worker_address);
@@ -295,7 +293,7 @@ absl::Status UcxReader::WithMapping(const std::string& worker_address, const std
       if (peer == impl_->peers.end()) continue;
       auto rk = peer->second.rkeys.find(rkey);
       if (rk == peer->second.rkeys.end()) continue;
-      peer->second.last_used = std::chrono::steady_clock::now();
+      peer->second.last_used = SteadyClock()->Now();
       // Both ends of the range must map, and contiguously (one segment).
       ucs_status_t s = ucp_rkey_ptr(rk->second, remote, &first);
       if (s != UCS_OK) return absl::UnimplementedError(absl::StrCat("ucp_rkey_ptr: ", ucs_status_string(s)));

@@ -549,7 +549,7 @@ grpc::Status RouterService::GetStats(grpc::ServerContext* ctx, const vericache::
 }
 
 void RouterService::CurrentStats(vericache::v1::RouterStats* s) {
-  s->set_uptime_micros(std::max<int64_t>(0, absl::ToInt64Microseconds(absl::Now() - started_)));
+  s->set_uptime_micros(absl::ToInt64Microseconds(SteadyClock()->Now() - started_));
   s->set_requests_in_flight(static_cast<uint32_t>(std::max(0, in_flight_.load())));
   s->set_requests_routed(routed_);
   s->set_requests_unrouted(unrouted_);

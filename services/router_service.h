@@ -144,7 +144,7 @@ class RouterService final : public vericache::v1::Inference::Service {
 
   const RouterServiceOptions options_;
   const bool from_dns_;  // options_.workers has srv: items, looked up again now and then
-  const absl::Time started_ = absl::Now();
+  const absl::Duration started_ = SteadyClock()->Now();
 
   std::mutex mu_;
   std::condition_variable changed_;  // a worker's serving state changed, or stop_

@@ -8,6 +8,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/clock.h"
 #include "common/status_macros.h"
 #include "services/stop_scanner.h"
 #include "services/store_service.h"
@@ -303,7 +304,7 @@ void FillStats(const EngineStats& s, v1::Mode mode, v1::GenerateStats* out) {
 }  // namespace
 
 WorkerService::WorkerService(const Model& model, const WorkerServiceOptions& options, PrefixStore* prefixes)
-    : model_(model), options_(options), prefixes_(prefixes), started_(absl::Now()) {}
+    : model_(model), options_(options), prefixes_(prefixes), started_(SteadyClock()->Now()) {}
 
 WorkerService::~WorkerService() = default;
 
@@ -531,7 +532,7 @@ grpc::Status WorkerService::GetStats(grpc::ServerContext* ctx, const v1::GetStat
 void WorkerService::CurrentStats(v1::WorkerStats* resp) const {
   const Scheduler::Snapshot snapshot = scheduler_->totals();
   const Scheduler::Totals& t = snapshot.all;
-  resp->set_uptime_micros(static_cast<uint64_t>(std::max<int64_t>(0, absl::ToInt64Microseconds(absl::Now() - started_))));
+  resp->set_uptime_micros(static_cast<uint64_t>(absl::ToInt64Microseconds(SteadyClock()->Now() - started_)));
   SetRequestCounts(t, resp);
   resp->set_requests_invalid(static_cast<uint64_t>(invalid_.load()));
   for (const auto& [name, tt] : snapshot.tenants) {

@@ -91,7 +91,7 @@ class WorkerService final : public vericache::v1::Inference::Service {
   const WorkerServiceOptions options_;
   PrefixStore* const prefixes_;
   std::string compressor_;
-  const absl::Time started_;
+  const absl::Duration started_;  // SteadyClock() time
   std::atomic<int64_t> invalid_{0};  // calls refused before admission as invalid or unauthenticated
   std::unique_ptr<Scheduler> scheduler_;
   std::unique_ptr<WriteWatchdog<grpc::ServerContext>> watchdog_;

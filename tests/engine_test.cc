@@ -55,15 +55,23 @@ class EngineExactness : public ::testing::Test {
     for (const auto& p : prompts) reqs.push_back(MakeRequest(p, o));
     auto got = (*engine)->Generate(reqs);
     ASSERT_TRUE(got.ok()) << got.status();
+    ExpectSameAsFull(model, prompts, o, eo, *got, total);
+  }
+
+  // Checks each result against GenerateFull, and adds its stats to *total (when given).
+  static void ExpectSameAsFull(const Model& model, const std::vector<std::vector<int32_t>>& prompts,
+                               const GenerateOptions& o, const EngineOptions& eo,
+                               const std::vector<EngineResult>& got, EngineStats* total) {
     for (size_t i = 0; i < prompts.size(); ++i) {
       auto want = GenerateFull(model, prompts[i], o);
       ASSERT_TRUE(want.ok());
-      ASSERT_EQ((*got)[i].tokens, want->tokens)
+      ASSERT_EQ(got[i].tokens, want->tokens)
           << eo.compressor << " k=" << eo.draft_window << " prompt " << i << " temp " << o.sampling.temperature;
       if (total != nullptr) {
-        total->drafted += (*got)[i].stats.drafted;
-        total->accepted_drafts += (*got)[i].stats.accepted_drafts;
-        total->verifies += (*got)[i].stats.verifies;
+        total->drafted += got[i].stats.drafted;
+        total->accepted_drafts += got[i].stats.accepted_drafts;
+        total->verifies += got[i].stats.verifies;
+        total->bytes_fetched += got[i].stats.bytes_fetched;
       }
     }
   }
@@ -99,17 +107,8 @@ class EngineExactness : public ::testing::Test {
       seen.max_active = std::max(seen.max_active, (*engine)->active());
       if ((*engine)->queued() > 0 && (*engine)->active() > 0) seen.waited = true;
     }
-    for (size_t i = 0; i < prompts.size(); ++i) {
-      EXPECT_TRUE(done[i]) << "request " << i << " never ended";
-      auto want = GenerateFull(model, prompts[i], o);
-      EXPECT_TRUE(want.ok());
-      if (!want.ok()) continue;
-      EXPECT_EQ(results[i].tokens, want->tokens) << eo.compressor << " prompt " << i;
-      total->drafted += results[i].stats.drafted;
-      total->accepted_drafts += results[i].stats.accepted_drafts;
-      total->verifies += results[i].stats.verifies;
-      total->bytes_fetched += results[i].stats.bytes_fetched;
-    }
+    for (size_t i = 0; i < prompts.size(); ++i) EXPECT_TRUE(done[i]) << "request " << i << " never ended";
+    ExpectSameAsFull(model, prompts, o, eo, results, total);
     return seen;
   }
 
