@@ -30,8 +30,14 @@ GenerateReply CallGenerate(vericache::v1::Inference::Stub& stub, const vericache
                            const std::string& token = "", absl::Duration timeout = absl::InfiniteDuration());
 
 // A channel to the worker at `target`, taking answers of up to 64 MiB: over TLS, trusting these
-// root certificates (PEM), when `tls_root_certs_pem` is not empty.
-std::shared_ptr<grpc::Channel> InferenceChannel(const std::string& target, const std::string& tls_root_certs_pem = "");
+// root certificates (PEM), when `tls_root_certs_pem` is not empty. With `keepalive_ms` > 0, a
+// connection with calls in flight that has been silent that long is pinged, and closed, its calls
+// ended with UNAVAILABLE, when no answer comes within as long again: a worker whose host vanished,
+// or that stopped, does not hold its calls open for good (without it, a call waiting on such a
+// worker's tokens waits for as long as its deadline, or forever). The servers here accept the
+// pings (Listen in services/servers.cc) once every 500 ms; `keepalive_ms` should be at least 1000.
+std::shared_ptr<grpc::Channel> InferenceChannel(const std::string& target, const std::string& tls_root_certs_pem = "",
+                                                int64_t keepalive_ms = 0);
 
 // A stub over InferenceChannel(target, tls_root_certs_pem).
 std::unique_ptr<vericache::v1::Inference::Stub> InferenceStub(const std::string& target,

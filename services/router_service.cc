@@ -201,6 +201,7 @@ absl::StatusOr<std::unique_ptr<RouterService>> RouterService::Create(RouterServi
       options.worker_timeout_ms < 1 || options.client_write_timeout_ms < 1) {
     return absl::InvalidArgumentError("router sizes and intervals must be positive");
   }
+  if (options.worker_keepalive_ms < 0) return absl::InvalidArgumentError("the workers' keepalive is negative");
   absl::StatusOr<std::vector<std::string>> targets =
       ResolveTargets(options.workers, options.dns_server, 0, absl::ZeroDuration(), "workers");
   // Worker pods that are not ready yet have no records: the router starts without them and looks
@@ -249,7 +250,7 @@ void RouterService::SetWorkers(const std::vector<std::string>& targets) {
     w->slot = __builtin_ctzll(free_slots_);
     free_slots_ &= ~(uint64_t{1} << w->slot);
     w->target_hash = HashBytes(0, t);
-    w->channel = InferenceChannel(t, options_.worker_tls_root_certs_pem);
+    w->channel = InferenceChannel(t, options_.worker_tls_root_certs_pem, options_.worker_keepalive_ms);
     w->stub = vericache::v1::Inference::NewStub(w->channel);
     workers_.push_back(std::move(w));
   }

@@ -61,6 +61,10 @@ struct RouterServiceOptions {
   int64_t health_interval_ms = 1000;
   int64_t refresh_interval_ms = 10000;
   int64_t worker_timeout_ms = 2000;  // health checks and model queries
+  // > 0: the channels to workers ping a worker that has calls in flight and has been silent this
+  // long, and end its calls with UNAVAILABLE when it does not answer within as long again
+  // (InferenceChannel). 0: a call to a worker whose host vanished waits for its deadline.
+  int64_t worker_keepalive_ms = 0;
   // A client that takes no streamed tokens for this long (its call open, its window full) has its
   // call cancelled, as the worker does with its own --client-write-timeout-ms.
   int64_t client_write_timeout_ms = 60'000;

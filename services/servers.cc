@@ -1,6 +1,8 @@
 #include "services/servers.h"
 
+#include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -68,13 +70,29 @@ class ParseErrorInterceptorFactory final : public grpc::experimental::ServerInte
 // token ids is about 5 MB), and a larger limit would let each call cost that much memory.
 constexpr int kMaxInferenceMessageBytes = 32 << 20;
 
+// `keepalive_ms` > 0: a client connection with calls in flight that has been silent that long is
+// pinged, and closed, its calls cancelled, when no answer comes within as long again (a client
+// whose host vanished would otherwise hold its calls, and a worker's batch slots, until a write
+// blocks for the client write timeout, which a short reply never does).
 std::unique_ptr<grpc::Server> Listen(const std::string& address, std::shared_ptr<grpc::ServerCredentials> creds,
-                                     const std::vector<grpc::Service*>& services, int max_message_bytes, int* port) {
+                                     const std::vector<grpc::Service*>& services, int max_message_bytes,
+                                     int64_t keepalive_ms, int* port) {
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder b;
   // Without SO_REUSEPORT, which gRPC sets by default: a second server on a port in use must fail,
   // not share the port's connections with the first.
   b.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  // Clients' keepalive pings (a router's, InferenceChannel's) are welcome every 500 ms while calls
+  // are open. gRPC documents its default as taking a ping less than 5 minutes after the last one,
+  // while the server has sent nothing (a long prefill), as abuse, and the third as reason to close
+  // the connection, ending every call on it (1.51, here, was not seen to, with pings every second).
+  b.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 500);
+  if (keepalive_ms > 0) {
+    const int ms = static_cast<int>(std::min<int64_t>(keepalive_ms, INT32_MAX));
+    b.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, ms);
+    b.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, ms);
+    b.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  }
   b.AddListeningPort(address, creds != nullptr ? creds : grpc::InsecureServerCredentials(), port);
   b.SetMaxReceiveMessageSize(max_message_bytes);
   b.SetMaxSendMessageSize(max_message_bytes);
@@ -170,7 +188,8 @@ absl::StatusOr<std::unique_ptr<StoreServer>> StoreServer::Start(StoreServerOptio
   }
   VC_ASSIGN_OR_RETURN(s->store_, cachestore::BlockStore::Open(options.store));
   s->service_ = std::make_unique<CacheStoreService>(s->store_.get(), options.service);
-  s->server_ = Listen(options.listen, options.credentials, {s->service_.get()}, cachestore::kMaxStoreMessageBytes,
+  // The store's calls are short and carry deadlines: no keepalive of its own.
+  s->server_ = Listen(options.listen, options.credentials, {s->service_.get()}, cachestore::kMaxStoreMessageBytes, 0,
                      &s->port_);
   if (s->server_ == nullptr || s->port_ == 0) return CannotListen(options.listen, options.credentials != nullptr);
   VC_ASSIGN_OR_RETURN(s->metrics_, StartMetrics<vericache::v1::StatsResponse>(
@@ -224,7 +243,8 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(WorkerServerOp
     VC_ASSIGN_OR_RETURN(w->prefixes_, StorePrefixes::Create(po, fingerprint, layout));
   }
   VC_ASSIGN_OR_RETURN(w->service_, WorkerService::Create(*w->model_, w->tier_.get(), w->prefixes_.get(), options.service));
-  w->server_ = Listen(options.listen, options.credentials, {w->service_.get()}, kMaxInferenceMessageBytes, &w->port_);
+  w->server_ = Listen(options.listen, options.credentials, {w->service_.get()}, kMaxInferenceMessageBytes,
+                      options.keepalive_ms, &w->port_);
   if (w->server_ == nullptr || w->port_ == 0) return CannotListen(options.listen, options.credentials != nullptr);
   VC_ASSIGN_OR_RETURN(w->metrics_, StartMetrics<vericache::v1::WorkerStats>(
                                      options.metrics_listen, w->service_.get(), "vericache_worker"));
@@ -234,10 +254,11 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(WorkerServerOp
 absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(RouterServerOptions options) {
   std::unique_ptr<RouterServer> r(new RouterServer());
   VC_RETURN_IF_ERROR(CheckAddress("listen address", options.listen, true));
+  options.service.worker_keepalive_ms = options.keepalive_ms;
   VC_ASSIGN_OR_RETURN(r->service_, RouterService::Create(options.service));
   r->stats_ = std::make_unique<RouterStatsService>(r->service_.get());
   r->server_ = Listen(options.listen, options.credentials, {r->service_.get(), r->stats_.get()},
-                     kMaxInferenceMessageBytes, &r->port_);
+                     kMaxInferenceMessageBytes, options.keepalive_ms, &r->port_);
   if (r->server_ == nullptr || r->port_ == 0) return CannotListen(options.listen, options.credentials != nullptr);
   VC_ASSIGN_OR_RETURN(r->metrics_, StartMetrics<vericache::v1::RouterStats>(
                                      options.metrics_listen, r->service_.get(), "vericache_router"));

@@ -90,6 +90,9 @@ struct WorkerServerOptions {
   int64_t prefix_cache_bytes = int64_t{256} << 20;
   int64_t host_kv_bytes = int64_t{1024} << 20;
   WorkerServiceOptions service;  // engine options, limits, client tokens
+  // A client (a router) with calls in flight, silent this long, is pinged; no answer within as
+  // long again ends its calls, freeing their batch slots. 0: gRPC's default (two hours).
+  int64_t keepalive_ms = 20'000;
   std::shared_ptr<grpc::ServerCredentials> credentials;  // null: plaintext
   // HOST:PORT of a Prometheus /metrics endpoint (plain HTTP, no authentication: every tenant's
   // counts, as GetStats gives the default tenant's tokens); empty: none.
@@ -148,7 +151,12 @@ absl::StatusOr<std::vector<std::string>> ResolveTargets(const std::string& targe
 
 struct RouterServerOptions {
   std::string listen = "127.0.0.1:0";
-  RouterServiceOptions service;
+  RouterServiceOptions service;  // its worker_keepalive_ms is set from keepalive_ms
+  // Both ways: a client with calls in flight, and a worker with the router's calls in flight,
+  // silent this long, is pinged; no answer within as long again ends the calls (a worker's with
+  // UNAVAILABLE to their clients). 0: gRPC's defaults (clients: two hours; workers: never, a call
+  // waits for its deadline).
+  int64_t keepalive_ms = 20'000;
   std::shared_ptr<grpc::ServerCredentials> credentials;  // null: plaintext
   // HOST:PORT of a Prometheus /metrics endpoint (the RouterStats counts); empty: none.
   std::string metrics_listen;

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <fstream>
 #include <future>
+#include <iostream>
 #include <memory>
 #include <sstream>
 #include <thread>
@@ -84,6 +85,34 @@ bool WaitFor(Process& p, const std::function<bool()>& probe) {
   return false;
 }
 
+// Whether the server at `port` answers GetModelInfo (a router: once it has learned the model).
+bool AnswersModelInfo(int port) {
+  auto stub = InferenceStub(absl::StrCat("127.0.0.1:", port));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(300));
+  v1::ModelInfo info;
+  return stub->GetModelInfo(&ctx, v1::GetModelInfoRequest(), &info).ok();
+}
+
+// A worker of the test model with these flags besides its model and port, once it answers.
+std::unique_ptr<Process> StartWorkerWith(int port, const std::vector<std::string>& flags) {
+  std::vector<std::string> args = {"worker", "--model", kModel, "--listen", absl::StrCat("127.0.0.1:", port)};
+  args.insert(args.end(), flags.begin(), flags.end());
+  auto p = std::make_unique<Process>(args);
+  EXPECT_TRUE(WaitFor(*p, [&] { return AnswersModelInfo(port); })) << "worker did not start";
+  return p;
+}
+
+// A router in front of the worker at `worker_port`, once it routes.
+std::unique_ptr<Process> StartRouter(int port, int worker_port, const std::vector<std::string>& flags) {
+  std::vector<std::string> args = {"router", "--listen", absl::StrCat("127.0.0.1:", port), "--workers",
+                                   absl::StrCat("127.0.0.1:", worker_port), "--health-interval-ms", "100"};
+  args.insert(args.end(), flags.begin(), flags.end());
+  auto p = std::make_unique<Process>(args);
+  EXPECT_TRUE(WaitFor(*p, [&] { return AnswersModelInfo(port); })) << "router did not start";
+  return p;
+}
+
 class EndToEnd : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -130,18 +159,9 @@ class EndToEnd : public ::testing::Test {
   }
 
   std::unique_ptr<Process> StartWorker(int port) {
-    auto p = std::make_unique<Process>(std::vector<std::string>{
-        "worker", "--model", kModel, "--listen", absl::StrCat("127.0.0.1:", port), "--store",
-        absl::StrCat("127.0.0.1:", store_port_), "--store-token-file", dir_ + "/worker-token", "--block-tokens", "64",
-        "--staging-mib", "64", "--full-kv-mib", "32", "--max-batch", "8", "--store-timeout-ms", "1000"});
-    auto stub = InferenceStub(absl::StrCat("127.0.0.1:", port));
-    EXPECT_TRUE(WaitFor(*p, [&] {
-      grpc::ClientContext ctx;
-      ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(300));
-      v1::ModelInfo info;
-      return stub->GetModelInfo(&ctx, v1::GetModelInfoRequest(), &info).ok();
-    })) << "worker did not start";
-    return p;
+    return StartWorkerWith(port, {"--store", absl::StrCat("127.0.0.1:", store_port_), "--store-token-file",
+                                  dir_ + "/worker-token", "--block-tokens", "64", "--staging-mib", "64",
+                                  "--full-kv-mib", "32", "--max-batch", "8", "--store-timeout-ms", "1000"});
   }
 
   v1::GenerateRequest Request(size_t i, v1::Mode mode) const {
@@ -359,6 +379,99 @@ TEST_F(EndToEnd, SigtermDrainsTheWorker) {
   EXPECT_EQ(done.tokens, want->tokens);
   EXPECT_EQ(refused.status.code(), absl::StatusCode::kUnavailable) << refused.status;
   EXPECT_TRUE(worker->WaitExit(std::chrono::seconds(30))) << "the worker did not exit after draining";
+}
+
+// The first `bytes` of the test model's training script as a text prompt, for `max_tokens`
+// tokens, end of sequence ignored.
+v1::GenerateRequest TextRequest(size_t bytes, uint32_t max_tokens) {
+  std::ifstream in(kModel + std::string("/../train.py"));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  v1::GenerateRequest r;
+  r.set_text(ss.str().substr(0, bytes));
+  r.set_max_tokens(max_tokens);
+  r.set_ignore_eos(true);
+  r.set_mode(v1::MODE_VERICACHE);
+  return r;
+}
+
+// A worker that stops answering (SIGSTOP: its host's TCP still acknowledges, as a hung process's
+// does; a vanished host's answers nothing, which keepalive sees the same way) with a call in
+// flight through a router: the router's keepalive ends the call with UNAVAILABLE within a few
+// seconds. Without it, the call would wait for its deadline.
+TEST(Keepalive, ARoutersCallsToAWorkerThatStopsAnsweringEnd) {
+  const int worker_port = FreePort(6), router_port = FreePort(7);
+  auto worker = StartWorkerWith(worker_port, {"--keepalive-ms", "1000"});
+  auto router = StartRouter(router_port, worker_port, {"--keepalive-ms", "1000"});
+  auto stub = InferenceStub(absl::StrCat("127.0.0.1:", router_port));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+  auto reader = stub->Generate(&ctx, TextRequest(500, 30000));
+  v1::GenerateResponse r;
+  ASSERT_TRUE(reader->Read(&r)) << reader->Finish().error_message();
+  worker->Signal(SIGSTOP);
+  const auto stopped = std::chrono::steady_clock::now();
+  while (reader->Read(&r)) {
+  }
+  const grpc::Status s = reader->Finish();
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - stopped).count();
+  worker->Signal(SIGCONT);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << s.error_message();
+  EXPECT_LT(waited, 15.0) << "keepalive 1 s should end the call within about 2 s";
+  std::cout << "the call ended " << waited << " s after the worker stopped" << std::endl;
+  // Resumed, the worker finds the router's connection closed and ends the call too, thousands of
+  // tokens short of its end.
+  EXPECT_TRUE(WaitFor(*worker, [&] {
+    v1::WorkerStats stats;
+    auto direct = InferenceStub(absl::StrCat("127.0.0.1:", worker_port));
+    return testing::GetWorkerStats(*direct, "", &stats).ok() && stats.requests_in_flight() == 0;
+  })) << "the worker still runs the call";
+}
+
+// The other way: a router (the worker's client) that stops answering has its calls cancelled by
+// the worker's keepalive, which frees their batch slots. Without it, the worker would generate
+// until its writes block and then for the client write timeout (60 s) more.
+TEST(Keepalive, AWorkerCancelsTheCallsOfAClientThatStopsAnswering) {
+  const int worker_port = FreePort(8), router_port = FreePort(9);
+  auto worker = StartWorkerWith(worker_port, {"--keepalive-ms", "1000"});
+  auto router = StartRouter(router_port, worker_port, {"--keepalive-ms", "1000"});
+  auto stub = InferenceStub(absl::StrCat("127.0.0.1:", router_port));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+  auto reader = stub->Generate(&ctx, TextRequest(600, 30000));
+  v1::GenerateResponse r;
+  ASSERT_TRUE(reader->Read(&r)) << reader->Finish().error_message();
+  router->Signal(SIGSTOP);
+  const auto stopped = std::chrono::steady_clock::now();
+  auto direct = InferenceStub(absl::StrCat("127.0.0.1:", worker_port));
+  bool idle = false;
+  while (!idle && std::chrono::steady_clock::now() - stopped < std::chrono::seconds(20)) {
+    v1::WorkerStats stats;
+    idle = testing::GetWorkerStats(*direct, "", &stats).ok() && stats.requests_in_flight() == 0;
+    if (!idle) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - stopped).count();
+  router->Signal(SIGCONT);
+  ctx.TryCancel();
+  reader->Finish();
+  EXPECT_TRUE(idle) << "the worker still runs the call of a client that stopped answering";
+  EXPECT_LT(waited, 15.0);
+  std::cout << "the worker ended the call " << waited << " s after its client stopped" << std::endl;
+}
+
+// Keepalive pings on a call whose worker is busy and silent (a 10000-token prefill, over three
+// keepalive intervals, both cores computing) keep the call: the worker answers the router's pings
+// in time, and takes them however long it has sent nothing.
+TEST(Keepalive, PingsDuringALongSilentPrefillKeepTheCall) {
+  const int worker_port = FreePort(10), router_port = FreePort(11);
+  auto worker = StartWorkerWith(worker_port, {"--keepalive-ms", "1000"});
+  auto router = StartRouter(router_port, worker_port, {"--keepalive-ms", "1000"});
+  auto stub = InferenceStub(absl::StrCat("127.0.0.1:", router_port));
+  const GenerateReply got = CallGenerate(*stub, TextRequest(10000, 8), "", absl::Seconds(120));
+  ASSERT_TRUE(got.status.ok()) << got.status;
+  EXPECT_EQ(got.tokens.size(), 8u);
+  EXPECT_GT(got.first_token_seconds, 3.0) << "the prefill was too short to show anything";
+  std::cout << "first token after " << got.first_token_seconds << " s" << std::endl;
 }
 
 }  // namespace

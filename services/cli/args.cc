@@ -99,6 +99,13 @@ absl::StatusOr<int> DraftWindow(const Args& a) {
   return static_cast<int>(k);
 }
 
+absl::StatusOr<int64_t> KeepaliveMs(const Args& a) {
+  VC_ASSIGN_OR_RETURN(const int64_t ms, a.Int("keepalive-ms", 20000, 0, 86400000));
+  // Pings closer together than the servers accept (every 500 ms) would have connections closed.
+  if (ms > 0 && ms < 1000) return absl::InvalidArgumentError("--keepalive-ms must be 0 or at least 1000");
+  return ms;
+}
+
 absl::StatusOr<double> HotFraction(const Args& a) {
   VC_ASSIGN_OR_RETURN(const double f, a.Double("ram-hot-fraction", 0.5));
   if (f < 0 || f > 1) return absl::InvalidArgumentError("--ram-hot-fraction must be in [0, 1]");

@@ -73,6 +73,9 @@ void WaitAndDrain(const sigset_t& sigs, int64_t drain_seconds, std::ostream& out
 // (EngineOptions::draft_window 0), or a fixed window of 1 to 64 tokens.
 absl::StatusOr<int> DraftWindow(const Args& a);
 
+// --keepalive-ms: 0 (gRPC's defaults) or 1000 to 86400000; 20000 when absent.
+absl::StatusOr<int64_t> KeepaliveMs(const Args& a);
+
 // --ram-hot-fraction (cachestore::RamTierOptions::hot_fraction), in [0, 1]; 0.5 when absent.
 absl::StatusOr<double> HotFraction(const Args& a);
 

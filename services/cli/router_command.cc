@@ -13,7 +13,7 @@ constexpr char kUsage[] =
     "                        [--policy prefix|least-loaded|round-robin] [--balance-slack N]\n"
     "                        [--affinity-blocks N] [--block-tokens N] [--text-block-bytes N]\n"
     "                        [--health-interval-ms N] [--refresh-seconds N] [--worker-timeout-ms N]\n"
-    "                        [--client-write-timeout-ms N]\n"
+    "                        [--client-write-timeout-ms N] [--keepalive-ms N]\n"
     "                        [--model-fingerprint HEX] [--worker-token-file FILE] [--worker-tls-ca PEM]\n"
     "                        [--tls-cert PEM --tls-key PEM]\n"
     "                        [--metrics-listen HOST:PORT] [--drain-seconds N]\n"
@@ -36,6 +36,10 @@ constexpr char kUsage[] =
     "  --worker-timeout-ms N   deadline of health checks and model queries (default 2000)\n"
     "  --client-write-timeout-ms N  a client that takes no streamed tokens for this long has its\n"
     "                          call cancelled, and the worker's with it (default 60000)\n"
+    "  --keepalive-ms N        a worker or client with calls in flight that has been silent for N ms\n"
+    "                          is pinged, and its calls are ended when it does not answer within N ms\n"
+    "                          more: a worker's with UNAVAILABLE, so a worker whose host vanished does\n"
+    "                          not hold its clients' calls (default 20000; 0: never, for workers)\n"
     "  --model-fingerprint HEX the checkpoint the workers must serve (GetModelInfo's fingerprint_hex);\n"
     "                          by default the one most workers serve when the router first reaches any,\n"
     "                          and after a rollout the one most serve once none has served it for 30 s\n"
@@ -56,7 +60,7 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
       Args a, Args::Parse(argv,
                           {"listen", "workers", "policy", "balance-slack", "affinity-blocks", "block-tokens",
                            "text-block-bytes", "health-interval-ms", "refresh-seconds", "worker-timeout-ms",
-                           "client-write-timeout-ms", "worker-tls-ca", "model-fingerprint", "worker-token-file",
+                           "client-write-timeout-ms", "keepalive-ms", "worker-tls-ca", "model-fingerprint", "worker-token-file",
                            "tls-cert", "tls-key", "metrics-listen", "drain-seconds"},
                           {}));
   for (const char* req : {"listen", "workers"}) {
@@ -80,6 +84,7 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
   s.refresh_interval_ms = refresh * 1000;
   VC_ASSIGN_OR_RETURN(s.worker_timeout_ms, a.Int("worker-timeout-ms", 2000, 1, 600000));
   VC_ASSIGN_OR_RETURN(s.client_write_timeout_ms, a.Int("client-write-timeout-ms", 60000, 1, 86400000));
+  VC_ASSIGN_OR_RETURN(o.keepalive_ms, KeepaliveMs(a));
   s.model_fingerprint_hex = a.Str("model-fingerprint", "");
   if (!s.model_fingerprint_hex.empty() &&
       (s.model_fingerprint_hex.size() != 64 ||
