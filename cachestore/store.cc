@@ -142,6 +142,7 @@ StoreStats BlockStore::Stats() const {
   s.puts = puts_;
   s.ram_evictions = ram_->evictions();
   s.disk_evictions = disk_->evictions();
+  s.disk_write_errors = disk_->write_errors();
   return s;
 }
 

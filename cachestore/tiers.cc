@@ -411,6 +411,7 @@ absl::StatusOr<std::unique_ptr<DiskTier>> DiskTier::Open(const DiskTierOptions& 
   // rolled at 16 MiB, four kept.
   db_options.max_log_file_size = size_t{16} << 20;
   db_options.keep_log_file_num = 4;
+  if (options.env != nullptr) db_options.env = options.env;
   rocksdb::ColumnFamilyOptions blocks;
   blocks.enable_blob_files = true;
   blocks.min_blob_size = 4096;
@@ -532,8 +533,21 @@ absl::Status DiskTier::Put(const BlockKey& key, absl::string_view block) {
   {
     absl::MutexLock stripe(&Stripe(key));
     absl::Status s = FromRocks(db_->Write(w, &batch), "put");
-    if (!s.ok()) return s;
     absl::MutexLock l(&mu_);
+    if (!s.ok()) {
+      // Once per run of failures: RocksDB takes no writes after a failed one until it recovers,
+      // which it does by itself once a full disk has room; from other I/O errors only a restart
+      // (a reopen) recovers.
+      if (!writes_failing_) {
+        std::fprintf(stderr, "RocksDB at %s: a put failed (%s); puts fail until it recovers\n",
+                     options_.path.c_str(), std::string(s.message()).c_str());
+      }
+      writes_failing_ = true;
+      write_errors_++;
+      return s;
+    }
+    if (writes_failing_) std::fprintf(stderr, "RocksDB at %s: puts succeed again\n", options_.path.c_str());
+    writes_failing_ = false;
     Unindex(key);
     Index(key, block.size());
     while (used_ > options_.capacity_bytes && order_.size() > 1) {
@@ -624,6 +638,11 @@ size_t DiskTier::blocks() const {
 uint64_t DiskTier::evictions() const {
   absl::MutexLock l(&mu_);
   return evictions_;
+}
+
+uint64_t DiskTier::write_errors() const {
+  absl::MutexLock l(&mu_);
+  return write_errors_;
 }
 
 }  // namespace vc::cachestore

@@ -41,6 +41,7 @@
 namespace rocksdb {
 class ColumnFamilyHandle;
 class DB;
+class Env;
 class Iterator;
 struct ReadOptions;
 }
@@ -205,6 +206,7 @@ struct DiskTierOptions {
   std::string path;
   uint64_t capacity_bytes = uint64_t{8} << 30;
   bool sync_writes = false;  // fsync every put (survives power loss, not only kill -9)
+  rocksdb::Env* env = nullptr;  // RocksDB's environment (tests: one whose writes fail); null: the default
 };
 
 class DiskTier {
@@ -231,6 +233,10 @@ class DiskTier {
   size_t blocks() const;
   // Blocks evicted to make room, since the tier opened.
   uint64_t evictions() const;
+  // Puts that failed in RocksDB (a full disk, an I/O error), since the tier opened. After such a
+  // failure RocksDB takes no writes until it recovers, which it does by itself, within a moment,
+  // once a full disk has room again; after other I/O errors, not before the store restarts.
+  uint64_t write_errors() const;
 
  private:
   DiskTier() = default;
@@ -261,6 +267,8 @@ class DiskTier {
   absl::flat_hash_map<BlockKey, std::pair<uint64_t, std::list<BlockKey>::iterator>> sizes_ ABSL_GUARDED_BY(mu_);
   uint64_t used_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t evictions_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t write_errors_ ABSL_GUARDED_BY(mu_) = 0;
+  bool writes_failing_ ABSL_GUARDED_BY(mu_) = false;  // the last put failed
 };
 
 }  // namespace vc::cachestore

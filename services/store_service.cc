@@ -243,6 +243,7 @@ void CacheStoreService::CurrentStats(StatsResponse* resp) const {
   resp->set_puts(s.puts);
   resp->set_ram_evictions(s.ram_evictions);
   resp->set_disk_evictions(s.disk_evictions);
+  resp->set_disk_write_errors(s.disk_write_errors);
 }
 
 absl::StatusOr<std::map<std::string, std::string>> ReadTokenFile(const std::string& path) {

@@ -8,6 +8,8 @@
 #include <thread>
 
 #include <rocksdb/db.h>
+#include <rocksdb/env.h>
+#include <rocksdb/file_system.h>
 
 #include "cachestore/store.h"
 #include "cachestore/tiers.h"
@@ -432,6 +434,76 @@ TEST(DiskTier, PersistsAcrossReopenAndEvictsOldest) {
     EXPECT_TRUE((*t)->Get(Key(9)).ok());
   }
   EXPECT_EQ(DiskTier::Open({"/proc/no/such/dir", 1, false}).status().code(), absl::StatusCode::kUnavailable);
+}
+
+// A filesystem whose file writes fail with "no space left" while `full` is set, as a full disk's do.
+class FillingFileSystem : public rocksdb::FileSystemWrapper {
+ public:
+  explicit FillingFileSystem(std::shared_ptr<rocksdb::FileSystem> base) : FileSystemWrapper(std::move(base)) {}
+  const char* Name() const override { return "FillingFileSystem"; }
+
+  rocksdb::IOStatus NewWritableFile(const std::string& name, const rocksdb::FileOptions& options,
+                                    std::unique_ptr<rocksdb::FSWritableFile>* file,
+                                    rocksdb::IODebugContext* dbg) override {
+    std::unique_ptr<rocksdb::FSWritableFile> f;
+    rocksdb::IOStatus s = target()->NewWritableFile(name, options, &f, dbg);
+    if (s.ok()) *file = std::make_unique<File>(std::move(f), this);
+    return s;
+  }
+
+  std::atomic<bool> full{false};
+
+ private:
+  class File : public rocksdb::FSWritableFileOwnerWrapper {
+   public:
+    File(std::unique_ptr<rocksdb::FSWritableFile> f, FillingFileSystem* fs)
+        : FSWritableFileOwnerWrapper(std::move(f)), fs_(fs) {}
+    rocksdb::IOStatus Append(const rocksdb::Slice& data, const rocksdb::IOOptions& options,
+                             rocksdb::IODebugContext* dbg) override {
+      if (fs_->full) return rocksdb::IOStatus::NoSpace("the disk is full");
+      return target()->Append(data, options, dbg);
+    }
+    rocksdb::IOStatus Append(const rocksdb::Slice& data, const rocksdb::IOOptions& options,
+                             const rocksdb::DataVerificationInfo& info, rocksdb::IODebugContext* dbg) override {
+      if (fs_->full) return rocksdb::IOStatus::NoSpace("the disk is full");
+      return target()->Append(data, options, info, dbg);
+    }
+
+   private:
+    FillingFileSystem* const fs_;
+  };
+};
+
+// A disk that fills up fails puts, and the tier counts them; reads go on. Once it has room again,
+// RocksDB takes writes again by itself (it polls for room), and puts succeed with no restart.
+TEST(DiskTier, PutsFailWhileTheDiskIsFullAndSucceedOnceItHasRoom) {
+  const std::string dir = vc::testing::TempDir("disk_tier");
+  auto fs = std::make_shared<FillingFileSystem>(rocksdb::FileSystem::Default());
+  std::unique_ptr<rocksdb::Env> env = rocksdb::NewCompositeEnv(fs);
+  DiskTierOptions o{dir, 1 << 20, false};
+  o.env = env.get();
+  auto t = DiskTier::Open(o);
+  ASSERT_TRUE(t.ok()) << t.status();
+  ASSERT_TRUE((*t)->Put(Key(1), Block(1)).ok());
+  fs->full = true;
+  for (int i = 2; i < 4; ++i) {
+    const absl::Status failed = (*t)->Put(Key(i), Block(i));
+    EXPECT_EQ(failed.code(), absl::StatusCode::kUnavailable) << failed;
+    EXPECT_FALSE((*t)->Contains(Key(i)));
+  }
+  EXPECT_EQ(*(*t)->Get(Key(1)), Block(1));
+  EXPECT_EQ((*t)->write_errors(), 2u);
+  fs->full = false;
+  absl::Status put;
+  for (int i = 0; i < 200; ++i) {
+    put = (*t)->Put(Key(2), Block(2));
+    if (put.ok()) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_TRUE(put.ok()) << "puts still fail 10 s after the disk has room: " << put;
+  EXPECT_EQ(*(*t)->Get(Key(2)), Block(2));
+  EXPECT_TRUE((*t)->Put(Key(3), Block(3)).ok());
+  EXPECT_EQ((*t)->blocks(), 3u);
 }
 
 // Bursts of puts of a few keys from two threads into a tier with room for three blocks, each put

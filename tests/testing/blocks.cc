@@ -30,7 +30,7 @@ std::string RandomBlock(uint32_t seed, uint8_t fingerprint_byte, std::array<uint
 }
 
 std::string LargeRandomBlock(uint32_t seed, uint8_t fingerprint_byte, int tokens) {
-  return RandomBlockOf(seed, fingerprint_byte, cachestore::BlockLayout{2, 8, 128, tokens}, nullptr);
+  return RandomBlockOf(seed, fingerprint_byte, cachestore::BlockLayout{2, 8, 128, static_cast<uint32_t>(tokens)}, nullptr);
 }
 
 absl::Status CorruptInRam(cachestore::BlockStore& store, const std::string& secret, const std::string& tenant,
