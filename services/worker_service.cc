@@ -277,8 +277,8 @@ absl::Status NoText(const ModelConfig& c) {
 constexpr int kMaxStops = 16;
 constexpr size_t kMaxStopBytes = 256;
 
-// Seconds as whole microseconds for the stats messages: a negative duration (the wall clock
-// stepped back during a request) is 0, not a wrapped unsigned count.
+// Seconds as whole microseconds for the stats messages (the engine times requests on the steady
+// clock; anything not positive, should it come, is 0, not a wrapped unsigned count).
 uint64_t Micros(double seconds) { return seconds > 0 ? static_cast<uint64_t>(seconds * 1e6) : 0; }
 
 void FillStats(const EngineStats& s, v1::Mode mode, v1::GenerateStats* out) {

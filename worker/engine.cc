@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/clock.h"
 #include "common/status_macros.h"
 #include "worker/draft_window.h"
 #include "worker/lossy_decoder.h"
@@ -31,7 +32,7 @@ struct VeriCacheEngine::Sequence : QueuedRequest {
   int first_window = -1;  // >= 0: the first window's size, chosen at admission
   std::vector<int32_t> drafts;
   std::shared_ptr<FetchHandle> fetch;
-  absl::Time fetch_start;
+  absl::Duration fetch_start;  // SteadyClock() time
   DraftWindow window{0, 1};
   int64_t v() const { return static_cast<int64_t>(tokens.size()); }
 
@@ -292,7 +293,7 @@ absl::Status VeriCacheEngine::AdmitWithPrefix(Sequence& s, bool* admitted) {
 }
 
 absl::Status VeriCacheEngine::Admit(Sequence& s) {
-  const absl::Time t0 = absl::Now();
+  const absl::Duration t0 = SteadyClock()->Now();
   EngineStats& st = s.result.stats;
   st.queue_seconds = absl::ToDoubleSeconds(t0 - s.submitted);
   // Room in the tier for every position the sequence can reach, its prefix's too (recomputed and
@@ -314,14 +315,14 @@ absl::Status VeriCacheEngine::Admit(Sequence& s) {
     s.cseq = compressed_->NewSequence();
     VC_RETURN_IF_ERROR(compressed_->BuildFrom(s.cseq, *pre.cache, pre.seq, n, pre.queries));
     s.full_len = n;
-    st.prefill_seconds = absl::ToDoubleSeconds(absl::Now() - t0);
+    st.prefill_seconds = absl::ToDoubleSeconds(SteadyClock()->Now() - t0);
     return absl::OkStatus();
   }
   if (UsesStore(s)) {
     bool admitted = false;
     VC_RETURN_IF_ERROR(AdmitWithPrefix(s, &admitted));
     if (admitted) {
-      st.prefill_seconds = absl::ToDoubleSeconds(absl::Now() - t0);
+      st.prefill_seconds = absl::ToDoubleSeconds(SteadyClock()->Now() - t0);
       return absl::OkStatus();
     }
   }
@@ -338,7 +339,7 @@ absl::Status VeriCacheEngine::Admit(Sequence& s) {
   if (status.ok() && prefixes_ != nullptr) SharePrefix(s, 0, tmp);
   staging_->FreeSequence(tmp);
   s.full_len = n;
-  st.prefill_seconds = absl::ToDoubleSeconds(absl::Now() - t0);
+  st.prefill_seconds = absl::ToDoubleSeconds(SteadyClock()->Now() - t0);
   return status;
 }
 
@@ -402,7 +403,7 @@ absl::Status VeriCacheEngine::StartWindow(Sequence& s, bool staging_for_all) {
       return st;  // retried on a later iteration, once a verify frees blocks
     }
     s.sseq = sseq;
-    s.fetch_start = absl::Now();
+    s.fetch_start = SteadyClock()->Now();
     s.fetch = tier_->Fetch(s.key, s.full_len, staging_.get(), sseq);
   }
   return absl::OkStatus();
@@ -417,9 +418,9 @@ absl::Status VeriCacheEngine::DraftStep(std::vector<Sequence*>& drafting) {
     chunks.push_back({s.cseq, {&feed[i], 1}});
   }
   std::vector<float> logits;
-  const absl::Time t0 = absl::Now();
+  const absl::Duration t0 = SteadyClock()->Now();
   VC_RETURN_IF_ERROR(model_.Forward(chunks, *compressed_, LogitsFor::kLastRows, &logits));
-  const double dt = absl::ToDoubleSeconds(absl::Now() - t0);
+  const double dt = absl::ToDoubleSeconds(SteadyClock()->Now() - t0);
   costs_.ObserveDraftStep(dt);
   const int vocab = model_.config().vocab_size;
   for (size_t i = 0; i < drafting.size(); ++i) {
@@ -486,9 +487,9 @@ absl::Status VeriCacheEngine::Verify(std::vector<Sequence*>& ready) {
     chunks.push_back({s.sseq, feeds[i]});
   }
   std::vector<float> logits;
-  const absl::Time t0 = absl::Now();
+  const absl::Duration t0 = SteadyClock()->Now();
   VC_RETURN_IF_ERROR(model_.Forward(chunks, *staging_, LogitsFor::kAllRows, &logits));
-  const double dt = absl::ToDoubleSeconds(absl::Now() - t0);
+  const double dt = absl::ToDoubleSeconds(SteadyClock()->Now() - t0);
   int rows_total = 0;
   for (auto& f : feeds) rows_total += static_cast<int>(f.size());
   // Batched passes: a draft step and a verify pass each cost the whole batch this much time.
@@ -541,7 +542,7 @@ absl::Status VeriCacheEngine::Verify(std::vector<Sequence*>& ready) {
         break;
       }
     }
-    if (st.verifies == 1) st.first_token_seconds = absl::ToDoubleSeconds(absl::Now() - s.submitted);
+    if (st.verifies == 1) st.first_token_seconds = absl::ToDoubleSeconds(SteadyClock()->Now() - s.submitted);
     if (s.request.on_tokens) s.request.on_tokens(absl::MakeConstSpan(emit).first(emitted));
     accepted_drafts[i] = accepted;
   }
@@ -672,9 +673,9 @@ absl::Status VeriCacheEngine::Step() {
     if (status.ok() && !drafting.empty()) status = DraftStep(drafting);
     if (ready.empty() && drafting.empty()) {
       if (!waiting.empty()) {
-        const absl::Time t0 = absl::Now();
+        const absl::Duration t0 = SteadyClock()->Now();
         waiting.front()->fetch->Wait().IgnoreError();  // Verify looks at the outcome
-        waiting.front()->result.stats.fetch_wait_seconds += absl::ToDoubleSeconds(absl::Now() - t0);
+        waiting.front()->result.stats.fetch_wait_seconds += absl::ToDoubleSeconds(SteadyClock()->Now() - t0);
       } else if (!stuck.empty() && !EvictResident(nullptr)) {
         // (An eviction makes room for the stuck ones at the next step.) Nothing holds staging
         // now, so this one can never fit: end it alone.

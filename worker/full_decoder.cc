@@ -3,7 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
+#include "common/clock.h"
 #include "common/status_macros.h"
 
 namespace vc {
@@ -44,9 +44,9 @@ absl::StatusOr<GenerateResult> GenerateFull(const Model& model, absl::Span<const
   GenerateResult result;
   std::vector<float> logits;
 
-  absl::Time t0 = absl::Now();
+  absl::Duration t0 = SteadyClock()->Now();
   VC_RETURN_IF_ERROR(model.Prefill(prompt, seq, o.prefill_chunk, cache, &logits));
-  absl::Time t1 = absl::Now();
+  absl::Duration t1 = SteadyClock()->Now();
   result.prefill_seconds = absl::ToDoubleSeconds(t1 - t0);
 
   for (int i = 0; i < o.max_tokens; ++i) {
@@ -58,7 +58,7 @@ absl::StatusOr<GenerateResult> GenerateFull(const Model& model, absl::Span<const
     SequenceChunk chunk{seq, {&result.tokens.back(), 1}};
     VC_RETURN_IF_ERROR(model.Forward({&chunk, 1}, cache, LogitsFor::kLastRows, &logits));
   }
-  result.decode_seconds = absl::ToDoubleSeconds(absl::Now() - t1);
+  result.decode_seconds = absl::ToDoubleSeconds(SteadyClock()->Now() - t1);
   return result;
 }
 

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/clock.h"
 #include "common/status_macros.h"
 #include "worker/full_decoder.h"
 #include "worker/sampler.h"
@@ -13,7 +14,7 @@
 namespace vc {
 
 struct FullKvEngine::Sequence : QueuedRequest {
-  absl::Time admitted;
+  absl::Duration admitted;  // SteadyClock() time
   SeqId seq = -1;  // in cache_, once admitted
   // prompt + emitted. Positions [0, cache_.Length(seq)) have their K/V; a decoding sequence
   // lacks only the last token's, which the next pass feeds.
@@ -107,7 +108,7 @@ void FullKvEngine::FetchPrefix(Sequence& s) {
 }
 
 void FullKvEngine::Admit(Sequence& s) {
-  s.admitted = absl::Now();
+  s.admitted = SteadyClock()->Now();
   s.result.stats.queue_seconds = absl::ToDoubleSeconds(s.admitted - s.submitted);
   s.seq = cache_.NewSequence();
   // The caller checked free_blocks(): the whole request fits, so no pass can run out of room.
@@ -125,7 +126,7 @@ void FullKvEngine::Admit(Sequence& s) {
 }
 
 void FullKvEngine::PromptDone(Sequence& s) {
-  s.result.stats.prefill_seconds = absl::ToDoubleSeconds(absl::Now() - s.admitted);
+  s.result.stats.prefill_seconds = absl::ToDoubleSeconds(SteadyClock()->Now() - s.admitted);
   const int to = static_cast<int>(s.names.size());
   if (s.publish_from >= 0 && s.publish_from < to) {
     prefixes_->Publish(s.names, s.publish_from, to, cache_, s.seq);
@@ -174,7 +175,7 @@ absl::Status FullKvEngine::Pass() {
     s.result.tokens.push_back(t);
     s.generated++;
     s.result.stats.emitted++;
-    if (s.generated == 1) s.result.stats.first_token_seconds = absl::ToDoubleSeconds(absl::Now() - s.submitted);
+    if (s.generated == 1) s.result.stats.first_token_seconds = absl::ToDoubleSeconds(SteadyClock()->Now() - s.submitted);
     if (s.request.on_tokens) s.request.on_tokens({&t, 1});
     if ((o.stop_at_eos && model_.tokenizer().IsEos(t)) || s.generated >= o.max_tokens) {
       s.done = true;

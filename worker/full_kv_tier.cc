@@ -6,7 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/time/clock.h"
+#include "common/clock.h"
 #include "common/status_macros.h"
 
 namespace vc {
@@ -44,11 +44,11 @@ bool FetchHandle::Done() const {
 void FetchHandle::Finish(absl::Status s) {
   absl::MutexLock l(&mu_);
   status_ = std::move(s);
-  finished_at_ = absl::Now();
+  finished_at_ = SteadyClock()->Now();
   done_ = true;
 }
 
-absl::Time FetchHandle::finished_at() const {
+absl::Duration FetchHandle::finished_at() const {
   absl::MutexLock l(&mu_);
   return finished_at_;
 }

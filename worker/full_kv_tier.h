@@ -34,7 +34,7 @@ class FetchHandle {
   bool Done() const;
   int64_t bytes() const { return bytes_; }
   // When the fetch finished (absl::InfiniteFuture() while it runs).
-  absl::Time finished_at() const;
+  absl::Duration finished_at() const;  // SteadyClock() time
 
  private:
   friend class HostKvTier;
@@ -44,7 +44,7 @@ class FetchHandle {
   const int64_t bytes_;
   mutable absl::Mutex mu_;
   bool done_ ABSL_GUARDED_BY(mu_) = false;
-  absl::Time finished_at_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
+  absl::Duration finished_at_ ABSL_GUARDED_BY(mu_) = absl::InfiniteDuration();
   absl::Status status_ ABSL_GUARDED_BY(mu_);
 };
 

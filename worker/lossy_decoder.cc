@@ -3,7 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
+#include "common/clock.h"
 #include "common/status_macros.h"
 #include "worker/compressed_cache.h"
 #include "worker/query_recorder.h"
@@ -40,14 +40,14 @@ absl::StatusOr<LossyResult> GenerateLossy(const Model& model, absl::Span<const i
   LossyResult out;
   out.compressor = compressed->spec();
   const int64_t n = static_cast<int64_t>(prompt.size()) - 1;
-  const absl::Time t0 = absl::Now();
+  const absl::Duration t0 = SteadyClock()->Now();
   {
     PagedKvCache full(layout, n / o.block_size + 1);
     const SeqId seq = full.NewSequence();
     const SeqId cseq = compressed->NewSequence();
     VC_RETURN_IF_ERROR(PrefillAndCompress(model, prompt, n, o.prefill_chunk, full, seq, *compressed, cseq));
   }
-  const absl::Time t1 = absl::Now();
+  const absl::Duration t1 = SteadyClock()->Now();
   std::vector<float> logits;
   GenerateResult& r = out.generation;
   int32_t feed = prompt.back();
@@ -59,7 +59,7 @@ absl::StatusOr<LossyResult> GenerateLossy(const Model& model, absl::Span<const i
     r.tokens.push_back(feed);
     if (o.stop_at_eos && model.tokenizer().IsEos(feed)) break;
   }
-  const absl::Time t2 = absl::Now();
+  const absl::Duration t2 = SteadyClock()->Now();
   r.prefill_seconds = absl::ToDoubleSeconds(t1 - t0);
   r.decode_seconds = absl::ToDoubleSeconds(t2 - t1);
   out.compressed_bytes = compressed->Bytes(0);

@@ -18,6 +18,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "common/clock.h"
 #include "worker/full_decoder.h"
 #include "worker/kv_cache.h"
 
@@ -99,7 +100,7 @@ struct QueuedRequest {
   RequestId id = 0;
   EngineRequest request;
   DoneCallback on_done;
-  absl::Time submitted;
+  absl::Duration submitted;  // SteadyClock() time
   EngineResult result;
   bool cancelled = false;
   bool checked = false;  // passed the engine's check while queued
@@ -132,7 +133,7 @@ class RequestQueue {
     s->id = next_id_++;
     s->request = std::move(request);
     s->on_done = std::move(on_done);
-    s->submitted = absl::Now();
+    s->submitted = SteadyClock()->Now();
     s->result.stats.prompt_tokens = static_cast<int64_t>(s->request.prompt.size());
     pending.push_back(std::move(s));
     return *pending.back();
@@ -197,7 +198,7 @@ class RequestQueue {
 
   // Tells a request how it ended: its total time, then its callback (once).
   static void Tell(QueuedRequest& s, absl::Status status) {
-    s.result.stats.total_seconds = absl::ToDoubleSeconds(absl::Now() - s.submitted);
+    s.result.stats.total_seconds = absl::ToDoubleSeconds(SteadyClock()->Now() - s.submitted);
     if (s.on_done) s.on_done(std::move(status), std::move(s.result));
     s.on_done = nullptr;
   }
