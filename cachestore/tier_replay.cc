@@ -284,7 +284,9 @@ absl::StatusOr<ReplayStats> ReplayTrace(const std::vector<TraceRequest>& trace, 
   return tally.Finish(ss.ram_blocks, ss.disk_blocks);
 }
 
-ReplayStats UnboundedReplay(const std::vector<TraceRequest>& trace, int64_t block_tokens, uint64_t block_bytes) {
+absl::StatusOr<ReplayStats> UnboundedReplay(const std::vector<TraceRequest>& trace, int64_t block_tokens,
+                                            uint64_t block_bytes) {
+  if (block_tokens <= 0) return absl::InvalidArgumentError("block_tokens must be positive");
   if (trace.empty()) return ReplayStats{};
   Tally tally(trace, block_tokens, block_bytes);
   absl::flat_hash_set<BlockKey> seen;

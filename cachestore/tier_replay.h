@@ -75,8 +75,10 @@ struct ReplayStats {
 absl::StatusOr<ReplayStats> ReplayTrace(const std::vector<TraceRequest>& trace, const ReplayOptions& options);
 
 // What an unbounded store would serve: every leading block seen before, in any earlier request
-// (all of it counted as RAM hits; disk_blocks is 0). Zeros for an empty trace.
-ReplayStats UnboundedReplay(const std::vector<TraceRequest>& trace, int64_t block_tokens, uint64_t block_bytes);
+// (all of it counted as RAM hits; disk_blocks is 0). Zeros for an empty trace; kInvalidArgument
+// when block_tokens is not positive.
+absl::StatusOr<ReplayStats> UnboundedReplay(const std::vector<TraceRequest>& trace, int64_t block_tokens,
+                                            uint64_t block_bytes);
 
 }  // namespace vc::cachestore
 

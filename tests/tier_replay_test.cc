@@ -57,7 +57,8 @@ class TierReplayTest : public ::testing::Test {
 
 TEST_F(TierReplayTest, AStoreThatHoldsEverythingServesWhatAnUnboundedOneWould) {
   const std::vector<TraceRequest> trace = SharedPrefixes();
-  const ReplayStats u = UnboundedReplay(trace, kBt, 64 << 10);
+  const ReplayStats u = *UnboundedReplay(trace, kBt, 64 << 10);
+  EXPECT_EQ(UnboundedReplay(trace, 0, 64 << 10).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(u.ram_hits, 7);
   EXPECT_EQ(u.blocks_put, 6);
   EXPECT_EQ(u.block_lookups, 13);
@@ -91,7 +92,7 @@ TEST_F(TierReplayTest, ATraceShorterThanAMinutePeaksAtItsMean) {
   EXPECT_DOUBLE_EQ(s->duration_s, 3.0);
   EXPECT_DOUBLE_EQ(s->peak_ram_read_bps, 5.0 * (64 << 10) / 3);
   EXPECT_DOUBLE_EQ(s->peak_disk_write_bps, 6.0 * (64 << 10) / 3);
-  EXPECT_DOUBLE_EQ(UnboundedReplay(trace, kBt, 64 << 10).peak_ram_read_bps, 5.0 * (64 << 10) / 3);
+  EXPECT_DOUBLE_EQ(UnboundedReplay(trace, kBt, 64 << 10)->peak_ram_read_bps, 5.0 * (64 << 10) / 3);
 }
 
 TEST_F(TierReplayTest, WhatRamCannotHoldIsServedFromDisk) {

@@ -187,7 +187,7 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
 
   VC_ASSIGN_OR_RETURN(const std::vector<cachestore::TraceRequest> trace,
                       cachestore::ReadMooncakeTrace(a.Str("trace"), first, requests));
-  cachestore::ReplayStats unbounded = cachestore::UnboundedReplay(trace, block_tokens, block_bytes);
+  VC_ASSIGN_OR_RETURN(cachestore::ReplayStats unbounded, cachestore::UnboundedReplay(trace, block_tokens, block_bytes));
   // Every block put is written to each of its replicas' disk tiers.
   const auto count_copies = [copies](cachestore::ReplayStats& s) {
     s.disk_write_bytes *= static_cast<double>(copies);
