@@ -471,24 +471,32 @@ grpc::Status RouterService::Generate(grpc::ServerContext* ctx, const GenerateReq
     std::atomic<int>* n;
     ~Done() { (*n)--; }
   } done{&in_flight_};
+  // The request as the current worker gets it: after a failure mid-stream, with the tokens sent so
+  // far as generated_ids (see GenerateRequest).
+  GenerateRequest resumed;
+  const GenerateRequest* current = req;
+  uint32_t forwarded = 0;  // tokens sent to the client by earlier workers of this call
   grpc::Status last;
   for (size_t i = 0; i < order.size(); ++i) {
     Upstream& w = *order[i];
     if (i > 0) {
       if (!w.serving) continue;
-      retries_++;
+      if (current == req) retries_++;
     }
     w.in_flight++;
     std::unique_ptr<grpc::ClientContext> call = grpc::ClientContext::FromServerContext(*ctx);
     if (!auth.empty()) call->AddMetadata("authorization", auth);
-    std::unique_ptr<grpc::ClientReader<GenerateResponse>> reader = w.stub->Generate(call.get(), *req);
+    std::unique_ptr<grpc::ClientReader<GenerateResponse>> reader = w.stub->Generate(call.get(), *current);
     GenerateResponse r;
+    std::vector<int32_t> tokens;  // sent by this worker
     bool sent = false, client_gone = false;
     while (reader->Read(&r)) {
       if (!sent) {
         sent = true;
         Remember(blocks, w);
       }
+      tokens.insert(tokens.end(), r.token_ids().begin(), r.token_ids().end());
+      if (r.has_stats()) r.mutable_stats()->set_generated_tokens(r.stats().generated_tokens() + forwarded);
       if (!watchdog_->Write(ctx, [&] { return writer->Write(r); })) {
         client_gone = true;
         call->TryCancel();
@@ -497,10 +505,19 @@ grpc::Status RouterService::Generate(grpc::ServerContext* ctx, const GenerateReq
     }
     grpc::Status s = reader->Finish();
     w.in_flight--;
-    const bool refused = !sent && !client_gone && !ctx->IsCancelled() &&
+    const bool ours = !client_gone && !ctx->IsCancelled();
+    const bool refused = !sent && ours &&
                          (s.error_code() == grpc::StatusCode::UNAVAILABLE ||
                           s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED);
-    if (!refused) {
+    // A worker that failed after sending tokens (it went down, or its shutdown cancelled the call)
+    // hands the rest to the next one, which picks up after those tokens with the same output.
+    const bool failed = sent && ours && !tokens.empty() &&
+                        (s.error_code() == grpc::StatusCode::UNAVAILABLE ||
+                         s.error_code() == grpc::StatusCode::CANCELLED) &&
+                        current->generated_ids_size() + tokens.size() < current->max_tokens() &&
+                        std::any_of(order.begin() + static_cast<int64_t>(i) + 1, order.end(),
+                                    [](const auto& next) { return next->serving.load(); });
+    if (!refused && !failed) {
       routed_++;
       w.routed++;
       if (client_gone) return grpc::Status(grpc::StatusCode::CANCELLED, "the client stopped reading");
@@ -510,6 +527,13 @@ grpc::Status RouterService::Generate(grpc::ServerContext* ctx, const GenerateReq
     // Down or draining: no more calls until a health check says it serves again.
     if (s.error_code() == grpc::StatusCode::UNAVAILABLE) w.serving = false;
     last = grpc::Status(s.error_code(), absl::StrCat("worker ", w.target, ": ", s.error_message()));
+    if (failed) {
+      if (current == req) resumed = *req;
+      for (int32_t t : tokens) resumed.add_generated_ids(t);
+      current = &resumed;
+      forwarded += static_cast<uint32_t>(tokens.size());
+      failovers_++;
+    }
   }
   unrouted_++;
   return grpc::Status(last.error_code(),
@@ -558,6 +582,7 @@ void RouterService::CurrentStats(vericache::v1::RouterStats* s) {
   s->set_prefix_blocks_matched(prefix_blocks_);
   s->set_load_spills(spills_);
   s->set_retries(retries_);
+  s->set_failovers(failovers_);
   std::lock_guard<std::mutex> l(mu_);
   s->set_affinity_blocks(table_.size());
   for (const auto& w : workers_) {

@@ -163,7 +163,8 @@ class RouterService final : public vericache::v1::Inference::Service {
   std::unique_ptr<WriteWatchdog<grpc::ServerContext>> watchdog_;  // bounds writes to clients
 
   std::atomic<int> in_flight_{0};
-  std::atomic<uint64_t> routed_{0}, unrouted_{0}, prefix_routed_{0}, prefix_blocks_{0}, spills_{0}, retries_{0};
+  std::atomic<uint64_t> routed_{0}, unrouted_{0}, prefix_routed_{0}, prefix_blocks_{0}, spills_{0}, retries_{0},
+      failovers_{0};
   std::thread checker_;
 };
 

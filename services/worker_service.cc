@@ -373,7 +373,14 @@ absl::StatusOr<EngineRequest> WorkerService::Parse(const v1::GenerateRequest& re
     default:
       return absl::InvalidArgumentError("the request has no prompt (text or token_ids)");
   }
-  r.options.max_tokens = static_cast<int>(req.max_tokens());
+  // The prompt and max_tokens checked against the context above cover them.
+  const int resumed = req.generated_ids_size();
+  if (resumed > 0 && static_cast<uint64_t>(resumed) >= req.max_tokens()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(resumed, " generated_ids leave nothing of max_tokens ", req.max_tokens(), " to generate"));
+  }
+  r.prompt.insert(r.prompt.end(), req.generated_ids().begin(), req.generated_ids().end());
+  r.options.max_tokens = static_cast<int>(req.max_tokens()) - resumed;
   r.options.sampling.temperature = req.sampling().temperature();
   r.options.sampling.top_k = static_cast<int>(std::min<uint32_t>(req.sampling().top_k(), 1u << 30));
   r.options.sampling.top_p = req.sampling().top_p() == 0.0f ? 1.0f : req.sampling().top_p();
@@ -460,6 +467,7 @@ grpc::Status WorkerService::Generate(grpc::ServerContext* ctx, const v1::Generat
   v1::GenerateResponse last;
   FillStats(stream->stats(), mode, last.mutable_stats());
   last.mutable_stats()->set_generated_tokens(static_cast<uint32_t>(sent));
+  last.mutable_stats()->set_prompt_tokens(last.stats().prompt_tokens() - static_cast<uint32_t>(req->generated_ids_size()));
   watchdog_->Write(ctx, [&] { return writer->Write(last); });
   return grpc::Status::OK;
 }

@@ -465,5 +465,73 @@ TEST_F(RouterTest, AClientThatStopsReadingIsCutOff) {
   EXPECT_EQ(ok.tokens, testing::FullOutput(wo.model_dir, small));
 }
 
+// A worker that fails in the middle of a call (here: its server stops, cancelling the call) hands
+// the rest of it to another worker, which resumes after the tokens already sent: the client's
+// stream goes on, and its output is the whole request's output, greedy and sampled.
+TEST_F(RouterTest, ACallWhoseWorkerFailsMidStreamGoesOnElsewhereExactly) {
+  WorkerServerOptions wo = stack_.worker;
+  wo.model_dir = VC_SOURCE_DIR "/models/vc-code-4m";
+  wo.store_target = "";
+  wo.staging_bytes = wo.full_kv_bytes = int64_t{96} << 20;
+  for (uint64_t seed : {uint64_t{0}, uint64_t{5}}) {
+    std::vector<std::unique_ptr<WorkerServer>> workers;
+    for (int i = 0; i < 2; ++i) {
+      auto w = WorkerServer::Start(wo);
+      ASSERT_TRUE(w.ok()) << w.status();
+      workers.push_back(std::move(*w));
+    }
+    RouterServerOptions o;
+    o.service.workers = workers[0]->target() + "," + workers[1]->target();
+    o.service.worker_token = "ops";
+    o.service.health_interval_ms = 100;
+    auto router = RouterServer::Start(o);
+    ASSERT_TRUE(router.ok()) << router.status();
+    ASSERT_TRUE((*router)->service().WaitServing(2, absl::Seconds(20)));
+    v1::GenerateRequest req = Prompt(5, 2);
+    req.set_max_tokens(1500);
+    req.set_ignore_eos(true);
+    if (seed != 0) {
+      req.mutable_sampling()->set_temperature(0.8f);
+      req.mutable_sampling()->set_top_k(40);
+      req.mutable_sampling()->set_seed(seed);
+    }
+    auto stub = InferenceStub((*router)->target());
+    grpc::ClientContext ctx;
+    ctx.AddMetadata("authorization", "Bearer ops");
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(120));
+    auto reader = stub->Generate(&ctx, req);
+    std::vector<int32_t> got;
+    v1::GenerateResponse r;
+    v1::GenerateStats stats;
+    ASSERT_TRUE(reader->Read(&r));
+    got.insert(got.end(), r.token_ids().begin(), r.token_ids().end());
+    // The worker with the call in flight stops; the other takes the rest.
+    int failed = -1;
+    for (int i = 0; i < 2; ++i) {
+      v1::WorkerStats w;
+      ASSERT_TRUE(testing::GetWorkerStats(*InferenceStub(workers[i]->target()), "ops", &w).ok());
+      if (w.requests_in_flight() > 0) failed = i;
+    }
+    ASSERT_NE(failed, -1);
+    workers[failed]->Shutdown(absl::Now());
+    while (reader->Read(&r)) {
+      got.insert(got.end(), r.token_ids().begin(), r.token_ids().end());
+      if (r.has_stats()) stats = r.stats();
+    }
+    const grpc::Status status = reader->Finish();
+    ASSERT_TRUE(status.ok()) << status.error_message();
+    EXPECT_EQ(got, testing::FullOutput(wo.model_dir, req)) << "seed " << seed;
+    EXPECT_EQ(stats.generated_tokens(), 1500u);
+    EXPECT_EQ(stats.prompt_tokens(), static_cast<uint32_t>(req.token_ids().ids_size()));
+    const v1::RouterStats rs = Stats(**router);
+    EXPECT_EQ(rs.failovers(), 1u);
+    EXPECT_EQ(rs.requests_routed(), 1u);
+    v1::WorkerStats other;
+    ASSERT_TRUE(testing::GetWorkerStats(*InferenceStub(workers[1 - failed]->target()), "ops", &other).ok());
+    EXPECT_EQ(other.requests_ended(), 1u);
+    EXPECT_LT(other.generated_tokens(), 1500u) << "the other worker generated the whole output";
+  }
+}
+
 }  // namespace
 }  // namespace vc

@@ -536,6 +536,37 @@ TEST_F(WorkerServiceTest, ModeFullStreamsTheSameTokens) {
   EXPECT_EQ(info.fingerprint_hex().size(), 64u);
 }
 
+// A request carrying the first k tokens of its output as generated_ids (as a router sends it when
+// the worker that generated them failed) is given the rest of the output, greedy and sampled, in
+// either mode; generated_ids that leave nothing to generate, or are not token ids, are refused.
+TEST_F(WorkerServiceTest, ARequestResumedAfterItsFirstTokensGivesTheRest) {
+  auto worker = StartWorker("");
+  auto stub = InferenceStub(worker->target());
+  const auto p = Prompt(150, 4);
+  for (uint64_t seed : {uint64_t{0}, uint64_t{12}}) {
+    const std::vector<int32_t> want = Want(p, 24, seed);
+    for (int k : {1, 9, 23}) {
+      for (v1::Mode mode : {v1::MODE_VERICACHE, v1::MODE_FULL}) {
+        v1::GenerateRequest req = Request(p, 24, seed);
+        req.set_mode(mode);
+        req.mutable_generated_ids()->Add(want.begin(), want.begin() + k);
+        GenerateReply r = CallGenerate(*stub, req);
+        ASSERT_TRUE(r.status.ok()) << r.status;
+        EXPECT_EQ(r.tokens, std::vector<int32_t>(want.begin() + k, want.end())) << seed << " " << k;
+        EXPECT_EQ(r.stats.prompt_tokens(), p.size());
+        EXPECT_EQ(r.stats.generated_tokens(), static_cast<uint32_t>(24 - k));
+      }
+    }
+    v1::GenerateRequest all = Request(p, 24, seed);
+    all.mutable_generated_ids()->Add(want.begin(), want.end());
+    EXPECT_EQ(CallGenerate(*stub, all).status.code(), absl::StatusCode::kInvalidArgument);
+  }
+  v1::GenerateRequest bad = Request(p, 24);
+  bad.add_generated_ids(100000);
+  const GenerateReply r = CallGenerate(*stub, bad);
+  EXPECT_EQ(r.status.code(), absl::StatusCode::kInvalidArgument) << r.status;
+}
+
 TEST_F(WorkerServiceTest, OverloadCancellationAndAuthentication) {
   WorkerServerOptions o;
   o.service.max_requests = 1;

@@ -113,8 +113,9 @@ void PrintRouter(const std::string& target, const v1::RouterStats& s, std::ostre
   const int64_t up = static_cast<int64_t>(s.uptime_micros() / 1000000);
   out << absl::StrFormat("router %s, up %dh %02dm %02ds\n", target, up / 3600, up / 60 % 60, up % 60);
   out << absl::StrFormat("requests: %d in flight, %d routed, %d with no worker to take them; %d moved to another "
-                         "worker before their first token\n",
-                         s.requests_in_flight(), s.requests_routed(), s.requests_unrouted(), s.retries());
+                         "worker before their first token, %d after it (their worker failed)\n",
+                         s.requests_in_flight(), s.requests_routed(), s.requests_unrouted(), s.retries(),
+                         s.failovers());
   out << absl::StrFormat("prefixes: %d requests to a worker that served their leading blocks (%d blocks), %d "
                          "passed to a less busy one; %d blocks remembered\n",
                          s.prefix_routed(), s.prefix_blocks_matched(), s.load_spills(), s.affinity_blocks());

@@ -36,9 +36,9 @@ vericache::v1::GenerateRequest IdsRequest(int prompt_tokens, int max_tokens) {
 }
 
 std::vector<int32_t> FullOutput(const std::string& model_dir, const vericache::v1::GenerateRequest& r) {
-  // What it computes: greedy decoding of a token-id prompt, EOS ignored.
-  if (!r.ignore_eos() || r.sampling().temperature() != 0 || !r.has_token_ids() || r.stop_size() > 0) {
-    ADD_FAILURE() << "FullOutput takes greedy token-id requests that ignore EOS, without stops";
+  // What it computes: greedy or sampled decoding of a token-id prompt, EOS ignored.
+  if (!r.ignore_eos() || !r.has_token_ids() || r.stop_size() > 0 || r.generated_ids_size() > 0) {
+    ADD_FAILURE() << "FullOutput takes token-id requests that ignore EOS, without stops or generated_ids";
     return {};
   }
   auto model = Model::Load(model_dir);
@@ -49,6 +49,10 @@ std::vector<int32_t> FullOutput(const std::string& model_dir, const vericache::v
   GenerateOptions o;
   o.max_tokens = static_cast<int>(r.max_tokens());
   o.stop_at_eos = false;
+  o.sampling.temperature = r.sampling().temperature();
+  o.sampling.top_k = static_cast<int>(r.sampling().top_k());
+  o.sampling.top_p = r.sampling().top_p() == 0.0f ? 1.0f : r.sampling().top_p();
+  o.sampling.seed = r.sampling().seed();
   const std::vector<int32_t> prompt(r.token_ids().ids().begin(), r.token_ids().ids().end());
   auto out = GenerateFull(**model, prompt, o);
   if (!out.ok()) {

@@ -26,9 +26,9 @@ TinyStack MakeTinyStack(const std::string& name);
 // A prompt of `prompt_tokens` token ids (i % 250 + 1) for `max_tokens`, EOS ignored.
 vericache::v1::GenerateRequest IdsRequest(int prompt_tokens, int max_tokens);
 
-// What sequential full-KV decoding of the model in `model_dir` gives for `r`, a greedy token-id
-// request that ignores EOS and has no stop sequences; for any other request, or a model that
-// cannot be loaded, the test fails and the result is empty.
+// What sequential full-KV decoding of the model in `model_dir` gives for `r`, a token-id request
+// (greedy or sampled) that ignores EOS and has no stop sequences or generated_ids; for any other
+// request, or a model that cannot be loaded, the test fails and the result is empty.
 std::vector<int32_t> FullOutput(const std::string& model_dir, const vericache::v1::GenerateRequest& r);
 
 // Sends `bytes` as the request of `method` at `target` (one request message and at most one
