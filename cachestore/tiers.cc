@@ -535,9 +535,9 @@ absl::Status DiskTier::Put(const BlockKey& key, absl::string_view block) {
     absl::Status s = FromRocks(db_->Write(w, &batch), "put");
     absl::MutexLock l(&mu_);
     if (!s.ok()) {
-      // Once per run of failures: RocksDB takes no writes after a failed one until it recovers,
-      // which it does by itself once a full disk has room; from other I/O errors only a restart
-      // (a reopen) recovers.
+      // Logged once per run of failures: RocksDB takes no writes after a failed one until it
+      // recovers, by itself once a full disk has room or after errors it deems retryable; after
+      // others (a log write failing with EIO, for one) only a restart (a reopen) recovers.
       if (!writes_failing_) {
         std::fprintf(stderr, "RocksDB at %s: a put failed (%s); puts fail until it recovers\n",
                      options_.path.c_str(), std::string(s.message()).c_str());

@@ -234,8 +234,9 @@ class DiskTier {
   // Blocks evicted to make room, since the tier opened.
   uint64_t evictions() const;
   // Puts that failed in RocksDB (a full disk, an I/O error), since the tier opened. After such a
-  // failure RocksDB takes no writes until it recovers, which it does by itself, within a moment,
-  // once a full disk has room again; after other I/O errors, not before the store restarts.
+  // failure RocksDB takes no writes until it recovers, by itself within a moment once a full disk
+  // has room again (or after an error it deems retryable); after others (a log write failing with
+  // EIO, for one), not before the store restarts.
   uint64_t write_errors() const;
 
  private:

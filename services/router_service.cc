@@ -182,6 +182,7 @@ struct RouterService::Upstream {
   std::atomic<uint64_t> routed{0}, failures{0};
   std::atomic<bool> serving{false};
   std::atomic<bool> removed{false};
+  std::atomic<bool> takes_generated_ids{false};  // from its ModelInfo: it can take a call moved mid-stream
   bool model_checked = false;  // under mu_: its model was compared with the router's since it last failed
   std::string state = "not checked yet";  // under mu_
 };
@@ -331,6 +332,7 @@ void RouterService::Apply(const std::vector<Probe>& probes) {
                                ", the router's workers serve ", model_->fingerprint_hex().substr(0, 16));
       } else {
         w.model_checked = true;
+        w.takes_generated_ids = p.info.takes_generated_ids();
       }
     } else if (p.asked_model) {
       w.state = absl::StrCat("serves another model than --model-fingerprint: checkpoint ",
@@ -476,12 +478,19 @@ grpc::Status RouterService::Generate(grpc::ServerContext* ctx, const GenerateReq
   GenerateRequest resumed;
   const GenerateRequest* current = req;
   uint32_t forwarded = 0;  // tokens sent to the client by earlier workers of this call
+  // Whether a worker can take the call now: any serving one, or after a failure mid-stream one
+  // that takes generated_ids (an older one would send the whole output again).
+  const auto can_take = [&](const Upstream& u) {
+    return u.serving && (current == req || u.takes_generated_ids);
+  };
   grpc::Status last;
+  bool moved_on_failure = false;
   for (size_t i = 0; i < order.size(); ++i) {
     Upstream& w = *order[i];
     if (i > 0) {
-      if (!w.serving) continue;
-      if (current == req) retries_++;
+      if (!can_take(w)) continue;
+      if (!moved_on_failure) retries_++;
+      moved_on_failure = false;
     }
     w.in_flight++;
     std::unique_ptr<grpc::ClientContext> call = grpc::ClientContext::FromServerContext(*ctx);
@@ -489,14 +498,17 @@ grpc::Status RouterService::Generate(grpc::ServerContext* ctx, const GenerateReq
     std::unique_ptr<grpc::ClientReader<GenerateResponse>> reader = w.stub->Generate(call.get(), *current);
     GenerateResponse r;
     std::vector<int32_t> tokens;  // sent by this worker
-    bool sent = false, client_gone = false;
+    bool sent = false, client_gone = false, ended = false;
     while (reader->Read(&r)) {
       if (!sent) {
         sent = true;
         Remember(blocks, w);
       }
       tokens.insert(tokens.end(), r.token_ids().begin(), r.token_ids().end());
-      if (r.has_stats()) r.mutable_stats()->set_generated_tokens(r.stats().generated_tokens() + forwarded);
+      if (r.has_stats()) {
+        ended = true;  // the output is whole, whatever the status says
+        r.mutable_stats()->set_generated_tokens(r.stats().generated_tokens() + forwarded);
+      }
       if (!watchdog_->Write(ctx, [&] { return writer->Write(r); })) {
         client_gone = true;
         call->TryCancel();
@@ -509,14 +521,17 @@ grpc::Status RouterService::Generate(grpc::ServerContext* ctx, const GenerateReq
     const bool refused = !sent && ours &&
                          (s.error_code() == grpc::StatusCode::UNAVAILABLE ||
                           s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED);
-    // A worker that failed after sending tokens (it went down, or its shutdown cancelled the call)
-    // hands the rest to the next one, which picks up after those tokens with the same output.
-    const bool failed = sent && ours && !tokens.empty() &&
-                        (s.error_code() == grpc::StatusCode::UNAVAILABLE ||
-                         s.error_code() == grpc::StatusCode::CANCELLED) &&
+    // A worker that failed after sending tokens (its connection broke, or it answered no keepalive
+    // ping) hands the rest to the next one, which picks up after those tokens with the same
+    // output. Not once the output has ended: its stats came, or it reached max_tokens (one that
+    // ended with the end of sequence just before the failure ends at once on the next worker).
+    // A worker cancelling the call itself, its shutdown's drain over or the router too slow a
+    // reader, says CANCELLED: that call ends there.
+    const bool failed = sent && ours && !ended && !tokens.empty() &&
+                        s.error_code() == grpc::StatusCode::UNAVAILABLE &&
                         current->generated_ids_size() + tokens.size() < current->max_tokens() &&
                         std::any_of(order.begin() + static_cast<int64_t>(i) + 1, order.end(),
-                                    [](const auto& next) { return next->serving.load(); });
+                                    [&](const auto& next) { return next->serving.load() && next->takes_generated_ids.load(); });
     if (!refused && !failed) {
       routed_++;
       w.routed++;
@@ -533,6 +548,7 @@ grpc::Status RouterService::Generate(grpc::ServerContext* ctx, const GenerateReq
       current = &resumed;
       forwarded += static_cast<uint32_t>(tokens.size());
       failovers_++;
+      moved_on_failure = true;
     }
   }
   unrouted_++;

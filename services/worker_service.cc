@@ -379,7 +379,17 @@ absl::StatusOr<EngineRequest> WorkerService::Parse(const v1::GenerateRequest& re
     return absl::InvalidArgumentError(
         absl::StrCat(resumed, " generated_ids leave nothing of max_tokens ", req.max_tokens(), " to generate"));
   }
+  // Output ends at its first end of sequence: only the last of generated_ids may be one (and the
+  // request then has nothing left to generate; Generate answers it so).
+  if (!req.ignore_eos()) {
+    for (int i = 0; i + 1 < resumed; ++i) {
+      if (model_.tokenizer().IsEos(req.generated_ids(i))) {
+        return absl::InvalidArgumentError("generated_ids go on past the end-of-sequence token");
+      }
+    }
+  }
   r.prompt.insert(r.prompt.end(), req.generated_ids().begin(), req.generated_ids().end());
+  r.resumed = resumed;
   r.options.max_tokens = static_cast<int>(req.max_tokens()) - resumed;
   r.options.sampling.temperature = req.sampling().temperature();
   r.options.sampling.top_k = static_cast<int>(std::min<uint32_t>(req.sampling().top_k(), 1u << 30));
@@ -435,6 +445,15 @@ grpc::Status WorkerService::Generate(grpc::ServerContext* ctx, const v1::Generat
   if (deadline < std::chrono::system_clock::now() + std::chrono::hours(24 * 365)) {
     parsed->deadline = absl::FromChrono(deadline);
   }
+  // Output that ended with the end of sequence, all of it sent before its worker failed: done.
+  if (!req->ignore_eos() && req->generated_ids_size() > 0 &&
+      model_.tokenizer().IsEos(req->generated_ids(req->generated_ids_size() - 1))) {
+    v1::GenerateResponse last;
+    last.mutable_stats()->set_mode(mode);
+    last.mutable_stats()->set_prompt_tokens(static_cast<uint32_t>(parsed->prompt.size() - parsed->resumed));
+    watchdog_->Write(ctx, [&] { return writer->Write(last); });
+    return grpc::Status::OK;
+  }
   auto stream = std::make_shared<RequestStream>();
   parsed->on_tokens = [stream](absl::Span<const int32_t> t) { stream->Push(t); };
   if (absl::Status q = scheduler_->Enqueue(*std::move(parsed), engine, stream); !q.ok()) return ToGrpcStatus(q);
@@ -445,7 +464,9 @@ grpc::Status WorkerService::Generate(grpc::ServerContext* ctx, const v1::Generat
   StopScanner stops(model_.tokenizer(), {req->stop().begin(), req->stop().end()});
   while (true) {
     const bool done = stream->Take(absl::Milliseconds(20), &tokens);
-    tokens = stops.Take(tokens, done);
+    // Tokens held back at an end with an error stay unsent: a stop may begin in them, and a router
+    // that moves the call on (generated_ids) would otherwise pass them on as output.
+    tokens = stops.Take(tokens, done && stream->status().ok());
     // Once: a stop request is a cancel too. (A client that cancelled first has cancelled: a stop
     // found after that does not make the request end well.)
     if (stops.stopped() && !stream->cancel_requested()) stream->RequestStop();
@@ -467,7 +488,6 @@ grpc::Status WorkerService::Generate(grpc::ServerContext* ctx, const v1::Generat
   v1::GenerateResponse last;
   FillStats(stream->stats(), mode, last.mutable_stats());
   last.mutable_stats()->set_generated_tokens(static_cast<uint32_t>(sent));
-  last.mutable_stats()->set_prompt_tokens(last.stats().prompt_tokens() - static_cast<uint32_t>(req->generated_ids_size()));
   watchdog_->Write(ctx, [&] { return writer->Write(last); });
   return grpc::Status::OK;
 }
@@ -487,6 +507,7 @@ grpc::Status WorkerService::GetModelInfo(grpc::ServerContext* ctx, const v1::Get
   resp->set_prefix_block_tokens(prefixes_ != nullptr ? static_cast<uint32_t>(prefixes_->block_tokens()) : 0);
   resp->set_max_batch(static_cast<uint32_t>(options_.engine.max_batch));
   resp->set_default_mode(v1::MODE_VERICACHE);
+  resp->set_takes_generated_ids(true);
   return grpc::Status::OK;
 }
 

@@ -495,12 +495,12 @@ TEST(DiskTier, PutsFailWhileTheDiskIsFullAndSucceedOnceItHasRoom) {
   EXPECT_EQ((*t)->write_errors(), 2u);
   fs->full = false;
   absl::Status put;
-  for (int i = 0; i < 200; ++i) {
+  for (int i = 0; i < 600; ++i) {
     put = (*t)->Put(Key(2), Block(2));
     if (put.ok()) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
-  ASSERT_TRUE(put.ok()) << "puts still fail 10 s after the disk has room: " << put;
+  ASSERT_TRUE(put.ok()) << "puts still fail 30 s after the disk has room: " << put;
   EXPECT_EQ(*(*t)->Get(Key(2)), Block(2));
   EXPECT_TRUE((*t)->Put(Key(3), Block(3)).ok());
   EXPECT_EQ((*t)->blocks(), 3u);

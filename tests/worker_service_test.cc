@@ -565,6 +565,24 @@ TEST_F(WorkerServiceTest, ARequestResumedAfterItsFirstTokensGivesTheRest) {
   bad.add_generated_ids(100000);
   const GenerateReply r = CallGenerate(*stub, bad);
   EXPECT_EQ(r.status.code(), absl::StatusCode::kInvalidArgument) << r.status;
+  // Output that reached the end of sequence (257 here) has ended: resumed after it, nothing more
+  // comes; with ignore_eos it goes on. An end of sequence before the last is not output.
+  v1::GenerateRequest at_eos = Request(p, 24);
+  at_eos.set_ignore_eos(false);
+  at_eos.add_generated_ids(65);
+  at_eos.add_generated_ids(257);
+  GenerateReply ended = CallGenerate(*stub, at_eos);
+  ASSERT_TRUE(ended.status.ok()) << ended.status;
+  EXPECT_TRUE(ended.tokens.empty());
+  EXPECT_EQ(ended.stats.generated_tokens(), 0u);
+  EXPECT_EQ(ended.stats.prompt_tokens(), p.size());
+  at_eos.set_ignore_eos(true);
+  ended = CallGenerate(*stub, at_eos);
+  ASSERT_TRUE(ended.status.ok()) << ended.status;
+  EXPECT_EQ(ended.tokens.size(), 22u);
+  at_eos.set_ignore_eos(false);
+  at_eos.add_generated_ids(66);
+  EXPECT_EQ(CallGenerate(*stub, at_eos).status.code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST_F(WorkerServiceTest, OverloadCancellationAndAuthentication) {

@@ -33,8 +33,8 @@ class FetchHandle {
   absl::Status Wait();
   bool Done() const;
   int64_t bytes() const { return bytes_; }
-  // When the fetch finished (absl::InfiniteFuture() while it runs).
-  absl::Duration finished_at() const;  // SteadyClock() time
+  // When the fetch finished, on SteadyClock() (absl::InfiniteDuration() while it runs).
+  absl::Duration finished_at() const;
 
  private:
   friend class HostKvTier;

@@ -73,6 +73,9 @@ struct EngineRequest {
   absl::Time deadline = absl::InfiniteFuture();
   // Optional: verified tokens as they are emitted, on the thread that runs Step.
   std::function<void(absl::Span<const int32_t>)> on_tokens;
+  // The last `resumed` tokens of the prompt are output an earlier worker generated (the service's
+  // generated_ids): not counted in the stats' prompt_tokens.
+  int64_t resumed = 0;
 };
 
 inline EngineRequest MakeRequest(std::vector<int32_t> prompt, const GenerateOptions& options,
@@ -134,7 +137,7 @@ class RequestQueue {
     s->request = std::move(request);
     s->on_done = std::move(on_done);
     s->submitted = SteadyClock()->Now();
-    s->result.stats.prompt_tokens = static_cast<int64_t>(s->request.prompt.size());
+    s->result.stats.prompt_tokens = static_cast<int64_t>(s->request.prompt.size()) - s->request.resumed;
     pending.push_back(std::move(s));
     return *pending.back();
   }
