@@ -478,20 +478,20 @@ grpc::Status RouterService::Generate(grpc::ServerContext* ctx, const GenerateReq
   GenerateRequest resumed;
   const GenerateRequest* current = req;
   uint32_t forwarded = 0;  // tokens sent to the client by earlier workers of this call
-  // Whether a worker can take the call now: any serving one, or after a failure mid-stream one
-  // that takes generated_ids (an older one would send the whole output again).
+  // Whether a worker can take the call now: any serving one, or, for a request with generated_ids
+  // (after a failure mid-stream, or from the client), one that takes them (an older one would send
+  // the whole output again).
   const auto can_take = [&](const Upstream& u) {
-    return u.serving && (current == req || u.takes_generated_ids);
+    return u.serving && (current->generated_ids_size() == 0 || u.takes_generated_ids);
   };
-  grpc::Status last;
-  bool moved_on_failure = false;
+  grpc::Status last(grpc::StatusCode::UNAVAILABLE, "no serving worker takes generated_ids");
+  bool tried = false, moved_on_failure = false;
   for (size_t i = 0; i < order.size(); ++i) {
     Upstream& w = *order[i];
-    if (i > 0) {
-      if (!can_take(w)) continue;
-      if (!moved_on_failure) retries_++;
-      moved_on_failure = false;
-    }
+    if (!can_take(w)) continue;
+    if (tried && !moved_on_failure) retries_++;
+    tried = true;
+    moved_on_failure = false;
     w.in_flight++;
     std::unique_ptr<grpc::ClientContext> call = grpc::ClientContext::FromServerContext(*ctx);
     if (!auth.empty()) call->AddMetadata("authorization", auth);
