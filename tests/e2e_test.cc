@@ -395,35 +395,50 @@ v1::GenerateRequest TextRequest(size_t bytes, uint32_t max_tokens) {
   return r;
 }
 
+// A worker and a router in front of it, both with --keepalive-ms 1000, and a 30000-token call
+// through the router; `started`: its first token has come.
+struct LongCallThroughRouter {
+  LongCallThroughRouter(int salt, size_t prompt_bytes)
+      : worker_port(FreePort(salt)), router_port(FreePort(salt + 1)),
+        worker(StartWorkerWith(worker_port, {"--keepalive-ms", "1000"})),
+        router(StartRouter(router_port, worker_port, {"--keepalive-ms", "1000"})),
+        stub(InferenceStub(absl::StrCat("127.0.0.1:", router_port))) {
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+    reader = stub->Generate(&ctx, TextRequest(prompt_bytes, 30000));
+    v1::GenerateResponse r;
+    started = reader->Read(&r);
+  }
+  const int worker_port, router_port;
+  std::unique_ptr<Process> worker, router;
+  std::unique_ptr<v1::Inference::Stub> stub;
+  grpc::ClientContext ctx;
+  std::unique_ptr<grpc::ClientReader<v1::GenerateResponse>> reader;
+  bool started = false;
+};
+
 // A worker that stops answering (SIGSTOP: its host's TCP still acknowledges, as a hung process's
 // does; a vanished host's answers nothing, which keepalive sees the same way) with a call in
 // flight through a router: the router's keepalive ends the call with UNAVAILABLE within a few
 // seconds. Without it, the call would wait for its deadline.
 TEST(Keepalive, ARoutersCallsToAWorkerThatStopsAnsweringEnd) {
-  const int worker_port = FreePort(6), router_port = FreePort(7);
-  auto worker = StartWorkerWith(worker_port, {"--keepalive-ms", "1000"});
-  auto router = StartRouter(router_port, worker_port, {"--keepalive-ms", "1000"});
-  auto stub = InferenceStub(absl::StrCat("127.0.0.1:", router_port));
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
-  auto reader = stub->Generate(&ctx, TextRequest(500, 30000));
-  v1::GenerateResponse r;
-  ASSERT_TRUE(reader->Read(&r)) << reader->Finish().error_message();
-  worker->Signal(SIGSTOP);
+  LongCallThroughRouter call(6, 500);
+  ASSERT_TRUE(call.started) << call.reader->Finish().error_message();
+  call.worker->Signal(SIGSTOP);
   const auto stopped = std::chrono::steady_clock::now();
-  while (reader->Read(&r)) {
+  v1::GenerateResponse r;
+  while (call.reader->Read(&r)) {
   }
-  const grpc::Status s = reader->Finish();
+  const grpc::Status s = call.reader->Finish();
   const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - stopped).count();
-  worker->Signal(SIGCONT);
+  call.worker->Signal(SIGCONT);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << s.error_message();
   EXPECT_LT(waited, 15.0) << "keepalive 1 s should end the call within about 2 s";
   std::cout << "the call ended " << waited << " s after the worker stopped" << std::endl;
   // Resumed, the worker finds the router's connection closed and ends the call too, thousands of
   // tokens short of its end.
-  EXPECT_TRUE(WaitFor(*worker, [&] {
+  EXPECT_TRUE(WaitFor(*call.worker, [&] {
     v1::WorkerStats stats;
-    auto direct = InferenceStub(absl::StrCat("127.0.0.1:", worker_port));
+    auto direct = InferenceStub(absl::StrCat("127.0.0.1:", call.worker_port));
     return testing::GetWorkerStats(*direct, "", &stats).ok() && stats.requests_in_flight() == 0;
   })) << "the worker still runs the call";
 }
@@ -432,18 +447,11 @@ TEST(Keepalive, ARoutersCallsToAWorkerThatStopsAnsweringEnd) {
 // the worker's keepalive, which frees their batch slots. Without it, the worker would generate
 // all 30000 tokens for no one (the engine does not wait for the writes).
 TEST(Keepalive, AWorkerCancelsTheCallsOfAClientThatStopsAnswering) {
-  const int worker_port = FreePort(8), router_port = FreePort(9);
-  auto worker = StartWorkerWith(worker_port, {"--keepalive-ms", "1000"});
-  auto router = StartRouter(router_port, worker_port, {"--keepalive-ms", "1000"});
-  auto stub = InferenceStub(absl::StrCat("127.0.0.1:", router_port));
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
-  auto reader = stub->Generate(&ctx, TextRequest(600, 30000));
-  v1::GenerateResponse r;
-  ASSERT_TRUE(reader->Read(&r)) << reader->Finish().error_message();
-  router->Signal(SIGSTOP);
+  LongCallThroughRouter call(8, 600);
+  ASSERT_TRUE(call.started) << call.reader->Finish().error_message();
+  call.router->Signal(SIGSTOP);
   const auto stopped = std::chrono::steady_clock::now();
-  auto direct = InferenceStub(absl::StrCat("127.0.0.1:", worker_port));
+  auto direct = InferenceStub(absl::StrCat("127.0.0.1:", call.worker_port));
   bool idle = false;
   v1::WorkerStats stats;
   while (!idle && std::chrono::steady_clock::now() - stopped < std::chrono::seconds(20)) {
@@ -451,9 +459,9 @@ TEST(Keepalive, AWorkerCancelsTheCallsOfAClientThatStopsAnswering) {
     if (!idle) std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - stopped).count();
-  router->Signal(SIGCONT);
-  ctx.TryCancel();
-  reader->Finish();
+  call.router->Signal(SIGCONT);
+  call.ctx.TryCancel();
+  call.reader->Finish();
   EXPECT_TRUE(idle) << "the worker still runs the call of a client that stopped answering";
   EXPECT_EQ(stats.requests_failed(), 1u) << "the call was not cut short";
   EXPECT_LT(stats.generated_tokens(), 30000u);
