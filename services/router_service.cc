@@ -525,8 +525,8 @@ grpc::Status RouterService::Generate(grpc::ServerContext* ctx, const GenerateReq
     // ping) hands the rest to the next one, which picks up after those tokens with the same
     // output. Not once the output has ended: its stats came, or it reached max_tokens (one that
     // ended with the end of sequence just before the failure ends at once on the next worker).
-    // A worker cancelling the call itself, its shutdown's drain over or the router too slow a
-    // reader, says CANCELLED: that call ends there.
+    // (A worker whose drain time ran out ends its calls with UNAVAILABLE too; one that cancels a
+    // call because the router reads too slowly says CANCELLED, and that call ends there.)
     const bool failed = sent && ours && !ended && !tokens.empty() &&
                         s.error_code() == grpc::StatusCode::UNAVAILABLE &&
                         current->generated_ids_size() + tokens.size() < current->max_tokens() &&

@@ -24,8 +24,11 @@ class RequestStream {
     absl::MutexLock l(&mu_);
     chunks_.emplace_back(tokens.begin(), tokens.end());
   }
+  // The first end counts: at shutdown the scheduler ends a request (UNAVAILABLE) before its engine
+  // does, and the handler must not see the engine's status instead.
   void Done(absl::Status status, EngineResult result) {
     absl::MutexLock l(&mu_);
+    if (done_) return;
     status_ = std::move(status);
     result_ = std::move(result);
     done_ = true;

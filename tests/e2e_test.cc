@@ -485,11 +485,12 @@ TEST(Keepalive, PingsDuringALongSilentPrefillKeepTheCall) {
             << std::endl;
 }
 
-// Three workers behind a router; a call's worker is killed mid-stream (its connection breaks:
-// UNAVAILABLE), and the router hands the call to another with the tokens already sent as
-// generated_ids. The client's stream goes on to the end, and its output is sequential full-KV
-// decoding's, greedy and sampled.
-TEST(Failover, AWorkerKilledMidStreamHandsItsCallOnExactly) {
+// Three workers behind a router; a call's worker goes mid-stream, and the router hands the call to
+// another with the tokens already sent as generated_ids. The client's stream goes on to the end,
+// and its output is sequential full-KV decoding's. First a greedy call's worker is killed (its
+// connection breaks: UNAVAILABLE), then a sampled call's is told to stop (SIGTERM) with no time
+// to drain (--drain-seconds 0: it ends its calls with UNAVAILABLE, not gRPC's CANCELLED).
+TEST(Failover, AWorkerThatGoesMidStreamHandsItsCallOnExactly) {
   auto model = Model::Load(kModel);
   ASSERT_TRUE(model.ok()) << model.status();
   std::ifstream in(kModel + std::string("/../train.py"));
@@ -498,7 +499,7 @@ TEST(Failover, AWorkerKilledMidStreamHandsItsCallOnExactly) {
   const std::vector<int32_t> prompt = (*model)->tokenizer().Encode(ss.str().substr(4000, 600));
   std::vector<int> ports = {FreePort(14), FreePort(15), FreePort(16)};
   std::vector<std::unique_ptr<Process>> workers;
-  for (int port : ports) workers.push_back(StartWorkerWith(port, {}));
+  for (int port : ports) workers.push_back(StartWorkerWith(port, {"--drain-seconds", "0"}));
   const int router_port = FreePort(17);
   auto router = std::make_unique<Process>(std::vector<std::string>{
       "router", "--listen", absl::StrCat("127.0.0.1:", router_port), "--workers",
@@ -559,7 +560,12 @@ TEST(Failover, AWorkerKilledMidStreamHandsItsCallOnExactly) {
       }
     }
     ASSERT_NE(killed, -1) << "no worker has the call";
-    workers[killed]->Kill(SIGKILL);
+    if (seed == 0) {
+      workers[killed]->Kill(SIGKILL);
+    } else {
+      workers[killed]->Signal(SIGTERM);
+      EXPECT_TRUE(workers[killed]->WaitExit(std::chrono::seconds(30)));
+    }
     workers[killed].reset();
     while (reader->Read(&r)) {
       got.insert(got.end(), r.token_ids().begin(), r.token_ids().end());
