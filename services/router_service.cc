@@ -530,8 +530,9 @@ grpc::Status RouterService::Generate(grpc::ServerContext* ctx, const GenerateReq
     const bool failed = sent && ours && !ended && !tokens.empty() &&
                         s.error_code() == grpc::StatusCode::UNAVAILABLE &&
                         current->generated_ids_size() + tokens.size() < current->max_tokens() &&
-                        std::any_of(order.begin() + static_cast<int64_t>(i) + 1, order.end(),
-                                    [&](const auto& next) { return next->serving.load() && next->takes_generated_ids.load(); });
+                        std::any_of(order.begin() + static_cast<int64_t>(i) + 1, order.end(), [](const auto& next) {
+                          return next->serving.load() && next->takes_generated_ids.load();
+                        });
     if (!refused && !failed) {
       routed_++;
       w.routed++;

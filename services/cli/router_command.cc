@@ -60,8 +60,8 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
       Args a, Args::Parse(argv,
                           {"listen", "workers", "policy", "balance-slack", "affinity-blocks", "block-tokens",
                            "text-block-bytes", "health-interval-ms", "refresh-seconds", "worker-timeout-ms",
-                           "client-write-timeout-ms", "keepalive-ms", "worker-tls-ca", "model-fingerprint", "worker-token-file",
-                           "tls-cert", "tls-key", "metrics-listen", "drain-seconds"},
+                           "client-write-timeout-ms", "keepalive-ms", "worker-tls-ca", "model-fingerprint",
+                           "worker-token-file", "tls-cert", "tls-key", "metrics-listen", "drain-seconds"},
                           {}));
   for (const char* req : {"listen", "workers"}) {
     if (!a.Has(req)) return absl::InvalidArgumentError(absl::StrCat("--", req, " is required"));

@@ -105,8 +105,9 @@ void PrintStore(const std::string& target, const v1::StatsResponse& s, std::ostr
   out << absl::StrFormat("block reads: %d from RAM (%s), %d from disk (%s), %d not found (%s); %d corrupt blocks dropped\n",
                          s.hits_ram(), Share(s.hits_ram(), reads), s.hits_disk(), Share(s.hits_disk(), reads),
                          s.misses(), Share(s.misses(), reads), s.corrupt_blocks_dropped());
-  out << absl::StrFormat("blocks stored: %d; evicted to make room: %d from RAM, %d from disk; %d puts failed on disk\n",
-                         s.puts(), s.ram_evictions(), s.disk_evictions(), s.disk_write_errors());
+  out << absl::StrFormat(
+      "blocks stored: %d; evicted to make room: %d from RAM, %d from disk; %d puts failed on disk\n", s.puts(),
+      s.ram_evictions(), s.disk_evictions(), s.disk_write_errors());
 }
 
 void PrintRouter(const std::string& target, const v1::RouterStats& s, std::ostream& out) {
