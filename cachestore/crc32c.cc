@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <cstring>
+#include <string>
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -369,6 +370,21 @@ uint32_t CopyCrc32cStreaming(char* dest, absl::string_view src, uint32_t crc) {
 
 absl::string_view Crc32cImplementation() {
   return Chosen() == &Crc32cVpclmul ? "avx512-vpclmulqdq" : Chosen() == &Crc32cSse42 ? "sse4.2" : "portable";
+}
+
+uint32_t LocationCrc32c(absl::string_view worker_address, absl::string_view rkey, uint64_t address,
+                        uint64_t size) {
+  const auto u64 = [](uint64_t v) {
+    std::string b(8, '\0');
+    for (int i = 0; i < 8; ++i) b[i] = static_cast<char>(v >> (8 * i));
+    return b;
+  };
+  uint32_t crc = Crc32c(u64(worker_address.size()));
+  crc = Crc32c(worker_address, crc);
+  crc = Crc32c(u64(rkey.size()), crc);
+  crc = Crc32c(rkey, crc);
+  crc = Crc32c(u64(address), crc);
+  return Crc32c(u64(size), crc);
 }
 
 }  // namespace vc::cachestore

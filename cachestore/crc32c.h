@@ -23,6 +23,12 @@ uint32_t Crc32cPortable(absl::string_view data, uint32_t crc = 0);
 // `src` changes during the copy (memory another process may write). Thread-safe.
 uint32_t CopyCrc32c(char* dest, absl::string_view src, uint32_t crc = 0);
 
+// CRC-32C of a leased block's UCX location (vericache.v1.RemoteBlock's fields): the worker address,
+// the packed rkey, each preceded by its length, then the remote address and the size, as 8 bytes
+// little-endian each. Thread-safe.
+uint32_t LocationCrc32c(absl::string_view worker_address, absl::string_view rkey, uint64_t address,
+                        uint64_t size);
+
 // CopyCrc32c for copies whose destination will not be read again soon (more than the caches
 // hold is being written): where the AVX-512 version runs, it writes `dest` with non-temporal
 // stores, which do not read each destination line into the cache first, leaving `dest` in memory

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "cachestore/block_format.h"
+#include "cachestore/crc32c.h"
 #include "common/status_macros.h"
 #include "common/text_checks.h"
 #include "grpcpp/grpcpp.h"
@@ -112,6 +113,14 @@ void StoreClient::DropAnsweredReleases() {
     absl::MutexLock l(&releases_->mu);
     answered.swap(releases_->answered);
   }
+}
+
+absl::Status CheckRemoteLocation(const vericache::v1::RemoteBlock& r) {
+  if (!r.has_location_crc32c() ||
+      r.location_crc32c() == LocationCrc32c(r.worker_address(), r.rkey(), r.address(), r.size_bytes())) {
+    return absl::OkStatus();
+  }
+  return absl::DataLossError("the store's UCX location of a leased block fails its checksum (not read)");
 }
 
 absl::StatusOr<std::unique_ptr<StoreClient>> StoreClient::Create(const StoreClientOptions& options) {
@@ -356,6 +365,10 @@ void StoreClient::ReadRound(absl::Span<const BlockKey> keys, size_t first, UcxRe
     }
     const vericache::v1::RemoteBlock& r = b.remote();
     lease_ids.push_back(r.lease_id());
+    if (absl::Status where = CheckRemoteLocation(r); !where.ok()) {
+      out[i] = where;
+      continue;
+    }
     const size_t size = r.size_bytes();
     absl::StatusOr<char*> dest = sink.buffer(first + i, size);
     if (!dest.ok()) {

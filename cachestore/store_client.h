@@ -31,6 +31,10 @@ namespace vc::cachestore {
 // store and a read can be handed.
 inline constexpr int kMaxStoreMessageBytes = 256 << 20;
 
+// Whether a leased block's UCX location passes its checksum (kDataLoss naming it when it does
+// not); a location without one, from a store older than the field, passes.
+absl::Status CheckRemoteLocation(const vericache::v1::RemoteBlock& r);
+
 struct StoreClientOptions {
   std::string target;  // host:port
   std::string token;   // bearer token of this client's tenant

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "cachestore/crc32c.h"
 #include "common/files.h"
 #include "common/text_checks.h"
 #include "common/status_macros.h"
@@ -137,6 +138,8 @@ absl::Status CacheStoreService::LeaseRemote(const cachestore::BlockKey& key, con
   out->set_rkey(options_.ucx->rkey());
   out->set_address(options_.ucx->base() + lease->offset);
   out->set_size_bytes(lease->size);
+  out->set_location_crc32c(
+      cachestore::LocationCrc32c(out->worker_address(), out->rkey(), out->address(), out->size_bytes()));
   return absl::OkStatus();
 }
 

@@ -210,6 +210,19 @@ TEST_P(StoreReadPaths, BatchIntoCallerBuffersRoundTripsAndDropsCorruptBlocks) {
     ASSERT_TRUE(stub->LeaseBlocks(&ctx, req, &resp).ok());
     ASSERT_TRUE(resp.blocks(0).has_remote());
     const vericache::v1::RemoteBlock& r = resp.blocks(0).remote();
+    // The location carries its checksum, which a damaged rkey or address fails (UCX would take
+    // them: a truncated rkey crashed the reader in a trial), and one without it passes.
+    ASSERT_TRUE(r.has_location_crc32c());
+    EXPECT_TRUE(cachestore::CheckRemoteLocation(r).ok());
+    for (int damage = 0; damage < 3; ++damage) {
+      vericache::v1::RemoteBlock bad = r;
+      if (damage == 0) bad.mutable_rkey()->resize(r.rkey().size() / 2);
+      if (damage == 1) (*bad.mutable_rkey())[3] ^= 0x10;
+      if (damage == 2) bad.set_address(r.address() + 4096);
+      EXPECT_EQ(cachestore::CheckRemoteLocation(bad).code(), absl::StatusCode::kDataLoss) << damage;
+      bad.clear_location_crc32c();
+      EXPECT_TRUE(cachestore::CheckRemoteLocation(bad).ok());
+    }
     std::string copied;
     const absl::Status mapped = reader->WithMapping(r.worker_address(), r.rkey(), r.address(), r.size_bytes(),
                                                     [&](const char* p) { copied.assign(p, r.size_bytes()); });
