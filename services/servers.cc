@@ -72,8 +72,9 @@ constexpr int kMaxInferenceMessageBytes = 32 << 20;
 
 // `keepalive_ms` > 0: a client connection with calls in flight that has been silent that long is
 // pinged, and closed, its calls cancelled, when no answer comes within as long again (a client
-// whose host vanished would otherwise hold its calls, and a worker's batch slots, until a write
-// blocks for the client write timeout, which a short reply never does).
+// whose host vanished would otherwise hold its calls, and a worker's batch slots, to the end of
+// each request: the engine does not wait for the writes, and the write watchdog sees only a write
+// that blocks).
 std::unique_ptr<grpc::Server> Listen(const std::string& address, std::shared_ptr<grpc::ServerCredentials> creds,
                                      const std::vector<grpc::Service*>& services, int max_message_bytes,
                                      int64_t keepalive_ms, int* port) {

@@ -8,6 +8,7 @@
 #include "nlohmann/json.hpp"
 #include "services/cli/args.h"
 #include "services/cli/generate_command.h"
+#include "services/cli/router_command.h"
 #include "services/cli/store_command.h"
 #include "services/cli/worker_command.h"
 #include "tests/testing/tiny_model.h"
@@ -156,6 +157,21 @@ TEST_F(CliTest, WorkerRefusesMoreReplicasThanStores) {
     std::ostringstream out, err;
     EXPECT_EQ(RunWorkerCommand(args, out, err), 2) << flags[1];
     EXPECT_NE(err.str().find("--store-replicas"), std::string::npos) << err.str();
+  }
+}
+
+// Keepalive pings under a second apart would be closer than the servers accept; 0 turns them off.
+TEST_F(CliTest, KeepaliveUnderASecondIsRefused) {
+  for (const char* ms : {"500", "-1", "some"}) {
+    std::ostringstream out, err;
+    EXPECT_EQ(RunWorkerCommand({"--model", dir_, "--listen", "127.0.0.1:0", "--keepalive-ms", ms}, out, err), 2) << ms;
+    EXPECT_NE(err.str().find("--keepalive-ms"), std::string::npos) << err.str();
+    std::ostringstream rout, rerr;
+    EXPECT_EQ(RunRouterCommand({"--listen", "127.0.0.1:0", "--workers", "127.0.0.1:1", "--keepalive-ms", ms}, rout,
+                               rerr),
+              2)
+        << ms;
+    EXPECT_NE(rerr.str().find("--keepalive-ms"), std::string::npos) << rerr.str();
   }
 }
 
