@@ -34,14 +34,7 @@ std::shared_ptr<grpc::Channel> InferenceChannel(const std::string& target, const
                                                 int64_t keepalive_ms) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(64 << 20);
-  if (keepalive_ms > 0) {
-    const int ms = static_cast<int>(std::min<int64_t>(keepalive_ms, INT32_MAX));
-    args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, ms);
-    args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, ms);
-    // gRPC documents that a client sends at most two pings while it sends no data of its own, which
-    // is all of a streamed reply's life after the request (1.51, here, was seen to go on pinging).
-    args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
-  }
+  for (const auto& [name, value] : KeepaliveArgs(keepalive_ms)) args.SetInt(name, value);
   std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials();
   if (!tls_root_certs_pem.empty()) {
     grpc::SslCredentialsOptions ssl;
@@ -49,6 +42,12 @@ std::shared_ptr<grpc::Channel> InferenceChannel(const std::string& target, const
     creds = grpc::SslCredentials(ssl);
   }
   return grpc::CreateCustomChannel(target, creds, args);
+}
+
+std::vector<std::pair<std::string, int>> KeepaliveArgs(int64_t keepalive_ms) {
+  if (keepalive_ms <= 0) return {};
+  const int ms = static_cast<int>(std::min<int64_t>(keepalive_ms, INT32_MAX));
+  return {{GRPC_ARG_KEEPALIVE_TIME_MS, ms}, {GRPC_ARG_KEEPALIVE_TIMEOUT_MS, ms}, {GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0}};
 }
 
 std::unique_ptr<vericache::v1::Inference::Stub> InferenceStub(const std::string& target,

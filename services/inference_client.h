@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -38,6 +39,13 @@ GenerateReply CallGenerate(vericache::v1::Inference::Stub& stub, const vericache
 // pings (Listen in services/servers.cc) once every 500 ms; `keepalive_ms` should be at least 1000.
 std::shared_ptr<grpc::Channel> InferenceChannel(const std::string& target, const std::string& tls_root_certs_pem = "",
                                                 int64_t keepalive_ms = 0);
+
+// The gRPC arguments of a keepalive of `keepalive_ms` (none for 0), for a channel and a server
+// alike: a ping after that long without traffic while calls are open, the connection closed when
+// it goes unanswered as long again, and pings whether or not this end sends data (gRPC documents
+// that it otherwise sends at most two while it sends nothing, which is all of a streamed reply's
+// life after the request; 1.51, here, was seen to go on pinging).
+std::vector<std::pair<std::string, int>> KeepaliveArgs(int64_t keepalive_ms);
 
 // A stub over InferenceChannel(target, tls_root_certs_pem).
 std::unique_ptr<vericache::v1::Inference::Stub> InferenceStub(const std::string& target,

@@ -477,21 +477,20 @@ grpc::Status RouterService::Generate(grpc::ServerContext* ctx, const GenerateReq
   // far as generated_ids (see GenerateRequest).
   GenerateRequest resumed;
   const GenerateRequest* current = req;
-  uint32_t forwarded = 0;  // tokens sent to the client by earlier workers of this call
-  // Whether a worker can take the call now: any serving one, or, for a request with generated_ids
-  // (after a failure mid-stream, or from the client), one that takes them (an older one would send
-  // the whole output again).
-  const auto can_take = [&](const Upstream& u) {
-    return u.serving && (current->generated_ids_size() == 0 || u.takes_generated_ids);
+  // Whether a worker can take a request: any serving one, or, for one with generated_ids (after a
+  // failure mid-stream, or from the client), one that takes them (an older one would send the
+  // whole output again).
+  const auto can_take = [](const Upstream& u, bool with_generated_ids) {
+    return u.serving && (!with_generated_ids || u.takes_generated_ids);
   };
   grpc::Status last(grpc::StatusCode::UNAVAILABLE, "no serving worker takes generated_ids");
-  bool tried = false, moved_on_failure = false;
+  bool after_refusal = false;  // the last worker tried refused the call
   for (size_t i = 0; i < order.size(); ++i) {
     Upstream& w = *order[i];
-    if (!can_take(w)) continue;
-    if (tried && !moved_on_failure) retries_++;
-    tried = true;
-    moved_on_failure = false;
+    if (!can_take(w, current->generated_ids_size() > 0)) continue;
+    if (after_refusal) retries_++;
+    // Tokens the client has from earlier workers of this call.
+    const int forwarded = current->generated_ids_size() - req->generated_ids_size();
     w.in_flight++;
     std::unique_ptr<grpc::ClientContext> call = grpc::ClientContext::FromServerContext(*ctx);
     if (!auth.empty()) call->AddMetadata("authorization", auth);
@@ -507,7 +506,7 @@ grpc::Status RouterService::Generate(grpc::ServerContext* ctx, const GenerateReq
       tokens.insert(tokens.end(), r.token_ids().begin(), r.token_ids().end());
       if (r.has_stats()) {
         ended = true;  // the output is whole, whatever the status says
-        r.mutable_stats()->set_generated_tokens(r.stats().generated_tokens() + forwarded);
+        r.mutable_stats()->set_generated_tokens(r.stats().generated_tokens() + static_cast<uint32_t>(forwarded));
       }
       if (!watchdog_->Write(ctx, [&] { return writer->Write(r); })) {
         client_gone = true;
@@ -527,12 +526,10 @@ grpc::Status RouterService::Generate(grpc::ServerContext* ctx, const GenerateReq
     // ended with the end of sequence just before the failure ends at once on the next worker).
     // (A worker whose drain time ran out ends its calls with UNAVAILABLE too; one that cancels a
     // call because the router reads too slowly says CANCELLED, and that call ends there.)
-    const bool failed = sent && ours && !ended && !tokens.empty() &&
-                        s.error_code() == grpc::StatusCode::UNAVAILABLE &&
+    const bool failed = ours && !ended && !tokens.empty() && s.error_code() == grpc::StatusCode::UNAVAILABLE &&
                         current->generated_ids_size() + tokens.size() < current->max_tokens() &&
-                        std::any_of(order.begin() + static_cast<int64_t>(i) + 1, order.end(), [](const auto& next) {
-                          return next->serving.load() && next->takes_generated_ids.load();
-                        });
+                        std::any_of(order.begin() + static_cast<int64_t>(i) + 1, order.end(),
+                                    [&](const auto& next) { return can_take(*next, true); });
     if (!refused && !failed) {
       routed_++;
       w.routed++;
@@ -547,10 +544,9 @@ grpc::Status RouterService::Generate(grpc::ServerContext* ctx, const GenerateReq
       if (current == req) resumed = *req;
       for (int32_t t : tokens) resumed.add_generated_ids(t);
       current = &resumed;
-      forwarded += static_cast<uint32_t>(tokens.size());
       failovers_++;
-      moved_on_failure = true;
     }
+    after_refusal = refused;
   }
   unrouted_++;
   return grpc::Status(last.error_code(),

@@ -1,6 +1,5 @@
 #include "services/servers.h"
 
-#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -17,6 +16,7 @@
 #include "common/text_checks.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/support/server_interceptor.h"
+#include "services/inference_client.h"
 #include "services/metrics.h"
 
 namespace vc {
@@ -88,12 +88,7 @@ std::unique_ptr<grpc::Server> Listen(const std::string& address, std::shared_ptr
   // while the server has sent nothing (a long prefill), as abuse, and the third as reason to close
   // the connection, ending every call on it (1.51, here, was not seen to, with pings every second).
   b.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 500);
-  if (keepalive_ms > 0) {
-    const int ms = static_cast<int>(std::min<int64_t>(keepalive_ms, INT32_MAX));
-    b.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, ms);
-    b.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, ms);
-    b.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
-  }
+  for (const auto& [name, value] : KeepaliveArgs(keepalive_ms)) b.AddChannelArgument(name, value);
   b.AddListeningPort(address, creds != nullptr ? creds : grpc::InsecureServerCredentials(), port);
   b.SetMaxReceiveMessageSize(max_message_bytes);
   b.SetMaxSendMessageSize(max_message_bytes);

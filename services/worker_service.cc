@@ -7,7 +7,6 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
 #include "common/clock.h"
 #include "common/status_macros.h"
 #include "services/stop_scanner.h"
@@ -453,7 +452,7 @@ grpc::Status WorkerService::Generate(grpc::ServerContext* ctx, const v1::Generat
       model_.tokenizer().IsEos(req->generated_ids(req->generated_ids_size() - 1))) {
     v1::GenerateResponse last;
     last.mutable_stats()->set_mode(mode);
-    last.mutable_stats()->set_prompt_tokens(static_cast<uint32_t>(parsed->prompt.size() - parsed->resumed));
+    last.mutable_stats()->set_prompt_tokens(static_cast<uint32_t>(parsed->prompt_tokens()));
     watchdog_->Write(ctx, [&] { return writer->Write(last); });
     return grpc::Status::OK;
   }

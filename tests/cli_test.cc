@@ -161,14 +161,20 @@ TEST_F(CliTest, WorkerRefusesMoreReplicasThanStores) {
 }
 
 // Keepalive pings under a second apart would be closer than the servers accept; 0 turns them off.
+// (A model that is not there and an unknown policy fail the commands later, with other messages,
+// should the flag get through: the test then fails rather than waits on a started server.)
 TEST_F(CliTest, KeepaliveUnderASecondIsRefused) {
   for (const char* ms : {"500", "-1", "some"}) {
     std::ostringstream out, err;
-    EXPECT_EQ(RunWorkerCommand({"--model", dir_, "--listen", "127.0.0.1:0", "--keepalive-ms", ms}, out, err), 2) << ms;
+    EXPECT_EQ(RunWorkerCommand({"--model", dir_ + "/absent", "--listen", "127.0.0.1:0", "--keepalive-ms", ms}, out,
+                               err),
+              2)
+        << ms;
     EXPECT_NE(err.str().find("--keepalive-ms"), std::string::npos) << err.str();
     std::ostringstream rout, rerr;
-    EXPECT_EQ(RunRouterCommand({"--listen", "127.0.0.1:0", "--workers", "127.0.0.1:1", "--keepalive-ms", ms}, rout,
-                               rerr),
+    EXPECT_EQ(RunRouterCommand({"--listen", "127.0.0.1:0", "--workers", "127.0.0.1:1", "--policy", "absent",
+                                "--keepalive-ms", ms},
+                               rout, rerr),
               2)
         << ms;
     EXPECT_NE(rerr.str().find("--keepalive-ms"), std::string::npos) << rerr.str();

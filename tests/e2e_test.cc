@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "cachestore/store_client.h"
 #include "gtest/gtest.h"
 #include "services/inference_client.h"
@@ -85,6 +86,17 @@ bool WaitFor(Process& p, const std::function<bool()>& probe) {
   return false;
 }
 
+// The test model's training script (models/train.py), the text of the tests' prompts.
+const std::string& TrainScript() {
+  static const std::string* text = [] {
+    std::ifstream in(kModel + std::string("/../train.py"));
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return new std::string(ss.str());
+  }();
+  return *text;
+}
+
 // Whether the server at `port` answers GetModelInfo (a router: once it has learned the model).
 bool AnswersModelInfo(int port) {
   auto stub = InferenceStub(absl::StrCat("127.0.0.1:", port));
@@ -103,10 +115,13 @@ std::unique_ptr<Process> StartWorkerWith(int port, const std::vector<std::string
   return p;
 }
 
-// A router in front of the worker at `worker_port`, once it routes.
-std::unique_ptr<Process> StartRouter(int port, int worker_port, const std::vector<std::string>& flags) {
+// A router in front of the workers at `worker_ports`, once it routes.
+std::unique_ptr<Process> StartRouter(int port, const std::vector<int>& worker_ports,
+                                     const std::vector<std::string>& flags) {
+  std::vector<std::string> targets;
+  for (int w : worker_ports) targets.push_back(absl::StrCat("127.0.0.1:", w));
   std::vector<std::string> args = {"router", "--listen", absl::StrCat("127.0.0.1:", port), "--workers",
-                                   absl::StrCat("127.0.0.1:", worker_port), "--health-interval-ms", "100"};
+                                   absl::StrJoin(targets, ","), "--health-interval-ms", "100"};
   args.insert(args.end(), flags.begin(), flags.end());
   auto p = std::make_unique<Process>(args);
   EXPECT_TRUE(WaitFor(*p, [&] { return AnswersModelInfo(port); })) << "router did not start";
@@ -125,10 +140,7 @@ class EndToEnd : public ::testing::Test {
     model_ = std::move(*model);
     // Two code prefixes of ~700 and ~1000 tokens (several 64-token store blocks each), and
     // requests that continue them differently.
-    std::ifstream in(kModel + std::string("/../train.py"));
-    std::stringstream ss;
-    ss << in.rdbuf();
-    const std::string text = ss.str();
+    const std::string& text = TrainScript();
     ASSERT_GT(text.size(), 4000u);
     const std::string prefixes[2] = {text.substr(0, 700), text.substr(2000, 1000)};
     const char* suffixes[] = {"\ndef f(x):\n", "\nclass A:\n", "\n# utilities\n", "\nimport os\n", "\nif x:\n",
@@ -384,11 +396,8 @@ TEST_F(EndToEnd, SigtermDrainsTheWorker) {
 // The first `bytes` of the test model's training script as a text prompt, for `max_tokens`
 // tokens, end of sequence ignored.
 v1::GenerateRequest TextRequest(size_t bytes, uint32_t max_tokens) {
-  std::ifstream in(kModel + std::string("/../train.py"));
-  std::stringstream ss;
-  ss << in.rdbuf();
   v1::GenerateRequest r;
-  r.set_text(ss.str().substr(0, bytes));
+  r.set_text(TrainScript().substr(0, bytes));
   r.set_max_tokens(max_tokens);
   r.set_ignore_eos(true);
   r.set_mode(v1::MODE_VERICACHE);
@@ -401,7 +410,7 @@ struct LongCallThroughRouter {
   LongCallThroughRouter(int salt, size_t prompt_bytes)
       : worker_port(FreePort(salt)), router_port(FreePort(salt + 1)),
         worker(StartWorkerWith(worker_port, {"--keepalive-ms", "1000"})),
-        router(StartRouter(router_port, worker_port, {"--keepalive-ms", "1000"})),
+        router(StartRouter(router_port, {worker_port}, {"--keepalive-ms", "1000"})),
         stub(InferenceStub(absl::StrCat("127.0.0.1:", router_port))) {
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
     reader = stub->Generate(&ctx, TextRequest(prompt_bytes, 30000));
@@ -475,7 +484,7 @@ TEST(Keepalive, AWorkerCancelsTheCallsOfAClientThatStopsAnswering) {
 TEST(Keepalive, PingsDuringALongSilentPrefillKeepTheCall) {
   const int worker_port = FreePort(10), router_port = FreePort(11);
   auto worker = StartWorkerWith(worker_port, {"--keepalive-ms", "1000"});
-  auto router = StartRouter(router_port, worker_port, {"--keepalive-ms", "1000"});
+  auto router = StartRouter(router_port, {worker_port}, {"--keepalive-ms", "1000"});
   auto stub = InferenceStub(absl::StrCat("127.0.0.1:", router_port));
   const GenerateReply got = CallGenerate(*stub, TextRequest(10000, 8), "", absl::Seconds(120));
   ASSERT_TRUE(got.status.ok()) << got.status;
@@ -493,32 +502,22 @@ TEST(Keepalive, PingsDuringALongSilentPrefillKeepTheCall) {
 TEST(Failover, AWorkerThatGoesMidStreamHandsItsCallOnExactly) {
   auto model = Model::Load(kModel);
   ASSERT_TRUE(model.ok()) << model.status();
-  std::ifstream in(kModel + std::string("/../train.py"));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  const std::vector<int32_t> prompt = (*model)->tokenizer().Encode(ss.str().substr(4000, 600));
-  std::vector<int> ports = {FreePort(14), FreePort(15), FreePort(16)};
+  const std::vector<int32_t> prompt = (*model)->tokenizer().Encode(TrainScript().substr(4000, 600));
+  const std::vector<int> ports = {FreePort(14), FreePort(15), FreePort(16)};
   std::vector<std::unique_ptr<Process>> workers;
   for (int port : ports) workers.push_back(StartWorkerWith(port, {"--drain-seconds", "0"}));
   const int router_port = FreePort(17);
-  auto router = std::make_unique<Process>(std::vector<std::string>{
-      "router", "--listen", absl::StrCat("127.0.0.1:", router_port), "--workers",
-      absl::StrCat("127.0.0.1:", ports[0], ",127.0.0.1:", ports[1], ",127.0.0.1:", ports[2]),
-      "--health-interval-ms", "100"});
+  auto router = StartRouter(router_port, ports, {});
   auto router_stub = InferenceStub(absl::StrCat("127.0.0.1:", router_port));
   auto stats_stub = v1::Router::NewStub(InferenceChannel(absl::StrCat("127.0.0.1:", router_port)));
-  const auto router_stats = [&] {
+  const auto router_stats = [&](v1::RouterStats* s) {
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
-    v1::RouterStats s;
-    EXPECT_TRUE(stats_stub->GetRouterStats(&ctx, v1::GetRouterStatsRequest(), &s).ok());
-    return s;
+    return stats_stub->GetRouterStats(&ctx, v1::GetRouterStatsRequest(), s).ok();
   };
   ASSERT_TRUE(WaitFor(*router, [&] {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(300));
     v1::RouterStats s;
-    if (!stats_stub->GetRouterStats(&ctx, v1::GetRouterStatsRequest(), &s).ok()) return false;
+    if (!router_stats(&s)) return false;
     int serving = 0;
     for (const auto& w : s.workers()) serving += w.serving();
     return serving == 3;
@@ -529,19 +528,12 @@ TEST(Failover, AWorkerThatGoesMidStreamHandsItsCallOnExactly) {
     req.mutable_token_ids()->mutable_ids()->Add(prompt.begin(), prompt.end());
     req.set_max_tokens(1500);
     req.set_ignore_eos(true);
-    GenerateOptions o;
-    o.max_tokens = 1500;
-    o.stop_at_eos = false;
     if (seed != 0) {
       req.mutable_sampling()->set_temperature(0.8f);
       req.mutable_sampling()->set_top_k(40);
       req.mutable_sampling()->set_seed(seed);
-      o.sampling.temperature = 0.8f;
-      o.sampling.top_k = 40;
-      o.sampling.seed = seed;
     }
-    const auto want = GenerateFull(**model, prompt, o);
-    ASSERT_TRUE(want.ok()) << want.status();
+    const std::vector<int32_t> want = testing::FullOutput(kModel, req);
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(120));
     auto reader = router_stub->Generate(&ctx, req);
@@ -573,10 +565,12 @@ TEST(Failover, AWorkerThatGoesMidStreamHandsItsCallOnExactly) {
     }
     const grpc::Status status = reader->Finish();
     ASSERT_TRUE(status.ok()) << status.error_message();
-    EXPECT_EQ(got, want->tokens) << "seed " << seed;
+    EXPECT_EQ(got, want) << "seed " << seed;
     EXPECT_EQ(stats.generated_tokens(), 1500u);
     EXPECT_EQ(stats.prompt_tokens(), prompt.size());
-    EXPECT_EQ(router_stats().failovers(), ++failovers);
+    v1::RouterStats rs;
+    EXPECT_TRUE(router_stats(&rs));
+    EXPECT_EQ(rs.failovers(), ++failovers);
   }
 }
 

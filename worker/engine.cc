@@ -39,7 +39,7 @@ struct VeriCacheEngine::Sequence : QueuedRequest {
   // After a failed admission and Release: back to the state Submit left, to be admitted again.
   void ResetAdmission() {
     result.stats = EngineStats{};
-    result.stats.prompt_tokens = v() - request.resumed;
+    result.stats.prompt_tokens = request.prompt_tokens();
     full_len = 0;
     names.clear();
     publish_from = -1;

@@ -15,7 +15,6 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "common/clock.h"
@@ -76,6 +75,8 @@ struct EngineRequest {
   // The last `resumed` tokens of the prompt are output an earlier worker generated (the service's
   // generated_ids): not counted in the stats' prompt_tokens.
   int64_t resumed = 0;
+  // The prompt's tokens as the stats count them.
+  int64_t prompt_tokens() const { return static_cast<int64_t>(prompt.size()) - resumed; }
 };
 
 inline EngineRequest MakeRequest(std::vector<int32_t> prompt, const GenerateOptions& options,
@@ -137,7 +138,7 @@ class RequestQueue {
     s->request = std::move(request);
     s->on_done = std::move(on_done);
     s->submitted = SteadyClock()->Now();
-    s->result.stats.prompt_tokens = static_cast<int64_t>(s->request.prompt.size()) - s->request.resumed;
+    s->result.stats.prompt_tokens = s->request.prompt_tokens();
     pending.push_back(std::move(s));
     return *pending.back();
   }
