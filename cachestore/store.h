@@ -30,6 +30,7 @@ struct StoreStats {
   uint64_t puts = 0;                                   // puts stored (on disk; RAM may have refused them)
   uint64_t ram_evictions = 0, disk_evictions = 0;      // blocks evicted to make room, per tier
   uint64_t disk_write_errors = 0;                      // puts RocksDB failed (a full disk, an I/O error)
+  uint64_t disk_writes_failing_ms = 0;                 // DiskTier::writes_failing_for(); 0 while they succeed
 };
 
 struct StoreOptions {
@@ -67,6 +68,7 @@ class BlockStore {
   StoreStats Stats() const;
 
   RamTier& ram() { return *ram_; }
+  DiskTier& disk() { return *disk_; }
   const DiskTier& disk() const { return *disk_; }
 
  private:

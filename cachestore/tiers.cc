@@ -534,20 +534,11 @@ absl::Status DiskTier::Put(const BlockKey& key, absl::string_view block) {
     absl::MutexLock stripe(&Stripe(key));
     absl::Status s = FromRocks(db_->Write(w, &batch), "put");
     absl::MutexLock l(&mu_);
+    NoteWrite(s);
     if (!s.ok()) {
-      // Logged once per run of failures: RocksDB takes no writes after a failed one until it
-      // recovers, by itself once a full disk has room or after errors it deems retryable; after
-      // others (a log write failing with EIO, for one) only a restart (a reopen) recovers.
-      if (!writes_failing_) {
-        std::fprintf(stderr, "RocksDB at %s: a put failed (%s); puts fail until it recovers\n",
-                     options_.path.c_str(), std::string(s.message()).c_str());
-      }
-      writes_failing_ = true;
       write_errors_++;
       return s;
     }
-    if (writes_failing_) std::fprintf(stderr, "RocksDB at %s: puts succeed again\n", options_.path.c_str());
-    writes_failing_ = false;
     Unindex(key);
     Index(key, block.size());
     while (used_ > options_.capacity_bytes && order_.size() > 1) {
@@ -643,6 +634,40 @@ uint64_t DiskTier::evictions() const {
 uint64_t DiskTier::write_errors() const {
   absl::MutexLock l(&mu_);
   return write_errors_;
+}
+
+void DiskTier::NoteWrite(const absl::Status& s) {
+  // Logged once per run of failures: RocksDB takes no writes after a failed one until it recovers,
+  // by itself once a full disk has room or after errors it deems retryable; after others (a log
+  // write failing with EIO, for one) only a restart (a reopen) recovers.
+  if (s.ok()) {
+    if (writes_failing_) std::fprintf(stderr, "RocksDB at %s: writes succeed again\n", options_.path.c_str());
+    writes_failing_ = false;
+    return;
+  }
+  if (!writes_failing_) {
+    std::fprintf(stderr, "RocksDB at %s: a put failed (%s); puts fail until it recovers\n", options_.path.c_str(),
+                 std::string(s.message()).c_str());
+    failing_since_ = SteadyClock()->Now();
+  }
+  writes_failing_ = true;
+}
+
+absl::Duration DiskTier::writes_failing_for() const {
+  absl::MutexLock l(&mu_);
+  return writes_failing_ ? SteadyClock()->Now() - failing_since_ : absl::ZeroDuration();
+}
+
+absl::Status DiskTier::ProbeWrites() {
+  {
+    absl::MutexLock l(&mu_);
+    if (!writes_failing_) return absl::OkStatus();
+  }
+  // Not a block key (those are 32 bytes), so never a block's size; a deletion leaves nothing.
+  const absl::Status s = FromRocks(db_->Delete(rocksdb::WriteOptions(), sizes_cf_, "write-probe"), "write probe");
+  absl::MutexLock l(&mu_);
+  if (s.ok() || writes_failing_) NoteWrite(s);
+  return s;
 }
 
 }  // namespace vc::cachestore

@@ -238,6 +238,13 @@ class DiskTier {
   // has room again (or after an error it deems retryable); after others (a log write failing with
   // EIO, for one), not before the store restarts.
   uint64_t write_errors() const;
+  // How long writes have been failing: since the first failed put with no write succeeding
+  // after it; zero while they succeed.
+  absl::Duration writes_failing_for() const;
+  // While writes are failing, writes nothing but a deletion of a key no block has, to see whether
+  // RocksDB takes writes again (puts may have stopped coming); OK when it does, or when writes
+  // were not failing.
+  absl::Status ProbeWrites();
 
  private:
   DiskTier() = default;
@@ -269,7 +276,10 @@ class DiskTier {
   uint64_t used_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t evictions_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t write_errors_ ABSL_GUARDED_BY(mu_) = 0;
-  bool writes_failing_ ABSL_GUARDED_BY(mu_) = false;  // the last put failed
+  // Records a write's outcome: counts and times a run of failures, logs its start and end.
+  void NoteWrite(const absl::Status& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool writes_failing_ ABSL_GUARDED_BY(mu_) = false;      // the last write failed
+  absl::Duration failing_since_ ABSL_GUARDED_BY(mu_);    // on SteadyClock(): the run's first failure
 };
 
 }  // namespace vc::cachestore

@@ -72,12 +72,19 @@ grpc::Status CallBytes(grpc::Channel& channel, const std::string& method, const 
   return status;
 }
 
-absl::StatusOr<int> ServingStatus(grpc::Channel& channel, absl::Time deadline) {
+absl::StatusOr<int> ServingStatus(grpc::Channel& channel, absl::Time deadline, absl::string_view service) {
+  if (service.size() > 127) return absl::InvalidArgumentError("a health service name longer than 127 bytes");
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(deadline));
-  // HealthCheckRequest{service: ""} is no bytes; the answer is field 1, a varint.
+  // HealthCheckRequest{service} is field 1, a string (none for ""); the answer is field 1, a varint.
+  std::string request;
+  if (!service.empty()) {
+    request.push_back(0x0a);
+    request.push_back(static_cast<char>(service.size()));
+    request.append(service.data(), service.size());
+  }
   std::string bytes;
-  const grpc::Status s = CallBytes(channel, "/grpc.health.v1.Health/Check", "", &ctx, &bytes);
+  const grpc::Status s = CallBytes(channel, "/grpc.health.v1.Health/Check", request, &ctx, &bytes);
   if (!s.ok()) return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
   if (bytes.empty()) return 0;  // UNKNOWN, the default
   if (bytes.size() != 2 || bytes[0] != 0x08) return absl::DataLossError("a health answer that is not one status");

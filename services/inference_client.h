@@ -10,6 +10,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "grpcpp/grpcpp.h"
 #include "vericache/v1/inference.grpc.pb.h"
@@ -58,10 +59,11 @@ std::unique_ptr<vericache::v1::Inference::Stub> InferenceStub(const std::string&
 grpc::Status CallBytes(grpc::Channel& channel, const std::string& method, const std::string& request,
                        grpc::ClientContext* ctx, std::string* response);
 
-// What the standard gRPC health service at the other end of `channel` says of the whole server,
-// asked with this deadline: 0 UNKNOWN, 1 SERVING, 2 NOT_SERVING (grpc.health.v1's enum); the
-// call's error, or kDataLoss for an answer that is none of these.
-absl::StatusOr<int> ServingStatus(grpc::Channel& channel, absl::Time deadline);
+// What the standard gRPC health service at the other end of `channel` says of `service` ("": the
+// whole server), asked with this deadline: 0 UNKNOWN, 1 SERVING, 2 NOT_SERVING (grpc.health.v1's
+// enum); the call's error (kNotFound for a service it does not know), or kDataLoss for an answer
+// that is none of these.
+absl::StatusOr<int> ServingStatus(grpc::Channel& channel, absl::Time deadline, absl::string_view service = "");
 
 }  // namespace vc
 

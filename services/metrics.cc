@@ -31,7 +31,8 @@ using google::protobuf::Reflection;
 bool IsGauge(absl::string_view field) {
   return field == "uptime_micros" || field == "serving" || absl::EndsWith(field, "_in_flight") ||
          absl::EndsWith(field, "_used_bytes") || absl::EndsWith(field, "_capacity_bytes") ||
-         absl::EndsWith(field, "_blocks") || absl::EndsWith(field, "_block_bytes");
+         absl::EndsWith(field, "_blocks") || absl::EndsWith(field, "_block_bytes") ||
+         absl::EndsWith(field, "_failing_ms");
 }
 
 // A label value with backslash, double quote and newline escaped.

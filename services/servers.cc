@@ -1,6 +1,8 @@
 #include "services/servers.h"
 
+#include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -175,6 +177,7 @@ absl::StatusOr<std::vector<std::string>> ResolveTargets(const std::string& targe
 absl::StatusOr<std::unique_ptr<StoreServer>> StoreServer::Start(StoreServerOptions options) {
   std::unique_ptr<StoreServer> s(new StoreServer());
   VC_RETURN_IF_ERROR(CheckAddress("listen address", options.listen, true));
+  if (options.disk_failure_grace_ms < 0) return absl::InvalidArgumentError("the disk failure grace is negative");
   VC_RETURN_IF_ERROR(CheckFitsInMemory(options.store.ram.capacity_bytes, "the RAM tier"));
   if (options.ucx != "off") {
     VC_ASSIGN_OR_RETURN(cachestore::UcxErrorMode mode, cachestore::ParseUcxErrorMode(options.ucx));
@@ -190,10 +193,39 @@ absl::StatusOr<std::unique_ptr<StoreServer>> StoreServer::Start(StoreServerOptio
   if (s->server_ == nullptr || s->port_ == 0) return CannotListen(options.listen, options.credentials != nullptr);
   VC_ASSIGN_OR_RETURN(s->metrics_, StartMetrics<vericache::v1::StatsResponse>(
                                      options.metrics_listen, s->service_.get(), "vericache_store"));
+  if (grpc::HealthCheckServiceInterface* health = s->server_->GetHealthCheckService()) {
+    health->SetServingStatus(kLivenessService, true);
+  }
+  if (options.disk_failure_grace_ms > 0) {
+    const absl::Duration grace = absl::Milliseconds(options.disk_failure_grace_ms);
+    s->disk_watch_ = std::thread(&StoreServer::WatchDisk, s.get(), grace, std::min(absl::Seconds(1), grace / 4));
+  }
   return s;
 }
 
+void StoreServer::WatchDisk(absl::Duration grace, absl::Duration interval) {
+  bool live = true;
+  while (!stop_.WaitForNotificationWithTimeout(interval)) {
+    cachestore::DiskTier& disk = store_->disk();
+    (void)disk.ProbeWrites();  // a no-op while writes succeed
+    const absl::Duration failing = disk.writes_failing_for();
+    if ((failing < grace) == live) continue;
+    live = !live;
+    if (live) {
+      std::fprintf(stderr, "disk writes succeed again: live\n");
+    } else {
+      std::fprintf(stderr, "disk writes have failed for %.1f s: not live (health entry \"%s\" NOT_SERVING; a "
+                   "restart reopens RocksDB)\n", absl::ToDoubleSeconds(failing), kLivenessService);
+    }
+    if (grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService()) {
+      health->SetServingStatus(kLivenessService, live);
+    }
+  }
+}
+
 StoreServer::~StoreServer() {
+  stop_.Notify();
+  if (disk_watch_.joinable()) disk_watch_.join();
   metrics_.reset();  // it reads the service
   if (server_ != nullptr) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
 }

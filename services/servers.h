@@ -8,8 +8,10 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "absl/status/statusor.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "cachestore/store.h"
 #include "cachestore/ucx_transport.h"
@@ -34,7 +36,16 @@ struct StoreServerOptions {
   std::shared_ptr<grpc::ServerCredentials> credentials;  // null: plaintext
   // HOST:PORT of a Prometheus /metrics endpoint (plain HTTP, no authentication); empty: none.
   std::string metrics_listen;
+  // Once writes to the disk tier have been failing this long (puts refused, and a write probe
+  // every second still failing), the health service's "liveness" entry turns NOT_SERVING, so that
+  // a liveness probe restarts the store: RocksDB recovers from some errors (a log write failing
+  // with EIO) only when reopened. It turns SERVING again if writes succeed first. 0: never. The
+  // server's own entry ("") stays SERVING: reads go on.
+  int64_t disk_failure_grace_ms = 60'000;
 };
+
+// The health service entry that says whether a store should be restarted.
+inline constexpr char kLivenessService[] = "liveness";
 
 class StoreServer {
  public:
@@ -50,12 +61,17 @@ class StoreServer {
 
  private:
   StoreServer() = default;
+  // Probes the disk tier's writes every `interval` while they fail and keeps the liveness entry
+  // up to date, until stop_.
+  void WatchDisk(absl::Duration grace, absl::Duration interval);
   std::unique_ptr<cachestore::UcxRegionServer> ucx_;  // holds the RAM tier's region: outlives store_
   std::unique_ptr<cachestore::BlockStore> store_;
   std::unique_ptr<CacheStoreService> service_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<MetricsEndpoint> metrics_;
   int port_ = 0;
+  absl::Notification stop_;
+  std::thread disk_watch_;
 };
 
 struct WorkerServerOptions {

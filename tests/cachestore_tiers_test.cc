@@ -16,6 +16,7 @@
 #include "common/clock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/blocks.h"
+#include "tests/testing/failing_fs.h"
 #include "tests/testing/tiny_model.h"
 
 namespace vc::cachestore {
@@ -436,56 +437,19 @@ TEST(DiskTier, PersistsAcrossReopenAndEvictsOldest) {
   EXPECT_EQ(DiskTier::Open({"/proc/no/such/dir", 1, false}).status().code(), absl::StatusCode::kUnavailable);
 }
 
-// A filesystem whose file writes fail with "no space left" while `full` is set, as a full disk's do.
-class FillingFileSystem : public rocksdb::FileSystemWrapper {
- public:
-  explicit FillingFileSystem(std::shared_ptr<rocksdb::FileSystem> base) : FileSystemWrapper(std::move(base)) {}
-  const char* Name() const override { return "FillingFileSystem"; }
-
-  rocksdb::IOStatus NewWritableFile(const std::string& name, const rocksdb::FileOptions& options,
-                                    std::unique_ptr<rocksdb::FSWritableFile>* file,
-                                    rocksdb::IODebugContext* dbg) override {
-    std::unique_ptr<rocksdb::FSWritableFile> f;
-    rocksdb::IOStatus s = target()->NewWritableFile(name, options, &f, dbg);
-    if (s.ok()) *file = std::make_unique<File>(std::move(f), this);
-    return s;
-  }
-
-  std::atomic<bool> full{false};
-
- private:
-  class File : public rocksdb::FSWritableFileOwnerWrapper {
-   public:
-    File(std::unique_ptr<rocksdb::FSWritableFile> f, FillingFileSystem* fs)
-        : FSWritableFileOwnerWrapper(std::move(f)), fs_(fs) {}
-    rocksdb::IOStatus Append(const rocksdb::Slice& data, const rocksdb::IOOptions& options,
-                             rocksdb::IODebugContext* dbg) override {
-      if (fs_->full) return rocksdb::IOStatus::NoSpace("the disk is full");
-      return target()->Append(data, options, dbg);
-    }
-    rocksdb::IOStatus Append(const rocksdb::Slice& data, const rocksdb::IOOptions& options,
-                             const rocksdb::DataVerificationInfo& info, rocksdb::IODebugContext* dbg) override {
-      if (fs_->full) return rocksdb::IOStatus::NoSpace("the disk is full");
-      return target()->Append(data, options, info, dbg);
-    }
-
-   private:
-    FillingFileSystem* const fs_;
-  };
-};
-
 // A disk that fills up fails puts, and the tier counts them; reads go on. Once it has room again,
 // RocksDB takes writes again by itself (it polls for room), and puts succeed with no restart.
 TEST(DiskTier, PutsFailWhileTheDiskIsFullAndSucceedOnceItHasRoom) {
   const std::string dir = vc::testing::TempDir("disk_tier");
-  auto fs = std::make_shared<FillingFileSystem>(rocksdb::FileSystem::Default());
+  auto fs = std::make_shared<testing::FailingFileSystem>();
   std::unique_ptr<rocksdb::Env> env = rocksdb::NewCompositeEnv(fs);
   DiskTierOptions o{dir, 1 << 20, false};
   o.env = env.get();
   auto t = DiskTier::Open(o);
   ASSERT_TRUE(t.ok()) << t.status();
   ASSERT_TRUE((*t)->Put(Key(1), Block(1)).ok());
-  fs->full = true;
+  EXPECT_EQ((*t)->writes_failing_for(), absl::ZeroDuration());
+  fs->fault = testing::FailingFileSystem::Fault::kNoSpace;
   for (int i = 2; i < 4; ++i) {
     const absl::Status failed = (*t)->Put(Key(i), Block(i));
     EXPECT_EQ(failed.code(), absl::StatusCode::kUnavailable) << failed;
@@ -493,7 +457,8 @@ TEST(DiskTier, PutsFailWhileTheDiskIsFullAndSucceedOnceItHasRoom) {
   }
   EXPECT_EQ(*(*t)->Get(Key(1)), Block(1));
   EXPECT_EQ((*t)->write_errors(), 2u);
-  fs->full = false;
+  EXPECT_GT((*t)->writes_failing_for(), absl::ZeroDuration());
+  fs->fault = testing::FailingFileSystem::Fault::kNone;
   absl::Status put;
   for (int i = 0; i < 600; ++i) {
     put = (*t)->Put(Key(2), Block(2));
@@ -504,6 +469,58 @@ TEST(DiskTier, PutsFailWhileTheDiskIsFullAndSucceedOnceItHasRoom) {
   EXPECT_EQ(*(*t)->Get(Key(2)), Block(2));
   EXPECT_TRUE((*t)->Put(Key(3), Block(3)).ok());
   EXPECT_EQ((*t)->blocks(), 3u);
+  EXPECT_EQ((*t)->writes_failing_for(), absl::ZeroDuration());
+}
+
+// Puts may stop coming while writes fail; the probe tells whether RocksDB takes writes again.
+// After a full disk has room, it does, with no put; after a log write failed with EIO, it does not
+// (RocksDB recovers from that only when reopened), and how long writes have failed keeps growing.
+// A reopen then takes puts and serves what was stored before.
+TEST(DiskTier, TheWriteProbeSeesRecoveryWithoutPutsAndAStuckDatabaseStaysFailing) {
+  using Fault = testing::FailingFileSystem::Fault;
+  const std::string dir = vc::testing::TempDir("disk_tier_probe");
+  auto fs = std::make_shared<testing::FailingFileSystem>();
+  std::unique_ptr<rocksdb::Env> env = rocksdb::NewCompositeEnv(fs);
+  DiskTierOptions o{dir, 1 << 20, false};
+  o.env = env.get();
+  {
+    auto t = DiskTier::Open(o);
+    ASSERT_TRUE(t.ok()) << t.status();
+    ASSERT_TRUE((*t)->ProbeWrites().ok());  // nothing failing: nothing to probe
+    ASSERT_TRUE((*t)->Put(Key(1), Block(1)).ok());
+
+    fs->fault = Fault::kNoSpace;
+    ASSERT_FALSE((*t)->Put(Key(2), Block(2)).ok());
+    EXPECT_FALSE((*t)->ProbeWrites().ok());
+    EXPECT_GT((*t)->writes_failing_for(), absl::ZeroDuration());
+    fs->fault = Fault::kNone;
+    absl::Status probe;
+    for (int i = 0; i < 600 && !(probe = (*t)->ProbeWrites()).ok(); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    ASSERT_TRUE(probe.ok()) << "writes still fail 30 s after the disk has room: " << probe;
+    EXPECT_EQ((*t)->writes_failing_for(), absl::ZeroDuration());
+    EXPECT_EQ((*t)->write_errors(), 1u);  // probes are not puts
+
+    fs->fault = Fault::kIoError;
+    ASSERT_FALSE((*t)->Put(Key(3), Block(3)).ok());
+    fs->fault = Fault::kNone;
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    const absl::Duration before = (*t)->writes_failing_for();
+    EXPECT_GE(before, absl::Milliseconds(300));
+    for (int i = 0; i < 20; ++i) {
+      EXPECT_FALSE((*t)->ProbeWrites().ok());
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    EXPECT_FALSE((*t)->Put(Key(3), Block(3)).ok());
+    EXPECT_GE((*t)->writes_failing_for(), before + absl::Seconds(1));
+    EXPECT_EQ(*(*t)->Get(Key(1)), Block(1));  // reads go on
+  }
+  auto t = DiskTier::Open(o);
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(*(*t)->Get(Key(1)), Block(1));
+  EXPECT_TRUE((*t)->Put(Key(3), Block(3)).ok());
+  EXPECT_EQ((*t)->writes_failing_for(), absl::ZeroDuration());
 }
 
 // Bursts of puts of a few keys from two threads into a tier with room for three blocks, each put

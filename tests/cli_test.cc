@@ -144,6 +144,14 @@ TEST_F(CliTest, StoreRefusesBadTierFlags) {
     EXPECT_EQ(code, 2) << n;
     EXPECT_NE(err.str().find("--ram-slot-bytes"), std::string::npos) << err.str();
   }
+  for (const char* n : {"-1", "soon", "86400001"}) {
+    std::ostringstream out, err;
+    const int code = RunStoreCommand({"--listen", "127.0.0.1:0", "--data-dir", dir_ + "/store", "--tokens",
+                                      dir_ + "/absent-tokens", "--disk-failure-grace-ms", n},
+                                     out, err);
+    EXPECT_EQ(code, 2) << n;
+    EXPECT_NE(err.str().find("--disk-failure-grace-ms"), std::string::npos) << err.str();
+  }
 }
 
 TEST_F(CliTest, WorkerRefusesMoreReplicasThanStores) {

@@ -6,13 +6,18 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <rocksdb/env.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <array>
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
+#include <memory>
 #include <set>
 #include <string>
+#include <thread>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_split.h"
@@ -23,6 +28,8 @@
 #include "gtest/gtest.h"
 #include "services/inference_client.h"
 #include "services/servers.h"
+#include "tests/testing/blocks.h"
+#include "tests/testing/failing_fs.h"
 #include "tests/testing/servers.h"
 #include "vericache/v1/inference.pb.h"
 
@@ -273,6 +280,73 @@ TEST(ServerMetrics, StoreAndWorkerServeTheirStats) {
   EXPECT_GT(blocks, 0u);
   EXPECT_TRUE(absl::StrContains(store_text, absl::StrCat("\nvericache_store_ram_blocks ", blocks, "\n"))) << store_text;
   EXPECT_TRUE(absl::StrContains(store_text, "\nvericache_store_ram_capacity_bytes 67108864\n")) << store_text;
+}
+
+// A store whose disk writes fail says so on its health service's "liveness" entry once they have
+// failed for its grace, and on its metrics meanwhile; its own entry stays SERVING (reads go on).
+// A full disk that gets room turns it SERVING again with no put (the store probes); a log write
+// that failed with EIO, which RocksDB recovers from only when reopened, keeps it NOT_SERVING.
+TEST(StoreHealth, LivenessFollowsDiskWrites) {
+  using Fault = testing::FailingFileSystem::Fault;
+  testing::TinyStack t = testing::MakeTinyStack("liveness");
+  auto fs = std::make_shared<testing::FailingFileSystem>();
+  std::unique_ptr<rocksdb::Env> env = rocksdb::NewCompositeEnv(fs);
+  t.store.store.disk.env = env.get();
+  t.store.metrics_listen = "127.0.0.1:0";
+  t.store.disk_failure_grace_ms = 400;
+  auto store = StoreServer::Start(t.store);
+  ASSERT_TRUE(store.ok()) << store.status();
+  const std::string target = (*store)->target();
+  cachestore::BlockStore& blocks = (*store)->store();
+  const auto key = [](uint8_t i) {
+    cachestore::BlockKey k;
+    k.bytes[0] = i;
+    return k;
+  };
+  const auto liveness = [&] { return testing::HealthStatus(target, kLivenessService); };
+  // The liveness entry's status once it has been `want` for two looks in a row 100 ms apart, or
+  // its last one after 10 s.
+  const auto settle_to = [&](int want) {
+    int seen = 0, last = 0;
+    for (int i = 0; i < 100 && seen < 2; ++i) {
+      last = liveness();
+      seen = last == want ? seen + 1 : 0;
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    return last;
+  };
+  const auto failing_ms_metric = [&] {
+    const std::string text = Exchange((*store)->metrics_port(), "GET /metrics HTTP/1.1\r\n\r\n");
+    const std::string name = "\nvericache_store_disk_writes_failing_ms ";
+    const size_t at = text.find(name);
+    return at == std::string::npos ? -1 : std::atoll(text.c_str() + at + name.size());
+  };
+  ASSERT_TRUE(blocks.Put(key(1), testing::RandomBlock(1, 7)).ok());
+  EXPECT_EQ(liveness(), 1);
+  EXPECT_EQ(testing::HealthStatus(target), 1);
+  EXPECT_EQ(failing_ms_metric(), 0);
+
+  fs->fault = Fault::kNoSpace;
+  EXPECT_EQ(blocks.Put(key(2), testing::RandomBlock(2, 7)).code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(liveness(), 1);  // within the grace
+  EXPECT_EQ(settle_to(2), 2);
+  EXPECT_EQ(testing::HealthStatus(target), 1);
+  EXPECT_GE(failing_ms_metric(), 400);
+  fs->fault = Fault::kNone;
+  EXPECT_EQ(settle_to(1), 1);
+  EXPECT_EQ(failing_ms_metric(), 0);
+  EXPECT_TRUE(blocks.Put(key(2), testing::RandomBlock(2, 7)).ok());
+
+  fs->fault = Fault::kIoError;
+  EXPECT_EQ(blocks.Put(key(3), testing::RandomBlock(3, 7)).code(), absl::StatusCode::kUnavailable);
+  fs->fault = Fault::kNone;
+  EXPECT_EQ(settle_to(2), 2);
+  std::this_thread::sleep_for(std::chrono::seconds(1));  // probes keep failing
+  EXPECT_EQ(liveness(), 2);
+  EXPECT_EQ(testing::HealthStatus(target), 1);
+  bool from_ram = false;
+  EXPECT_TRUE(blocks.Get(key(1), &from_ram).ok());
+  EXPECT_GE(failing_ms_metric(), 1400);
 }
 
 }  // namespace

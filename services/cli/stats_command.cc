@@ -108,6 +108,10 @@ void PrintStore(const std::string& target, const v1::StatsResponse& s, std::ostr
   out << absl::StrFormat(
       "blocks stored: %d; evicted to make room: %d from RAM, %d from disk; %d puts failed on disk\n", s.puts(),
       s.ram_evictions(), s.disk_evictions(), s.disk_write_errors());
+  if (s.disk_writes_failing_ms() > 0) {
+    out << absl::StrFormat("disk writes failing for %.1f s: puts are refused until RocksDB takes writes again\n",
+                           s.disk_writes_failing_ms() / 1000.0);
+  }
 }
 
 void PrintRouter(const std::string& target, const v1::RouterStats& s, std::ostream& out) {

@@ -20,7 +20,7 @@ constexpr char kUsage[] =
     "usage: vericache store --listen HOST:PORT --data-dir DIR --tokens FILE [--ram-bytes N] [--disk-bytes N]\n"
     "                       [--secret-file FILE] [--tls-cert PEM --tls-key PEM] [--ucx none|peer|off]\n"
     "                       [--lease-ttl-ms N] [--lease-bytes-per-tenant N] [--ram-hot-fraction F]\n"
-    "                       [--ram-slot-bytes N] [--metrics-listen HOST:PORT]\n"
+    "                       [--ram-slot-bytes N] [--metrics-listen HOST:PORT] [--disk-failure-grace-ms N]\n"
     "  --tokens FILE    lines of 'token tenant'; requests without a listed Bearer token are refused\n"
     "  --ucx MODE       one-sided UCX reads of the RAM tier, with UCX error handling 'none' (shared\n"
     "                   memory and CMA allowed; the default) or 'peer' (dead peers reported; TCP only\n"
@@ -40,7 +40,12 @@ constexpr char kUsage[] =
     "                   size fill their slots (vericache size-tiers prints the value for a model)\n"
     "  --metrics-listen HOST:PORT\n"
     "                   serve Prometheus metrics (tier use, hits, misses) at http://HOST:PORT/metrics,\n"
-    "                   plain HTTP without authentication (default: none)\n";
+    "                   plain HTTP without authentication (default: none)\n"
+    "  --disk-failure-grace-ms N\n"
+    "                   once writes to disk have failed this long (puts refused, a probe every second\n"
+    "                   failing too), the gRPC health entry \"liveness\" says NOT_SERVING, for a\n"
+    "                   liveness probe to restart the store (RocksDB recovers from some errors only\n"
+    "                   when reopened); default 60000, 0: never. Reads go on meanwhile\n";
 
 absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
   // Before anything starts a thread (RocksDB, gRPC: credentials alone start gRPC's).
@@ -48,7 +53,7 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
   VC_ASSIGN_OR_RETURN(Args a, Args::Parse(argv, {"listen", "data-dir", "tokens", "ram-bytes", "disk-bytes",
                                                  "secret-file", "tls-cert", "tls-key", "ucx", "lease-ttl-ms",
                                                  "lease-bytes-per-tenant", "ram-hot-fraction", "ram-slot-bytes",
-                                                 "metrics-listen"},
+                                                 "metrics-listen", "disk-failure-grace-ms"},
                                           {}));
   for (const char* req : {"listen", "data-dir", "tokens"}) {
     if (!a.Has(req)) return absl::InvalidArgumentError(absl::StrCat("--", req, " is required"));
@@ -62,6 +67,9 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
   o.ram.max_leased_bytes_per_owner = static_cast<uint64_t>(lease_cap);
   VC_ASSIGN_OR_RETURN(o.ram.hot_fraction, HotFraction(a));
   VC_ASSIGN_OR_RETURN(o.ram.min_slot_bytes, RamSlotBytes(a, static_cast<uint64_t>(ram)));
+  StoreServerOptions server;
+  VC_ASSIGN_OR_RETURN(server.disk_failure_grace_ms,
+                      a.Int("disk-failure-grace-ms", server.disk_failure_grace_ms, 0, int64_t{24} * 3600 * 1000));
   o.disk.path = a.Str("data-dir");
   o.disk.capacity_bytes = static_cast<uint64_t>(disk);
   StoreServiceOptions so;
@@ -70,7 +78,6 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
   if (a.Has("secret-file")) {
     VC_ASSIGN_OR_RETURN(so.secret, ReadSmallFile(a.Str("secret-file"), "secret file"));
   }
-  StoreServerOptions server;
   server.listen = a.Str("listen");
   server.store = o;
   server.service = so;

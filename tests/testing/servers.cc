@@ -79,9 +79,9 @@ grpc::Status GetWorkerStats(vericache::v1::Inference::Stub& stub, const std::str
   return stub.GetStats(&ctx, vericache::v1::GetStatsRequest(), stats);
 }
 
-int HealthStatus(const std::string& target) {
-  const absl::StatusOr<int> s =
-      ServingStatus(*grpc::CreateChannel(target, grpc::InsecureChannelCredentials()), absl::Now() + absl::Seconds(10));
+int HealthStatus(const std::string& target, absl::string_view service) {
+  const absl::StatusOr<int> s = ServingStatus(*grpc::CreateChannel(target, grpc::InsecureChannelCredentials()),
+                                              absl::Now() + absl::Seconds(10), service);
   return s.ok() ? *s : -1;
 }
 

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "grpcpp/grpcpp.h"
 #include "services/servers.h"
@@ -44,9 +45,9 @@ grpc::Status CallRaw(const std::string& target, const std::string& method, const
 grpc::Status GetWorkerStats(vericache::v1::Inference::Stub& stub, const std::string& token,
                             vericache::v1::WorkerStats* stats);
 
-// The standard gRPC health service's status for the whole server at `target`: 1 serving, 2 not
-// serving, -1 when the call fails.
-int HealthStatus(const std::string& target);
+// The standard gRPC health service's status for `service` ("": the whole server) at `target`: 1
+// serving, 2 not serving, -1 when the call fails.
+int HealthStatus(const std::string& target, absl::string_view service = "");
 
 }  // namespace vc::testing
 
