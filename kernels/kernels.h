@@ -83,6 +83,12 @@ class Backend {
   // y [n, w.rows] = x [n, w.cols] * w^T.
   virtual void MatMul(const float* x, int64_t n, const WeightView& w, float* y) const = 0;
 
+  // ys[i] = MatMul(x, n, ws[i]) for `count` weights of x's width (a layer's q, k and v; its gate
+  // and up), bitwise the same; a backend may run them as one parallel job.
+  virtual void MatMuls(const float* x, int64_t n, const WeightView* ws, float* const* ys, int count) const {
+    for (int i = 0; i < count; ++i) MatMul(x, n, ws[i], ys[i]);
+  }
+
   // y [n, dim] = x [n, dim] * rsqrt(mean(x^2) + eps) * weight [dim]. y may alias x.
   virtual void RmsNorm(const float* x, int64_t n, int64_t dim, const float* weight, float eps,
                        float* y) const = 0;

@@ -105,6 +105,49 @@ TEST_P(FastBackendTest, MatMulMatchesReferenceAndIsRowCountInvariant) {
   }
 }
 
+// Several products of one input in one job give each product bitwise what MatMul gives it: for
+// shapes whose outputs split across the job's tasks anywhere (a decode step's q, k, v; gate, up),
+// any row count, one thread or two, mixed weight types; a width MatMuls does not share falls back.
+TEST_P(FastBackendTest, MatMulsEqualsMatMulBitwise) {
+  for (int threads : {1, 2}) {
+    SetKernelThreadCount(threads);
+    for (int64_t cols : {40, 256}) {
+      Weights a = MakeWeights(DType::kBF16, 256, cols, 11), b = MakeWeights(DType::kBF16, 64, cols, 12),
+              c = MakeWeights(DType::kF32, 72, cols, 13), d = MakeWeights(DType::kF16, 7, cols, 14);
+      const WeightView ws[] = {a.view, b.view, c.view, d.view};
+      for (int count : {1, 2, 3, 4}) {
+        for (int64_t n : {1, 3, 5}) {
+          const auto x = Random(static_cast<size_t>(n * cols), 15);
+          std::vector<std::vector<float>> one(count), many(count);
+          std::vector<float*> ys(count);
+          for (int i = 0; i < count; ++i) {
+            one[i].resize(n * ws[i].rows);
+            many[i].assign(n * ws[i].rows, -1.0f);
+            fast_->MatMul(x.data(), n, ws[i], one[i].data());
+            ys[i] = many[i].data();
+          }
+          fast_->MatMuls(x.data(), n, ws, ys.data(), count);
+          for (int i = 0; i < count; ++i) {
+            ASSERT_EQ(0, std::memcmp(one[i].data(), many[i].data(), one[i].size() * 4))
+                << "weight " << i << " of " << count << ", rows " << n << ", threads " << threads;
+          }
+        }
+      }
+    }
+  }
+  // Mismatched widths: each product on its own.
+  Weights a = MakeWeights(DType::kF32, 16, 32, 21), b = MakeWeights(DType::kF32, 16, 48, 22);
+  const auto x = Random(48, 23);
+  const WeightView ws[] = {a.view, b.view};
+  std::vector<float> ya(16), yb(16), ra(16), rb(16);
+  float* ys[] = {ya.data(), yb.data()};
+  fast_->MatMuls(x.data(), 1, ws, ys, 2);
+  fast_->MatMul(x.data(), 1, a.view, ra.data());
+  fast_->MatMul(x.data(), 1, b.view, rb.data());
+  EXPECT_EQ(0, std::memcmp(ya.data(), ra.data(), 64));
+  EXPECT_EQ(0, std::memcmp(yb.data(), rb.data(), 64));
+}
+
 TEST_P(FastBackendTest, ElementwiseOpsMatchReference) {
   const int64_t n = 5, dim = 256;
   const auto x = Random(n * dim, 1), w = Random(dim, 2);

@@ -223,9 +223,11 @@ absl::Status Model::Forward(absl::Span<const SequenceChunk> chunks, AttentionCac
   for (int li = 0; li < c.num_layers; ++li) {
     const Layer& l = layers_[li];
     k.RmsNorm(x.data(), n, d, l.attn_norm.data(), c.rms_norm_eps, h.data());
-    k.MatMul(h.data(), n, l.q, q.data());
-    k.MatMul(h.data(), n, l.k, kk.data());
-    k.MatMul(h.data(), n, l.v, vv.data());
+    {
+      const kernels::WeightView ws[] = {l.q, l.k, l.v};
+      float* const ys[] = {q.data(), kk.data(), vv.data()};
+      k.MatMuls(h.data(), n, ws, ys, 3);
+    }
     AddBias(l.q_bias, n, q.data());
     AddBias(l.k_bias, n, kk.data());
     AddBias(l.v_bias, n, vv.data());
@@ -237,8 +239,11 @@ absl::Status Model::Forward(absl::Span<const SequenceChunk> chunks, AttentionCac
     AddBias(l.o_bias, n, o.data());
     for (int64_t i = 0; i < n * d; ++i) x[i] += o[i];
     k.RmsNorm(x.data(), n, d, l.mlp_norm.data(), c.rms_norm_eps, h.data());
-    k.MatMul(h.data(), n, l.gate, g.data());
-    k.MatMul(h.data(), n, l.up, u.data());
+    {
+      const kernels::WeightView ws[] = {l.gate, l.up};
+      float* const ys[] = {g.data(), u.data()};
+      k.MatMuls(h.data(), n, ws, ys, 2);
+    }
     k.SwiGlu(g.data(), u.data(), n * f, g.data());
     k.MatMul(g.data(), n, l.down, o.data());
     for (int64_t i = 0; i < n * d; ++i) x[i] += o[i];
