@@ -1,12 +1,17 @@
 // The cache store over gRPC on loopback: a real server, real clients.
 #include <atomic>
+#include <memory>
+#include <string>
 #include <thread>
+#include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/time/clock.h"
 #include "cachestore/block_format.h"
 #include "cachestore/store_client.h"
 #include "common/clock.h"
 #include "grpcpp/grpcpp.h"
+#include "grpcpp/support/server_interceptor.h"
 #include "gtest/gtest.h"
 #include "services/store_service.h"
 #include "tests/testing/blocks.h"
@@ -22,6 +27,41 @@ using cachestore::StoreClientOptions;
 std::string MakeBlock(uint32_t seed, std::array<uint8_t, 32>* fp = nullptr) {
   return testing::RandomBlock(seed, 42, fp);
 }
+
+// Damages every UCX location a LeaseBlocks answer carries, while `*on`: each rkey is cut to half
+// its length (which UCX, handed it, crashed on in a trial), the checksum left as the store set it.
+class DamageLocations final : public grpc::experimental::Interceptor {
+ public:
+  explicit DamageLocations(const std::atomic<bool>* on) : on_(on) {}
+  void Intercept(grpc::experimental::InterceptorBatchMethods* m) override {
+    using grpc::experimental::InterceptionHookPoints;
+    if (on_->load() && m->QueryInterceptionHookPoint(InterceptionHookPoints::PRE_SEND_MESSAGE)) {
+      if (const void* msg = m->GetSendMessage(); msg != nullptr) {
+        damaged_ = *static_cast<const vericache::v1::LeaseBlocksResponse*>(msg);
+        for (vericache::v1::LeasedBlock& b : *damaged_.mutable_blocks()) {
+          if (b.has_remote()) b.mutable_remote()->mutable_rkey()->resize(b.remote().rkey().size() / 2);
+        }
+        m->ModifySendMessage(&damaged_);
+      }
+    }
+    m->Proceed();
+  }
+
+ private:
+  const std::atomic<bool>* const on_;
+  vericache::v1::LeaseBlocksResponse damaged_;  // sent in place of the answer: lives as long as the call
+};
+
+class DamageLocationsFactory final : public grpc::experimental::ServerInterceptorFactoryInterface {
+ public:
+  explicit DamageLocationsFactory(const std::atomic<bool>* on) : on_(on) {}
+  grpc::experimental::Interceptor* CreateServerInterceptor(grpc::experimental::ServerRpcInfo* info) override {
+    return std::string(info->method()) == "/vericache.v1.CacheStore/LeaseBlocks" ? new DamageLocations(on_) : nullptr;
+  }
+
+ private:
+  const std::atomic<bool>* const on_;
+};
 
 // Where the RAM tier lives: memory the tier allocated (UCX emulates gets from it), or a region UCX
 // allocated in shared memory (as `vericache store` runs it; read in place in error mode none).
@@ -53,6 +93,9 @@ class StoreServer {
     b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
     b.SetMaxReceiveMessageSize(256 << 20);
     b.RegisterService(service_.get());
+    std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
+    interceptors.push_back(std::make_unique<DamageLocationsFactory>(&damage_locations));
+    b.experimental().SetInterceptorCreators(std::move(interceptors));
     server_ = b.BuildAndStart();
   }
   ~StoreServer() {
@@ -66,6 +109,9 @@ class StoreServer {
   }
 
   cachestore::BlockStore& store() { return *store_; }
+
+  // While set, the UCX locations of every LeaseBlocks answer arrive damaged (DamageLocations).
+  std::atomic<bool> damage_locations{false};
 
  private:
   std::unique_ptr<cachestore::BlockStore> store_;
@@ -147,6 +193,38 @@ TEST(StoreService, RemoteReadsOverUcxAreCheckedEndToEnd) {
   EXPECT_EQ(a->GetRemote(keys[1], reader.get()).status().code(), absl::StatusCode::kDataLoss);
   EXPECT_EQ(a->Get(keys[1]).status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(a->Lookup(keys)->first, 1u);
+}
+
+// A location damaged on its way from the store is refused before UCX sees it, in every read path,
+// and costs that read only: the block stays stored, and reads once the damage stops.
+TEST(StoreService, DamagedLocationsAreRefusedBeforeUcxSeesThem) {
+  StoreServer server(testing::TempDir("store_damaged"));
+  auto a = server.Client("token-a");
+  auto reader = *cachestore::UcxReader::Create(cachestore::UcxErrorMode::kNone);
+  const auto keys = Chain(3, 9);
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(a->Put(keys[i], MakeBlock(60 + i)).ok());
+  server.damage_locations = true;
+  const auto refused = [](const absl::Status& s) {
+    return s.code() == absl::StatusCode::kDataLoss && absl::StrContains(s.message(), "UCX location");
+  };
+  const absl::StatusOr<std::string> one = a->GetRemote(keys[0], reader.get());
+  EXPECT_TRUE(refused(one.status())) << one.status();
+  for (const absl::StatusOr<std::string>& r : a->GetRemoteBatch(keys, reader.get())) {
+    EXPECT_TRUE(refused(r.status())) << r.status();
+  }
+  std::vector<std::string> buffers(3, std::string(1 << 20, '\0'));
+  std::vector<absl::Span<char>> dest;
+  for (std::string& b : buffers) dest.emplace_back(b.data(), b.size());
+  for (const absl::StatusOr<size_t>& r : a->GetRemoteBatchInto(keys, dest, reader.get())) {
+    EXPECT_TRUE(refused(r.status())) << r.status();
+  }
+  server.damage_locations = false;
+  EXPECT_EQ(a->Lookup(keys)->first, 3u);
+  for (int i = 0; i < 3; ++i) {
+    const absl::StatusOr<std::string> got = a->GetRemote(keys[i], reader.get());
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(*got, MakeBlock(60 + i));
+  }
 }
 
 TEST(StoreService, BatchedRemoteReadsKeepOrderAndPerBlockOutcomes) {
