@@ -348,7 +348,8 @@ void RouterService::Apply(const std::vector<Probe>& probes) {
 }
 
 void RouterService::CheckLoop() {
-  absl::Time next_refresh = absl::Now() + absl::Milliseconds(options_.refresh_interval_ms);
+  // On the steady clock: a step of the wall clock neither delays a lookup nor brings one early.
+  absl::Duration next_refresh = SteadyClock()->Now() + absl::Milliseconds(options_.refresh_interval_ms);
   while (true) {
     std::vector<std::shared_ptr<Upstream>> ws;
     {
@@ -362,11 +363,11 @@ void RouterService::CheckLoop() {
     for (size_t i = 0; i < ws.size(); ++i) checks.emplace_back([this, &probes, &ws, i] { probes[i] = Check(ws[i]); });
     for (auto& t : checks) t.join();
     Apply(probes);
-    if (from_dns_ && (absl::Now() >= next_refresh || ws.empty())) {
+    if (from_dns_ && (SteadyClock()->Now() >= next_refresh || ws.empty())) {
       absl::StatusOr<std::vector<std::string>> targets =
           ResolveTargets(options_.workers, options_.dns_server, 0, absl::ZeroDuration(), "workers");
       if (targets.ok()) SetWorkers(*targets);  // otherwise the last list stands
-      next_refresh = absl::Now() + absl::Milliseconds(options_.refresh_interval_ms);
+      next_refresh = SteadyClock()->Now() + absl::Milliseconds(options_.refresh_interval_ms);
     }
     std::unique_lock<std::mutex> l(mu_);
     changed_.wait_for(l, std::chrono::milliseconds(options_.health_interval_ms), [&] { return stop_; });
