@@ -437,15 +437,21 @@ TEST(DiskTier, PersistsAcrossReopenAndEvictsOldest) {
   EXPECT_EQ(DiskTier::Open({"/proc/no/such/dir", 1, false}).status().code(), absl::StatusCode::kUnavailable);
 }
 
+// A 1 MiB disk tier in a fresh directory named after `name`, on a disk whose writes fail on demand.
+struct FailingTier {
+  explicit FailingTier(const std::string& name) : options{vc::testing::TempDir(name), 1 << 20, false} {
+    options.env = disk.env.get();
+  }
+  testing::FailingDisk disk;
+  DiskTierOptions options;
+};
+
 // A disk that fills up fails puts, and the tier counts them; reads go on. Once it has room again,
 // RocksDB takes writes again by itself (it polls for room), and puts succeed with no restart.
 TEST(DiskTier, PutsFailWhileTheDiskIsFullAndSucceedOnceItHasRoom) {
-  const std::string dir = vc::testing::TempDir("disk_tier");
-  auto fs = std::make_shared<testing::FailingFileSystem>();
-  std::unique_ptr<rocksdb::Env> env = rocksdb::NewCompositeEnv(fs);
-  DiskTierOptions o{dir, 1 << 20, false};
-  o.env = env.get();
-  auto t = DiskTier::Open(o);
+  FailingTier f("disk_tier");
+  const auto& fs = f.disk.fs;
+  auto t = DiskTier::Open(f.options);
   ASSERT_TRUE(t.ok()) << t.status();
   ASSERT_TRUE((*t)->Put(Key(1), Block(1)).ok());
   EXPECT_EQ((*t)->writes_failing_for(), absl::ZeroDuration());
@@ -478,13 +484,10 @@ TEST(DiskTier, PutsFailWhileTheDiskIsFullAndSucceedOnceItHasRoom) {
 // A reopen then takes puts and serves what was stored before.
 TEST(DiskTier, TheWriteProbeSeesRecoveryWithoutPutsAndAStuckDatabaseStaysFailing) {
   using Fault = testing::FailingFileSystem::Fault;
-  const std::string dir = vc::testing::TempDir("disk_tier_probe");
-  auto fs = std::make_shared<testing::FailingFileSystem>();
-  std::unique_ptr<rocksdb::Env> env = rocksdb::NewCompositeEnv(fs);
-  DiskTierOptions o{dir, 1 << 20, false};
-  o.env = env.get();
+  FailingTier f("disk_tier_probe");
+  const auto& fs = f.disk.fs;
   {
-    auto t = DiskTier::Open(o);
+    auto t = DiskTier::Open(f.options);
     ASSERT_TRUE(t.ok()) << t.status();
     ASSERT_TRUE((*t)->ProbeWrites().ok());  // nothing failing: nothing to probe
     ASSERT_TRUE((*t)->Put(Key(1), Block(1)).ok());
@@ -516,7 +519,7 @@ TEST(DiskTier, TheWriteProbeSeesRecoveryWithoutPutsAndAStuckDatabaseStaysFailing
     EXPECT_GE((*t)->writes_failing_for(), before + absl::Seconds(1));
     EXPECT_EQ(*(*t)->Get(Key(1)), Block(1));  // reads go on
   }
-  auto t = DiskTier::Open(o);
+  auto t = DiskTier::Open(f.options);
   ASSERT_TRUE(t.ok()) << t.status();
   EXPECT_EQ(*(*t)->Get(Key(1)), Block(1));
   EXPECT_TRUE((*t)->Put(Key(3), Block(3)).ok());

@@ -6,7 +6,6 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
-#include <rocksdb/env.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -289,9 +288,9 @@ TEST(ServerMetrics, StoreAndWorkerServeTheirStats) {
 TEST(StoreHealth, LivenessFollowsDiskWrites) {
   using Fault = testing::FailingFileSystem::Fault;
   testing::TinyStack t = testing::MakeTinyStack("liveness");
-  auto fs = std::make_shared<testing::FailingFileSystem>();
-  std::unique_ptr<rocksdb::Env> env = rocksdb::NewCompositeEnv(fs);
-  t.store.store.disk.env = env.get();
+  testing::FailingDisk disk;
+  const auto& fs = disk.fs;
+  t.store.store.disk.env = disk.env.get();
   t.store.metrics_listen = "127.0.0.1:0";
   t.store.disk_failure_grace_ms = 400;
   auto store = StoreServer::Start(t.store);

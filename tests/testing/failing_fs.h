@@ -1,8 +1,9 @@
 // A RocksDB filesystem whose file writes fail on demand, as a full or failing disk's do, for tests of
-// the disk tier and the store: DiskTierOptions::env = rocksdb::NewCompositeEnv(fs).
+// the disk tier and the store (FailingDisk: one with its environment, for DiskTierOptions::env).
 #ifndef VC_TESTS_TESTING_FAILING_FS_H_
 #define VC_TESTS_TESTING_FAILING_FS_H_
 
+#include <rocksdb/env.h>
 #include <rocksdb/file_system.h>
 
 #include <atomic>
@@ -59,6 +60,12 @@ class FailingFileSystem : public rocksdb::FileSystemWrapper {
    private:
     FailingFileSystem* const fs_;
   };
+};
+
+// A FailingFileSystem and the RocksDB environment over it, for DiskTierOptions::env.
+struct FailingDisk {
+  std::shared_ptr<FailingFileSystem> fs = std::make_shared<FailingFileSystem>();
+  std::unique_ptr<rocksdb::Env> env = rocksdb::NewCompositeEnv(fs);
 };
 
 }  // namespace vc::testing
