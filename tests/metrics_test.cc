@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <memory>
 #include <set>
+#include <sstream>
 #include <string>
 #include <thread>
 
@@ -25,6 +26,7 @@
 #include "google/protobuf/descriptor.pb.h"
 #include "google/protobuf/dynamic_message.h"
 #include "gtest/gtest.h"
+#include "services/cli/stats_command.h"
 #include "services/inference_client.h"
 #include "services/servers.h"
 #include "tests/testing/blocks.h"
@@ -331,6 +333,9 @@ TEST(StoreHealth, LivenessFollowsDiskWrites) {
   EXPECT_EQ(settle_to(2), 2);
   EXPECT_EQ(testing::HealthStatus(target), 1);
   EXPECT_GE(failing_ms_metric(), 400);
+  std::ostringstream out, err;
+  ASSERT_EQ(cli::RunStatsCommand({"--target", target, "--token", "tok"}, out, err), 0) << err.str();
+  EXPECT_NE(out.str().find("disk writes failing for "), std::string::npos) << out.str();
   fs->fault = Fault::kNone;
   EXPECT_EQ(settle_to(1), 1);
   EXPECT_EQ(failing_ms_metric(), 0);
