@@ -40,7 +40,7 @@ void BM_MatMulBF16(benchmark::State& state) {
 BENCHMARK(BM_MatMulBF16)->ArgsProduct({{0, 1, 3}, {1, 17, 128}});
 
 // The products of a one-token decode step over six layers of the test model's shape (bf16, each
-// layer's weights its own, 8.4 MB in all, from L3), q, k, v and gate, up either as separate MatMul
+// layer's weights its own, 8.3 MB in all, from L3), q, k, v and gate, up either as separate MatMul
 // calls (second argument 0) or as one MatMuls job each (1): what sharing a job saves in wake-ups,
 // waits and a small product run on one thread.
 void BM_DecodeProducts(benchmark::State& state) {

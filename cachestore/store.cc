@@ -143,7 +143,9 @@ StoreStats BlockStore::Stats() const {
   s.ram_evictions = ram_->evictions();
   s.disk_evictions = disk_->evictions();
   s.disk_write_errors = disk_->write_errors();
-  s.disk_writes_failing_ms = static_cast<uint64_t>(absl::ToInt64Milliseconds(disk_->writes_failing_for()));
+  const DiskWriteFailure failure = disk_->write_failure();
+  s.disk_writes_failing_ms = static_cast<uint64_t>(absl::ToInt64Milliseconds(failure.duration));
+  s.disk_full = failure.no_space;
   return s;
 }
 

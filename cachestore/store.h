@@ -30,7 +30,8 @@ struct StoreStats {
   uint64_t puts = 0;                                   // puts stored (on disk; RAM may have refused them)
   uint64_t ram_evictions = 0, disk_evictions = 0;      // blocks evicted to make room, per tier
   uint64_t disk_write_errors = 0;                      // puts RocksDB failed (a full disk, an I/O error)
-  uint64_t disk_writes_failing_ms = 0;                 // DiskTier::writes_failing_for(); 0 while they succeed
+  uint64_t disk_writes_failing_ms = 0;                 // DiskTier::write_failure(); 0 while puts succeed
+  bool disk_full = false;                              // ...and whether the last failure was "no space left"
 };
 
 struct StoreOptions {

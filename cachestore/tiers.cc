@@ -349,6 +349,9 @@ constexpr char kSizesFamily[] = "sizes";
 // In the sizes family once every block's size is there (written with the last of them): a
 // database without it is indexed from its payloads first. Not 32 bytes, so never a block key.
 constexpr char kSizesComplete[] = "sizes-complete";
+// Deleted in the sizes family to see whether writes succeed again (DiskTier::ProbeWrites). Not 32
+// bytes either, and only ever a deletion.
+constexpr char kWriteProbe[] = "write-probe";
 
 // A block's size in the sizes family: 8 bytes, little-endian.
 std::string SizeValue(uint64_t size) {
@@ -532,9 +535,10 @@ absl::Status DiskTier::Put(const BlockKey& key, absl::string_view block) {
   std::vector<BlockKey> victims;
   {
     absl::MutexLock stripe(&Stripe(key));
-    absl::Status s = FromRocks(db_->Write(w, &batch), "put");
+    const rocksdb::Status written = db_->Write(w, &batch);
+    const absl::Status s = FromRocks(written, "put");
     absl::MutexLock l(&mu_);
-    NoteWrite(s);
+    NoteWrite(s, written.IsNoSpace());
     if (!s.ok()) {
       write_errors_++;
       return s;
@@ -636,7 +640,7 @@ uint64_t DiskTier::write_errors() const {
   return write_errors_;
 }
 
-void DiskTier::NoteWrite(const absl::Status& s) {
+void DiskTier::NoteWrite(const absl::Status& s, bool no_space) {
   // Logged once per run of failures: RocksDB takes no writes after a failed one until it recovers,
   // by itself once a full disk has room or after errors it deems retryable; after others (a log
   // write failing with EIO, for one) only a restart (a reopen) recovers.
@@ -649,24 +653,30 @@ void DiskTier::NoteWrite(const absl::Status& s) {
     std::fprintf(stderr, "RocksDB at %s: a put failed (%s); puts fail until it recovers\n", options_.path.c_str(),
                  std::string(s.message()).c_str());
     failing_since_ = SteadyClock()->Now();
+    ++failure_runs_;
   }
   writes_failing_ = true;
+  failing_for_room_ = no_space;
 }
 
-absl::Duration DiskTier::writes_failing_for() const {
+DiskWriteFailure DiskTier::write_failure() const {
   absl::MutexLock l(&mu_);
-  return writes_failing_ ? SteadyClock()->Now() - failing_since_ : absl::ZeroDuration();
+  if (!writes_failing_) return {};
+  return {SteadyClock()->Now() - failing_since_, failing_for_room_};
 }
 
 absl::Status DiskTier::ProbeWrites() {
+  uint64_t run = 0;
   {
     absl::MutexLock l(&mu_);
     if (!writes_failing_) return absl::OkStatus();
+    run = failure_runs_;
   }
-  // Not a block key (those are 32 bytes), so never a block's size; a deletion leaves nothing.
-  const absl::Status s = FromRocks(db_->Delete(rocksdb::WriteOptions(), sizes_cf_, "write-probe"), "write probe");
+  const rocksdb::Status deleted = db_->Delete(rocksdb::WriteOptions(), sizes_cf_, kWriteProbe);
+  const absl::Status s = FromRocks(deleted, "write probe");
   absl::MutexLock l(&mu_);
-  if (s.ok() || writes_failing_) NoteWrite(s);
+  // Only for the run it probed: a put may have ended that run, and another begun, meanwhile.
+  if (writes_failing_ && failure_runs_ == run) NoteWrite(s, deleted.IsNoSpace());
   return s;
 }
 

@@ -209,6 +209,16 @@ struct DiskTierOptions {
   rocksdb::Env* env = nullptr;  // RocksDB's environment (tests: one whose writes fail); null: the default
 };
 
+// Puts failing on disk: since when, and whether for want of room.
+struct DiskWriteFailure {
+  // How long since the first failed put with no put or probe succeeding after it; zero while
+  // they succeed.
+  absl::Duration duration;
+  // The last failure was "no space left": RocksDB takes writes again by itself once the disk has
+  // room, where after other errors (a log write failing with EIO) only a reopen does.
+  bool no_space = false;
+};
+
 class DiskTier {
  public:
   // Opens (or creates) the database; blocks already there are served again. kUnavailable when
@@ -238,9 +248,8 @@ class DiskTier {
   // has room again (or after an error it deems retryable); after others (a log write failing with
   // EIO, for one), not before the store restarts.
   uint64_t write_errors() const;
-  // How long writes have been failing: since the first failed put with no write succeeding
-  // after it; zero while they succeed.
-  absl::Duration writes_failing_for() const;
+  // Whether writes are failing now, and how: see DiskWriteFailure.
+  DiskWriteFailure write_failure() const;
   // While writes are failing, writes nothing but a deletion of a key no block has, to see whether
   // RocksDB takes writes again (puts may have stopped coming); OK when it does, or when writes
   // were not failing.
@@ -264,6 +273,9 @@ class DiskTier {
   void Unindex(const BlockKey& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status ScanSalvaging(const rocksdb::ReadOptions& options,
                              const std::function<bool(const rocksdb::Iterator&)>& visit);
+  // Records the outcome of a put or a probe: times a run of failures (`no_space`: this one was a
+  // full disk's), logs its start and end.
+  void NoteWrite(const absl::Status& s, bool no_space) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   DiskTierOptions options_;
   std::unique_ptr<rocksdb::DB> db_;
   rocksdb::ColumnFamilyHandle* blocks_ = nullptr;    // the default family: key -> block
@@ -276,10 +288,10 @@ class DiskTier {
   uint64_t used_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t evictions_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t write_errors_ ABSL_GUARDED_BY(mu_) = 0;
-  // Records a write's outcome: counts and times a run of failures, logs its start and end.
-  void NoteWrite(const absl::Status& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  bool writes_failing_ ABSL_GUARDED_BY(mu_) = false;      // the last write failed
-  absl::Duration failing_since_ ABSL_GUARDED_BY(mu_);    // on SteadyClock(): the run's first failure
+  bool writes_failing_ ABSL_GUARDED_BY(mu_) = false;    // the last put or probe failed
+  absl::Duration failing_since_ ABSL_GUARDED_BY(mu_);  // on SteadyClock(): the run's first failure
+  bool failing_for_room_ ABSL_GUARDED_BY(mu_) = false;  // the last failure was "no space left"
+  uint64_t failure_runs_ ABSL_GUARDED_BY(mu_) = 0;     // runs of failures begun since the tier opened
 };
 
 }  // namespace vc::cachestore

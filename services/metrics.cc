@@ -29,7 +29,7 @@ using google::protobuf::Message;
 using google::protobuf::Reflection;
 
 bool IsGauge(absl::string_view field) {
-  return field == "uptime_micros" || field == "serving" || absl::EndsWith(field, "_in_flight") ||
+  return field == "uptime_micros" || field == "serving" || field == "disk_full" || absl::EndsWith(field, "_in_flight") ||
          absl::EndsWith(field, "_used_bytes") || absl::EndsWith(field, "_capacity_bytes") ||
          absl::EndsWith(field, "_blocks") || absl::EndsWith(field, "_block_bytes") ||
          absl::EndsWith(field, "_failing_ms");

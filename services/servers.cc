@@ -2,8 +2,8 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstdio>
 #include <cstdint>
+#include <cstdio>
 #include <memory>
 #include <string>
 #include <vector>
@@ -208,14 +208,16 @@ void StoreServer::WatchDisk(absl::Duration grace, absl::Duration interval) {
   while (!stop_.WaitForNotificationWithTimeout(interval)) {
     cachestore::DiskTier& disk = store_->disk();
     (void)disk.ProbeWrites();  // a no-op while writes succeed
-    const absl::Duration failing = disk.writes_failing_for();
-    if ((failing < grace) == live) continue;
+    const cachestore::DiskWriteFailure failure = disk.write_failure();
+    // A full disk is left to recover by itself: a restart would lose the RAM tier, and its reopen
+    // would find no room either.
+    if ((failure.duration < grace || failure.no_space) == live) continue;
     live = !live;
     if (live) {
-      std::fprintf(stderr, "disk writes succeed again: live\n");
+      std::fprintf(stderr, "disk writes succeed again, or fail for want of room only: live\n");
     } else {
       std::fprintf(stderr, "disk writes have failed for %.1f s: not live (health entry \"%s\" NOT_SERVING; a "
-                   "restart reopens RocksDB)\n", absl::ToDoubleSeconds(failing), kLivenessService);
+                   "restart reopens RocksDB)\n", absl::ToDoubleSeconds(failure.duration), kLivenessService);
     }
     if (grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService()) {
       health->SetServingStatus(kLivenessService, live);

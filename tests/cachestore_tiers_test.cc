@@ -454,7 +454,7 @@ TEST(DiskTier, PutsFailWhileTheDiskIsFullAndSucceedOnceItHasRoom) {
   auto t = DiskTier::Open(f.options);
   ASSERT_TRUE(t.ok()) << t.status();
   ASSERT_TRUE((*t)->Put(Key(1), Block(1)).ok());
-  EXPECT_EQ((*t)->writes_failing_for(), absl::ZeroDuration());
+  EXPECT_EQ((*t)->write_failure().duration, absl::ZeroDuration());
   fs->fault = testing::FailingFileSystem::Fault::kNoSpace;
   for (int i = 2; i < 4; ++i) {
     const absl::Status failed = (*t)->Put(Key(i), Block(i));
@@ -463,7 +463,7 @@ TEST(DiskTier, PutsFailWhileTheDiskIsFullAndSucceedOnceItHasRoom) {
   }
   EXPECT_EQ(*(*t)->Get(Key(1)), Block(1));
   EXPECT_EQ((*t)->write_errors(), 2u);
-  EXPECT_GT((*t)->writes_failing_for(), absl::ZeroDuration());
+  EXPECT_GT((*t)->write_failure().duration, absl::ZeroDuration());
   fs->fault = testing::FailingFileSystem::Fault::kNone;
   absl::Status put;
   for (int i = 0; i < 600; ++i) {
@@ -475,7 +475,7 @@ TEST(DiskTier, PutsFailWhileTheDiskIsFullAndSucceedOnceItHasRoom) {
   EXPECT_EQ(*(*t)->Get(Key(2)), Block(2));
   EXPECT_TRUE((*t)->Put(Key(3), Block(3)).ok());
   EXPECT_EQ((*t)->blocks(), 3u);
-  EXPECT_EQ((*t)->writes_failing_for(), absl::ZeroDuration());
+  EXPECT_EQ((*t)->write_failure().duration, absl::ZeroDuration());
 }
 
 // Puts may stop coming while writes fail; the probe tells whether RocksDB takes writes again.
@@ -495,35 +495,37 @@ TEST(DiskTier, TheWriteProbeSeesRecoveryWithoutPutsAndAStuckDatabaseStaysFailing
     fs->fault = Fault::kNoSpace;
     ASSERT_FALSE((*t)->Put(Key(2), Block(2)).ok());
     EXPECT_FALSE((*t)->ProbeWrites().ok());
-    EXPECT_GT((*t)->writes_failing_for(), absl::ZeroDuration());
+    EXPECT_GT((*t)->write_failure().duration, absl::ZeroDuration());
+    EXPECT_TRUE((*t)->write_failure().no_space);
     fs->fault = Fault::kNone;
     absl::Status probe;
     for (int i = 0; i < 600 && !(probe = (*t)->ProbeWrites()).ok(); ++i) {
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
     ASSERT_TRUE(probe.ok()) << "writes still fail 30 s after the disk has room: " << probe;
-    EXPECT_EQ((*t)->writes_failing_for(), absl::ZeroDuration());
+    EXPECT_EQ((*t)->write_failure().duration, absl::ZeroDuration());
     EXPECT_EQ((*t)->write_errors(), 1u);  // probes are not puts
 
     fs->fault = Fault::kIoError;
     ASSERT_FALSE((*t)->Put(Key(3), Block(3)).ok());
     fs->fault = Fault::kNone;
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
-    const absl::Duration before = (*t)->writes_failing_for();
+    const absl::Duration before = (*t)->write_failure().duration;
     EXPECT_GE(before, absl::Milliseconds(300));
     for (int i = 0; i < 20; ++i) {
       EXPECT_FALSE((*t)->ProbeWrites().ok());
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
     EXPECT_FALSE((*t)->Put(Key(3), Block(3)).ok());
-    EXPECT_GE((*t)->writes_failing_for(), before + absl::Seconds(1));
+    EXPECT_GE((*t)->write_failure().duration, before + absl::Seconds(1));
+    EXPECT_FALSE((*t)->write_failure().no_space);
     EXPECT_EQ(*(*t)->Get(Key(1)), Block(1));  // reads go on
   }
   auto t = DiskTier::Open(f.options);
   ASSERT_TRUE(t.ok()) << t.status();
   EXPECT_EQ(*(*t)->Get(Key(1)), Block(1));
   EXPECT_TRUE((*t)->Put(Key(3), Block(3)).ok());
-  EXPECT_EQ((*t)->writes_failing_for(), absl::ZeroDuration());
+  EXPECT_EQ((*t)->write_failure().duration, absl::ZeroDuration());
 }
 
 // Bursts of puts of a few keys from two threads into a tier with room for three blocks, each put

@@ -109,8 +109,9 @@ void PrintStore(const std::string& target, const v1::StatsResponse& s, std::ostr
       "blocks stored: %d; evicted to make room: %d from RAM, %d from disk; %d puts failed on disk\n", s.puts(),
       s.ram_evictions(), s.disk_evictions(), s.disk_write_errors());
   if (s.disk_writes_failing_ms() > 0) {
-    out << absl::StrFormat("disk writes failing for %.1f s: puts are refused until RocksDB takes writes again\n",
-                           s.disk_writes_failing_ms() / 1000.0);
+    out << absl::StrFormat("disk writes failing for %.1f s (%s): puts are refused until RocksDB takes writes again\n",
+                           s.disk_writes_failing_ms() / 1000.0,
+                           s.disk_full() != 0 ? "no space left" : "an I/O error; a restart reopens RocksDB");
   }
 }
 

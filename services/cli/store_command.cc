@@ -43,9 +43,10 @@ constexpr char kUsage[] =
     "                   plain HTTP without authentication (default: none)\n"
     "  --disk-failure-grace-ms N\n"
     "                   once writes to disk have failed this long (puts refused, a probe every second\n"
-    "                   failing too), the gRPC health entry \"liveness\" says NOT_SERVING, for a\n"
-    "                   liveness probe to restart the store (RocksDB recovers from some errors only\n"
-    "                   when reopened); default 60000, 0: never. Reads go on meanwhile\n";
+    "                   failing too) other than for want of room, the gRPC health entry \"liveness\"\n"
+    "                   says NOT_SERVING, for a liveness probe to restart the store (RocksDB recovers\n"
+    "                   from some errors only when reopened; from a full disk, by itself once it has\n"
+    "                   room); default 60000, 0: never. Reads go on meanwhile\n";
 
 absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
   // Before anything starts a thread (RocksDB, gRPC: credentials alone start gRPC's).
@@ -58,6 +59,9 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
   for (const char* req : {"listen", "data-dir", "tokens"}) {
     if (!a.Has(req)) return absl::InvalidArgumentError(absl::StrCat("--", req, " is required"));
   }
+  StoreServerOptions server;
+  VC_ASSIGN_OR_RETURN(server.disk_failure_grace_ms,
+                      a.Int("disk-failure-grace-ms", server.disk_failure_grace_ms, 0, int64_t{24} * 3600 * 1000));
   cachestore::StoreOptions o;
   VC_ASSIGN_OR_RETURN(int64_t ram, a.Int("ram-bytes", int64_t{1} << 30, 1 << 20, int64_t{1} << 40));
   VC_ASSIGN_OR_RETURN(int64_t disk, a.Int("disk-bytes", int64_t{16} << 30, 1 << 20, int64_t{1} << 50));
@@ -67,9 +71,6 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
   o.ram.max_leased_bytes_per_owner = static_cast<uint64_t>(lease_cap);
   VC_ASSIGN_OR_RETURN(o.ram.hot_fraction, HotFraction(a));
   VC_ASSIGN_OR_RETURN(o.ram.min_slot_bytes, RamSlotBytes(a, static_cast<uint64_t>(ram)));
-  StoreServerOptions server;
-  VC_ASSIGN_OR_RETURN(server.disk_failure_grace_ms,
-                      a.Int("disk-failure-grace-ms", server.disk_failure_grace_ms, 0, int64_t{24} * 3600 * 1000));
   o.disk.path = a.Str("data-dir");
   o.disk.capacity_bytes = static_cast<uint64_t>(disk);
   StoreServiceOptions so;
