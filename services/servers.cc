@@ -101,6 +101,9 @@ std::unique_ptr<grpc::Server> Listen(const std::string& address, std::shared_ptr
   return b.BuildAndStart();
 }
 
+// How often a watch with this grace looks: a quarter of it, at most a second.
+absl::Duration WatchInterval(absl::Duration grace) { return std::min(absl::Seconds(1), grace / 4); }
+
 // The /metrics endpoint at `listen` rendering `service`'s CurrentStats (a Stats message), or none
 // when `listen` is empty.
 template <typename Stats, typename Service>
@@ -174,6 +177,16 @@ absl::StatusOr<std::vector<std::string>> ResolveTargets(const std::string& targe
   }
 }
 
+Ticker::Ticker(absl::Duration interval, std::function<void()> tick)
+    : thread_([this, interval, tick = std::move(tick)] {
+        while (!stop_.WaitForNotificationWithTimeout(interval)) tick();
+      }) {}
+
+Ticker::~Ticker() {
+  stop_.Notify();
+  thread_.join();
+}
+
 absl::StatusOr<std::unique_ptr<StoreServer>> StoreServer::Start(StoreServerOptions options) {
   std::unique_ptr<StoreServer> s(new StoreServer());
   VC_RETURN_IF_ERROR(CheckAddress("listen address", options.listen, true));
@@ -198,36 +211,33 @@ absl::StatusOr<std::unique_ptr<StoreServer>> StoreServer::Start(StoreServerOptio
   }
   if (options.disk_failure_grace_ms > 0) {
     const absl::Duration grace = absl::Milliseconds(options.disk_failure_grace_ms);
-    s->disk_watch_ = std::thread(&StoreServer::WatchDisk, s.get(), grace, std::min(absl::Seconds(1), grace / 4));
+    s->disk_watch_ = std::make_unique<Ticker>(WatchInterval(grace), [p = s.get(), grace] { p->WatchDisk(grace); });
   }
   return s;
 }
 
-void StoreServer::WatchDisk(absl::Duration grace, absl::Duration interval) {
-  bool live = true;
-  while (!stop_.WaitForNotificationWithTimeout(interval)) {
-    cachestore::DiskTier& disk = store_->disk();
-    (void)disk.ProbeWrites();  // a no-op while writes succeed
-    const cachestore::DiskWriteFailure failure = disk.write_failure();
-    // A full disk is left to recover by itself: a restart would lose the RAM tier, and its reopen
-    // would find no room either.
-    if ((failure.duration < grace || failure.no_space) == live) continue;
-    live = !live;
-    if (live) {
-      std::fprintf(stderr, "disk writes succeed again, or fail for want of room only: live\n");
-    } else {
-      std::fprintf(stderr, "disk writes have failed for %.1f s: not live (health entry \"%s\" NOT_SERVING; a "
-                   "restart reopens RocksDB)\n", absl::ToDoubleSeconds(failure.duration), kLivenessService);
-    }
-    if (grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService()) {
-      health->SetServingStatus(kLivenessService, live);
-    }
+void StoreServer::WatchDisk(absl::Duration grace) {
+  cachestore::DiskTier& disk = store_->disk();
+  (void)disk.ProbeWrites();  // a no-op while writes succeed
+  const cachestore::DiskWriteFailure failure = disk.write_failure();
+  // A full disk is left to recover by itself: a restart would lose the RAM tier, and its reopen
+  // would find no room either.
+  const bool live = failure.duration < grace || failure.no_space;
+  if (live == live_) return;
+  live_ = live;
+  if (live) {
+    std::fprintf(stderr, "disk writes succeed again, or fail for want of room only: live\n");
+  } else {
+    std::fprintf(stderr, "disk writes have failed for %.1f s: not live (health entry \"%s\" NOT_SERVING; a "
+                 "restart reopens RocksDB)\n", absl::ToDoubleSeconds(failure.duration), kLivenessService);
+  }
+  if (grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService()) {
+    health->SetServingStatus(kLivenessService, live);
   }
 }
 
 StoreServer::~StoreServer() {
-  stop_.Notify();
-  if (disk_watch_.joinable()) disk_watch_.join();
+  disk_watch_.reset();
   metrics_.reset();  // it reads the service
   if (server_ != nullptr) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
 }
@@ -236,6 +246,7 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(WorkerServerOp
   std::unique_ptr<WorkerServer> w(new WorkerServer());
   VC_RETURN_IF_ERROR(CheckAddress("listen address", options.listen, true));
   if (options.host_kv_bytes < 1) return absl::InvalidArgumentError("the host KV tier has no memory");
+  if (options.stall_grace_ms < 0) return absl::InvalidArgumentError("the stall grace is negative");
   VC_RETURN_IF_ERROR(CheckFitsInMemory(
       static_cast<uint64_t>(options.staging_bytes) + options.full_kv_bytes + options.prefix_cache_bytes +
           options.host_kv_bytes,
@@ -278,7 +289,32 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(WorkerServerOp
   if (w->server_ == nullptr || w->port_ == 0) return CannotListen(options.listen, options.credentials != nullptr);
   VC_ASSIGN_OR_RETURN(w->metrics_, StartMetrics<vericache::v1::WorkerStats>(
                                      options.metrics_listen, w->service_.get(), "vericache_worker"));
+  if (grpc::HealthCheckServiceInterface* health = w->server_->GetHealthCheckService()) {
+    health->SetServingStatus(kLivenessService, true);
+  }
+  if (options.stall_grace_ms > 0) {
+    const absl::Duration grace = absl::Milliseconds(options.stall_grace_ms);
+    w->stall_watch_ = std::make_unique<Ticker>(WatchInterval(grace), [p = w.get(), grace] { p->WatchStalls(grace); });
+  }
   return w;
+}
+
+void WorkerServer::WatchStalls(absl::Duration grace) {
+  const absl::Duration stalled = service_->StalledFor();
+  const bool live = stalled < grace;
+  std::lock_guard<std::mutex> l(health_mu_);
+  if (live == live_) return;
+  live_ = live;
+  if (live) {
+    std::fprintf(stderr, "the scheduler comes round again: live\n");
+  } else {
+    std::fprintf(stderr, "the scheduler has held requests for %.1f s without coming round: not live (health "
+                 "entries \"%s\" and \"\" NOT_SERVING)\n", absl::ToDoubleSeconds(stalled), kLivenessService);
+  }
+  if (grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService()) {
+    health->SetServingStatus(kLivenessService, live);
+    health->SetServingStatus("", live && !draining_);
+  }
 }
 
 absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(RouterServerOptions options) {
@@ -306,11 +342,20 @@ RouterServer::~RouterServer() {
 }
 
 void WorkerServer::StopAdmitting() {
-  if (grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService()) health->SetServingStatus(false);
+  {
+    std::lock_guard<std::mutex> l(health_mu_);
+    draining_ = true;
+    // The server's own entry only: SetServingStatus(false) would set "liveness" too, and a liveness
+    // probe would restart the worker in the middle of its drain.
+    if (grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService()) {
+      health->SetServingStatus("", false);
+    }
+  }
   service_->StopAdmitting();
 }
 
 WorkerServer::~WorkerServer() {
+  stall_watch_.reset();
   metrics_.reset();  // it reads the service
   // Calls still streaming end when the service goes (UNAVAILABLE) or within the grace period.
   if (server_ != nullptr) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));

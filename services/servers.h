@@ -6,7 +6,9 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 
@@ -45,8 +47,21 @@ struct StoreServerOptions {
   int64_t disk_failure_grace_ms = 60'000;
 };
 
-// The health service entry that says whether a store should be restarted.
+// The health service entry that says whether a store or a worker should be restarted.
 inline constexpr char kLivenessService[] = "liveness";
+
+// Calls `tick` every `interval` on a thread of its own, until destroyed.
+class Ticker {
+ public:
+  Ticker(absl::Duration interval, std::function<void()> tick);
+  ~Ticker();
+  Ticker(const Ticker&) = delete;
+  Ticker& operator=(const Ticker&) = delete;
+
+ private:
+  absl::Notification stop_;
+  std::thread thread_;
+};
 
 class StoreServer {
  public:
@@ -62,17 +77,16 @@ class StoreServer {
 
  private:
   StoreServer() = default;
-  // Probes the disk tier's writes every `interval` while they fail and keeps the liveness entry
-  // up to date, until stop_.
-  void WatchDisk(absl::Duration grace, absl::Duration interval);
+  // Probes the disk tier's writes while they fail and keeps the liveness entry up to date.
+  void WatchDisk(absl::Duration grace);
   std::unique_ptr<cachestore::UcxRegionServer> ucx_;  // holds the RAM tier's region: outlives store_
   std::unique_ptr<cachestore::BlockStore> store_;
   std::unique_ptr<CacheStoreService> service_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<MetricsEndpoint> metrics_;
   int port_ = 0;
-  absl::Notification stop_;
-  std::thread disk_watch_;
+  bool live_ = true;  // the liveness entry, as WatchDisk last set it (its thread only)
+  std::unique_ptr<Ticker> disk_watch_;  // stopped first
 };
 
 struct WorkerServerOptions {
@@ -114,6 +128,12 @@ struct WorkerServerOptions {
   // HOST:PORT of a Prometheus /metrics endpoint (plain HTTP, no authentication: every tenant's
   // counts, as GetStats gives the default tenant's tokens); empty: none.
   std::string metrics_listen;
+  // Once the scheduler has held requests this long without its loop coming round (an engine step
+  // that does not return: a bug, a hung device or read), the health service's "liveness" entry
+  // and its own ("") turn NOT_SERVING: a router sends it nothing more, and a liveness probe
+  // restarts it. Both turn SERVING again (the own entry unless draining) if the loop comes round
+  // first. 0: never.
+  int64_t stall_grace_ms = 60'000;
 };
 
 class WorkerServer {
@@ -151,6 +171,11 @@ class WorkerServer {
   std::unique_ptr<MetricsEndpoint> metrics_;
   std::vector<std::string> store_shards_;
   int port_ = 0;
+  // The health entries: StopAdmitting and the stall watch set them under health_mu_.
+  void WatchStalls(absl::Duration grace);
+  std::mutex health_mu_;
+  bool draining_ = false, live_ = true;
+  std::unique_ptr<Ticker> stall_watch_;  // stopped first
 };
 
 // A list of targets, comma-separated host:port items and srv:NAME items (a worker's store shards,

@@ -91,11 +91,12 @@ class Scheduler {
 
   // Takes the engines (`full` may be null) and starts the scheduler thread.
   Scheduler(std::unique_ptr<VeriCacheEngine> vericache, std::unique_ptr<FullKvEngine> full, int max_requests,
-            int max_requests_per_tenant)
+            int max_requests_per_tenant, std::function<void()> before_steps)
       : vericache_(std::move(vericache)),
         full_(std::move(full)),
         max_requests_(max_requests),
-        max_requests_per_tenant_(max_requests_per_tenant) {
+        max_requests_per_tenant_(max_requests_per_tenant),
+        before_steps_(std::move(before_steps)) {
     drivers_.push_back(Drive(vericache_.get()));
     if (full_ != nullptr) drivers_.push_back(Drive(full_.get()));
     thread_ = std::thread([this] { Loop(); });
@@ -122,6 +123,12 @@ class Scheduler {
   void StopAdmitting() {
     absl::MutexLock l(&mu_);
     draining_ = true;
+  }
+  // How long since the loop last came round while requests are queued or in flight; zero when
+  // there are none.
+  absl::Duration StalledFor() const {
+    absl::MutexLock l(&mu_);
+    return totals_.in_flight == 0 ? absl::ZeroDuration() : SteadyClock()->Now() - turned_;
   }
   // Whether no request is queued or in flight, waiting up to `timeout` for it.
   bool WaitIdle(absl::Duration timeout) {
@@ -159,6 +166,8 @@ class Scheduler {
               : absl::StrCat("the worker holds ", tenant.in_flight, " requests of tenant '", request.tenant,
                              "', its limit per tenant; retry later"));
     }
+    // An idle loop is waiting for work, not stalled: its time runs from the first request.
+    if (totals_.in_flight == 0) turned_ = SteadyClock()->Now();
     totals_.in_flight++;
     tenant.in_flight++;
     inbox_.push_back({std::move(request), engine, std::move(stream)});
@@ -198,6 +207,7 @@ class Scheduler {
         }
         if (stop_) break;
         items.swap(inbox_);
+        turned_ = SteadyClock()->Now();
       }
       for (Item& it : items) {
         std::shared_ptr<RequestStream> stream = it.stream;
@@ -224,6 +234,7 @@ class Scheduler {
           x.cancel_sent = true;
         }
       }
+      if (before_steps_) before_steps_();
       for (Driver& d : drivers_) {
         if (!d.idle()) d.step().IgnoreError();  // a failed pass has ended its requests with the error
       }
@@ -254,7 +265,9 @@ class Scheduler {
   std::vector<Driver> drivers_;
   const int max_requests_;
   const int max_requests_per_tenant_;
+  const std::function<void()> before_steps_;
   mutable absl::Mutex mu_;
+  absl::Duration turned_ ABSL_GUARDED_BY(mu_) = SteadyClock()->Now();  // the loop last came round
   std::vector<Item> inbox_ ABSL_GUARDED_BY(mu_);
   Totals totals_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, Totals> tenants_ ABSL_GUARDED_BY(mu_);
@@ -314,6 +327,8 @@ void WorkerService::StopAdmitting() { scheduler_->StopAdmitting(); }
 
 bool WorkerService::WaitIdle(absl::Duration timeout) { return scheduler_->WaitIdle(timeout); }
 
+absl::Duration WorkerService::StalledFor() const { return scheduler_->StalledFor(); }
+
 absl::StatusOr<std::unique_ptr<WorkerService>> WorkerService::Create(const Model& model, FullKvTier* tier,
                                                                     PrefixStore* prefixes,
                                                                     const WorkerServiceOptions& options) {
@@ -334,7 +349,7 @@ absl::StatusOr<std::unique_ptr<WorkerService>> WorkerService::Create(const Model
     VC_ASSIGN_OR_RETURN(full, FullKvEngine::Create(model, fo, prefixes));
   }
   w->scheduler_ = std::make_unique<Scheduler>(std::move(vericache), std::move(full), options.max_requests,
-                                              options.max_requests_per_tenant);
+                                              options.max_requests_per_tenant, options.before_steps);
   w->watchdog_ = std::make_unique<WriteWatchdog<grpc::ServerContext>>(absl::Milliseconds(options.client_write_timeout_ms));
   return w;
 }

@@ -13,6 +13,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -54,6 +55,9 @@ struct WorkerServiceOptions {
   // A write to a client that has not returned within this long (the client stopped reading)
   // cancels the call, so the handler does not wait for it for good.
   int64_t client_write_timeout_ms = 60'000;
+  // Tests only: called on the scheduler thread before each round of engine steps (a test stalls
+  // the scheduler in it). Null: nothing.
+  std::function<void()> before_steps;
 };
 
 class Scheduler;
@@ -79,6 +83,9 @@ class WorkerService final : public vericache::v1::Inference::Service {
   // queued or in flight run to their end. WaitIdle: whether none is left, waiting up to `timeout`.
   void StopAdmitting();
   bool WaitIdle(absl::Duration timeout);
+  // How long the scheduler has held requests without its loop coming round (an engine step that
+  // does not return); zero while it holds none.
+  absl::Duration StalledFor() const;
 
  private:
   WorkerService(const Model& model, const WorkerServiceOptions& options, PrefixStore* prefixes);

@@ -189,6 +189,17 @@ TEST_F(CliTest, KeepaliveUnderASecondIsRefused) {
   }
 }
 
+TEST_F(CliTest, WorkerRefusesABadStallGrace) {
+  for (const char* ms : {"-1", "later", "86400001"}) {
+    std::ostringstream out, err;
+    EXPECT_EQ(RunWorkerCommand({"--model", dir_ + "/absent", "--listen", "127.0.0.1:0", "--stall-grace-ms", ms}, out,
+                               err),
+              2)
+        << ms;
+    EXPECT_NE(err.str().find("--stall-grace-ms"), std::string::npos) << err.str();
+  }
+}
+
 // srv: stores are counted once looked up (by the worker, at start); an empty name is refused here.
 TEST_F(CliTest, WorkerStoresFromDns) {
   std::ostringstream out, err;

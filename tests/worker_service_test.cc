@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <functional>
 #include <future>
 #include <limits>
 #include <random>
@@ -1285,6 +1286,57 @@ TEST_F(WorkerServiceTest, DrainingFinishesAdmittedRequestsAndRefusesNewOnes) {
   EXPECT_EQ(r.tokens, want);
   EXPECT_FALSE(idle_at_once) << "the long request was still in flight when the drain began";
   EXPECT_EQ(WorkerStats(*stub, "").requests_refused(), 1u);
+}
+
+// A scheduler whose loop does not come round while it holds requests (an engine step that does not
+// return) turns the health entries "liveness" and "" NOT_SERVING once past the stall grace, so that
+// a router sends it nothing more and a liveness probe restarts it; an idle one never does. When the
+// loop comes round again both turn SERVING, and the request ends exact. A draining worker's own
+// entry stays NOT_SERVING whatever the watch sees.
+TEST_F(WorkerServiceTest, AStalledSchedulerIsNotLive) {
+  std::atomic<bool> hold{false};
+  WorkerServerOptions o;
+  o.stall_grace_ms = 500;
+  o.service.before_steps = [&hold] {
+    while (hold.load()) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  };
+  auto worker = StartWorker("", o);
+  ASSERT_NE(worker, nullptr);
+  auto stub = InferenceStub(worker->target());
+  const auto liveness = [&] { return testing::HealthStatus(worker->target(), kLivenessService); };
+  const auto serving = [&] { return testing::HealthStatus(worker->target()); };
+  const auto eventually = [](const std::function<bool()>& done) {
+    for (int i = 0; i < 300; ++i) {
+      if (done()) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    return false;
+  };
+  const auto p = Prompt(100, 3);
+  ASSERT_TRUE(CallGenerate(*stub, Request(p, 4)).status.ok());
+  std::this_thread::sleep_for(std::chrono::seconds(1));  // idle, twice the grace
+  EXPECT_EQ(liveness(), 1);
+  EXPECT_EQ(serving(), 1);
+
+  hold = true;
+  auto call = std::async(std::launch::async, [&] { return CallGenerate(*stub, Request(p, 8)); });
+  EXPECT_TRUE(eventually([&] { return liveness() == 2; }));
+  EXPECT_EQ(serving(), 2);
+  hold = false;
+  const GenerateReply r = call.get();
+  ASSERT_TRUE(r.status.ok()) << r.status;
+  EXPECT_EQ(r.tokens, Want(p, 8));
+  EXPECT_TRUE(eventually([&] { return liveness() == 1 && serving() == 1; }));
+
+  hold = true;
+  auto held = std::async(std::launch::async, [&] { return CallGenerate(*stub, Request(p, 8)); });
+  EXPECT_TRUE(eventually([&] { return liveness() == 2; }));
+  worker->StopAdmitting();
+  hold = false;
+  ASSERT_TRUE(held.get().status.ok());
+  EXPECT_TRUE(eventually([&] { return liveness() == 1; }));
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  EXPECT_EQ(serving(), 2);  // draining
 }
 
 // Stop sequences end the output before the first place the generated text holds one, which is

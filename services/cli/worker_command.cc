@@ -22,7 +22,7 @@ constexpr char kUsage[] =
     "                        [--client-tokens FILE] [--store-timeout-ms N] [--draft-window K|auto]\n"
     "                        [--keep-staged 0|1] [--stored-compressed 0|1] [--publish-outputs 0|1]\n"
     "                        [--metrics-listen HOST:PORT] [--drain-seconds N] [--tls-cert PEM --tls-key PEM]\n"
-    "                        [--store-tls-ca PEM] [--keepalive-ms N]\n"
+    "                        [--store-tls-ca PEM] [--keepalive-ms N] [--stall-grace-ms N]\n"
     "  --store HOST:PORT       the cache store: prompts' prefixes are looked up there, their full KV\n"
     "                          read over UCX while the worker drafts, and prefixes it lacked published.\n"
     "                          Several, comma-separated: blocks are spread over them by their names\n"
@@ -51,6 +51,10 @@ constexpr char kUsage[] =
     "  --keepalive-ms N        a client (a router) with calls in flight that has been silent for N ms\n"
     "                          is pinged, and its calls are cancelled, freeing their batch slots, when\n"
     "                          it does not answer within N ms more (default 20000; 0: gRPC's two hours)\n"
+    "  --stall-grace-ms N      once the scheduler has held requests for N ms without coming round (an\n"
+    "                          engine step that does not return), the gRPC health entries \"liveness\"\n"
+    "                          and \"\" say NOT_SERVING, for a liveness probe to restart the worker\n"
+    "                          (default 60000; 0: never)\n"
     "  --store-timeout-ms N    the deadline of each gRPC call to a store (default 2000); a prefix\n"
     "                          whose lookup or read fails is computed by the worker instead\n"
     "  --compressor SPEC       the compressed KV that sequences draft from (default\n"
@@ -84,7 +88,7 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
                            "client-write-timeout-ms", "max-requests", "max-requests-per-tenant", "client-tokens",
                            "store-timeout-ms", "draft-window", "keep-staged", "stored-compressed", "publish-outputs",
                            "metrics-listen",
-                           "store-shards", "drain-seconds", "tls-cert", "tls-key", "store-tls-ca", "keepalive-ms"},
+                           "store-shards", "drain-seconds", "tls-cert", "tls-key", "store-tls-ca", "keepalive-ms", "stall-grace-ms"},
                           {}));
   for (const char* req : {"model", "listen"}) {
     if (!a.Has(req)) return absl::InvalidArgumentError(absl::StrCat("--", req, " is required"));
@@ -129,6 +133,7 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
   o.block_tokens = static_cast<int>(block_tokens);
   VC_ASSIGN_OR_RETURN(o.store_timeout_ms, a.Int("store-timeout-ms", 2000, 1, 600000));
   VC_ASSIGN_OR_RETURN(o.keepalive_ms, KeepaliveMs(a));
+  VC_ASSIGN_OR_RETURN(o.stall_grace_ms, a.Int("stall-grace-ms", o.stall_grace_ms, 0, int64_t{24} * 3600 * 1000));
   VC_ASSIGN_OR_RETURN(int64_t staging, a.Int("staging-mib", 512, 1, 1 << 20));
   VC_ASSIGN_OR_RETURN(int64_t full, a.Int("full-kv-mib", 256, 0, 1 << 20));
   VC_ASSIGN_OR_RETURN(int64_t prefix, a.Int("prefix-cache-mib", 256, 0, 1 << 20));
