@@ -128,8 +128,9 @@ struct WorkerServerOptions {
   // HOST:PORT of a Prometheus /metrics endpoint (plain HTTP, no authentication: every tenant's
   // counts, as GetStats gives the default tenant's tokens); empty: none.
   std::string metrics_listen;
-  // Once the scheduler has held requests this long without its loop coming round (an engine step
-  // that does not return: a bug, a hung device or read), the health service's "liveness" entry
+  // Once the scheduler has held requests this long with neither its loop coming round nor a forward
+  // pass finishing (an engine step that does not return: a bug, a hung device or read; a long
+  // prefill's passes are progress), the health service's "liveness" entry
   // and its own ("") turn NOT_SERVING: a router sends it nothing more, and a liveness probe
   // restarts it. Both turn SERVING again (the own entry unless draining) if the loop comes round
   // first. 0: never.
@@ -163,6 +164,8 @@ class WorkerServer {
 
  private:
   WorkerServer() = default;
+  // Keeps the liveness entry (and the server's own) up to date with the scheduler's stalls.
+  void WatchStalls(absl::Duration grace);
   std::unique_ptr<Model> model_;
   std::unique_ptr<HostKvTier> tier_;
   std::unique_ptr<StorePrefixes> prefixes_;
@@ -172,7 +175,6 @@ class WorkerServer {
   std::vector<std::string> store_shards_;
   int port_ = 0;
   // The health entries: StopAdmitting and the stall watch set them under health_mu_.
-  void WatchStalls(absl::Duration grace);
   std::mutex health_mu_;
   bool draining_ = false, live_ = true;
   std::unique_ptr<Ticker> stall_watch_;  // stopped first

@@ -327,7 +327,16 @@ void WorkerService::StopAdmitting() { scheduler_->StopAdmitting(); }
 
 bool WorkerService::WaitIdle(absl::Duration timeout) { return scheduler_->WaitIdle(timeout); }
 
-absl::Duration WorkerService::StalledFor() const { return scheduler_->StalledFor(); }
+absl::Duration WorkerService::StalledFor() const {
+  const absl::Duration now = SteadyClock()->Now();
+  const uint64_t passes = model_.forward_passes();
+  absl::MutexLock l(&passes_mu_);
+  if (passes != passes_seen_) {
+    passes_seen_ = passes;
+    passes_changed_ = now;
+  }
+  return std::min(scheduler_->StalledFor(), now - passes_changed_);
+}
 
 absl::StatusOr<std::unique_ptr<WorkerService>> WorkerService::Create(const Model& model, FullKvTier* tier,
                                                                     PrefixStore* prefixes,

@@ -24,6 +24,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/clock.h"
 #include "grpcpp/grpcpp.h"
 #include "services/write_watchdog.h"
 #include "vericache/v1/inference.grpc.pb.h"
@@ -83,8 +84,9 @@ class WorkerService final : public vericache::v1::Inference::Service {
   // queued or in flight run to their end. WaitIdle: whether none is left, waiting up to `timeout`.
   void StopAdmitting();
   bool WaitIdle(absl::Duration timeout);
-  // How long the scheduler has held requests without its loop coming round (an engine step that
-  // does not return); zero while it holds none.
+  // How long the scheduler has held requests with neither its loop coming round nor a forward pass
+  // of the model finishing (an engine step that does not return; a long prefill is one step of
+  // many passes); zero while it holds none. Passes are seen when this is called: call it often.
   absl::Duration StalledFor() const;
 
  private:
@@ -102,6 +104,10 @@ class WorkerService final : public vericache::v1::Inference::Service {
   std::atomic<int64_t> invalid_{0};  // calls refused before admission as invalid or unauthenticated
   std::unique_ptr<Scheduler> scheduler_;
   std::unique_ptr<WriteWatchdog<grpc::ServerContext>> watchdog_;
+  // StalledFor's view of the model's passes: the count it last saw, and when that changed.
+  mutable absl::Mutex passes_mu_;
+  mutable uint64_t passes_seen_ ABSL_GUARDED_BY(passes_mu_) = 0;
+  mutable absl::Duration passes_changed_ ABSL_GUARDED_BY(passes_mu_) = SteadyClock()->Now();
 };
 
 }  // namespace vc

@@ -1339,6 +1339,31 @@ TEST_F(WorkerServiceTest, AStalledSchedulerIsNotLive) {
   EXPECT_EQ(serving(), 2);  // draining
 }
 
+// A long prefill is one engine step of many forward passes: the loop does not come round, but the
+// passes are progress, so a worker busy with one stays live past the stall grace.
+TEST_F(WorkerServiceTest, ALongPrefillIsNotAStall) {
+  WorkerServerOptions o;
+  o.stall_grace_ms = 1500;
+  auto worker = StartSlowWorker(o);
+  ASSERT_NE(worker, nullptr);
+  auto stub = InferenceStub(worker->target());
+  const auto p = Prompt(12000, 4);
+  const absl::Time start = absl::Now();
+  auto call = std::async(std::launch::async, [&] { return CallGenerate(*stub, Request(p, 2)); });
+  int not_live = 0;
+  while (call.wait_for(std::chrono::milliseconds(100)) != std::future_status::ready) {
+    not_live += testing::HealthStatus(worker->target(), kLivenessService) != 1;
+  }
+  const absl::Duration took = absl::Now() - start;
+  const GenerateReply r = call.get();
+  ASSERT_TRUE(r.status.ok()) << r.status;
+  EXPECT_EQ(not_live, 0);
+  if (took < absl::Milliseconds(3000)) {
+    std::printf("note: the request took %.1f s, not twice the stall grace: this machine is too fast for the "
+                "test to show much\n", absl::ToDoubleSeconds(took));
+  }
+}
+
 // Stop sequences end the output before the first place the generated text holds one, which is
 // never sent, in either mode, and the request ends well; a stop that never comes changes nothing.
 TEST_F(WorkerServiceTest, StopSequencesEndTheOutputBeforeThem) {

@@ -251,6 +251,7 @@ absl::Status Model::Forward(absl::Span<const SequenceChunk> chunks, AttentionCac
   for (size_t i = 0; i < chunks.size(); ++i) {
     cache.Commit(chunks[i].seq, old_len[i] + static_cast<int64_t>(chunks[i].tokens.size()));
   }
+  forward_passes_.fetch_add(1, std::memory_order_relaxed);
 
   // Final norm and LM head only for the rows whose logits are wanted.
   std::vector<int64_t> out_rows;

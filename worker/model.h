@@ -3,6 +3,7 @@
 #ifndef VC_WORKER_MODEL_H_
 #define VC_WORKER_MODEL_H_
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -53,6 +54,9 @@ class Model {
   // no room (the cache is unchanged).
   absl::Status Forward(absl::Span<const SequenceChunk> chunks, AttentionCache& cache, LogitsFor which,
                        std::vector<float>* logits) const;
+  // Forward passes finished since the model loaded (by any thread): a long prefill, one engine
+  // step, makes progress pass by pass.
+  uint64_t forward_passes() const { return forward_passes_.load(std::memory_order_relaxed); }
 
   // Appends `tokens` to `seq` of `cache` in passes of at most `chunk` tokens (a prefill); the
   // kernels are batch-invariant, so the chunking changes no bit of the K/V. `logits` (may be null)
@@ -80,6 +84,7 @@ class Model {
   std::vector<float> final_norm_;
   std::vector<Layer> layers_;
   std::vector<double> inv_freq_;  // [head_dim / 2]
+  mutable std::atomic<uint64_t> forward_passes_{0};
 };
 
 }  // namespace vc
