@@ -306,10 +306,11 @@ void WorkerServer::WatchStalls(absl::Duration grace) {
   if (live == live_) return;
   live_ = live;
   if (live) {
-    std::fprintf(stderr, "the scheduler comes round again: live\n");
+    std::fprintf(stderr, "the scheduler makes progress again: live\n");
   } else {
-    std::fprintf(stderr, "the scheduler has held requests for %.1f s without coming round: not live (health "
-                 "entries \"%s\" and \"\" NOT_SERVING)\n", absl::ToDoubleSeconds(stalled), kLivenessService);
+    std::fprintf(stderr, "the scheduler has held requests for %.1f s with no step ending and no forward pass "
+                 "finishing: not live (health entries \"%s\" and \"\" NOT_SERVING)\n",
+                 absl::ToDoubleSeconds(stalled), kLivenessService);
   }
   if (grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService()) {
     health->SetServingStatus(kLivenessService, live);
