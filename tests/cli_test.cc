@@ -1,6 +1,7 @@
 // `vericache generate` end to end, in process: output formats and every bad-input exit; and the
 // store and worker commands' flag checks.
 #include <fstream>
+#include <initializer_list>
 #include <sstream>
 
 #include "absl/strings/str_join.h"
@@ -35,6 +36,22 @@ class CliTest : public ::testing::Test {
   }
   std::string dir_;
 };
+
+using Command = int (*)(const std::vector<std::string>&, std::ostream&, std::ostream&);
+
+// `command` with `args` and then `flag value`, for each of `values`: refused as bad usage (2), the
+// message naming the flag.
+void ExpectRefused(Command command, std::vector<std::string> args, const std::string& flag,
+                   std::initializer_list<const char*> values) {
+  args.push_back(flag);
+  args.emplace_back();
+  for (const char* value : values) {
+    args.back() = value;
+    std::ostringstream out, err;
+    EXPECT_EQ(command(args, out, err), 2) << flag << " " << value;
+    EXPECT_NE(err.str().find(flag), std::string::npos) << err.str();
+  }
+}
 
 TEST_F(CliTest, JsonOutput) {
   CliRun r = Generate({"--model", dir_, "--prompt", "def f(x):", "--max-tokens", "8", "--json"});
@@ -128,30 +145,12 @@ TEST_F(CliTest, BadInputsExitNonZeroWithAMessage) {
 
 // The store's flags are checked before it opens anything.
 TEST_F(CliTest, StoreRefusesBadTierFlags) {
-  for (const char* f : {"1.5", "-0.1", "nan", "half"}) {
-    std::ostringstream out, err;
-    const int code = RunStoreCommand({"--listen", "127.0.0.1:0", "--data-dir", dir_ + "/store", "--tokens",
-                                      dir_ + "/absent-tokens", "--ram-hot-fraction", f},
-                                     out, err);
-    EXPECT_EQ(code, 2) << f;
-    EXPECT_NE(err.str().find("--ram-hot-fraction"), std::string::npos) << err.str();
-  }
-  for (const char* n : {"100", "0", "-64", "2147483648"}) {  // the last: past the 1 GiB of RAM
-    std::ostringstream out, err;
-    const int code = RunStoreCommand({"--listen", "127.0.0.1:0", "--data-dir", dir_ + "/store", "--tokens",
-                                      dir_ + "/absent-tokens", "--ram-slot-bytes", n},
-                                     out, err);
-    EXPECT_EQ(code, 2) << n;
-    EXPECT_NE(err.str().find("--ram-slot-bytes"), std::string::npos) << err.str();
-  }
-  for (const char* n : {"-1", "soon", "86400001"}) {
-    std::ostringstream out, err;
-    const int code = RunStoreCommand({"--listen", "127.0.0.1:0", "--data-dir", dir_ + "/store", "--tokens",
-                                      dir_ + "/absent-tokens", "--disk-failure-grace-ms", n},
-                                     out, err);
-    EXPECT_EQ(code, 2) << n;
-    EXPECT_NE(err.str().find("--disk-failure-grace-ms"), std::string::npos) << err.str();
-  }
+  const std::vector<std::string> store = {"--listen", "127.0.0.1:0", "--data-dir", dir_ + "/store", "--tokens",
+                                          dir_ + "/absent-tokens"};
+  ExpectRefused(RunStoreCommand, store, "--ram-hot-fraction", {"1.5", "-0.1", "nan", "half"});
+  ExpectRefused(RunStoreCommand, store, "--ram-slot-bytes",
+                {"100", "0", "-64", "2147483648"});  // the last: past the 1 GiB of RAM
+  ExpectRefused(RunStoreCommand, store, "--disk-failure-grace-ms", {"-1", "soon", "86400001"});
 }
 
 TEST_F(CliTest, WorkerRefusesMoreReplicasThanStores) {
@@ -172,32 +171,15 @@ TEST_F(CliTest, WorkerRefusesMoreReplicasThanStores) {
 // (A model that is not there and an unknown policy fail the commands later, with other messages,
 // should the flag get through: the test then fails rather than waits on a started server.)
 TEST_F(CliTest, KeepaliveUnderASecondIsRefused) {
-  for (const char* ms : {"500", "-1", "some"}) {
-    std::ostringstream out, err;
-    EXPECT_EQ(RunWorkerCommand({"--model", dir_ + "/absent", "--listen", "127.0.0.1:0", "--keepalive-ms", ms}, out,
-                               err),
-              2)
-        << ms;
-    EXPECT_NE(err.str().find("--keepalive-ms"), std::string::npos) << err.str();
-    std::ostringstream rout, rerr;
-    EXPECT_EQ(RunRouterCommand({"--listen", "127.0.0.1:0", "--workers", "127.0.0.1:1", "--policy", "absent",
-                                "--keepalive-ms", ms},
-                               rout, rerr),
-              2)
-        << ms;
-    EXPECT_NE(rerr.str().find("--keepalive-ms"), std::string::npos) << rerr.str();
-  }
+  ExpectRefused(RunWorkerCommand, {"--model", dir_ + "/absent", "--listen", "127.0.0.1:0"}, "--keepalive-ms",
+                {"500", "-1", "some"});
+  ExpectRefused(RunRouterCommand, {"--listen", "127.0.0.1:0", "--workers", "127.0.0.1:1", "--policy", "absent"},
+                "--keepalive-ms", {"500", "-1", "some"});
 }
 
 TEST_F(CliTest, WorkerRefusesABadStallGrace) {
-  for (const char* ms : {"-1", "later", "86400001"}) {
-    std::ostringstream out, err;
-    EXPECT_EQ(RunWorkerCommand({"--model", dir_ + "/absent", "--listen", "127.0.0.1:0", "--stall-grace-ms", ms}, out,
-                               err),
-              2)
-        << ms;
-    EXPECT_NE(err.str().find("--stall-grace-ms"), std::string::npos) << err.str();
-  }
+  ExpectRefused(RunWorkerCommand, {"--model", dir_ + "/absent", "--listen", "127.0.0.1:0"}, "--stall-grace-ms",
+                {"-1", "later", "86400001"});
 }
 
 // srv: stores are counted once looked up (by the worker, at start); an empty name is refused here.

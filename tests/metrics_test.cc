@@ -13,7 +13,6 @@
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
-#include <functional>
 #include <memory>
 #include <set>
 #include <sstream>
@@ -313,14 +312,6 @@ TEST(StoreHealth, LivenessFollowsDiskWrites) {
     const size_t at = text.find(line);
     return at == std::string::npos ? -1 : std::atoll(text.c_str() + at + line.size());
   };
-  // Polls every 100 ms, for up to 30 s, until `done`; whether it came.
-  const auto eventually = [](const std::function<bool()>& done) {
-    for (int i = 0; i < 300; ++i) {
-      if (done()) return true;
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    }
-    return false;
-  };
   ASSERT_TRUE(blocks.Put(key(1), testing::RandomBlock(1, 7)).ok());
   EXPECT_EQ(liveness(), 1);
   EXPECT_EQ(testing::HealthStatus(target), 1);
@@ -328,7 +319,7 @@ TEST(StoreHealth, LivenessFollowsDiskWrites) {
 
   fs->fault = Fault::kNoSpace;
   EXPECT_EQ(blocks.Put(key(2), testing::RandomBlock(2, 7)).code(), absl::StatusCode::kUnavailable);
-  EXPECT_TRUE(eventually([&] { return metric("disk_writes_failing_ms") >= 2000; }));
+  EXPECT_TRUE(testing::Eventually([&] { return metric("disk_writes_failing_ms") >= 2000; }));
   EXPECT_EQ(metric("disk_full"), 1);
   EXPECT_EQ(liveness(), 1);  // past the grace, but only full
   std::ostringstream out, err;
@@ -337,7 +328,7 @@ TEST(StoreHealth, LivenessFollowsDiskWrites) {
   EXPECT_NE(out.str().find("(no space left)"), std::string::npos) << out.str();
   fs->fault = Fault::kNone;
   const absl::Time room = absl::Now();
-  EXPECT_TRUE(eventually([&] { return metric("disk_writes_failing_ms") == 0; }));
+  EXPECT_TRUE(testing::Eventually([&] { return metric("disk_writes_failing_ms") == 0; }));
   std::printf("writes taken again %.1f s after the disk had room\n", absl::ToDoubleSeconds(absl::Now() - room));
   EXPECT_EQ(metric("disk_full"), 0);
   EXPECT_TRUE(blocks.Put(key(2), testing::RandomBlock(2, 7)).ok());
@@ -345,7 +336,7 @@ TEST(StoreHealth, LivenessFollowsDiskWrites) {
   fs->fault = Fault::kIoError;
   EXPECT_EQ(blocks.Put(key(3), testing::RandomBlock(3, 7)).code(), absl::StatusCode::kUnavailable);
   fs->fault = Fault::kNone;
-  EXPECT_TRUE(eventually([&] { return liveness() == 2; }));
+  EXPECT_TRUE(testing::Eventually([&] { return liveness() == 2; }));
   EXPECT_GE(metric("disk_writes_failing_ms"), 1000);
   EXPECT_EQ(metric("disk_full"), 0);
   std::this_thread::sleep_for(std::chrono::seconds(1));  // probes keep failing

@@ -9,7 +9,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
-#include <functional>
 #include <future>
 #include <limits>
 #include <random>
@@ -1305,13 +1304,6 @@ TEST_F(WorkerServiceTest, AStalledSchedulerIsNotLive) {
   auto stub = InferenceStub(worker->target());
   const auto liveness = [&] { return testing::HealthStatus(worker->target(), kLivenessService); };
   const auto serving = [&] { return testing::HealthStatus(worker->target()); };
-  const auto eventually = [](const std::function<bool()>& done) {
-    for (int i = 0; i < 300; ++i) {
-      if (done()) return true;
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    }
-    return false;
-  };
   const auto p = Prompt(100, 3);
   ASSERT_TRUE(CallGenerate(*stub, Request(p, 4)).status.ok());
   std::this_thread::sleep_for(std::chrono::seconds(1));  // idle, twice the grace
@@ -1320,21 +1312,21 @@ TEST_F(WorkerServiceTest, AStalledSchedulerIsNotLive) {
 
   hold = true;
   auto call = std::async(std::launch::async, [&] { return CallGenerate(*stub, Request(p, 8)); });
-  EXPECT_TRUE(eventually([&] { return liveness() == 2; }));
+  EXPECT_TRUE(testing::Eventually([&] { return liveness() == 2; }));
   EXPECT_EQ(serving(), 2);
   hold = false;
   const GenerateReply r = call.get();
   ASSERT_TRUE(r.status.ok()) << r.status;
   EXPECT_EQ(r.tokens, Want(p, 8));
-  EXPECT_TRUE(eventually([&] { return liveness() == 1 && serving() == 1; }));
+  EXPECT_TRUE(testing::Eventually([&] { return liveness() == 1 && serving() == 1; }));
 
   hold = true;
   auto held = std::async(std::launch::async, [&] { return CallGenerate(*stub, Request(p, 8)); });
-  EXPECT_TRUE(eventually([&] { return liveness() == 2; }));
+  EXPECT_TRUE(testing::Eventually([&] { return liveness() == 2; }));
   worker->StopAdmitting();
   hold = false;
   ASSERT_TRUE(held.get().status.ok());
-  EXPECT_TRUE(eventually([&] { return liveness() == 1; }));
+  EXPECT_TRUE(testing::Eventually([&] { return liveness() == 1; }));
   std::this_thread::sleep_for(std::chrono::seconds(1));
   EXPECT_EQ(serving(), 2);  // draining
 }

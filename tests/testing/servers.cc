@@ -1,5 +1,8 @@
 #include "tests/testing/servers.h"
 
+#include <chrono>
+#include <thread>
+
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "services/inference_client.h"
@@ -77,6 +80,13 @@ grpc::Status GetWorkerStats(vericache::v1::Inference::Stub& stub, const std::str
   grpc::ClientContext ctx;
   if (!token.empty()) ctx.AddMetadata("authorization", "Bearer " + token);
   return stub.GetStats(&ctx, vericache::v1::GetStatsRequest(), stats);
+}
+
+bool Eventually(const std::function<bool()>& done, absl::Duration limit) {
+  for (const absl::Time end = absl::Now() + limit;; std::this_thread::sleep_for(std::chrono::milliseconds(100))) {
+    if (done()) return true;
+    if (absl::Now() >= end) return false;
+  }
 }
 
 int HealthStatus(const std::string& target, absl::string_view service) {

@@ -3,6 +3,7 @@
 #define VC_TESTS_TESTING_SERVERS_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -44,6 +45,9 @@ grpc::Status CallRaw(const std::string& target, const std::string& method, const
 // *stats.
 grpc::Status GetWorkerStats(vericache::v1::Inference::Stub& stub, const std::string& token,
                             vericache::v1::WorkerStats* stats);
+
+// Whether `done` comes true, asked every 100 ms for up to `limit`.
+bool Eventually(const std::function<bool()>& done, absl::Duration limit = absl::Seconds(30));
 
 // The standard gRPC health service's status for `service` ("": the whole server) at `target`: 1
 // serving, 2 not serving, -1 when the call fails.
