@@ -48,7 +48,7 @@ absl::StatusOr<int64_t> Count(const nlohmann::json& j, const char* name) {
 
 absl::StatusOr<TraceRequest> ParseRequest(const std::string& text) {
   // A request nests two levels; brackets alone could make the parser build gigabytes of nodes.
-  VC_RETURN_IF_ERROR(CheckJsonDepth(text, 8));
+  VC_RETURN_IF_ERROR(CheckJsonText(text, 8));
   const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) return absl::InvalidArgumentError("not a JSON object");
   TraceRequest r;

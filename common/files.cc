@@ -59,7 +59,10 @@ absl::StatusOr<std::string> ReadFileLimited(const std::string& path, uint64_t ma
   return out;
 }
 
-absl::Status CheckJsonDepth(absl::string_view json, int max_depth) {
+absl::Status CheckJsonText(absl::string_view json, int max_depth) {
+  if (const size_t nul = json.find('\0'); nul != absl::string_view::npos) {
+    return absl::InvalidArgumentError(absl::StrCat("JSON text has a NUL byte at offset ", nul));
+  }
   int depth = 0;
   bool in_string = false, escaped = false;
   for (const char c : json) {

@@ -22,9 +22,11 @@ absl::StatusOr<int> OpenRegularFile(const std::string& path, absl::string_view w
 // file or holds more than `max_bytes` (`what` names it in the message, e.g. "token file").
 absl::StatusOr<std::string> ReadFileLimited(const std::string& path, uint64_t max_bytes, absl::string_view what);
 
-// kInvalidArgument when arrays and objects in `json` nest deeper than `max_depth`. Only brackets
-// outside strings count; the text need not be valid JSON (the parser says so afterwards).
-absl::Status CheckJsonDepth(absl::string_view json, int max_depth);
+// kInvalidArgument for text a JSON parser would misread or pay too much for: a NUL byte (which
+// nlohmann's parser takes for the end of the input, so whatever follows would pass unread), or
+// arrays and objects nested deeper than `max_depth` (only brackets outside strings count). The
+// text need not be valid JSON otherwise (the parser says so afterwards).
+absl::Status CheckJsonText(absl::string_view json, int max_depth);
 
 }  // namespace vc
 

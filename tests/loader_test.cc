@@ -1,11 +1,13 @@
 // Loading checkpoints: the good path, and every kind of bad file giving a clear error.
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 
 #include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
 #include "common/files.h"
 #include "common/text_checks.h"
 #include "gtest/gtest.h"
@@ -68,6 +70,30 @@ TEST(Safetensors, MisalignedTensorsAreReadAligned) {
   EXPECT_EQ(reinterpret_cast<uintptr_t>(t->data) % alignof(float), 0u);
   EXPECT_EQ(std::vector<float>(reinterpret_cast<const float*>(t->data), reinterpret_cast<const float*>(t->data) + 4),
             std::vector<float>({1, 2, 3, 4}));
+}
+
+// An odd-offset tensor no one reads costs nothing: the aligned copy is made when a tensor is asked
+// for with the shape the config implies, not at Open. Here a 32 GiB BF16 tensor (a sparse file)
+// would have been copied into memory at Open, and the allocation would have ended the process.
+TEST(Safetensors, MisalignedTensorsAreCopiedOnlyWhenRead) {
+  const uint64_t junk_bytes = uint64_t{1} << 35;
+  const std::string header = absl::StrCat(
+      R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)",
+      R"("junk":{"dtype":"BF16","shape":[)", junk_bytes / 2, R"(],"data_offsets":[5,)", 5 + junk_bytes, "]}}");
+  const float one = 1.0f;
+  std::string data(reinterpret_cast<const char*>(&one), 4);
+  const std::string path = WriteRaw("st_sparse", WithHeader(header, data));
+  ASSERT_EQ(truncate(path.c_str(), static_cast<off_t>(std::filesystem::file_size(path) + 1 + junk_bytes)), 0);
+  auto f = SafetensorsFile::Open(path);
+  ASSERT_TRUE(f.ok()) << f.status();
+  auto a = (*f)->Get("a");
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(reinterpret_cast<const float*>(a->data)[0], 1.0f);
+  // Asked for with another shape, it is refused before any copy.
+  const std::vector<int64_t> want = {4};
+  auto junk = (*f)->Get("junk", &want);
+  EXPECT_EQ(junk.status().code(), absl::StatusCode::kInvalidArgument) << junk.status();
+  EXPECT_NE(junk.status().message().find("the config implies [4]"), absl::string_view::npos) << junk.status();
 }
 
 TEST(Safetensors, MissingFile) {
@@ -153,6 +179,10 @@ TEST(TensorStore, ShardedIndex) {
   EXPECT_EQ(TensorStore::Open(dir).status().code(), absl::StatusCode::kInvalidArgument);
   testing::WriteFile(dir + "/model.safetensors.index.json", R"({"weight_map":{"b":"s1.safetensors"}})");
   EXPECT_EQ(TensorStore::Open(dir).status().code(), absl::StatusCode::kNotFound);
+  // A model.safetensors that cannot be looked at is reported as such, not as missing.
+  std::filesystem::create_symlink("model.safetensors", dir + "/model.safetensors");
+  const absl::Status loop = TensorStore::Open(dir).status();
+  EXPECT_NE(loop.message().find("model.safetensors: cannot stat"), absl::string_view::npos) << loop;
 }
 
 TEST(ModelConfig, ParsesLlamaQwenAndScaling) {
@@ -236,7 +266,15 @@ TEST(ModelConfig, BadConfigs) {
                 .message()
                 .find("outside"),
             absl::string_view::npos);
+  // An unsigned value past int64 is named as written, not as the negative number it would cast to.
+  EXPECT_NE(with("hidden_size", uint64_t{18446744073709551615u}).message().find("= 18446744073709551615 is outside"),
+            absl::string_view::npos);
   EXPECT_NE(ParseModelConfig(std::string(1000, '[')).status().message().find("nests deeper"), absl::string_view::npos);
+  EXPECT_NE(ParseModelConfig(testing::TinyConfig(testing::TinyModelSpec{}).dump() + std::string(1, '\0') + "{{{")
+                .status()
+                .message()
+                .find("NUL byte"),
+            absl::string_view::npos);
   EXPECT_FALSE(ParseModelConfig("{not json").ok());
   EXPECT_FALSE(ParseModelConfig("[]").ok());
 }
@@ -391,19 +429,51 @@ TEST(ModelFingerprint, StaysTheSameAndReadsRegularFilesOnly) {
   testing::WriteTinyModel(dir, testing::TinyModelSpec{});
   const auto first = ModelFingerprint(dir);
   ASSERT_TRUE(first.ok()) << first.status();
-  ASSERT_EQ(mkfifo((dir + "/extra.safetensors").c_str(), 0600), 0);
+  // A file the weights do not load from is not part of the model.
+  testing::WriteFile(dir + "/extra.safetensors", "anything");
   auto fp = ModelFingerprint(dir);
+  ASSERT_TRUE(fp.ok()) << fp.status();
+  EXPECT_EQ(*fp, *first);
+  std::filesystem::rename(dir + "/model.safetensors", dir + "/weights.bak");
+  ASSERT_EQ(mkfifo((dir + "/model.safetensors").c_str(), 0600), 0);
+  fp = ModelFingerprint(dir);
   EXPECT_EQ(fp.status().code(), absl::StatusCode::kInvalidArgument) << fp.status();
-  EXPECT_NE(fp.status().message().find("extra.safetensors: not a regular file"), absl::string_view::npos)
+  EXPECT_NE(fp.status().message().find("model.safetensors: not a regular file"), absl::string_view::npos)
       << fp.status();
-  std::filesystem::remove(dir + "/extra.safetensors");
-  std::filesystem::create_symlink("/dev/zero", dir + "/extra.safetensors");
+  std::filesystem::remove(dir + "/model.safetensors");
+  std::filesystem::create_symlink("/dev/zero", dir + "/model.safetensors");
   fp = ModelFingerprint(dir);
   EXPECT_NE(fp.status().message().find("not a regular file"), absl::string_view::npos) << fp.status();
-  std::filesystem::remove(dir + "/extra.safetensors");
+  std::filesystem::remove(dir + "/model.safetensors");
+  std::filesystem::rename(dir + "/weights.bak", dir + "/model.safetensors");
   fp = ModelFingerprint(dir);
   ASSERT_TRUE(fp.ok()) << fp.status();
   EXPECT_EQ(*fp, *first);
+}
+
+// A sharded checkpoint is identified by its index and the shards it names, whatever their names:
+// the same shard files mapped differently load different weights, and must not share KV blocks.
+TEST(ModelFingerprint, CoversTheIndexAndTheShardsItNames) {
+  const std::string dir = testing::TempDir("fingerprint_sharded");
+  testing::WriteFile(dir + "/config.json", testing::TinyConfig(testing::TinyModelSpec{}).dump());
+  testing::WriteFile(dir + "/s1.bin", testing::SafetensorsBytes({{"a", RawTensor{DType::kF32, {1}, {7}}},
+                                                                 {"b", RawTensor{DType::kF32, {1}, {8}}}}));
+  testing::WriteFile(dir + "/s2.bin", testing::SafetensorsBytes({{"a", RawTensor{DType::kF32, {1}, {9}}},
+                                                                 {"b", RawTensor{DType::kF32, {1}, {6}}}}));
+  testing::WriteFile(dir + "/model.safetensors.index.json", R"({"weight_map":{"a":"s1.bin","b":"s2.bin"}})");
+  EXPECT_EQ(*CheckpointFiles(dir), (std::vector<std::string>{"model.safetensors.index.json", "s1.bin", "s2.bin"}));
+  const auto first = ModelFingerprint(dir);
+  ASSERT_TRUE(first.ok()) << first.status();
+  testing::WriteFile(dir + "/model.safetensors.index.json", R"({"weight_map":{"a":"s2.bin","b":"s1.bin"}})");
+  const auto swapped = ModelFingerprint(dir);
+  ASSERT_TRUE(swapped.ok()) << swapped.status();
+  EXPECT_NE(*swapped, *first);
+  // A shard's bytes count too.
+  testing::WriteFile(dir + "/s1.bin", testing::SafetensorsBytes({{"a", RawTensor{DType::kF32, {1}, {5}}},
+                                                                 {"b", RawTensor{DType::kF32, {1}, {8}}}}));
+  const auto changed = ModelFingerprint(dir);
+  ASSERT_TRUE(changed.ok()) << changed.status();
+  EXPECT_NE(*changed, *swapped);
 }
 
 TEST(Files, ReadFileLimitedTakesOnlySmallRegularFiles) {
@@ -415,8 +485,12 @@ TEST(Files, ReadFileLimitedTakesOnlySmallRegularFiles) {
   EXPECT_NE(big.status().message().find("more than the 4"), absl::string_view::npos) << big.status();
   EXPECT_EQ(ReadFileLimited(dir + "/none", 5, "test file").status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(ReadFileLimited(dir, 5, "test file").status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_TRUE(CheckJsonDepth(R"({"a":[[1]],"b":"[[[[["})", 3).ok());  // brackets in strings do not count
-  EXPECT_FALSE(CheckJsonDepth(R"({"a":[[[1]]]})", 3).ok());
+  EXPECT_TRUE(CheckJsonText(R"({"a":[[1]],"b":"[[[[["})", 3).ok());  // brackets in strings do not count
+  EXPECT_FALSE(CheckJsonText(R"({"a":[[[1]]]})", 3).ok());
+  // The parser would stop at a NUL and take the text before it for the whole.
+  const absl::Status nul = CheckJsonText(std::string("{}\0{{{ not json", 14), 3);
+  EXPECT_EQ(nul.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(nul.message().find("NUL byte at offset 2"), absl::string_view::npos) << nul;
 }
 
 TEST(TextChecks, Addresses) {

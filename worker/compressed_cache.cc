@@ -109,7 +109,11 @@ absl::StatusOr<KiviParams> ParseKivi(const MethodSpec& m, const KvLayout& layout
   VC_ASSIGN_OR_RETURN(int64_t residual, SpecInt(m, "residual", 32, 0, 1 << 20));
   if (group % 8 != 0) return absl::InvalidArgumentError("kivi: group must be a multiple of 8");
   const int vg = std::min<int>(static_cast<int>(group), layout.head_dim);
-  if (layout.head_dim % vg != 0 || vg % 8 != 0) {
+  if (vg % 8 != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("kivi: head_dim ", layout.head_dim, " is not a multiple of 8 (values are quantized in groups of 8 or more channels)"));
+  }
+  if (layout.head_dim % vg != 0) {
     return absl::InvalidArgumentError(absl::StrCat("kivi: head_dim ", layout.head_dim, " is not a multiple of the value group ", vg));
   }
   p.bits = static_cast<int>(bits);

@@ -25,6 +25,10 @@ absl::Status ReadInt(const json& j, const char* key, bool required, int64_t lo, 
     return required ? Bad(absl::StrCat("missing '", key, "'")) : absl::OkStatus();
   }
   if (!it->is_number_integer()) return Bad(absl::StrCat("'", key, "' is not an integer"));
+  // An unsigned value past int64's range would read back negative.
+  if (it->is_number_unsigned() && it->get<uint64_t>() > static_cast<uint64_t>(hi)) {
+    return Bad(absl::StrCat("'", key, "' = ", it->get<uint64_t>(), " is outside [", lo, ", ", hi, "]"));
+  }
   const int64_t v = it->get<int64_t>();
   if (v < lo || v > hi) return Bad(absl::StrCat("'", key, "' = ", v, " is outside [", lo, ", ", hi, "]"));
   *out = v;
@@ -84,7 +88,7 @@ absl::Status ReadEosIds(const json& j, int vocab_size, std::vector<int32_t>* out
 }  // namespace
 
 absl::StatusOr<ModelConfig> ParseModelConfig(absl::string_view text) {
-  if (absl::Status depth = CheckJsonDepth(text, 64); !depth.ok()) return Bad(depth.message());
+  if (absl::Status depth = CheckJsonText(text, 64); !depth.ok()) return Bad(depth.message());
   json j = json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return Bad("not valid JSON");
   if (!j.is_object()) return Bad("not a JSON object");

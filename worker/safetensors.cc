@@ -8,10 +8,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstring>
+#include <new>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
 #include "common/files.h"
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
@@ -21,7 +24,10 @@ namespace {
 
 using json = nlohmann::json;
 
-constexpr uint64_t kMaxHeaderBytes = 100u << 20;
+// A header names each tensor in about a hundred bytes: a checkpoint of thousands of tensors has a
+// header of a megabyte or less. The parsed JSON takes about 20 times its text.
+constexpr uint64_t kMaxHeaderBytes = 16u << 20;
+constexpr uint64_t kMaxIndexBytes = 16u << 20;
 
 absl::Status Bad(const std::string& path, absl::string_view what) {
   return absl::InvalidArgumentError(absl::StrCat(path, ": ", what));
@@ -76,7 +82,7 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std
   uint64_t header_len = 0;
   for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | bytes[i];
   if (header_len > kMaxHeaderBytes) {
-    return Bad(path, absl::StrCat("header length ", header_len, " is implausible"));
+    return Bad(path, absl::StrCat("header length ", header_len, " is more than the ", kMaxHeaderBytes, " bytes allowed"));
   }
   if (header_len > file_size - 8) {
     return absl::DataLossError(absl::StrCat(path, ": truncated: header of ", header_len,
@@ -86,7 +92,7 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std
   f->data_ = bytes + 8 + header_len;
 
   const absl::string_view header_text(reinterpret_cast<const char*>(bytes + 8), header_len);
-  if (absl::Status depth = CheckJsonDepth(header_text, 16); !depth.ok()) return Bad(path, depth.message());
+  if (absl::Status checked = CheckJsonText(header_text, 16); !checked.ok()) return Bad(path, checked.message());
   json header = json::parse(header_text.begin(), header_text.end(), nullptr, /*allow_exceptions=*/false);
   if (header.is_discarded()) return Bad(path, "header is not valid JSON");
   if (!header.is_object()) return Bad(path, "header is not a JSON object");
@@ -144,23 +150,19 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std
       return Bad(path, absl::StrCat("tensors '", *prev_name, "' and '", *name, "' overlap in the data section"));
     }
   }
-  // The format does not align tensors; one whose bytes are not aligned to its element size is
-  // copied out, so that every reader may take its elements through typed pointers.
-  for (auto& [name, e] : f->entries_) {
-    auto dtype = ParseDType(e.dtype_name);
-    if (!dtype.ok() || reinterpret_cast<uintptr_t>(f->data_ + e.begin) % DTypeSize(*dtype) == 0) continue;
-    e.copy.resize((e.end - e.begin + 7) / 8);
-    std::memcpy(e.copy.data(), f->data_ + e.begin, e.end - e.begin);
-  }
   return f;
 }
 
-absl::StatusOr<TensorView> SafetensorsFile::Get(absl::string_view name) const {
+absl::StatusOr<TensorView> SafetensorsFile::Get(absl::string_view name, const std::vector<int64_t>* shape) const {
   auto it = entries_.find(std::string(name));
   if (it == entries_.end()) {
     return absl::NotFoundError(absl::StrCat(path_, ": no tensor '", name, "'"));
   }
   const Entry& e = it->second;
+  if (shape != nullptr && e.shape != *shape) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor '", name, "' has shape ", ShapeString(e.shape),
+                                                   ", the config implies ", ShapeString(*shape)));
+  }
   auto dtype = ParseDType(e.dtype_name);
   if (!dtype.ok()) {
     return absl::InvalidArgumentError(
@@ -169,8 +171,24 @@ absl::StatusOr<TensorView> SafetensorsFile::Get(absl::string_view name) const {
   TensorView v;
   v.dtype = *dtype;
   v.shape = e.shape;
-  v.data = e.copy.empty() ? data_ + e.begin : reinterpret_cast<const uint8_t*>(e.copy.data());
+  v.data = data_ + e.begin;
   v.size_bytes = e.end - e.begin;
+  // The format does not align tensors; one whose bytes are not aligned to its element size is
+  // copied out when first asked for (never at Open, so a tensor no one reads costs nothing), so
+  // that every reader may take its elements through typed pointers.
+  if (reinterpret_cast<uintptr_t>(v.data) % DTypeSize(*dtype) != 0) {
+    absl::MutexLock lock(&copies_mu_);
+    std::unique_ptr<uint64_t[]>& copy = copies_[it->first];
+    if (copy == nullptr) {
+      copy.reset(new (std::nothrow) uint64_t[(v.size_bytes + 7) / 8]);
+      if (copy == nullptr) {
+        return absl::ResourceExhaustedError(absl::StrCat(path_, ": tensor '", name, "': no memory for an aligned copy of its ",
+                                                         v.size_bytes, " bytes"));
+      }
+      std::memcpy(copy.get(), v.data, v.size_bytes);
+    }
+    v.data = reinterpret_cast<const uint8_t*>(copy.get());
+  }
   return v;
 }
 
@@ -180,44 +198,82 @@ std::vector<std::string> SafetensorsFile::names() const {
   return out;
 }
 
-absl::StatusOr<std::unique_ptr<TensorStore>> TensorStore::Open(const std::string& dir) {
-  auto store = std::make_unique<TensorStore>();
+namespace {
+
+// Where a checkpoint directory's tensors are: model.safetensors alone (an empty weight map), or
+// the shards model.safetensors.index.json names for them (tensor -> shard file name).
+struct CheckpointLayout {
+  bool single = false;
+  std::vector<std::pair<std::string, std::string>> weight_map;
+};
+
+absl::StatusOr<CheckpointLayout> ReadCheckpointLayout(const std::string& dir) {
+  CheckpointLayout layout;
   const std::string single = dir + "/model.safetensors";
   const std::string index_path = dir + "/model.safetensors.index.json";
   struct stat st;
   if (stat(single.c_str(), &st) == 0) {
-    VC_ASSIGN_OR_RETURN(auto f, SafetensorsFile::Open(single));
-    for (const std::string& n : f->names()) store->index_[n] = f.get();
-    store->files_.push_back(std::move(f));
-    return store;
+    layout.single = true;
+    return layout;
   }
-  absl::StatusOr<std::string> text = ReadFileLimited(index_path, 64 << 20, "safetensors index");
+  if (errno != ENOENT) {  // a link loop, a directory without search permission: say so
+    return absl::UnavailableError(absl::StrCat(single, ": cannot stat: ", std::strerror(errno)));
+  }
+  absl::StatusOr<std::string> text = ReadFileLimited(index_path, kMaxIndexBytes, "safetensors index");
   if (absl::IsNotFound(text.status())) {
     return absl::NotFoundError(absl::StrCat(dir, ": no model.safetensors or model.safetensors.index.json"));
   }
   if (!text.ok()) return text.status();
-  if (absl::Status depth = CheckJsonDepth(*text, 16); !depth.ok()) return Bad(index_path, depth.message());
+  if (absl::Status checked = CheckJsonText(*text, 16); !checked.ok()) return Bad(index_path, checked.message());
   json index = json::parse(*text, nullptr, false);
   if (index.is_discarded() || !index.is_object()) return Bad(index_path, "not valid JSON");
   auto wm = index.find("weight_map");
   if (wm == index.end() || !wm->is_object()) return Bad(index_path, "no weight_map object");
-  std::map<std::string, const SafetensorsFile*> by_shard;
   for (auto it = wm->begin(); it != wm->end(); ++it) {
     if (!it.value().is_string()) return Bad(index_path, absl::StrCat("shard of '", it.key(), "' is not a string"));
     const std::string shard = it.value().get<std::string>();
     if (shard.empty() || shard.find('/') != std::string::npos || shard == "..") {
       return Bad(index_path, absl::StrCat("shard name '", shard, "' is not a file in the directory"));
     }
+    layout.weight_map.emplace_back(it.key(), shard);
+  }
+  return layout;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<std::string>> CheckpointFiles(const std::string& dir) {
+  VC_ASSIGN_OR_RETURN(CheckpointLayout layout, ReadCheckpointLayout(dir));
+  if (layout.single) return std::vector<std::string>{"model.safetensors"};
+  std::vector<std::string> files = {"model.safetensors.index.json"};
+  for (const auto& [tensor, shard] : layout.weight_map) files.push_back(shard);
+  std::sort(files.begin(), files.end());
+  files.erase(std::unique(files.begin(), files.end()), files.end());
+  return files;
+}
+
+absl::StatusOr<std::unique_ptr<TensorStore>> TensorStore::Open(const std::string& dir) {
+  auto store = std::make_unique<TensorStore>();
+  VC_ASSIGN_OR_RETURN(CheckpointLayout layout, ReadCheckpointLayout(dir));
+  if (layout.single) {
+    VC_ASSIGN_OR_RETURN(auto f, SafetensorsFile::Open(dir + "/model.safetensors"));
+    for (const std::string& n : f->names()) store->index_[n] = f.get();
+    store->files_.push_back(std::move(f));
+    return store;
+  }
+  std::map<std::string, const SafetensorsFile*> by_shard;
+  for (const auto& [tensor, shard] : layout.weight_map) {
     auto found = by_shard.find(shard);
     if (found == by_shard.end()) {
       VC_ASSIGN_OR_RETURN(auto f, SafetensorsFile::Open(dir + "/" + shard));
       found = by_shard.emplace(shard, f.get()).first;
       store->files_.push_back(std::move(f));
     }
-    if (!found->second->Contains(it.key())) {
-      return absl::NotFoundError(absl::StrCat(index_path, ": tensor '", it.key(), "' is not in shard ", shard));
+    if (!found->second->Contains(tensor)) {
+      return absl::NotFoundError(absl::StrCat(dir, "/model.safetensors.index.json: tensor '", tensor,
+                                              "' is not in shard ", shard));
     }
-    store->index_[it.key()] = found->second;
+    store->index_[tensor] = found->second;
   }
   return store;
 }
@@ -230,12 +286,7 @@ absl::StatusOr<TensorView> TensorStore::Get(absl::string_view name,
   if (it == index_.end()) {
     return absl::NotFoundError(absl::StrCat("checkpoint has no tensor '", name, "'"));
   }
-  VC_ASSIGN_OR_RETURN(TensorView v, it->second->Get(name));
-  if (v.shape != shape) {
-    return absl::InvalidArgumentError(absl::StrCat("tensor '", name, "' has shape ", ShapeString(v.shape),
-                                                   ", the config implies ", ShapeString(shape)));
-  }
-  return v;
+  return it->second->Get(name, &shape);
 }
 
 }  // namespace vc

@@ -9,7 +9,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 #include "common/dtype.h"
 
 namespace vc {
@@ -25,7 +27,7 @@ struct TensorView {
 
 // One memory-mapped .safetensors file. Open() checks the whole header: its length, its JSON, every
 // tensor's shape and byte range against the file; a file that passes can be read without bounds
-// surprises. Immutable after Open(); thread-safe.
+// surprises. Immutable after Open() but for the aligned copies Get makes; thread-safe.
 class SafetensorsFile {
  public:
   ~SafetensorsFile();
@@ -37,8 +39,8 @@ class SafetensorsFile {
   static absl::StatusOr<std::unique_ptr<SafetensorsFile>> Open(const std::string& path);
 
   // Returns the tensor, kNotFound if the file has none of that name, or kInvalidArgument if its
-  // dtype is not one the runtime supports.
-  absl::StatusOr<TensorView> Get(absl::string_view name) const;
+  // dtype is not one the runtime supports or `shape` is given and differs from its own.
+  absl::StatusOr<TensorView> Get(absl::string_view name, const std::vector<int64_t>* shape = nullptr) const;
 
   bool Contains(absl::string_view name) const { return entries_.count(std::string(name)) > 0; }
   std::vector<std::string> names() const;
@@ -49,7 +51,6 @@ class SafetensorsFile {
     std::string dtype_name;  // as written in the header
     std::vector<int64_t> shape;
     uint64_t begin = 0, end = 0;  // relative to the data section
-    std::vector<uint64_t> copy;   // the bytes, when the file's are not aligned to the element size
   };
   SafetensorsFile() = default;
 
@@ -58,6 +59,10 @@ class SafetensorsFile {
   size_t map_size_ = 0;
   const uint8_t* data_ = nullptr;  // start of the data section
   std::map<std::string, Entry> entries_;
+  // Aligned copies of the tensors whose bytes in the file are not aligned to their element size,
+  // made by Get.
+  mutable absl::Mutex copies_mu_;
+  mutable std::map<std::string, std::unique_ptr<uint64_t[]>> copies_ ABSL_GUARDED_BY(copies_mu_);
 };
 
 // The tensors of a checkpoint directory: model.safetensors, or the shards listed in
@@ -76,6 +81,11 @@ class TensorStore {
   std::vector<std::unique_ptr<SafetensorsFile>> files_;
   std::map<std::string, const SafetensorsFile*, std::less<>> index_;
 };
+
+// The files of `dir` that TensorStore::Open reads, in name order: model.safetensors, or
+// model.safetensors.index.json and each shard its weight_map names, once. (ModelFingerprint hashes
+// them, so that two checkpoints which load different weights are never taken for one.)
+absl::StatusOr<std::vector<std::string>> CheckpointFiles(const std::string& dir);
 
 }  // namespace vc
 

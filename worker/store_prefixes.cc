@@ -13,7 +13,6 @@
 #include <optional>
 
 #include "absl/algorithm/container.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "cachestore/block_format.h"
 #include "cachestore/block_key.h"
@@ -21,6 +20,7 @@
 #include "common/files.h"
 #include "common/status_macros.h"
 #include "openssl/evp.h"
+#include "worker/safetensors.h"
 
 namespace vc {
 namespace {
@@ -35,18 +35,10 @@ cachestore::BlockKey ToKey(const PrefixName& n) {
 
 absl::StatusOr<std::array<uint8_t, 32>> ModelFingerprint(const std::string& dir) {
   namespace fs = std::filesystem;
-  std::vector<std::string> files;
-  std::error_code ec;
-  for (const auto& entry : fs::directory_iterator(dir, ec)) {
-    const std::string name = entry.path().filename().string();
-    if (name == "config.json" || absl::EndsWith(name, ".safetensors")) files.push_back(name);
-  }
-  if (ec) return absl::NotFoundError(absl::StrCat("cannot list ", dir, ": ", ec.message()));
+  // config.json and the files the weights load from, in name order.
+  VC_ASSIGN_OR_RETURN(std::vector<std::string> files, CheckpointFiles(dir));
+  files.push_back("config.json");
   std::sort(files.begin(), files.end());
-  if (std::find(files.begin(), files.end(), "config.json") == files.end()) {
-    return absl::NotFoundError(absl::StrCat(dir, " has no config.json"));
-  }
-  if (files.size() < 2) return absl::NotFoundError(absl::StrCat(dir, " has no .safetensors weights"));
   std::unique_ptr<EVP_MD_CTX, decltype(&EVP_MD_CTX_free)> ctx(EVP_MD_CTX_new(), EVP_MD_CTX_free);
   EVP_DigestInit_ex(ctx.get(), EVP_sha256(), nullptr);
   std::vector<char> buf(1 << 20);

@@ -45,8 +45,9 @@
 
 namespace vc {
 
-// SHA-256 over the checkpoint's config.json and weight files, in name order: the identity KV
-// blocks are bound to. kNotFound when `dir` has no config or weights.
+// SHA-256 over the checkpoint's config.json and the files its weights load from (CheckpointFiles:
+// model.safetensors, or the index and its shards), in name order: the identity KV blocks are bound
+// to. kNotFound when `dir` has no config or weights.
 absl::StatusOr<std::array<uint8_t, 32>> ModelFingerprint(const std::string& dir);
 
 struct StorePrefixOptions {
