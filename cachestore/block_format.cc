@@ -196,4 +196,59 @@ absl::string_view BlockLayerPayload(absl::string_view block, const BlockHeader& 
   return block.substr(static_cast<size_t>(at), static_cast<size_t>(h.layout.layer_bytes()));
 }
 
+namespace {
+
+// Whether the `n` little-endian float32s at p are finite: none has an all-ones exponent. Four
+// lanes at a time in GCC's generic vectors (SSE2 on x86-64): about 25 us for a 786 KB block here,
+// where a plain loop took 135.
+bool FloatsFinite(const char* p, size_t n) {
+  typedef uint32_t U4 __attribute__((vector_size(16)));
+  constexpr uint32_t kExponent = 0x7f800000;
+  const U4 e = {kExponent, kExponent, kExponent, kExponent};
+  U4 w0 = {}, w1 = {}, w2 = {}, w3 = {};
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    U4 b[4];
+    std::memcpy(b, p + 4 * i, sizeof(b));
+    w0 |= (b[0] & e) == e;
+    w1 |= (b[1] & e) == e;
+    w2 |= (b[2] & e) == e;
+    w3 |= (b[3] & e) == e;
+  }
+  const U4 w = w0 | w1 | w2 | w3;
+  bool bad = (w[0] | w[1] | w[2] | w[3]) != 0;
+  for (; i < n; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, p + 4 * i, 4);
+    bad |= (bits & kExponent) == kExponent;
+  }
+  return !bad;
+}
+
+}  // namespace
+
+bool BlockValuesFinite(absl::string_view block, const BlockHeader& header) {
+  const BlockLayout& layout = header.layout;
+  for (uint32_t l = 0; l < layout.num_layers; ++l) {
+    const absl::string_view payload = BlockLayerPayload(block, header, l);
+    if (layout.encoding == BlockEncoding::kFloat32) {
+      if (!FloatsFinite(payload.data(), payload.size() / 4)) return false;
+      continue;
+    }
+    // Each KV head: K codes, K scales and minimums, V codes, V scales and minimums.
+    const uint64_t d = layout.head_dim, t = layout.tokens, vgroup = std::min<uint64_t>(layout.group, d);
+    const uint64_t codes = t * d * layout.bits / 8, kscales = 2 * (t / layout.group) * d,
+                   vscales = 2 * t * (d / vgroup);
+    const char* p = payload.data();
+    for (uint32_t h = 0; h < layout.num_kv_heads; ++h) {
+      p += codes;
+      if (!FloatsFinite(p, kscales)) return false;
+      p += 4 * kscales + codes;
+      if (!FloatsFinite(p, vscales)) return false;
+      p += 4 * vscales;
+    }
+  }
+  return true;
+}
+
 }  // namespace vc::cachestore

@@ -91,6 +91,12 @@ absl::StatusOr<BlockHeader> CopyAndVerifyBlock(const char* src, size_t size, cha
 // The payload of `layer` inside a verified block.
 absl::string_view BlockLayerPayload(absl::string_view block, const BlockHeader& header, uint32_t layer);
 
+// Whether every float a verified block holds is finite: a float32 block's K and V, a KIVI block's
+// scales and minimums (its codes are integers). A checksum vouches for the bytes as they were put,
+// not for what they mean: K or V that no model computes would turn every logit that reads them
+// into NaN.
+bool BlockValuesFinite(absl::string_view block, const BlockHeader& header);
+
 // Appends the low `bytes` bytes of v, least significant first; reads them back from in[at].
 void PutLittleEndian(std::string* out, uint64_t v, int bytes);
 uint64_t GetLittleEndian(absl::string_view in, size_t at, int bytes);

@@ -1,6 +1,8 @@
 // Block keys and the block format: chaining, isolation by model, layout and tenant, every
 // corruption detected, and the checksum's fast version against its reference.
+#include <cstring>
 #include <iostream>
+#include <limits>
 #include <random>
 
 #include "cachestore/block_format.h"
@@ -172,6 +174,53 @@ TEST(BlockFormat, RoundTripAndEveryCorruptionDetected) {
   }
   EXPECT_FALSE(EncodeBlock(fp, layout, {layers[0], layers[1]}).ok());
   EXPECT_FALSE(EncodeBlock(fp, layout, {layers[0], layers[1], "short"}).ok());
+}
+
+// A block's floats: K and V of a float32 block, scales and minimums of a KIVI block (whose codes
+// may be any bytes). One NaN or infinity anywhere among them is found.
+TEST(BlockFormat, ValuesFiniteLooksAtEveryFloatAndOnlyAtFloats) {
+  std::array<uint8_t, 32> fp{};
+  const auto with = [&](const BlockLayout& layout, size_t layer, size_t at, float value) {
+    std::vector<std::string> layers;
+    for (uint32_t l = 0; l < layout.num_layers; ++l) {
+      std::vector<float> f(layout.layer_bytes() / 4);
+      for (size_t i = 0; i < f.size(); ++i) f[i] = 0.25f * static_cast<float>(i % 7) - 0.5f;
+      layers.emplace_back(reinterpret_cast<const char*>(f.data()), f.size() * 4);
+    }
+    if (layer < layers.size()) std::memcpy(layers[layer].data() + at, &value, 4);
+    std::vector<absl::string_view> views(layers.begin(), layers.end());
+    auto block = EncodeBlock(fp, layout, views);
+    EXPECT_TRUE(block.ok()) << block.status();
+    return BlockValuesFinite(*block, *VerifyBlock(*block, fp));
+  };
+  const BlockLayout f32{3, 2, 8, 16};
+  EXPECT_TRUE(with(f32, 99, 0, 0));
+  for (size_t at : {size_t{0}, size_t{4 * 17}, f32.layer_bytes() - 4}) {
+    EXPECT_FALSE(with(f32, 2, at, std::numeric_limits<float>::quiet_NaN())) << at;
+    EXPECT_FALSE(with(f32, 0, at, -std::numeric_limits<float>::infinity())) << at;
+    EXPECT_TRUE(with(f32, 1, at, std::numeric_limits<float>::max())) << at;
+    EXPECT_TRUE(with(f32, 1, at, std::numeric_limits<float>::denorm_min())) << at;
+  }
+  // 24 floats a layer: 16 in vectors, 8 after them.
+  const BlockLayout odd{1, 1, 4, 3};
+  for (size_t at : {size_t{0}, size_t{4 * 15}, size_t{4 * 16}, size_t{4 * 23}}) {
+    EXPECT_FALSE(with(odd, 0, at, std::numeric_limits<float>::infinity())) << at;
+  }
+  EXPECT_TRUE(with(odd, 99, 0, 0));
+  // KIVI 4-bit, group 8, 16 tokens, 2 heads of 8 dimensions. Per head: 64 bytes of K codes, 2 * 2 * 8
+  // floats of K scales and minimums, 64 bytes of V codes, 2 * 16 * 1 floats of V scales and minimums.
+  BlockLayout kivi{2, 2, 8, 16, BlockEncoding::kKivi, 4, 8};
+  ASSERT_TRUE(kivi.valid());
+  const size_t head = 64 + 128 + 64 + 128;
+  ASSERT_EQ(kivi.layer_bytes(), 2 * head);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_TRUE(with(kivi, 99, 0, 0));
+  EXPECT_TRUE(with(kivi, 1, 0, nan));            // K codes: bytes, any value
+  EXPECT_TRUE(with(kivi, 1, head + 192, nan));   // the second head's V codes
+  EXPECT_FALSE(with(kivi, 1, 64, nan));          // the first K scale
+  EXPECT_FALSE(with(kivi, 0, 64 + 124, nan));    // the last K minimum
+  EXPECT_FALSE(with(kivi, 1, head + 256, nan));  // the second head's first V scale
+  EXPECT_FALSE(with(kivi, 1, 2 * head - 4, nan));
 }
 
 // The one-pass copy and check agrees with VerifyBlock on good, corrupted, truncated and padded

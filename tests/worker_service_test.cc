@@ -356,6 +356,38 @@ TEST_F(WorkerServiceTest, CorruptStoredBlocksAreRecomputedNotTrusted) {
   EXPECT_GT(worker->prefixes()->stats().read_failures, 0);
 }
 
+// A stored block whose checksums hold but whose values are no K/V (a NaN) is refused like a
+// corrupt one: the worker recomputes, the output is the same, and the block is deleted from the
+// store, so the prefix is put again and the next request reads it.
+TEST_F(WorkerServiceTest, StoredBlocksWithNonFiniteValuesAreRecomputedAndReplaced) {
+  auto store = StartStore();
+  auto worker = StartWorker(store->target());
+  auto stub = InferenceStub(worker->target());
+  const auto a = Prompt(170, 1), b = Prompt(170, 2);
+  GenerateReply first = CallGenerate(*stub, Request(a, 20));
+  ASSERT_TRUE(first.status.ok()) << first.status;
+  worker->prefixes()->Flush();
+  ASSERT_EQ(store->store().Stats().ram_blocks, 5u);
+  for (const PrefixName& name : worker->prefixes()->Names("", absl::MakeConstSpan(b).first(160))) {
+    cachestore::BlockKey key;
+    key.bytes = name;
+    const absl::Status s = testing::PoisonInRam(store->store(), "s", "tenant", key);
+    ASSERT_TRUE(s.ok()) << s;
+  }
+  GenerateReply bad = CallGenerate(*stub, Request(b, 20, 7));
+  ASSERT_TRUE(bad.status.ok()) << bad.status;
+  EXPECT_EQ(bad.tokens, Want(b, 20, 7));
+  EXPECT_EQ(bad.stats.prefix_store_tokens(), 0u);
+  EXPECT_EQ(bad.stats.recomputed_tokens(), 160u);
+  EXPECT_GT(worker->prefixes()->stats().read_failures, 0);
+  worker->prefixes()->Flush();
+  GenerateReply again = CallGenerate(*stub, Request(b, 20, 7));
+  ASSERT_TRUE(again.status.ok()) << again.status;
+  EXPECT_EQ(again.tokens, Want(b, 20, 7));
+  EXPECT_EQ(again.stats.prefix_store_tokens(), 160u);
+  EXPECT_EQ(again.stats.recomputed_tokens(), 0u);
+}
+
 // A request that ends at max_tokens (or EOS) publishes the blocks its output completed too: the
 // next turn of a conversation, whose prompt is the last turn's prompt and output and more, reads
 // them from the store, in either mode, and its output is exact; with publish_outputs off it

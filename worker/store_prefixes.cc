@@ -463,6 +463,13 @@ absl::Status StorePrefixes::ReadFromShard(size_t s, absl::Span<const PrefixName>
     first_lacked.Update(st);
     return pass_over;
   };
+  // A block that passes every check of its bytes but holds a NaN or infinity is no K/V a model
+  // computes: it is deleted from the store (best effort), so that the prefix is computed and put
+  // again rather than read and refused on every request.
+  const auto refuse_values = [&](const cachestore::BlockKey& key) {
+    client.Delete(key).IgnoreError();
+    return absl::DataLossError(absl::StrCat("block ", key.Hex(), " holds a NaN or infinite value"));
+  };
   for (size_t b = 0; b < keys.size(); ++b) {
     const cachestore::BlockKey& key = keys[b];
     if (reader != nullptr && b % per_batch == 0) {
@@ -472,6 +479,14 @@ absl::Status StorePrefixes::ReadFromShard(size_t s, absl::Span<const PrefixName>
       for (size_t i = 0; i < count; ++i) slots.emplace_back(buffer.data() + i * slot, slot);
       sizes = client.GetRemoteBatchInto(absl::MakeConstSpan(keys).subspan(b, count), slots, reader,
                                         &fingerprint_);
+      // Every block of the batch, so that a read refused at its first such block still deletes
+      // the others it fetched.
+      for (size_t i = 0; i < count; ++i) {
+        if (!sizes[i].ok()) continue;
+        const absl::string_view got(buffer.data() + i * slot, *sizes[i]);
+        const absl::StatusOr<cachestore::BlockHeader> gh = cachestore::DecodeBlockHeader(got);
+        if (gh.ok() && gh->layout == want && !cachestore::BlockValuesFinite(got, *gh)) sizes[i] = refuse_values(keys[b + i]);
+      }
     }
     absl::StatusOr<std::string> inline_block;
     absl::string_view block;
@@ -499,6 +514,9 @@ absl::Status StorePrefixes::ReadFromShard(size_t s, absl::Span<const PrefixName>
     }
     if (h.ok() && h->layout != want) {
       h = absl::DataLossError(absl::StrCat("block ", key.Hex(), " has another KV layout"));
+    }
+    if (reader == nullptr && h.ok() && h->layout == want && !cachestore::BlockValuesFinite(block, *h)) {
+      h = refuse_values(key);
     }
     if (!h.ok()) {
       if (lacks(b, h.status())) continue;

@@ -1,5 +1,7 @@
 #include "tests/testing/blocks.h"
 
+#include <cstring>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -42,6 +44,31 @@ absl::Status CorruptInRam(cachestore::BlockStore& store, const std::string& secr
   const bool live = store.ram().Release(lease->id).ok();
   if (released != nullptr) *released = live;
   return absl::OkStatus();
+}
+
+absl::Status PoisonInRam(cachestore::BlockStore& store, const std::string& secret, const std::string& tenant,
+                         const cachestore::BlockKey& key) {
+  const std::string salt = cachestore::BlockStore::TenantSalt(secret, tenant);
+  absl::StatusOr<cachestore::BlockLease> lease = store.ram().Lease(cachestore::BlockStore::Scoped(salt, key));
+  if (!lease.ok()) return lease.status();
+  char* at = const_cast<char*>(store.ram().region()) + lease->offset;
+  const absl::string_view block(at, lease->size);
+  absl::StatusOr<cachestore::BlockHeader> h = cachestore::VerifyBlock(block);
+  absl::Status status = h.status();
+  if (h.ok()) {
+    std::vector<std::string> layers;
+    for (uint32_t l = 0; l < h->layout.num_layers; ++l) {
+      layers.emplace_back(cachestore::BlockLayerPayload(block, *h, l));
+    }
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    std::memcpy(layers[0].data(), &nan, 4);
+    absl::StatusOr<std::string> poisoned =
+        cachestore::EncodeBlock(h->fingerprint, h->layout, std::vector<absl::string_view>(layers.begin(), layers.end()));
+    status = poisoned.status();
+    if (poisoned.ok()) std::memcpy(at, poisoned->data(), poisoned->size());
+  }
+  store.ram().Release(lease->id).IgnoreError();
+  return status;
 }
 
 }  // namespace vc::testing

@@ -27,6 +27,12 @@ std::string LargeRandomBlock(uint32_t seed, uint8_t fingerprint_byte, int tokens
 absl::Status CorruptInRam(cachestore::BlockStore& store, const std::string& secret, const std::string& tenant,
                           const cachestore::BlockKey& key, size_t from_end, uint8_t mask, bool* released = nullptr);
 
+// Rewrites the stored copy in `store`'s RAM tier of `tenant`'s block `key` (as CorruptInRam finds
+// it) into a well-formed block whose first float of layer 0 is NaN: every checksum holds, the
+// value does not.
+absl::Status PoisonInRam(cachestore::BlockStore& store, const std::string& secret, const std::string& tenant,
+                         const cachestore::BlockKey& key);
+
 }  // namespace vc::testing
 
 #endif  // VC_TESTS_TESTING_BLOCKS_H_
