@@ -210,6 +210,15 @@ absl::StatusOr<std::unique_ptr<RouterService>> RouterService::Create(RouterServi
   if (!targets.ok() && !absl::IsNotFound(targets.status()) && !absl::IsUnavailable(targets.status())) {
     return targets.status();
   }
+  if (targets.ok() && !from_dns) {
+    std::vector<std::string> distinct = *targets;
+    std::sort(distinct.begin(), distinct.end());
+    distinct.erase(std::unique(distinct.begin(), distinct.end()), distinct.end());
+    if (distinct.size() > static_cast<size_t>(kMaxRouterWorkers)) {
+      return absl::InvalidArgumentError(absl::StrCat("--workers lists ", distinct.size(),
+                                                     " workers; a router routes to at most ", kMaxRouterWorkers));
+    }
+  }
   std::unique_ptr<RouterService> r(new RouterService(std::move(options), from_dns));
   r->watchdog_ =
       std::make_unique<WriteWatchdog<grpc::ServerContext>>(absl::Milliseconds(r->options_.client_write_timeout_ms));
@@ -554,14 +563,34 @@ grpc::Status RouterService::Generate(grpc::ServerContext* ctx, const GenerateReq
                       absl::StrCat("no worker could take the call; the last one tried said: ", last.error_message()));
 }
 
-grpc::Status RouterService::GetModelInfo(grpc::ServerContext*, const vericache::v1::GetModelInfoRequest*,
+// Asked of a serving worker with the caller's token, so that the worker's clients are the ones
+// told (the router's own copy was fetched with its token); a worker that cannot answer passes the
+// call to the next.
+grpc::Status RouterService::GetModelInfo(grpc::ServerContext* ctx, const vericache::v1::GetModelInfoRequest* req,
                                          vericache::v1::ModelInfo* info) {
-  std::lock_guard<std::mutex> l(mu_);
-  if (model_ == nullptr) {
-    return grpc::Status(grpc::StatusCode::UNAVAILABLE, "no worker has said which model it serves yet");
+  std::string auth;
+  if (grpc::Status s = Authorization(*ctx, &auth); !s.ok()) return s;
+  std::vector<std::shared_ptr<Upstream>> ws;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    ws = ServingWorkers();
   }
-  *info = *model_;
-  return grpc::Status::OK;
+  if (ws.empty()) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the router has no serving worker");
+  grpc::Status last;
+  for (const auto& w : ws) {
+    std::unique_ptr<grpc::ClientContext> call = grpc::ClientContext::FromServerContext(*ctx);
+    if (!auth.empty()) call->AddMetadata("authorization", auth);
+    const auto limit = absl::ToChronoTime(absl::Now() + absl::Milliseconds(options_.worker_timeout_ms));
+    if (call->deadline() > limit) call->set_deadline(limit);
+    last = w->stub->GetModelInfo(call.get(), *req, info);
+    if (last.ok()) return last;
+    last = grpc::Status(last.error_code(), absl::StrCat("worker ", w->target, ": ", last.error_message()));
+    if (last.error_code() != grpc::StatusCode::UNAVAILABLE &&
+        last.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED) {
+      return last;
+    }
+  }
+  return last;
 }
 
 grpc::Status RouterService::GetStats(grpc::ServerContext* ctx, const vericache::v1::GetStatsRequest* req,

@@ -9,6 +9,8 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "gtest/gtest.h"
 #include "services/inference_client.h"
 #include "services/servers.h"
@@ -181,10 +183,18 @@ TEST_F(RouterTest, PrefixesMeetTheirWorkerAndOutputsAreExact) {
   ASSERT_TRUE(CallGenerate(*stub, shallow, "ops").status.ok());
   EXPECT_EQ(Stats(*router).prefix_routed(), 9u);
   EXPECT_EQ(Stats(*router).requests_routed(), 13u);
+  // The model, for the workers' clients only, as a worker answers it.
   v1::ModelInfo info;
   {
     grpc::ClientContext ctx;
-    ASSERT_TRUE(stub->GetModelInfo(&ctx, v1::GetModelInfoRequest(), &info).ok());
+    const grpc::Status anonymous = stub->GetModelInfo(&ctx, v1::GetModelInfoRequest(), &info);
+    EXPECT_EQ(anonymous.error_code(), grpc::StatusCode::UNAUTHENTICATED) << anonymous.error_message();
+  }
+  {
+    grpc::ClientContext ctx;
+    ctx.AddMetadata("authorization", "Bearer a");
+    const grpc::Status s = stub->GetModelInfo(&ctx, v1::GetModelInfoRequest(), &info);
+    ASSERT_TRUE(s.ok()) << s.error_message();
   }
   EXPECT_EQ(info.prefix_block_tokens(), 32u);
 }
@@ -336,6 +346,17 @@ TEST_F(RouterTest, ErrorsTokensAndCancellationPassThrough) {
   EXPECT_EQ(RouterService::Create(o).status().code(), absl::StatusCode::kInvalidArgument);
   o.workers = "";
   EXPECT_EQ(RouterService::Create(o).status().code(), absl::StatusCode::kInvalidArgument);
+  // More workers than a router routes to are refused, not some of them left out.
+  std::vector<std::string> many;
+  for (int i = 0; i <= kMaxRouterWorkers; ++i) many.push_back(absl::StrCat("127.0.0.1:", 1000 + i));
+  o.workers = absl::StrJoin(many, ",");
+  const absl::Status too_many = RouterService::Create(o).status();
+  EXPECT_EQ(too_many.code(), absl::StatusCode::kInvalidArgument) << too_many;
+  EXPECT_NE(too_many.message().find("65 workers; a router routes to at most 64"), absl::string_view::npos) << too_many;
+  many.pop_back();
+  many.push_back(many.front());  // 64 distinct, one of them twice
+  o.workers = absl::StrJoin(many, ",");
+  EXPECT_TRUE(RouterService::Create(o).ok());
   // Workers named by DNS that has no answer yet: the router starts, with nothing to route to.
   RouterServerOptions later;
   later.service.workers = "srv:_grpc._tcp.vericache-worker";
