@@ -257,10 +257,11 @@ void MetricsEndpoint::Loop() {
     const Deadline until = std::chrono::steady_clock::now() + kClientTime;
     Answer(conn, until);
     // A lingering close: closing with unread request bytes would reset the connection, and the
-    // client could lose the answer with it. Read until the client closes (it has the answer).
+    // client could lose the answer with it. Read until the client closes (it has the answer), or
+    // until the deadline, which a client that keeps sending would otherwise put off for ever.
     shutdown(conn, SHUT_WR);
     char sink[4096];
-    while (true) {
+    while (std::chrono::steady_clock::now() < until) {
       const ssize_t got = recv(conn, sink, sizeof(sink), 0);
       if (got == 0 || (got < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) break;
       if (got < 0 && !WaitFor(conn, POLLIN, until, wake_[0])) break;
