@@ -120,10 +120,10 @@ std::pair<uint32_t, uint32_t> BlockStore::Lookup(absl::Span<const BlockKey> keys
 }
 
 absl::Status BlockStore::Delete(const BlockKey& key) {
-  const bool in_ram = ram_->Delete(key).ok();
-  absl::Status d = disk_->Delete(key);
-  if (!in_ram && !d.ok()) return absl::NotFoundError("no such block");
-  return absl::OkStatus();
+  (void)ram_->Delete(key);
+  // A key in neither tier is deleted as well; a disk that fails the delete keeps the block, and
+  // the caller is told why.
+  return disk_->Delete(key);
 }
 
 StoreStats BlockStore::Stats() const {

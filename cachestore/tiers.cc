@@ -580,11 +580,12 @@ absl::StatusOr<std::string> DiskTier::Get(const BlockKey& key) {
 
 absl::Status DiskTier::Delete(const BlockKey& key) {
   absl::MutexLock stripe(&Stripe(key));
-  {
-    absl::MutexLock l(&mu_);
-    Unindex(key);
-  }
-  return Erase(key);
+  // Erased first: a delete that fails leaves the block stored, and so still counted against the
+  // budget and still in the eviction order.
+  if (absl::Status erased = Erase(key); !erased.ok()) return erased;
+  absl::MutexLock l(&mu_);
+  Unindex(key);
+  return absl::OkStatus();
 }
 
 bool DiskTier::Touch(const BlockKey& key) {

@@ -478,6 +478,23 @@ TEST(DiskTier, PutsFailWhileTheDiskIsFullAndSucceedOnceItHasRoom) {
   EXPECT_EQ((*t)->write_failure().duration, absl::ZeroDuration());
 }
 
+// A delete the disk fails leaves the block as it was: stored, readable and counted, so that the
+// budget and the eviction order still see it. The error says why.
+TEST(DiskTier, ADeleteTheDiskFailsKeepsTheBlockCounted) {
+  FailingTier f("disk_tier_delete");
+  auto t = DiskTier::Open(f.options);
+  ASSERT_TRUE(t.ok()) << t.status();
+  ASSERT_TRUE((*t)->Put(Key(1), Block(1)).ok());
+  const uint64_t used = (*t)->used_bytes();
+  f.disk.fs->fault = testing::FailingFileSystem::Fault::kIoError;
+  const absl::Status failed = (*t)->Delete(Key(1));
+  EXPECT_EQ(failed.code(), absl::StatusCode::kUnavailable) << failed;
+  EXPECT_TRUE((*t)->Contains(Key(1)));
+  EXPECT_EQ((*t)->blocks(), 1u);
+  EXPECT_EQ((*t)->used_bytes(), used);
+  EXPECT_EQ(*(*t)->Get(Key(1)), Block(1));
+}
+
 // Puts may stop coming while writes fail; the probe tells whether RocksDB takes writes again.
 // After a full disk has room, it does, with no put; after a log write failed with EIO, it does not
 // (RocksDB recovers from that only when reopened), and how long writes have failed keeps growing.
