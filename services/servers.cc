@@ -191,7 +191,7 @@ absl::StatusOr<std::unique_ptr<StoreServer>> StoreServer::Start(StoreServerOptio
   std::unique_ptr<StoreServer> s(new StoreServer());
   VC_RETURN_IF_ERROR(CheckAddress("listen address", options.listen, true));
   if (options.disk_failure_grace_ms < 0) return absl::InvalidArgumentError("the disk failure grace is negative");
-  VC_RETURN_IF_ERROR(CheckFitsInMemory(options.store.ram.capacity_bytes, "the RAM tier"));
+  VC_RETURN_IF_ERROR(CheckFitsInMemory(options.store.ram.capacity_bytes, "the RAM tier (--ram-bytes)"));
   if (options.ucx != "off") {
     VC_ASSIGN_OR_RETURN(cachestore::UcxErrorMode mode, cachestore::ParseUcxErrorMode(options.ucx));
     VC_ASSIGN_OR_RETURN(s->ucx_, cachestore::UcxRegionServer::Allocate(options.store.ram.capacity_bytes, mode));
@@ -250,7 +250,7 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(WorkerServerOp
   VC_RETURN_IF_ERROR(CheckFitsInMemory(
       static_cast<uint64_t>(options.staging_bytes) + options.full_kv_bytes + options.prefix_cache_bytes +
           options.host_kv_bytes,
-      "staging, full-KV, prefix-cache and host-tier memory together"));
+      "--staging-mib, --full-kv-mib, --prefix-cache-mib and --host-kv-mib together"));
   VC_ASSIGN_OR_RETURN(w->model_, Model::Load(options.model_dir));
   using Fingerprint = std::array<uint8_t, 32>;
   VC_ASSIGN_OR_RETURN(Fingerprint fingerprint, ModelFingerprint(options.model_dir));

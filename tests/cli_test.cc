@@ -143,6 +143,29 @@ TEST_F(CliTest, BadInputsExitNonZeroWithAMessage) {
   }
 }
 
+// --help and -h ask for the usage where an option goes; as an option's value they are the value.
+TEST_F(CliTest, HelpWhereAnOptionGoesAndNotAsAValue) {
+  for (const char* help : {"--help", "-h"}) {
+    CliRun r = Generate({"--model", dir_, help});
+    EXPECT_EQ(r.code, 0) << help;
+    EXPECT_NE(r.out.find("--prompt"), std::string::npos) << r.out;
+    r = Generate({"--model", dir_, "--prompt", help, "--max-tokens", "2"});
+    EXPECT_EQ(r.code, 0) << help << ": " << r.err;
+    EXPECT_EQ(r.out.find("--prompt"), std::string::npos) << "usage printed for a prompt of " << help;
+    EXPECT_FALSE(r.out.empty());
+  }
+}
+
+// A store asked for more memory than the machine has, or given a data directory it cannot make,
+// is refused as bad usage (2), like any other bad flag.
+TEST_F(CliTest, StoreRefusesMoreRamThanTheMachineHasAndADataDirItCannotMake) {
+  vc::testing::WriteFile(dir_ + "/tokens", "t tenant\n");
+  ExpectRefused(RunStoreCommand, {"--listen", "127.0.0.1:0", "--data-dir", dir_ + "/store", "--tokens", dir_ + "/tokens"},
+                "--ram-bytes", {"1099511627776"});
+  ExpectRefused(RunStoreCommand, {"--listen", "127.0.0.1:0", "--tokens", dir_ + "/tokens"}, "--data-dir",
+                {"/nonexistent/a/b", "/proc/version", "/proc/version/"});
+}
+
 // The store's flags are checked before it opens anything.
 TEST_F(CliTest, StoreRefusesBadTierFlags) {
   const std::vector<std::string> store = {"--listen", "127.0.0.1:0", "--data-dir", dir_ + "/store", "--tokens",

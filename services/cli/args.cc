@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/cord.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -19,6 +20,11 @@
 #include "grpcpp/security/credentials.h"
 
 namespace vc::cli {
+namespace {
+
+constexpr absl::string_view kHelpPayload = "vericache.dev/help";
+
+}  // namespace
 
 absl::StatusOr<Args> Args::Parse(const std::vector<std::string>& argv,
                                  const std::set<std::string>& valued,
@@ -26,6 +32,7 @@ absl::StatusOr<Args> Args::Parse(const std::vector<std::string>& argv,
   Args a;
   for (size_t i = 0; i < argv.size(); ++i) {
     const std::string& s = argv[i];
+    if (s == "--help" || s == "-h") return HelpRequested();
     if (s.rfind("--", 0) != 0) return absl::InvalidArgumentError(absl::StrCat("unexpected argument '", s, "'"));
     std::string name = s.substr(2), value;
     const size_t eq = name.find('=');
@@ -118,17 +125,23 @@ absl::StatusOr<uint64_t> RamSlotBytes(const Args& a, uint64_t ram) {
   return static_cast<uint64_t>(n);
 }
 
+absl::Status HelpRequested() {
+  absl::Status s = absl::CancelledError("help requested");
+  s.SetPayload(kHelpPayload, absl::Cord("1"));
+  return s;
+}
+
+bool IsHelpRequested(const absl::Status& s) { return s.GetPayload(kHelpPayload).has_value(); }
+
 int RunSubcommand(absl::string_view name, absl::string_view usage, const std::vector<std::string>& args,
                   std::ostream& out, std::ostream& err,
                   const std::function<absl::Status(const std::vector<std::string>&, std::ostream&)>& run) {
-  for (const std::string& a : args) {
-    if (a == "--help" || a == "-h") {
-      out << usage;
-      return 0;
-    }
-  }
   const absl::Status s = run(args, out);
   if (s.ok()) return 0;
+  if (IsHelpRequested(s)) {
+    out << usage;
+    return 0;
+  }
   // One line that names the problem (--help gives the usage).
   err << "vericache " << name << ": " << s.message() << "\n";
   switch (s.code()) {
@@ -136,6 +149,7 @@ int RunSubcommand(absl::string_view name, absl::string_view usage, const std::ve
     case absl::StatusCode::kNotFound:
     case absl::StatusCode::kDataLoss:
     case absl::StatusCode::kOutOfRange:
+    case absl::StatusCode::kResourceExhausted:
       return 2;
     default:
       return 1;

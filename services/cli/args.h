@@ -24,7 +24,9 @@ namespace vc::cli {
 class Args {
  public:
   // `valued` names options that take a value, `switches` those that do not. Returns
-  // kInvalidArgument for an unknown option, a missing value, or a stray positional argument.
+  // kInvalidArgument for an unknown option, a missing value, or a stray positional argument, and
+  // HelpRequested() for --help or -h where an option is expected (as an option's value, either is
+  // just the value).
   static absl::StatusOr<Args> Parse(const std::vector<std::string>& argv,
                                     const std::set<std::string>& valued,
                                     const std::set<std::string>& switches);
@@ -83,9 +85,14 @@ absl::StatusOr<double> HotFraction(const Args& a);
 // 4096 when absent.
 absl::StatusOr<uint64_t> RamSlotBytes(const Args& a, uint64_t ram);
 
-// Runs one subcommand: prints `usage` for --help / -h; otherwise calls run(args, out) and turns
-// its status into an exit code (0 ok; 2 bad input: invalid argument, not found, data loss, out of
-// range; 1 anything else), printing "vericache <name>: <message>" to `err`.
+// What Args::Parse returns for --help or -h.
+absl::Status HelpRequested();
+bool IsHelpRequested(const absl::Status& s);
+
+// Runs one subcommand: calls run(args, out) and turns its status into an exit code (0 ok, and
+// `usage` printed when it asked for help; 2 bad input: invalid argument, not found, data loss, out
+// of range, or options that ask for more than the machine has (resource exhausted); 1 anything
+// else), printing "vericache <name>: <message>" to `err`.
 int RunSubcommand(absl::string_view name, absl::string_view usage, const std::vector<std::string>& args,
                   std::ostream& out, std::ostream& err,
                   const std::function<absl::Status(const std::vector<std::string>&, std::ostream&)>& run);

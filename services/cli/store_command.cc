@@ -2,6 +2,7 @@
 
 #include <signal.h>
 
+#include <filesystem>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -48,6 +49,25 @@ constexpr char kUsage[] =
     "                   from some errors only when reopened; from a full disk, by itself once it has\n"
     "                   room); default 60000, 0: never. Reads go on meanwhile\n";
 
+// --data-dir: a directory, or a new one in a directory that exists (RocksDB makes the last
+// component only).
+absl::Status CheckDataDir(const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::path path = fs::absolute(fs::path(dir), ec).lexically_normal();
+  if (!path.has_filename()) path = path.parent_path();  // "dir/"
+  const fs::file_status st = fs::status(path, ec);
+  if (fs::exists(st)) {
+    if (!fs::is_directory(st)) return absl::InvalidArgumentError(absl::StrCat("--data-dir ", dir, " is not a directory"));
+    return absl::OkStatus();
+  }
+  if (!fs::is_directory(path.parent_path(), ec)) {
+    return absl::InvalidArgumentError(absl::StrCat("--data-dir ", dir, ": its parent ", path.parent_path().string(),
+                                                   " is not a directory that exists"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
   // Before anything starts a thread (RocksDB, gRPC: credentials alone start gRPC's).
   const sigset_t sigs = BlockStopSignals();
@@ -72,6 +92,7 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
   VC_ASSIGN_OR_RETURN(o.ram.hot_fraction, HotFraction(a));
   VC_ASSIGN_OR_RETURN(o.ram.min_slot_bytes, RamSlotBytes(a, static_cast<uint64_t>(ram)));
   o.disk.path = a.Str("data-dir");
+  VC_RETURN_IF_ERROR(CheckDataDir(o.disk.path));
   o.disk.capacity_bytes = static_cast<uint64_t>(disk);
   StoreServiceOptions so;
   VC_ASSIGN_OR_RETURN(so.tokens, ReadTokenFile(a.Str("tokens")));
