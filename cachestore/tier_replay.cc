@@ -1,6 +1,7 @@
 #include "cachestore/tier_replay.h"
 
 #include <stdlib.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <array>
@@ -146,10 +147,13 @@ class Tally {
 
 }  // namespace
 
-absl::StatusOr<std::vector<TraceRequest>> ReadMooncakeTrace(const std::string& path, int64_t first, int64_t count) {
-  std::error_code ec;
-  if (std::filesystem::is_directory(path, ec)) {
-    return absl::InvalidArgumentError(absl::StrCat("the trace ", path, " is a directory"));
+absl::StatusOr<std::vector<TraceRequest>> ReadMooncakeTrace(const std::string& path, int64_t first, int64_t count,
+                                                            int64_t block_tokens) {
+  {
+    // A FIFO would be waited on for ever, a device read for ever: regular files only.
+    uint64_t size = 0;
+    VC_ASSIGN_OR_RETURN(const int fd, OpenRegularFile(path, "trace", &size));
+    ::close(fd);
   }
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::NotFoundError(absl::StrCat("cannot read the trace ", path));
@@ -171,6 +175,14 @@ absl::StatusOr<std::vector<TraceRequest>> ReadMooncakeTrace(const std::string& p
     if (line.find('\0') != std::string::npos) return BadLine(path, i + 1, "holds a NUL byte");
     absl::StatusOr<TraceRequest> r = ParseRequest(line);
     if (!r.ok()) return BadLine(path, i + 1, r.status().message());
+    if (block_tokens > 0) {
+      const int64_t blocks = (r->input_length + block_tokens - 1) / block_tokens;
+      if (static_cast<int64_t>(r->hash_ids.size()) != blocks) {
+        return BadLine(path, i + 1,
+                       absl::StrCat(r->hash_ids.size(), " hash ids for ", r->input_length, " prompt tokens, which blocks of ",
+                                    block_tokens, " tokens make ", blocks, " (is the trace's block size another?)"));
+      }
+    }
     if (!out.empty() && r->timestamp_ms < last_ms) return BadLine(path, i + 1, "the timestamp goes back in time");
     last_ms = r->timestamp_ms;
     out.push_back(*std::move(r));
@@ -180,12 +192,20 @@ absl::StatusOr<std::vector<TraceRequest>> ReadMooncakeTrace(const std::string& p
   return out;
 }
 
-absl::StatusOr<ReplayStats> ReplayTrace(const std::vector<TraceRequest>& trace, const ReplayOptions& o) {
+namespace {
+
+// The scaled store a replay runs on: its block's layout and size, its RAM tier's unit and size,
+// its disk tier's budget.
+struct ScaledStore {
+  BlockLayout layout;
+  uint64_t block = 0, unit = 0, ram = 0, disk = 0;
+};
+
+absl::StatusOr<ScaledStore> Scale(const ReplayOptions& o) {
   if (o.scale == 0 || (o.scale & (o.scale - 1)) != 0) {
     return absl::InvalidArgumentError(absl::StrCat("the scale ", o.scale, " is not a power of two"));
   }
   if (o.block_tokens <= 0) return absl::InvalidArgumentError("block_tokens must be positive");
-  if (trace.empty()) return absl::InvalidArgumentError("the trace has no requests");
   if (o.ram_bytes < o.block_bytes || o.disk_bytes < o.block_bytes) {
     return absl::InvalidArgumentError("each tier must hold at least one block");
   }
@@ -235,6 +255,32 @@ absl::StatusOr<ReplayStats> ReplayTrace(const std::vector<TraceRequest>& trace, 
         "a RAM tier of ", o.ram_bytes, " bytes at 1/", o.scale, " scale is past 4 GiB; ",
         unit > 1 ? "raise the scale" : "a scale past the slot unit shrinks it no further: raise the slot unit"));
   }
+  ScaledStore out;
+  out.layout = layout;
+  out.block = block;
+  out.unit = unit;
+  out.ram = ram;
+  out.disk = disk;
+  return out;
+}
+
+}  // namespace
+
+absl::Status CheckReplay(const ReplayOptions& o) {
+  VC_RETURN_IF_ERROR(Scale(o).status());
+  std::error_code ec;
+  if (!std::filesystem::is_directory(o.scratch_dir, ec)) {
+    return absl::InvalidArgumentError(absl::StrCat("the scratch directory ", o.scratch_dir, " is not a directory"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ReplayStats> ReplayTrace(const std::vector<TraceRequest>& trace, const ReplayOptions& o) {
+  if (trace.empty()) return absl::InvalidArgumentError("the trace has no requests");
+  VC_RETURN_IF_ERROR(CheckReplay(o));
+  VC_ASSIGN_OR_RETURN(const ScaledStore scaled, Scale(o));
+  const BlockLayout& layout = scaled.layout;
+  const uint64_t unit = scaled.unit, ram = scaled.ram, disk = scaled.disk;
   const std::string payload(layout.layer_bytes(), '\0');
   VC_ASSIGN_OR_RETURN(const std::string bytes, EncodeBlock({}, layout, {payload}));
 
@@ -256,10 +302,12 @@ absl::StatusOr<ReplayStats> ReplayTrace(const std::vector<TraceRequest>& trace, 
   so.ram.hot_fraction = o.hot_fraction;
   so.disk.path = dir;
   so.disk.capacity_bytes = disk;
+  so.disk.allow_past_filesystem = true;
   VC_ASSIGN_OR_RETURN(std::unique_ptr<BlockStore> store, BlockStore::Open(so));
 
   Tally tally(trace, o.block_tokens, o.block_bytes);
   for (const TraceRequest& r : trace) {
+    if (o.stop != nullptr && o.stop->load()) return absl::CancelledError("the replay was stopped");
     const std::vector<BlockKey> keys = Keys(r, o.block_tokens);
     // The leading blocks present, leased one by one as a worker's batch leases them: a lease
     // from disk brings its block up to RAM, which may push out a later block of the run (one

@@ -13,6 +13,7 @@
 #ifndef VC_CACHESTORE_TIER_REPLAY_H_
 #define VC_CACHESTORE_TIER_REPLAY_H_
 
+#include <atomic>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -32,11 +33,13 @@ struct TraceRequest {
 };
 
 // Requests [first, first + count) of the trace at `path` (count < 0: to the end). kNotFound when
-// the file cannot be read or holds no such request; kInvalidArgument naming the line for one
-// that is not such an object (a field missing or of the wrong type, a negative length, no
-// hash_ids, or timestamps that go backwards).
+// the file does not exist or holds no such request; kInvalidArgument for a file that is not a
+// regular one, or naming the line for one that is not such an object (a field missing or of the
+// wrong type, a negative length, no hash_ids, timestamps that go backwards, or, with
+// block_tokens > 0, a number of hash ids other than the blocks of block_tokens its input_length
+// makes: a trace of another block size).
 absl::StatusOr<std::vector<TraceRequest>> ReadMooncakeTrace(const std::string& path, int64_t first = 0,
-                                                            int64_t count = -1);
+                                                            int64_t count = -1, int64_t block_tokens = 0);
 
 struct ReplayOptions {
   int64_t block_tokens = 512;        // the trace's tokens per hash id
@@ -47,6 +50,7 @@ struct ReplayOptions {
   double hot_fraction = 0.5;         // RamTierOptions::hot_fraction
   uint64_t slot_bytes = 4096;        // RamTierOptions::min_slot_bytes, at full scale
   std::string scratch_dir;           // the disk tier's RocksDB lives in a new directory under this one
+  const std::atomic<bool>* stop = nullptr;  // when set and true, the replay ends (kCancelled)
 };
 
 struct ReplayStats {
@@ -67,6 +71,10 @@ struct ReplayStats {
   // Prompt tokens the store served (the prefill they save).
   int64_t hit_tokens() const { return (ram_hits + disk_hits) * block_tokens; }
 };
+
+// What ReplayTrace would refuse `options` for before it reads a request: the sizes (as below),
+// or a scratch directory that is not one.
+absl::Status CheckReplay(const ReplayOptions& options);
 
 // Replays `trace` through a BlockStore scaled from the options' sizes (see the top of this file).
 // kInvalidArgument when a tier cannot hold one block, a scaled block is smaller than a block

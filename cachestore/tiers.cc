@@ -430,7 +430,7 @@ absl::StatusOr<std::unique_ptr<DiskTier>> DiskTier::Open(const DiskTierOptions& 
   t->sizes_cf_ = handles[1];
   // A budget the filesystem could never hold would only show as failed puts once it fills.
   struct statvfs fs;
-  if (statvfs(options.path.c_str(), &fs) == 0) {
+  if (!options.allow_past_filesystem && statvfs(options.path.c_str(), &fs) == 0) {
     const uint64_t size = static_cast<uint64_t>(fs.f_blocks) * fs.f_frsize;
     if (options.capacity_bytes > size) {
       return absl::ResourceExhaustedError(absl::StrCat("a disk tier of ", options.capacity_bytes,

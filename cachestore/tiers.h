@@ -207,6 +207,9 @@ struct DiskTierOptions {
   uint64_t capacity_bytes = uint64_t{8} << 30;
   bool sync_writes = false;  // fsync every put (survives power loss, not only kill -9)
   rocksdb::Env* env = nullptr;  // RocksDB's environment (tests: one whose writes fail); null: the default
+  // Open refuses a budget past the filesystem's size (it would only show as failed puts once the
+  // disk fills), unless this is set: a trace replay's tier takes only what its trace puts.
+  bool allow_past_filesystem = false;
 };
 
 // Puts failing on disk: since when, and whether for want of room.

@@ -2,10 +2,17 @@
 // `vericache size-tiers` command around it.
 #include "cachestore/tier_replay.h"
 
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <filesystem>
 #include <fstream>
+#include <chrono>
 #include <sstream>
+#include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "cachestore/block_format.h"
@@ -161,7 +168,9 @@ TEST_F(TierReplayTest, BadOptionsAreRefused) {
   EXPECT_TRUE(absl::IsInvalidArgument(ReplayTrace(SharedPrefixes(), o).status()));
   o = Options(4, 4);
   o.scratch_dir = dir_ + "/no/such/dir";
-  EXPECT_TRUE(absl::IsUnavailable(ReplayTrace(SharedPrefixes(), o).status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(ReplayTrace(SharedPrefixes(), o).status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(CheckReplay(o)));
+  EXPECT_TRUE(CheckReplay(Options(4, 4)).ok());
 }
 
 TEST_F(TierReplayTest, ReadsMooncakeTraces) {
@@ -210,6 +219,21 @@ TEST_F(TierReplayTest, BadTraceLinesAreNamed) {
     EXPECT_TRUE(absl::IsInvalidArgument(s)) << bad.substr(0, 100) << ": " << s;
     EXPECT_NE(s.message().find("line 2"), std::string::npos) << s;
   }
+  // With the block size given, a line's hash ids are its prompt's blocks of that size.
+  const std::string three = "{\"timestamp\": 1, \"input_length\": 1100, \"output_length\": 1, \"hash_ids\": [1, 2, 3]}\n";
+  EXPECT_TRUE(ReadMooncakeTrace(WriteTrace(good + three), 0, -1, 512).ok());
+  for (int64_t block_tokens : {256, 1024}) {
+    const absl::Status s = ReadMooncakeTrace(WriteTrace(good + three), 0, -1, block_tokens).status();
+    EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+    EXPECT_NE(s.message().find(absl::StrCat("line 2: 3 hash ids for 1100 prompt tokens, which blocks of ", block_tokens)),
+              std::string::npos)
+        << s;
+  }
+  // A FIFO would be waited on for ever.
+  ASSERT_EQ(mkfifo((dir_ + "/fifo").c_str(), 0600), 0);
+  const absl::Status fifo = ReadMooncakeTrace(dir_ + "/fifo").status();
+  EXPECT_TRUE(absl::IsInvalidArgument(fifo)) << fifo;
+  EXPECT_NE(fifo.message().find("not a regular file"), std::string::npos) << fifo;
   const std::string back = "{\"timestamp\": 10, \"input_length\": 1, \"output_length\": 1, \"hash_ids\": [1]}\n";
   const absl::Status s = ReadMooncakeTrace(WriteTrace(back + good)).status();
   EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
@@ -307,7 +331,16 @@ TEST_F(TierReplayTest, Command) {
         "2"},
        "--ram-hot-fraction must be in [0, 1]"},
       {{"--trace", dir_ + "/absent", "--kv-bytes-per-token", "128", "--ram-bytes", "4M", "--disk-bytes", "4M"},
-       "cannot read the trace"},
+       "absent: no such file"},
+      {{"--trace", trace, "--kv-bytes-per-token", "128", "--ram-bytes", "4M", "--disk-bytes", "4M", "--block-tokens",
+        "64"},
+       "line 1: 3 hash ids for 1536 prompt tokens, which blocks of 64 tokens make 24"},
+      {{"--trace", trace, "--kv-bytes-per-token", "128", "--ram-bytes", "4M", "--disk-bytes", "4M", "--scratch-dir",
+        dir_ + "/absent"},
+       "absent is not a directory"},
+      // Every pair is checked before any is replayed.
+      {{"--trace", trace, "--kv-bytes-per-token", "128", "--ram-bytes", "4M,1000T", "--disk-bytes", "4M"},
+       "--ram-bytes 1099511627776000 --disk-bytes 4194304: a RAM tier of"},
       {{"--trace", WriteTrace("{]\n", "bad.jsonl"), "--kv-bytes-per-token", "128", "--ram-bytes", "4M", "--disk-bytes",
         "4M"},
        "bad.jsonl: line 1: not a JSON object"},
@@ -321,8 +354,34 @@ TEST_F(TierReplayTest, Command) {
   for (const auto& [args, message] : bad) {
     r = SizeTiers(args);
     EXPECT_EQ(r.code, 2) << args[1] << " " << r.err;
+    EXPECT_EQ(r.out, "") << "printed before refusing: " << message;
     EXPECT_EQ(r.err.rfind("vericache size-tiers: ", 0), 0u) << r.err;
     EXPECT_NE(r.err.find(message), std::string::npos) << "want: " << message << "\ngot: " << r.err;
+  }
+}
+
+// SIGINT during a replay ends it at its next request, and its scratch directory goes with it.
+TEST_F(TierReplayTest, AStopSignalEndsTheReplayAndRemovesItsDirectory) {
+  // Blocked here first, so that the thread that sends it cannot take it itself.
+  sigset_t sigs;
+  sigemptyset(&sigs);
+  sigaddset(&sigs, SIGINT);
+  ASSERT_EQ(pthread_sigmask(SIG_BLOCK, &sigs, nullptr), 0);
+  std::thread interrupt([] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    kill(getpid(), SIGINT);
+  });
+  const auto t0 = std::chrono::steady_clock::now();
+  const CommandRun r = SizeTiers({"--trace", std::string(VC_SOURCE_DIR) + "/benchmarks/data/mooncake_conversation_trace.jsonl",
+                                  "--kv-bytes-per-token", "3072", "--ram-bytes", "8G", "--disk-bytes", "32G,64G",
+                                  "--scratch-dir", dir_});
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  interrupt.join();
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_NE(r.err.find("the replay was stopped"), std::string::npos) << r.err;
+  EXPECT_LT(took, 10.0);
+  for (const auto& entry : std::filesystem::directory_iterator(dir_)) {
+    EXPECT_EQ(entry.path().filename().string().rfind("vericache-replay-", 0), std::string::npos) << entry.path();
   }
 }
 

@@ -1,6 +1,10 @@
 #include "services/cli/size_tiers_command.h"
 
+#include <signal.h>
+
+#include <atomic>
 #include <filesystem>
+#include <thread>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
@@ -32,12 +36,13 @@ constexpr char kUsage[] =
     "                   every layer); or --kv-bytes-per-token N for any other model, whose blocks\n"
     "                   carry a header for --layers L layers (default 1)\n"
     "  SIZE             bytes, or with a binary suffix: 512M, 64G, 2T\n"
-    "  --block-tokens N tokens per hash id of the trace (512 for Mooncake's)\n"
+    "  --block-tokens N tokens per hash id of the trace (512 for Mooncake's): a line's hash ids\n"
+    "                   must be its input_length over N, rounded up\n"
     "  --ram-hot-fraction F, --ram-slot-bytes N  as the store's (vericache store --help)\n"
     "  --scale N        sizes are divided by this power of two for the replay (default: blocks of\n"
     "                   8 KiB or more)\n"
     "  --scratch-dir DIR where the disk tier is made at that scale, in a new directory removed\n"
-    "                   afterwards (default: the temporary directory)\n"
+    "                   afterwards, or on SIGINT or SIGTERM (default: the temporary directory)\n"
     "  --replicas R     the workers' --store-replicas: the sizes are those of all the store's shards\n"
     "                   together, which hold every block R times, so they are replayed as one store\n"
     "                   of 1/R of each size, its disk writes counted R times (default 1). An\n"
@@ -185,8 +190,51 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
     if (ec) scratch = "/tmp";
   }
 
+  // Every pair is checked before the first is replayed (each replay of a large trace takes a while).
+  std::atomic<bool> stop{false};
+  const auto options = [&](uint64_t ram, uint64_t disk) {
+    cachestore::ReplayOptions o;
+    o.block_tokens = block_tokens;
+    o.block_bytes = block_bytes;
+    o.ram_bytes = ram / copies;
+    o.disk_bytes = disk / copies;
+    o.scale = scale;
+    o.hot_fraction = hot_fraction;
+    o.slot_bytes = slot_bytes;
+    o.scratch_dir = scratch;
+    o.stop = &stop;
+    return o;
+  };
+  for (uint64_t ram : rams) {
+    for (uint64_t disk : disks) {
+      if (absl::Status s = cachestore::CheckReplay(options(ram, disk)); !s.ok()) {
+        return absl::Status(s.code(), absl::StrCat("--ram-bytes ", ram, " --disk-bytes ", disk, ": ", s.message()));
+      }
+    }
+  }
+  // SIGINT or SIGTERM ends the replay at its next request, so that its scratch directory is
+  // removed on the way out.
+  const sigset_t sigs = BlockStopSignals();
+  std::atomic<bool> done{false};
+  std::thread watch([&] {
+    const timespec tick{0, 100'000'000};
+    while (!done) {
+      if (sigtimedwait(&sigs, nullptr, &tick) > 0) {
+        stop = true;
+        return;
+      }
+    }
+  });
+  struct JoinAfter {
+    std::atomic<bool>& done;
+    std::thread& watch;
+    ~JoinAfter() {
+      done = true;
+      watch.join();
+    }
+  } join_after{done, watch};
   VC_ASSIGN_OR_RETURN(const std::vector<cachestore::TraceRequest> trace,
-                      cachestore::ReadMooncakeTrace(a.Str("trace"), first, requests));
+                      cachestore::ReadMooncakeTrace(a.Str("trace"), first, requests, block_tokens));
   VC_ASSIGN_OR_RETURN(cachestore::ReplayStats unbounded, cachestore::UnboundedReplay(trace, block_tokens, block_bytes));
   // Every block put is written to each of its replicas' disk tiers.
   const auto count_copies = [copies](cachestore::ReplayStats& s) {
@@ -218,16 +266,7 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
   }
   for (uint64_t ram : rams) {
     for (uint64_t disk : disks) {
-      cachestore::ReplayOptions o;
-      o.block_tokens = block_tokens;
-      o.block_bytes = block_bytes;
-      o.ram_bytes = ram / copies;
-      o.disk_bytes = disk / copies;
-      o.scale = scale;
-      o.hot_fraction = hot_fraction;
-      o.slot_bytes = slot_bytes;
-      o.scratch_dir = scratch;
-      VC_ASSIGN_OR_RETURN(cachestore::ReplayStats s, cachestore::ReplayTrace(trace, o));
+      VC_ASSIGN_OR_RETURN(cachestore::ReplayStats s, cachestore::ReplayTrace(trace, options(ram, disk)));
       count_copies(s);
       if (json) {
         nlohmann::json j = ToJson(s);
