@@ -90,17 +90,25 @@ std::vector<BlockKey> Keys(const TraceRequest& r, int64_t block_tokens) {
 }
 
 // Bytes per second of the busiest minute of `events` (time in seconds, bytes) over a trace of
-// `duration_s`: one shorter than a minute has no whole minute, and its busiest is the whole
-// trace (the mean rate; 0 for a trace of one instant).
+// `duration_s`: of the whole minutes from its start and the minute that ends it (so that a burst
+// in the last, partial minute is measured over a minute, not diluted), each bytes over 60 s. A
+// trace shorter than a minute has none: its busiest is the whole trace (the mean rate; 0 for a
+// trace of one instant).
 double PeakMinute(const std::vector<std::pair<double, double>>& events, double duration_s) {
   if (duration_s < 60.0) {
     double total = 0;
     for (const auto& [t, b] : events) total += b;
     return duration_s > 0 ? total / duration_s : 0.0;
   }
+  const int64_t whole = static_cast<int64_t>(duration_s / 60.0);
   std::map<int64_t, double> per_minute;
-  for (const auto& [t, b] : events) per_minute[static_cast<int64_t>(t / 60.0)] += b;
-  double peak = 0;
+  double last = 0;
+  for (const auto& [t, b] : events) {
+    const int64_t m = static_cast<int64_t>(t / 60.0);
+    if (m < whole) per_minute[m] += b;
+    if (t >= duration_s - 60.0) last += b;
+  }
+  double peak = last / 60.0;
   for (const auto& [m, b] : per_minute) peak = std::max(peak, b / 60.0);
   return peak;
 }
