@@ -170,15 +170,17 @@ absl::StatusOr<std::vector<TraceRequest>> ReadMooncakeTrace(const std::string& p
   // without being held in memory.
   std::vector<char> buf(kMaxLineBytes + 1);
   double last_ms = 0;
+  int64_t seen = 0;        // requests before this line: --first counts requests, not blank lines
+  int64_t prompt_sum = 0;  // the requests' prompt tokens, which ReplayStats sums
   for (int64_t i = 0; count < 0 || static_cast<int64_t>(out.size()) < count; ++i) {
     if (!in.getline(buf.data(), static_cast<std::streamsize>(buf.size()))) {
       if (in.bad()) return absl::DataLossError(absl::StrCat("reading ", path, " failed"));
       if (in.eof() && in.gcount() == 0) break;
       if (!in.eof()) return BadLine(path, i + 1, "longer than 16 MiB");
     }
-    if (i < first) continue;
     const std::string line(buf.data(), static_cast<size_t>(std::max<std::streamsize>(0, in.gcount() - (in.eof() ? 0 : 1))));
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;  // a blank line (the file's end)
+    if (seen++ < first) continue;
     // (The JSON parser would take a NUL byte for the end of the text.)
     if (line.find('\0') != std::string::npos) return BadLine(path, i + 1, "holds a NUL byte");
     absl::StatusOr<TraceRequest> r = ParseRequest(line);
@@ -192,11 +194,16 @@ absl::StatusOr<std::vector<TraceRequest>> ReadMooncakeTrace(const std::string& p
       }
     }
     if (!out.empty() && r->timestamp_ms < last_ms) return BadLine(path, i + 1, "the timestamp goes back in time");
+    prompt_sum += r->input_length;  // each at most 2^40: no overflow before the check
+    if (prompt_sum > (int64_t{1} << 62)) return BadLine(path, i + 1, "the prompts up to here add up past 2^62 tokens");
     last_ms = r->timestamp_ms;
     out.push_back(*std::move(r));
   }
   if (in.bad()) return absl::DataLossError(absl::StrCat("reading ", path, " failed"));
-  if (out.empty()) return absl::NotFoundError(absl::StrCat(path, ": no requests from line ", first + 1));
+  if (out.empty()) {
+    return absl::NotFoundError(
+        absl::StrCat(path, first == 0 ? ": holds no requests" : absl::StrCat(": holds no requests past the first ", first)));
+  }
   return out;
 }
 

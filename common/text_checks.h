@@ -16,6 +16,7 @@ namespace vc {
 inline absl::Status CheckBearerToken(absl::string_view token, absl::string_view what) {
   if (token.empty()) return absl::InvalidArgumentError(absl::StrCat(what, " is empty"));
   for (const char c : token) {
+    if (c == ' ') return absl::InvalidArgumentError(absl::StrCat(what, " holds a space"));
     if (c < 0x21 || c > 0x7e) {
       return absl::InvalidArgumentError(
           absl::StrCat(what, " holds a byte other than printable ASCII (", static_cast<int>(static_cast<uint8_t>(c)), ")"));

@@ -264,6 +264,9 @@ absl::StatusOr<std::map<std::string, std::string>> ReadTokenFile(const std::stri
       return absl::InvalidArgumentError(absl::StrCat(path, ":", n, ": expected 'token tenant'"));
     }
     VC_RETURN_IF_ERROR(CheckBearerToken(parts[0], absl::StrCat(path, ":", n, ": the token")));
+    // A tenant names its blocks (it salts their keys) and its metrics: printable ASCII, as a
+    // worker's tenants are.
+    VC_RETURN_IF_ERROR(CheckBearerToken(parts[1], absl::StrCat(path, ":", n, ": the tenant")));
     if (!out.emplace(parts[0], parts[1]).second) {
       return absl::InvalidArgumentError(absl::StrCat(path, ":", n, ": this token is listed already"));
     }

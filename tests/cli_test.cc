@@ -12,6 +12,7 @@
 #include "services/cli/router_command.h"
 #include "services/cli/store_command.h"
 #include "services/cli/worker_command.h"
+#include "services/store_service.h"
 #include "tests/testing/tiny_model.h"
 
 namespace vc::cli {
@@ -228,6 +229,29 @@ TEST_F(CliTest, ClientTokenFiles) {
     EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << text;
     EXPECT_NE(st.message().find(path), std::string::npos) << st;
   }
+}
+
+// The store's token file: `token tenant` a line, both printable ASCII (a tenant salts its blocks'
+// keys and labels its metrics, as a worker's does).
+TEST_F(CliTest, StoreTokenFiles) {
+  const std::string path = dir_ + "/store-tokens";
+  std::ofstream(path) << "# workers\nt-1 pool-a\nt-2 pool-b\n";
+  auto tokens = ReadTokenFile(path);
+  ASSERT_TRUE(tokens.ok()) << tokens.status();
+  EXPECT_EQ(*tokens, (std::map<std::string, std::string>{{"t-1", "pool-a"}, {"t-2", "pool-b"}}));
+  for (const auto& [text, why] : std::vector<std::pair<std::string, std::string>>{
+           {"tok\n", "expected 'token tenant'"},
+           {"tok pool\x01x\n", "the tenant holds a byte other than printable ASCII (1)"},
+           {"tok pool\xc3\xa9\n", "the tenant holds a byte other than printable ASCII (195)"},
+           {"t-1 a\nt-1 b\n", "listed already"}}) {
+    std::ofstream(path) << text;
+    const absl::Status st = ReadTokenFile(path).status();
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << text;
+    EXPECT_NE(st.message().find(why), std::string::npos) << st;
+  }
+  // A worker's token file holds one token: a space in it is named as one.
+  std::ofstream(path) << "tok tenant\n";
+  EXPECT_NE(ReadBearerTokenFile(path).status().message().find("holds a space"), std::string::npos);
 }
 
 }  // namespace

@@ -177,6 +177,9 @@ TEST(TensorStore, ShardedIndex) {
   EXPECT_EQ(TensorStore::Open(dir).status().code(), absl::StatusCode::kNotFound);
   testing::WriteFile(dir + "/model.safetensors.index.json", R"({"weight_map":{"a":"../etc/passwd"}})");
   EXPECT_EQ(TensorStore::Open(dir).status().code(), absl::StatusCode::kInvalidArgument);
+  // A NUL would cut the name when the file is opened: s1.safetensors would be read for it.
+  testing::WriteFile(dir + "/model.safetensors.index.json", R"({"weight_map":{"a":"s1.safetensors\u0000x"}})");
+  EXPECT_EQ(TensorStore::Open(dir).status().code(), absl::StatusCode::kInvalidArgument);
   testing::WriteFile(dir + "/model.safetensors.index.json", R"({"weight_map":{"b":"s1.safetensors"}})");
   EXPECT_EQ(TensorStore::Open(dir).status().code(), absl::StatusCode::kNotFound);
   // A model.safetensors that cannot be looked at is reported as such, not as missing.
@@ -259,6 +262,7 @@ TEST(ModelConfig, BadConfigs) {
     j["num_key_value_heads"] = 8;
     EXPECT_NE(ParseModelConfig(j.dump()).status().message().find("head_dim is 0"), absl::string_view::npos);
   }
+  EXPECT_NE(with("rope_theta", 0.5).message().find("'rope_theta' = 0.5 must be greater than 1"), absl::string_view::npos);
   EXPECT_NE(with("rms_norm_eps", 1e-300).message().find("is 0 in float32"), absl::string_view::npos);
   EXPECT_NE(with("rms_norm_eps", 1e300).message().find("not finite"), absl::string_view::npos);
   EXPECT_NE(with("rope_scaling", {{"rope_type", "llama3"}, {"factor", 1e-320}, {"low_freq_factor", 1.0},

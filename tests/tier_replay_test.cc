@@ -182,6 +182,7 @@ TEST_F(TierReplayTest, ReadsMooncakeTraces) {
   const std::string path = WriteTrace(
       "{\"timestamp\": 0, \"input_length\": 6758, \"output_length\": 500, \"hash_ids\": [0, 1, 2]}\n"
       "{\"timestamp\": 5, \"input_length\": 700, \"output_length\": 3, \"hash_ids\": [0, 14]}\n"
+      "\n"
       "{\"timestamp\": 5.5, \"input_length\": 10, \"output_length\": 0, \"hash_ids\": [9]}\n\n");
   absl::StatusOr<std::vector<TraceRequest>> t = ReadMooncakeTrace(path);
   ASSERT_TRUE(t.ok()) << t.status();
@@ -194,6 +195,10 @@ TEST_F(TierReplayTest, ReadsMooncakeTraces) {
   ASSERT_TRUE(t.ok()) << t.status();
   ASSERT_EQ(t->size(), 1u);
   EXPECT_EQ((*t)[0].input_length, 700);
+  t = ReadMooncakeTrace(path, 2, 1);  // requests, not lines: the blank one is not counted
+  ASSERT_TRUE(t.ok()) << t.status();
+  ASSERT_EQ(t->size(), 1u);
+  EXPECT_EQ((*t)[0].input_length, 10);
   EXPECT_TRUE(absl::IsNotFound(ReadMooncakeTrace(path, 3).status()));
   EXPECT_TRUE(absl::IsNotFound(ReadMooncakeTrace(dir_ + "/absent.jsonl").status()));
 }

@@ -122,7 +122,8 @@ absl::StatusOr<ModelConfig> ParseModelConfig(absl::string_view text) {
   c.rms_norm_eps = static_cast<float>(eps);
   if (!(c.rms_norm_eps > 0.0f)) return Bad(absl::StrCat("rms_norm_eps ", eps, " is 0 in float32"));
   if (!std::isfinite(c.rms_norm_eps)) return Bad(absl::StrCat("rms_norm_eps ", eps, " is not finite in float32"));
-  VC_RETURN_IF_ERROR(ReadDouble(j, "rope_theta", 0.0, &c.rope_theta));
+  // Past 1, so that the rotary frequencies theta^(-2i/d) fall with i and all are finite.
+  VC_RETURN_IF_ERROR(ReadDouble(j, "rope_theta", 1.0, &c.rope_theta));
   VC_RETURN_IF_ERROR(ReadBool(j, "tie_word_embeddings", &c.tie_word_embeddings));
   bool attention_bias = false;
   VC_RETURN_IF_ERROR(ReadBool(j, "attention_bias", &attention_bias));

@@ -232,7 +232,8 @@ absl::StatusOr<CheckpointLayout> ReadCheckpointLayout(const std::string& dir) {
   for (auto it = wm->begin(); it != wm->end(); ++it) {
     if (!it.value().is_string()) return Bad(index_path, absl::StrCat("shard of '", it.key(), "' is not a string"));
     const std::string shard = it.value().get<std::string>();
-    if (shard.empty() || shard.find('/') != std::string::npos || shard == "..") {
+    if (shard.empty() || shard.find('/') != std::string::npos || shard.find('\0') != std::string::npos ||
+        shard == "..") {
       return Bad(index_path, absl::StrCat("shard name '", shard, "' is not a file in the directory"));
     }
     layout.weight_map.emplace_back(it.key(), shard);
