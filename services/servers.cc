@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -193,6 +194,14 @@ absl::StatusOr<std::unique_ptr<StoreServer>> StoreServer::Start(StoreServerOptio
   if (options.disk_failure_grace_ms < 0) return absl::InvalidArgumentError("the disk failure grace is negative");
   VC_RETURN_IF_ERROR(CheckFitsInMemory(options.store.ram.capacity_bytes, "the RAM tier (--ram-bytes)"));
   if (options.ucx != "off") {
+    std::set<std::string> tenants;
+    for (const auto& [token, tenant] : options.service.tokens) tenants.insert(tenant);
+    if (tenants.size() > 1 && !options.ucx_across_tenants) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the tokens name ", tenants.size(), " tenants, and a one-sided UCX read can reach every tenant's blocks in "
+          "the RAM region: give --ucx off (blocks inline over gRPC) or a store per tenant, or --ucx-across-tenants "
+          "if the tenants may read each other's blocks"));
+    }
     VC_ASSIGN_OR_RETURN(cachestore::UcxErrorMode mode, cachestore::ParseUcxErrorMode(options.ucx));
     VC_ASSIGN_OR_RETURN(s->ucx_, cachestore::UcxRegionServer::Allocate(options.store.ram.capacity_bytes, mode));
     options.store.ram.region = s->ucx_->region();

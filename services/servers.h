@@ -35,6 +35,9 @@ struct StoreServerOptions {
   // "none" or "peer": the RAM tier lives in a region UCX allocates (only such memory can be read
   // one-sided without RDMA hardware) and is served for one-sided reads; "off": inline gRPC only.
   std::string ucx = "none";
+  // A lease's UCX key reaches the whole RAM region, every tenant's blocks in it: with one-sided
+  // reads on and more than one tenant in service.tokens, Start refuses unless this is set.
+  bool ucx_across_tenants = false;
   std::shared_ptr<grpc::ServerCredentials> credentials;  // null: plaintext
   // HOST:PORT of a Prometheus /metrics endpoint (plain HTTP, no authentication); empty: none.
   std::string metrics_listen;

@@ -288,6 +288,25 @@ TEST(ServerMetrics, StoreAndWorkerServeTheirStats) {
 // recovers by itself once there is room (the store probes, with no put coming), and a restart would
 // not help. A log write that failed with EIO, which RocksDB recovers from only when reopened, turns
 // the entry NOT_SERVING. The server's own entry stays SERVING throughout: reads go on.
+// A lease's UCX key reaches the whole RAM region: a store of several tenants starts with one-sided
+// reads on only when told that its tenants may read each other's blocks.
+TEST(StoreStart, SeveralTenantsShareUcxReadsOnlyWhenTold) {
+  testing::TinyStack t = testing::MakeTinyStack("ucx_tenants");
+  t.store.service.tokens = {{"tok-a", "a"}, {"tok-b", "b"}, {"tok-a2", "a"}};
+  const absl::Status refused = StoreServer::Start(t.store).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
+  EXPECT_NE(refused.message().find("2 tenants"), std::string::npos) << refused;
+  EXPECT_NE(refused.message().find("--ucx-across-tenants"), std::string::npos) << refused;
+  t.store.ucx_across_tenants = true;
+  EXPECT_TRUE(StoreServer::Start(t.store).ok());
+  t.store.ucx_across_tenants = false;
+  t.store.ucx = "off";
+  EXPECT_TRUE(StoreServer::Start(t.store).ok());
+  t.store.ucx = "none";
+  t.store.service.tokens = {{"tok-a", "a"}, {"tok-a2", "a"}};
+  EXPECT_TRUE(StoreServer::Start(t.store).ok());
+}
+
 TEST(StoreHealth, LivenessFollowsDiskWrites) {
   using Fault = testing::FailingFileSystem::Fault;
   testing::TinyStack t = testing::MakeTinyStack("liveness");

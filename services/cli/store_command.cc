@@ -20,12 +20,18 @@ namespace {
 constexpr char kUsage[] =
     "usage: vericache store --listen HOST:PORT --data-dir DIR --tokens FILE [--ram-bytes N] [--disk-bytes N]\n"
     "                       [--secret-file FILE] [--tls-cert PEM --tls-key PEM] [--ucx none|peer|off]\n"
+    "                       [--ucx-across-tenants]\n"
     "                       [--lease-ttl-ms N] [--lease-bytes-per-tenant N] [--ram-hot-fraction F]\n"
     "                       [--ram-slot-bytes N] [--metrics-listen HOST:PORT] [--disk-failure-grace-ms N]\n"
     "  --tokens FILE    lines of 'token tenant'; requests without a listed Bearer token are refused\n"
     "  --ucx MODE       one-sided UCX reads of the RAM tier, with UCX error handling 'none' (shared\n"
     "                   memory and CMA allowed; the default) or 'peer' (dead peers reported; TCP only\n"
     "                   on one host); 'off' serves every block inline over gRPC\n"
+    "  --ucx-across-tenants\n"
+    "                   let tenants share one-sided reads: a lease's UCX key reaches the whole RAM\n"
+    "                   region, every tenant's blocks in it. Without it a store whose --tokens name\n"
+    "                   more than one tenant does not start with --ucx on (use --ucx off, or a store\n"
+    "                   per tenant, where tenants must not read each other's blocks)\n"
     "  --lease-ttl-ms N how long a remote read's lease pins its block if the reader never releases\n"
     "                   it (default 30000); a read outlasting its lease is discarded by the client\n"
     "  --lease-bytes-per-tenant N\n"
@@ -75,7 +81,7 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
                                                  "secret-file", "tls-cert", "tls-key", "ucx", "lease-ttl-ms",
                                                  "lease-bytes-per-tenant", "ram-hot-fraction", "ram-slot-bytes",
                                                  "metrics-listen", "disk-failure-grace-ms"},
-                                          {}));
+                                          {"ucx-across-tenants"}));
   for (const char* req : {"listen", "data-dir", "tokens"}) {
     if (!a.Has(req)) return absl::InvalidArgumentError(absl::StrCat("--", req, " is required"));
   }
@@ -104,6 +110,7 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
   server.store = o;
   server.service = so;
   server.ucx = a.Str("ucx", "none");
+  server.ucx_across_tenants = a.Has("ucx-across-tenants");
   server.metrics_listen = a.Str("metrics-listen", "");
   VC_ASSIGN_OR_RETURN(server.credentials, ServerTls(a));
   VC_ASSIGN_OR_RETURN(std::unique_ptr<StoreServer> running, StoreServer::Start(server));
