@@ -566,23 +566,34 @@ grpc::Status RouterService::Generate(grpc::ServerContext* ctx, const GenerateReq
 // Asked of a serving worker with the caller's token, so that the worker's clients are the ones
 // told (the router's own copy was fetched with its token); a worker that cannot answer passes the
 // call to the next.
+grpc::Status RouterService::ForwardTo(const grpc::ServerContext& ctx, std::string* auth,
+                                      std::vector<std::shared_ptr<Upstream>>* workers) {
+  if (grpc::Status s = Authorization(ctx, auth); !s.ok()) return s;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    *workers = ServingWorkers();
+  }
+  if (workers->empty()) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the router has no serving worker");
+  return grpc::Status::OK;
+}
+
+std::unique_ptr<grpc::ClientContext> RouterService::ForwardedCall(const grpc::ServerContext& ctx,
+                                                                  const std::string& auth) const {
+  std::unique_ptr<grpc::ClientContext> call = grpc::ClientContext::FromServerContext(ctx);
+  if (!auth.empty()) call->AddMetadata("authorization", auth);
+  const auto limit = absl::ToChronoTime(absl::Now() + absl::Milliseconds(options_.worker_timeout_ms));
+  if (call->deadline() > limit) call->set_deadline(limit);
+  return call;
+}
+
 grpc::Status RouterService::GetModelInfo(grpc::ServerContext* ctx, const vericache::v1::GetModelInfoRequest* req,
                                          vericache::v1::ModelInfo* info) {
   std::string auth;
-  if (grpc::Status s = Authorization(*ctx, &auth); !s.ok()) return s;
   std::vector<std::shared_ptr<Upstream>> ws;
-  {
-    std::lock_guard<std::mutex> l(mu_);
-    ws = ServingWorkers();
-  }
-  if (ws.empty()) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the router has no serving worker");
+  if (grpc::Status s = ForwardTo(*ctx, &auth, &ws); !s.ok()) return s;
   grpc::Status last;
   for (const auto& w : ws) {
-    std::unique_ptr<grpc::ClientContext> call = grpc::ClientContext::FromServerContext(*ctx);
-    if (!auth.empty()) call->AddMetadata("authorization", auth);
-    const auto limit = absl::ToChronoTime(absl::Now() + absl::Milliseconds(options_.worker_timeout_ms));
-    if (call->deadline() > limit) call->set_deadline(limit);
-    last = w->stub->GetModelInfo(call.get(), *req, info);
+    last = w->stub->GetModelInfo(ForwardedCall(*ctx, auth).get(), *req, info);
     if (last.ok()) return last;
     last = grpc::Status(last.error_code(), absl::StrCat("worker ", w->target, ": ", last.error_message()));
     if (last.error_code() != grpc::StatusCode::UNAVAILABLE &&
@@ -596,20 +607,11 @@ grpc::Status RouterService::GetModelInfo(grpc::ServerContext* ctx, const vericac
 grpc::Status RouterService::GetStats(grpc::ServerContext* ctx, const vericache::v1::GetStatsRequest* req,
                                      vericache::v1::WorkerStats* stats) {
   std::string auth;
-  if (grpc::Status s = Authorization(*ctx, &auth); !s.ok()) return s;
   std::vector<std::shared_ptr<Upstream>> ws;
-  {
-    std::lock_guard<std::mutex> l(mu_);
-    ws = ServingWorkers();
-  }
-  if (ws.empty()) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the router has no serving worker");
+  if (grpc::Status s = ForwardTo(*ctx, &auth, &ws); !s.ok()) return s;
   for (const auto& w : ws) {
-    std::unique_ptr<grpc::ClientContext> call = grpc::ClientContext::FromServerContext(*ctx);
-    if (!auth.empty()) call->AddMetadata("authorization", auth);
-    const auto limit = absl::ToChronoTime(absl::Now() + absl::Milliseconds(options_.worker_timeout_ms));
-    if (call->deadline() > limit) call->set_deadline(limit);
     vericache::v1::WorkerStats one;
-    const grpc::Status s = w->stub->GetStats(call.get(), *req, &one);
+    const grpc::Status s = w->stub->GetStats(ForwardedCall(*ctx, auth).get(), *req, &one);
     if (!s.ok()) return grpc::Status(s.error_code(), absl::StrCat("worker ", w->target, ": ", s.error_message()));
     AddCounts(one, stats);
   }

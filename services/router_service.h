@@ -126,6 +126,14 @@ class RouterService final : public vericache::v1::Inference::Service {
   RouterService(RouterServiceOptions options, bool from_dns);
   // The workers serving now, in list order. Needs mu_.
   std::vector<std::shared_ptr<Upstream>> ServingWorkers() const;
+  // For a call passed on to the workers (GetModelInfo, GetStats): the caller's authorization into
+  // *auth (refused when gRPC could not send it on) and the workers serving now (UNAVAILABLE when
+  // none is).
+  grpc::Status ForwardTo(const grpc::ServerContext& ctx, std::string* auth,
+                         std::vector<std::shared_ptr<Upstream>>* workers);
+  // The client context of one such call: the caller's deadline, at most worker_timeout_ms, and its
+  // authorization.
+  std::unique_ptr<grpc::ClientContext> ForwardedCall(const grpc::ServerContext& ctx, const std::string& auth) const;
   // The serving workers in the order to try them, best first (counting a prefix match or a spill).
   std::vector<std::shared_ptr<Upstream>> Choose(const std::vector<uint64_t>& blocks);
   void Remember(const std::vector<uint64_t>& blocks, const Upstream& w);
