@@ -1,6 +1,8 @@
 #include "cachestore/tier_replay.h"
 
+#include <fcntl.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -9,7 +11,6 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <map>
 
 #include "absl/container/flat_hash_set.h"
@@ -28,6 +29,54 @@ namespace {
 // The longest trace line read (a request of a million-token prompt in 512-token blocks is
 // about 20 KB of ids).
 constexpr size_t kMaxLineBytes = size_t{16} << 20;
+
+// The lines of a file descriptor (closed with the reader), each at most kMaxLineBytes: a file that
+// is one huge line is refused without being held in memory.
+class LineReader {
+ public:
+  enum Result { kLine, kEnd, kTooLong, kError };
+  explicit LineReader(int fd) : fd_(fd) {}
+  ~LineReader() { ::close(fd_); }
+  LineReader(const LineReader&) = delete;
+  LineReader& operator=(const LineReader&) = delete;
+
+  // The next line, without its '\n'; a last line without one counts. kError leaves errno set.
+  Result Next(std::string* line) {
+    while (true) {
+      const size_t nl = buf_.find('\n', scanned_);
+      if (nl != std::string::npos) {
+        line->assign(buf_, start_, nl - start_);
+        start_ = scanned_ = nl + 1;
+        return kLine;
+      }
+      scanned_ = buf_.size();
+      if (buf_.size() - start_ > kMaxLineBytes) return kTooLong;
+      if (eof_) {
+        if (start_ == buf_.size()) return kEnd;
+        line->assign(buf_, start_, std::string::npos);
+        start_ = scanned_ = buf_.size();
+        return kLine;
+      }
+      buf_.erase(0, start_);
+      scanned_ -= start_;
+      start_ = 0;
+      char chunk[1 << 16];
+      const ssize_t got = ::read(fd_, chunk, sizeof(chunk));
+      if (got < 0) {
+        if (errno == EINTR) continue;
+        return kError;
+      }
+      if (got == 0) eof_ = true;
+      buf_.append(chunk, static_cast<size_t>(got));
+    }
+  }
+
+ private:
+  const int fd_;
+  std::string buf_;
+  size_t start_ = 0, scanned_ = 0;  // the current line's start; how far '\n' was looked for
+  bool eof_ = false;
+};
 
 absl::Status BadLine(const std::string& path, int64_t line, absl::string_view why) {
   return absl::InvalidArgumentError(absl::StrCat(path, ": line ", line, ": ", why));
@@ -157,28 +206,31 @@ class Tally {
 
 absl::StatusOr<std::vector<TraceRequest>> ReadMooncakeTrace(const std::string& path, int64_t first, int64_t count,
                                                             int64_t block_tokens) {
-  {
-    // A FIFO would be waited on for ever, a device read for ever: regular files only.
-    uint64_t size = 0;
-    VC_ASSIGN_OR_RETURN(const int fd, OpenRegularFile(path, "trace", &size));
-    ::close(fd);
+  // A file, or a pipe (`--trace <(zcat trace.jsonl.gz)`). O_NONBLOCK: a FIFO no one writes to
+  // opens at once (and then reads as empty) instead of waiting for a writer.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) {
+    if (errno == ENOENT) return absl::NotFoundError(absl::StrCat("trace ", path, ": no such file"));
+    return absl::InvalidArgumentError(absl::StrCat("trace ", path, ": cannot open: ", std::strerror(errno)));
   }
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read the trace ", path));
+  LineReader in(fd);
+  struct stat st;
+  if (fstat(fd, &st) != 0 || !(S_ISREG(st.st_mode) || S_ISFIFO(st.st_mode))) {
+    return absl::InvalidArgumentError(absl::StrCat("trace ", path, ": not a regular file or a pipe"));
+  }
+  if (fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("trace ", path, ": ", std::strerror(errno)));
+  }
   std::vector<TraceRequest> out;
-  // Lines are read into a buffer of bounded size, so a file that is one huge line is refused
-  // without being held in memory.
-  std::vector<char> buf(kMaxLineBytes + 1);
   double last_ms = 0;
   int64_t seen = 0;        // requests before this line: --first counts requests, not blank lines
   int64_t prompt_sum = 0;  // the requests' prompt tokens, which ReplayStats sums
+  std::string line;
   for (int64_t i = 0; count < 0 || static_cast<int64_t>(out.size()) < count; ++i) {
-    if (!in.getline(buf.data(), static_cast<std::streamsize>(buf.size()))) {
-      if (in.bad()) return absl::DataLossError(absl::StrCat("reading ", path, " failed"));
-      if (in.eof() && in.gcount() == 0) break;
-      if (!in.eof()) return BadLine(path, i + 1, "longer than 16 MiB");
-    }
-    const std::string line(buf.data(), static_cast<size_t>(std::max<std::streamsize>(0, in.gcount() - (in.eof() ? 0 : 1))));
+    const LineReader::Result got = in.Next(&line);
+    if (got == LineReader::kEnd) break;
+    if (got == LineReader::kTooLong) return BadLine(path, i + 1, "longer than 16 MiB");
+    if (got == LineReader::kError) return absl::DataLossError(absl::StrCat("reading ", path, " failed: ", std::strerror(errno)));
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;  // a blank line (the file's end)
     if (seen++ < first) continue;
     // (The JSON parser would take a NUL byte for the end of the text.)
@@ -199,7 +251,6 @@ absl::StatusOr<std::vector<TraceRequest>> ReadMooncakeTrace(const std::string& p
     last_ms = r->timestamp_ms;
     out.push_back(*std::move(r));
   }
-  if (in.bad()) return absl::DataLossError(absl::StrCat("reading ", path, " failed"));
   if (out.empty()) {
     return absl::NotFoundError(
         absl::StrCat(path, first == 0 ? ": holds no requests" : absl::StrCat(": holds no requests past the first ", first)));

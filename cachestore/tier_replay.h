@@ -32,9 +32,10 @@ struct TraceRequest {
   std::vector<int64_t> hash_ids;
 };
 
-// Requests [first, first + count) of the trace at `path` (count < 0: to the end). kNotFound when
-// the file does not exist or holds no such request; kInvalidArgument for a file that is not a
-// regular one, or naming the line for one that is not such an object (a field missing or of the
+// Requests [first, first + count) of the trace at `path`, a file or a pipe (count < 0: to the
+// end; a FIFO no one writes to reads as empty). kNotFound when the file does not exist or holds
+// no such request; kInvalidArgument for one that is neither a file nor a pipe, or naming the line
+// for one that is not such an object (a field missing or of the
 // wrong type, a negative length, no hash_ids, timestamps that go backwards, or, with
 // block_tokens > 0, a number of hash ids other than the blocks of block_tokens its input_length
 // makes: a trace of another block size).
@@ -78,8 +79,9 @@ absl::Status CheckReplay(const ReplayOptions& options);
 
 // Replays `trace` through a BlockStore scaled from the options' sizes (see the top of this file).
 // kInvalidArgument when a tier cannot hold one block, a scaled block is smaller than a block
-// header, the scaled RAM tier would pass 4 GiB, or the scale is not a power of two; the store's
-// own errors otherwise.
+// header, the scaled RAM tier would pass 4 GiB, the scale is not a power of two, or the scratch
+// directory is not one; kCancelled when options.stop turns true; the store's own errors
+// otherwise.
 absl::StatusOr<ReplayStats> ReplayTrace(const std::vector<TraceRequest>& trace, const ReplayOptions& options);
 
 // What an unbounded store would serve: every leading block seen before, in any earlier request

@@ -39,7 +39,7 @@ uint64_t UsableMemoryBytes() {
 absl::Status CheckFitsInMemory(uint64_t bytes, absl::string_view what) {
   const uint64_t usable = UsableMemoryBytes();
   if (bytes <= usable) return absl::OkStatus();
-  return absl::ResourceExhaustedError(absl::StrFormat("%s (%.1f GiB) is more than the %.1f GiB of memory here", what,
+  return absl::InvalidArgumentError(absl::StrFormat("%s (%.1f GiB) is more than the %.1f GiB of memory here", what,
                                                       bytes / 1073741824.0, usable / 1073741824.0));
 }
 

@@ -15,7 +15,8 @@ namespace vc {
 // Physical memory, capped by the cgroup v2 or v1 memory limit when one is set.
 uint64_t UsableMemoryBytes();
 
-// kResourceExhausted naming `what` when `bytes` exceed UsableMemoryBytes().
+// kInvalidArgument naming `what` when `bytes` exceed UsableMemoryBytes(): options that ask for
+// more memory than the machine (or its container) has.
 absl::Status CheckFitsInMemory(uint64_t bytes, absl::string_view what);
 
 }  // namespace vc

@@ -563,9 +563,6 @@ grpc::Status RouterService::Generate(grpc::ServerContext* ctx, const GenerateReq
                       absl::StrCat("no worker could take the call; the last one tried said: ", last.error_message()));
 }
 
-// Asked of a serving worker with the caller's token, so that the worker's clients are the ones
-// told (the router's own copy was fetched with its token); a worker that cannot answer passes the
-// call to the next.
 grpc::Status RouterService::ForwardTo(const grpc::ServerContext& ctx, std::string* auth,
                                       std::vector<std::shared_ptr<Upstream>>* workers) {
   if (grpc::Status s = Authorization(ctx, auth); !s.ok()) return s;
@@ -586,6 +583,9 @@ std::unique_ptr<grpc::ClientContext> RouterService::ForwardedCall(const grpc::Se
   return call;
 }
 
+// Asked of a serving worker with the caller's token, so that the worker's clients are the ones
+// told (the router's own copy was fetched with its token); a worker that cannot answer passes the
+// call to the next.
 grpc::Status RouterService::GetModelInfo(grpc::ServerContext* ctx, const vericache::v1::GetModelInfoRequest* req,
                                          vericache::v1::ModelInfo* info) {
   std::string auth;

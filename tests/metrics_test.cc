@@ -283,11 +283,6 @@ TEST(ServerMetrics, StoreAndWorkerServeTheirStats) {
   EXPECT_TRUE(absl::StrContains(store_text, "\nvericache_store_ram_capacity_bytes 67108864\n")) << store_text;
 }
 
-// A store whose disk writes fail says so on its metrics and in `vericache stats`, and on its health
-// service's "liveness" entry once they have failed for its grace, unless the disk is only full: that
-// recovers by itself once there is room (the store probes, with no put coming), and a restart would
-// not help. A log write that failed with EIO, which RocksDB recovers from only when reopened, turns
-// the entry NOT_SERVING. The server's own entry stays SERVING throughout: reads go on.
 // A lease's UCX key reaches the whole RAM region: a store of several tenants starts with one-sided
 // reads on only when told that its tenants may read each other's blocks.
 TEST(StoreStart, SeveralTenantsShareUcxReadsOnlyWhenTold) {
@@ -307,6 +302,11 @@ TEST(StoreStart, SeveralTenantsShareUcxReadsOnlyWhenTold) {
   EXPECT_TRUE(StoreServer::Start(t.store).ok());
 }
 
+// A store whose disk writes fail says so on its metrics and in `vericache stats`, and on its health
+// service's "liveness" entry once they have failed for its grace, unless the disk is only full: that
+// recovers by itself once there is room (the store probes, with no put coming), and a restart would
+// not help. A log write that failed with EIO, which RocksDB recovers from only when reopened, turns
+// the entry NOT_SERVING. The server's own entry stays SERVING throughout: reads go on.
 TEST(StoreHealth, LivenessFollowsDiskWrites) {
   using Fault = testing::FailingFileSystem::Fault;
   testing::TinyStack t = testing::MakeTinyStack("liveness");

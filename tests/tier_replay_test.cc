@@ -3,6 +3,7 @@
 #include "cachestore/tier_replay.h"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -239,11 +240,25 @@ TEST_F(TierReplayTest, BadTraceLinesAreNamed) {
               std::string::npos)
         << s;
   }
-  // A FIFO would be waited on for ever.
+  // A pipe is read (`--trace <(zcat trace.jsonl.gz)`); a FIFO no one writes to reads as empty, not
+  // waited on for ever; neither a file nor a pipe is refused.
+  int ends[2];
+  ASSERT_EQ(pipe(ends), 0);
+  ASSERT_EQ(write(ends[1], good.data(), good.size()), static_cast<ssize_t>(good.size()));
+  close(ends[1]);
+  absl::StatusOr<std::vector<TraceRequest>> piped = ReadMooncakeTrace(absl::StrCat("/proc/self/fd/", ends[0]));
+  close(ends[0]);
+  ASSERT_TRUE(piped.ok()) << piped.status();
+  EXPECT_EQ(piped->size(), 1u);
   ASSERT_EQ(mkfifo((dir_ + "/fifo").c_str(), 0600), 0);
   const absl::Status fifo = ReadMooncakeTrace(dir_ + "/fifo").status();
-  EXPECT_TRUE(absl::IsInvalidArgument(fifo)) << fifo;
-  EXPECT_NE(fifo.message().find("not a regular file"), std::string::npos) << fifo;
+  EXPECT_TRUE(absl::IsNotFound(fifo)) << fifo;
+  EXPECT_NE(fifo.message().find("holds no requests"), std::string::npos) << fifo;
+  for (const std::string& path : {dir_, std::string("/dev/null")}) {
+    const absl::Status s = ReadMooncakeTrace(path).status();
+    EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+    EXPECT_NE(s.message().find("not a regular file or a pipe"), std::string::npos) << s;
+  }
   const std::string back = "{\"timestamp\": 10, \"input_length\": 1, \"output_length\": 1, \"hash_ids\": [1]}\n";
   const absl::Status s = ReadMooncakeTrace(WriteTrace(back + good)).status();
   EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
@@ -371,14 +386,16 @@ TEST_F(TierReplayTest, Command) {
 }
 
 // SIGINT during a replay ends it at its next request, and its scratch directory goes with it. The
-// command runs as its own process, as an operator runs it: a signal to this one could be taken by
-// a thread started before the command blocked it (RocksDB's, from the tests before).
+// command runs as its own process, as an operator runs it, and is interrupted once it has printed
+// its table's head, which it does just before the first replay (of two: each takes seconds).
 TEST_F(TierReplayTest, AStopSignalEndsTheReplayAndRemovesItsDirectory) {
   const std::string err_path = dir_ + "/stderr";
+  int out[2];
+  ASSERT_EQ(pipe(out), 0);
   const pid_t pid = fork();
   if (pid == 0) {
     const int fd = open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-    if (fd < 0 || dup2(fd, 2) < 0) _exit(126);
+    if (fd < 0 || dup2(fd, 2) < 0 || dup2(out[1], 1) < 0) _exit(126);
     const std::string bin = std::string(VC_BINARY_DIR) + "/services/vericache";
     const std::string trace = std::string(VC_SOURCE_DIR) + "/benchmarks/data/mooncake_conversation_trace.jsonl";
     execl(bin.c_str(), bin.c_str(), "size-tiers", "--trace", trace.c_str(), "--kv-bytes-per-token", "3072",
@@ -386,19 +403,37 @@ TEST_F(TierReplayTest, AStopSignalEndsTheReplayAndRemovesItsDirectory) {
     _exit(127);
   }
   ASSERT_GT(pid, 0);
-  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  close(out[1]);
+  struct Reaper {
+    pid_t pid;
+    int fd;
+    ~Reaper() {
+      close(fd);
+      if (waitpid(pid, nullptr, WNOHANG) == 0) {
+        kill(pid, SIGKILL);
+        waitpid(pid, nullptr, 0);
+      }
+    }
+  } reaper{pid, out[0]};
+  std::string printed;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (printed.find("| RAM | disk |") == std::string::npos && std::chrono::steady_clock::now() < until) {
+    pollfd p{out[0], POLLIN, 0};
+    if (poll(&p, 1, 100) != 1) continue;
+    char buf[4096];
+    const ssize_t n = read(out[0], buf, sizeof(buf));
+    if (n <= 0) break;
+    printed.append(buf, static_cast<size_t>(n));
+  }
+  ASSERT_NE(printed.find("| RAM | disk |"), std::string::npos) << printed;
   ASSERT_EQ(kill(pid, SIGINT), 0);
   int status = 0;
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(15);
+  const auto stopped_by = std::chrono::steady_clock::now() + std::chrono::seconds(15);
   pid_t done = 0;
-  while ((done = waitpid(pid, &status, WNOHANG)) == 0 && std::chrono::steady_clock::now() < until) {
+  while ((done = waitpid(pid, &status, WNOHANG)) == 0 && std::chrono::steady_clock::now() < stopped_by) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  if (done == 0) {
-    kill(pid, SIGKILL);
-    waitpid(pid, &status, 0);
-    FAIL() << "size-tiers ran on for 15 s after SIGINT";
-  }
+  ASSERT_EQ(done, pid) << "size-tiers ran on for 15 s after SIGINT";
   std::ifstream err_file(err_path);
   const std::string err((std::istreambuf_iterator<char>(err_file)), std::istreambuf_iterator<char>());
   ASSERT_TRUE(WIFEXITED(status)) << "ended by signal " << (WIFSIGNALED(status) ? WTERMSIG(status) : 0) << ": " << err;

@@ -217,7 +217,7 @@ absl::StatusOr<CheckpointLayout> ReadCheckpointLayout(const std::string& dir) {
     return layout;
   }
   if (errno != ENOENT) {  // a link loop, a directory without search permission: say so
-    return absl::UnavailableError(absl::StrCat(single, ": cannot stat: ", std::strerror(errno)));
+    return absl::InvalidArgumentError(absl::StrCat(single, ": cannot stat: ", std::strerror(errno)));
   }
   absl::StatusOr<std::string> text = ReadFileLimited(index_path, kMaxIndexBytes, "safetensors index");
   if (absl::IsNotFound(text.status())) {

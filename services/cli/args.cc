@@ -149,7 +149,6 @@ int RunSubcommand(absl::string_view name, absl::string_view usage, const std::ve
     case absl::StatusCode::kNotFound:
     case absl::StatusCode::kDataLoss:
     case absl::StatusCode::kOutOfRange:
-    case absl::StatusCode::kResourceExhausted:
       return 2;
     default:
       return 1;

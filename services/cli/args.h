@@ -91,8 +91,8 @@ bool IsHelpRequested(const absl::Status& s);
 
 // Runs one subcommand: calls run(args, out) and turns its status into an exit code (0 ok, and
 // `usage` printed when it asked for help; 2 bad input: invalid argument, not found, data loss, out
-// of range, or options that ask for more than the machine has (resource exhausted); 1 anything
-// else), printing "vericache <name>: <message>" to `err`.
+// of range; 1 anything else, a server's overload included), printing "vericache <name>: <message>"
+// to `err`.
 int RunSubcommand(absl::string_view name, absl::string_view usage, const std::vector<std::string>& args,
                   std::ostream& out, std::ostream& err,
                   const std::function<absl::Status(const std::vector<std::string>&, std::ostream&)>& run);

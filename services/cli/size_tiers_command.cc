@@ -3,6 +3,7 @@
 #include <signal.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <filesystem>
 #include <thread>
 
@@ -212,17 +213,25 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
       }
     }
   }
-  // SIGINT or SIGTERM ends the replay at its next request, so that its scratch directory is
-  // removed on the way out.
-  const sigset_t sigs = BlockStopSignals();
+  VC_ASSIGN_OR_RETURN(const std::vector<cachestore::TraceRequest> trace,
+                      cachestore::ReadMooncakeTrace(a.Str("trace"), first, requests, block_tokens));
+  VC_ASSIGN_OR_RETURN(cachestore::ReplayStats unbounded, cachestore::UnboundedReplay(trace, block_tokens, block_bytes));
+  // Every block put is written to each of its replicas' disk tiers.
+  const auto count_copies = [copies](cachestore::ReplayStats& s) {
+    s.disk_write_bytes *= static_cast<double>(copies);
+    s.peak_disk_write_bps *= static_cast<double>(copies);
+  };
+  count_copies(unbounded);
+  // From here on, SIGINT or SIGTERM ends the replay at its next request, so that its scratch
+  // directory is removed on the way out (before, nothing is on disk: a signal ends the process as
+  // usual); a second one ends the process at once.
+  const sigset_t sigs = BlockStopSignals();  // before a replay starts RocksDB's threads
   std::atomic<bool> done{false};
   std::thread watch([&] {
     const timespec tick{0, 100'000'000};
     while (!done) {
-      if (sigtimedwait(&sigs, nullptr, &tick) > 0) {
-        stop = true;
-        return;
-      }
+      if (sigtimedwait(&sigs, nullptr, &tick) <= 0) continue;
+      if (stop.exchange(true)) std::_Exit(1);
     }
   });
   struct JoinAfter {
@@ -233,15 +242,6 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
       watch.join();
     }
   } join_after{done, watch};
-  VC_ASSIGN_OR_RETURN(const std::vector<cachestore::TraceRequest> trace,
-                      cachestore::ReadMooncakeTrace(a.Str("trace"), first, requests, block_tokens));
-  VC_ASSIGN_OR_RETURN(cachestore::ReplayStats unbounded, cachestore::UnboundedReplay(trace, block_tokens, block_bytes));
-  // Every block put is written to each of its replicas' disk tiers.
-  const auto count_copies = [copies](cachestore::ReplayStats& s) {
-    s.disk_write_bytes *= static_cast<double>(copies);
-    s.peak_disk_write_bps *= static_cast<double>(copies);
-  };
-  count_copies(unbounded);
   const bool json = a.Has("json");
   nlohmann::json results = nlohmann::json::array();
   if (!json) {
