@@ -385,6 +385,16 @@ TEST(ModelLoad, GoodAndBadCheckpoints) {
     testing::WriteFile(dir + "/model.safetensors", testing::SafetensorsBytes(testing::TinyWeights(more)));
     m = Model::Load(dir);
     EXPECT_NE(m.status().message().find("more layers than num_hidden_layers"), absl::string_view::npos) << m.status();
+    // Any tensor of the extra layer gives it away, not only its first norm.
+    auto weights = testing::TinyWeights(more);
+    const std::string extra = absl::StrCat("model.layers.", spec.layers, ".");
+    std::erase_if(weights, [&](const auto& w) {
+      return w.first.rfind(extra, 0) == 0 && w.first != extra + "mlp.down_proj.weight";
+    });
+    testing::WriteFile(dir + "/model.safetensors", testing::SafetensorsBytes(weights));
+    m = Model::Load(dir);
+    EXPECT_NE(m.status().message().find("it holds '" + extra + "mlp.down_proj.weight'"), absl::string_view::npos)
+        << m.status();
   }
 
   // A truncated weights file.

@@ -73,9 +73,10 @@ absl::Status Model::LoadWeights() {
   VC_ASSIGN_OR_RETURN(embed_, t.Get("model.embed_tokens.weight", {c.vocab_size, d}));
   VC_RETURN_IF_ERROR(CheckFinite("model.embed_tokens.weight", embed_, c.vocab_size * d));
   // A checkpoint with more layers than the config names would lose its last ones unseen.
-  if (t.Contains(absl::StrCat("model.layers.", c.num_layers, ".input_layernorm.weight"))) {
+  if (const std::string extra = t.FirstWithPrefix(absl::StrCat("model.layers.", c.num_layers, "."));
+      !extra.empty()) {
     return absl::InvalidArgumentError(absl::StrCat("the checkpoint has more layers than num_hidden_layers (",
-                                                   c.num_layers, ") in config.json"));
+                                                   c.num_layers, ") in config.json: it holds '", extra, "'"));
   }
   if (c.tie_word_embeddings) {
     lm_head_ = kernels::WeightView{embed_.data, embed_.dtype, c.vocab_size, d};

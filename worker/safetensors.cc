@@ -13,6 +13,7 @@
 #include <new>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "common/files.h"
@@ -280,6 +281,11 @@ absl::StatusOr<std::unique_ptr<TensorStore>> TensorStore::Open(const std::string
 }
 
 bool TensorStore::Contains(absl::string_view name) const { return index_.find(name) != index_.end(); }
+
+std::string TensorStore::FirstWithPrefix(absl::string_view prefix) const {
+  const auto it = index_.lower_bound(prefix);
+  return it != index_.end() && absl::StartsWith(it->first, prefix) ? it->first : std::string();
+}
 
 absl::StatusOr<TensorView> TensorStore::Get(absl::string_view name,
                                             const std::vector<int64_t>& shape) const {

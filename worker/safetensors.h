@@ -76,6 +76,8 @@ class TensorStore {
   // the tensor otherwise.
   absl::StatusOr<TensorView> Get(absl::string_view name, const std::vector<int64_t>& shape) const;
   bool Contains(absl::string_view name) const;
+  // The first tensor whose name starts with `prefix`, or "" when none does.
+  std::string FirstWithPrefix(absl::string_view prefix) const;
 
  private:
   std::vector<std::unique_ptr<SafetensorsFile>> files_;
