@@ -501,7 +501,7 @@ grpc::Status WorkerService::Generate(grpc::ServerContext* ctx, const v1::Generat
       resp.mutable_token_ids()->Add(tokens.begin(), tokens.end());
       resp.set_text(model_.tokenizer().Decode(tokens));
       writable = watchdog_->Write(ctx, [&] { return writer->Write(resp); });
-      sent += tokens.size();
+      if (writable) sent += tokens.size();
     }
     if (done) break;
     if (ctx->IsCancelled() || !writable) stream->RequestCancel();

@@ -362,6 +362,15 @@ bool VeriCacheEngine::EvictResident(const Sequence* except) {
 }
 
 absl::Status VeriCacheEngine::ReserveStaging(SeqId seq, int64_t length, const Sequence* except) {
+  // Residents give their staging up only when that makes room enough: a request left waiting
+  // would otherwise cost every resident its staged KV at every step it is tried.
+  const int64_t block = staging_->layout().block_size;
+  const int64_t need = (length + block - 1) / block - static_cast<int64_t>(staging_->BlockTable(seq).size());
+  int64_t could_free = staging_->free_blocks();
+  for (const auto& sp : requests_.active) {
+    if (sp.get() != except && sp->resident()) could_free += static_cast<int64_t>(staging_->BlockTable(sp->sseq).size());
+  }
+  if (need > could_free) return staging_->Reserve(seq, length);  // fails, or fits after all
   while (true) {
     absl::Status st = staging_->Reserve(seq, length);
     if (!absl::IsResourceExhausted(st) || !EvictResident(except)) return st;

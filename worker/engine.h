@@ -152,7 +152,8 @@ class VeriCacheEngine {
   // Frees the staging of one resident sequence other than `except` (one mid-window first);
   // false when there is none.
   bool EvictResident(const Sequence* except);
-  // staging_->Reserve, evicting resident sequences (not `except`) while it runs out of room.
+  // staging_->Reserve, evicting resident sequences (not `except`) while it runs out of room, when
+  // the free blocks and all theirs would make room enough (else it evicts none and fails).
   absl::Status ReserveStaging(SeqId seq, int64_t length, const Sequence* except);
   // Publishes the blocks of `s` from `from` on and caches its compressed prefix, from exact K/V
   // of `seq` in staging.

@@ -1,7 +1,9 @@
 #include "services/cli/worker_command.h"
 
 #include <algorithm>
+#include <atomic>
 #include <map>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -178,9 +180,15 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
   if (w->metrics_port() != 0) {
     out << "metrics at http://" << o.metrics_listen << "/metrics (port " << w->metrics_port() << ")" << std::endl;
   }
-  WaitAndDrain(sigs, drain_seconds, out, [&] { w->StopAdmitting(); }, [&](absl::Time t) { w->Shutdown(t); });
-  out << (w->WaitIdle(absl::ZeroDuration()) ? "drained: shutting down" : "shutting down with requests cancelled")
-      << std::endl;
+  // Whether every request ended by the deadline, watched while Shutdown tells clients to go
+  // elsewhere and waits (after it, no request is left either way: the deadline cancels them).
+  std::atomic<bool> drained{false};
+  WaitAndDrain(sigs, drain_seconds, out, [&] { w->StopAdmitting(); }, [&](absl::Time t) {
+    std::thread watch([&] { drained = w->WaitIdle(t - absl::Now()); });
+    w->Shutdown(t);
+    watch.join();
+  });
+  out << (drained ? "drained: shutting down" : "shutting down with requests cancelled") << std::endl;
   return absl::OkStatus();
 }
 
