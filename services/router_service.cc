@@ -6,6 +6,7 @@
 
 #include "absl/algorithm/container.h"
 #include "absl/strings/str_cat.h"
+#include "common/memory.h"
 #include "common/status_macros.h"
 #include "services/inference_client.h"
 #include "services/servers.h"
@@ -203,6 +204,9 @@ absl::StatusOr<std::unique_ptr<RouterService>> RouterService::Create(RouterServi
     return absl::InvalidArgumentError("router sizes and intervals must be positive");
   }
   if (options.worker_keepalive_ms < 0) return absl::InvalidArgumentError("the workers' keepalive is negative");
+  // The affinity table grows with traffic up to its size: about 40 bytes a block, in two hash maps.
+  VC_RETURN_IF_ERROR(CheckFitsInMemory(static_cast<uint64_t>(options.affinity_blocks) * 40,
+                                       "--affinity-blocks at about 40 bytes each"));
   absl::StatusOr<std::vector<std::string>> targets =
       ResolveTargets(options.workers, options.dns_server, 0, absl::ZeroDuration(), "workers");
   // Worker pods that are not ready yet have no records: the router starts without them and looks

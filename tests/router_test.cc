@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/memory.h"
 #include "gtest/gtest.h"
 #include "services/inference_client.h"
 #include "services/servers.h"
@@ -346,6 +347,15 @@ TEST_F(RouterTest, ErrorsTokensAndCancellationPassThrough) {
   EXPECT_EQ(RouterService::Create(o).status().code(), absl::StatusCode::kInvalidArgument);
   o.workers = "";
   EXPECT_EQ(RouterService::Create(o).status().code(), absl::StatusCode::kInvalidArgument);
+  // An affinity table that could outgrow the machine's memory is refused before it grows.
+  o.workers = workers_[0]->target();
+  o.affinity_blocks = int64_t{1} << 32;  // about 160 GiB
+  if (UsableMemoryBytes() < (uint64_t{160} << 30)) {
+    const absl::Status big = RouterService::Create(o).status();
+    EXPECT_EQ(big.code(), absl::StatusCode::kInvalidArgument) << big;
+    EXPECT_NE(big.message().find("--affinity-blocks"), absl::string_view::npos) << big;
+  }
+  o.affinity_blocks = int64_t{1} << 20;
   // More workers than a router routes to are refused, not some of them left out.
   std::vector<std::string> many;
   for (int i = 0; i <= kMaxRouterWorkers; ++i) many.push_back(absl::StrCat("127.0.0.1:", 1000 + i));
