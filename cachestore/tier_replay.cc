@@ -298,7 +298,8 @@ absl::StatusOr<ScaledStore> Scale(const ReplayOptions& o) {
   const uint64_t want = (o.block_bytes + o.scale - 1) / o.scale;
   if (want < header + 16 || hi < header + 16) {
     return absl::InvalidArgumentError(absl::StrCat("a block of ", o.block_bytes, " bytes scaled by 1/", o.scale,
-                                                   " is smaller than a block header"));
+                                                   " is below the ", header + 16,
+                                                   " bytes a replayed block takes (a header and 16 bytes)"));
   }
   uint64_t units = (std::min(want, hi) - header) / 8;  // one token's K and V of one float each
   if (header + 8 * units <= lo) units = (lo - header) / 8 + 1;

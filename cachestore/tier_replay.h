@@ -79,9 +79,9 @@ absl::Status CheckReplay(const ReplayOptions& options);
 
 // Replays `trace` through a BlockStore scaled from the options' sizes (see the top of this file).
 // kInvalidArgument when a tier cannot hold one block, a scaled block is smaller than a block
-// header, the scaled RAM tier would pass 4 GiB, the scale is not a power of two, or the scratch
-// directory is not one; kCancelled when options.stop turns true; the store's own errors
-// otherwise.
+// header and 16 bytes, the scaled RAM tier would pass 4 GiB, the scale is not a power of two, or
+// the scratch directory is not one; kCancelled when options.stop turns true; the store's own
+// errors otherwise.
 absl::StatusOr<ReplayStats> ReplayTrace(const std::vector<TraceRequest>& trace, const ReplayOptions& options);
 
 // What an unbounded store would serve: every leading block seen before, in any earlier request
