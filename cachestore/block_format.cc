@@ -35,11 +35,13 @@ uint64_t BlockLayout::layer_bytes() const {
   const uint64_t heads = num_kv_heads, d = head_dim, t = tokens;
   if (encoding == BlockEncoding::kFloat32) return 2 * t * heads * d * 4;
   if (!valid()) return 0;
-  const uint64_t vgroup = std::min<uint64_t>(group, d);
-  const uint64_t codes = t * d * bits / 8;                  // K or V codes
-  const uint64_t kscales = 2 * (t / group) * d * 4;         // K scale and min
-  const uint64_t vscales = 2 * t * (d / vgroup) * 4;        // V scale and min
-  return heads * (2 * codes + kscales + vscales);
+  return heads * kivi_head().bytes();
+}
+
+BlockLayout::KiviHead BlockLayout::kivi_head() const {
+  const uint64_t d = head_dim, t = tokens, vgroup = std::min<uint64_t>(group, d);
+  // K: a scale and a minimum per channel and group of tokens; V: per token and group of channels.
+  return {t * d * bits / 8, 2 * (t / group) * d, 2 * t * (d / vgroup)};
 }
 
 bool BlockLayout::valid() const {
@@ -235,17 +237,12 @@ bool BlockValuesFinite(absl::string_view block, const BlockHeader& header) {
       if (!FloatsFinite(payload.data(), payload.size() / 4)) return false;
       continue;
     }
-    // Each KV head: K codes, K scales and minimums, V codes, V scales and minimums.
-    const uint64_t d = layout.head_dim, t = layout.tokens, vgroup = std::min<uint64_t>(layout.group, d);
-    const uint64_t codes = t * d * layout.bits / 8, kscales = 2 * (t / layout.group) * d,
-                   vscales = 2 * t * (d / vgroup);
-    const char* p = payload.data();
-    for (uint32_t h = 0; h < layout.num_kv_heads; ++h) {
-      p += codes;
-      if (!FloatsFinite(p, kscales)) return false;
-      p += 4 * kscales + codes;
-      if (!FloatsFinite(p, vscales)) return false;
-      p += 4 * vscales;
+    const BlockLayout::KiviHead head = layout.kivi_head();
+    for (const char* p = payload.data(); p < payload.data() + payload.size(); p += head.bytes()) {
+      if (!FloatsFinite(p + head.codes, head.k_floats) ||
+          !FloatsFinite(p + 2 * head.codes + 4 * head.k_floats, head.v_floats)) {
+        return false;
+      }
     }
   }
   return true;

@@ -43,6 +43,14 @@ struct BlockLayout {
   uint16_t group = 0;   // kKivi: tokens per key group; divides tokens
   // Bytes of one layer's payload.
   uint64_t layer_bytes() const;
+  // A kKivi layer's payload holds, for each KV head in turn, `codes` bytes of K codes, `k_floats`
+  // floats of K scales then minimums, `codes` bytes of V codes and `v_floats` floats of V scales
+  // then minimums. For a valid() kKivi layout only.
+  struct KiviHead {
+    uint64_t codes = 0, k_floats = 0, v_floats = 0;
+    uint64_t bytes() const { return 2 * codes + 4 * (k_floats + v_floats); }
+  };
+  KiviHead kivi_head() const;
   // Whether the encoding's parameters fit the shape (a kKivi group divides the tokens, ...).
   bool valid() const;
   bool operator==(const BlockLayout&) const = default;

@@ -260,14 +260,15 @@ absl::StatusOr<std::vector<TraceRequest>> ReadMooncakeTrace(const std::string& p
 
 namespace {
 
-// The scaled store a replay runs on: its block's layout and size, its RAM tier's unit and size,
-// its disk tier's budget.
+// The scaled store a replay runs on: its block's layout, its RAM tier's unit and size, its disk
+// tier's budget.
 struct ScaledStore {
   BlockLayout layout;
-  uint64_t block = 0, unit = 0, ram = 0, disk = 0;
+  uint64_t unit = 0, ram = 0, disk = 0;
 };
 
-absl::StatusOr<ScaledStore> Scale(const ReplayOptions& o) {
+// The store `o` replays on, or why it cannot: the sizes, or a scratch directory that is not one.
+absl::StatusOr<ScaledStore> Plan(const ReplayOptions& o) {
   if (o.scale == 0 || (o.scale & (o.scale - 1)) != 0) {
     return absl::InvalidArgumentError(absl::StrCat("the scale ", o.scale, " is not a power of two"));
   }
@@ -322,30 +323,20 @@ absl::StatusOr<ScaledStore> Scale(const ReplayOptions& o) {
         "a RAM tier of ", o.ram_bytes, " bytes at 1/", o.scale, " scale is past 4 GiB; ",
         unit > 1 ? "raise the scale" : "a scale past the slot unit shrinks it no further: raise the slot unit"));
   }
-  ScaledStore out;
-  out.layout = layout;
-  out.block = block;
-  out.unit = unit;
-  out.ram = ram;
-  out.disk = disk;
-  return out;
-}
-
-}  // namespace
-
-absl::Status CheckReplay(const ReplayOptions& o) {
-  VC_RETURN_IF_ERROR(Scale(o).status());
   std::error_code ec;
   if (!std::filesystem::is_directory(o.scratch_dir, ec)) {
     return absl::InvalidArgumentError(absl::StrCat("the scratch directory ", o.scratch_dir, " is not a directory"));
   }
-  return absl::OkStatus();
+  return ScaledStore{layout, unit, ram, disk};
 }
+
+}  // namespace
+
+absl::Status CheckReplay(const ReplayOptions& o) { return Plan(o).status(); }
 
 absl::StatusOr<ReplayStats> ReplayTrace(const std::vector<TraceRequest>& trace, const ReplayOptions& o) {
   if (trace.empty()) return absl::InvalidArgumentError("the trace has no requests");
-  VC_RETURN_IF_ERROR(CheckReplay(o));
-  VC_ASSIGN_OR_RETURN(const ScaledStore scaled, Scale(o));
+  VC_ASSIGN_OR_RETURN(const ScaledStore scaled, Plan(o));
   const BlockLayout& layout = scaled.layout;
   const uint64_t unit = scaled.unit, ram = scaled.ram, disk = scaled.disk;
   const std::string payload(layout.layer_bytes(), '\0');

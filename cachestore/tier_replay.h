@@ -35,10 +35,9 @@ struct TraceRequest {
 // Requests [first, first + count) of the trace at `path`, a file or a pipe (count < 0: to the
 // end; a FIFO no one writes to reads as empty). kNotFound when the file does not exist or holds
 // no such request; kInvalidArgument for one that is neither a file nor a pipe, or naming the line
-// for one that is not such an object (a field missing or of the
-// wrong type, a negative length, no hash_ids, timestamps that go backwards, or, with
-// block_tokens > 0, a number of hash ids other than the blocks of block_tokens its input_length
-// makes: a trace of another block size).
+// for one that is not such an object (a field missing or of the wrong type, a negative length, no
+// hash_ids, timestamps that go backwards, or, with block_tokens > 0, a number of hash ids other
+// than the blocks of block_tokens its input_length makes: a trace of another block size).
 absl::StatusOr<std::vector<TraceRequest>> ReadMooncakeTrace(const std::string& path, int64_t first = 0,
                                                             int64_t count = -1, int64_t block_tokens = 0);
 

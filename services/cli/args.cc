@@ -200,6 +200,23 @@ sigset_t BlockStopSignals() {
   return sigs;
 }
 
+StopSignalWatch::StopSignalWatch(const sigset_t& sigs, std::function<void()> on_signal)
+    : thread_([this, sigs, on_signal = std::move(on_signal)] {
+        bool seen = false;
+        while (!done_) {
+          const timespec tick{0, 100'000'000};
+          if (sigtimedwait(&sigs, nullptr, &tick) <= 0) continue;
+          if (seen) std::_Exit(1);
+          seen = true;
+          on_signal();
+        }
+      }) {}
+
+StopSignalWatch::~StopSignalWatch() {
+  done_ = true;
+  thread_.join();
+}
+
 void WaitAndDrain(const sigset_t& sigs, int64_t drain_seconds, std::ostream& out,
                   const std::function<void()>& stop_admitting, const std::function<void(absl::Time)>& shutdown) {
   int sig = 0;
@@ -209,19 +226,11 @@ void WaitAndDrain(const sigset_t& sigs, int64_t drain_seconds, std::ostream& out
   // Load balancers see NOT_SERVING and move on; what was admitted finishes. Clients holding a
   // connection are told to reconnect (elsewhere).
   stop_admitting();
-  std::atomic<bool> stopped{false};
-  std::thread stop([&] {
-    shutdown(absl::Now() + absl::Seconds(drain_seconds));
-    stopped = true;
+  const StopSignalWatch second(sigs, [&out] {
+    out << "second signal: stopping now" << std::endl;
+    std::_Exit(1);
   });
-  while (!stopped) {
-    const timespec tick{0, 100'000'000};
-    if (sigtimedwait(&sigs, nullptr, &tick) > 0) {
-      out << "second signal: stopping now" << std::endl;
-      std::_Exit(1);
-    }
-  }
-  stop.join();
+  shutdown(absl::Now() + absl::Seconds(drain_seconds));
 }
 
 }  // namespace vc::cli

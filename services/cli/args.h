@@ -4,6 +4,7 @@
 
 #include <signal.h>
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <ostream>
@@ -11,6 +12,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -61,13 +63,28 @@ absl::StatusOr<std::string> ReadSmallFile(const std::string& path, absl::string_
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerTls(const Args& a);
 
 // Blocks SIGINT and SIGTERM for this thread and the threads it starts afterwards, so that only
-// WaitAndDrain receives them: call it before anything starts a thread (RocksDB, gRPC).
+// WaitAndDrain or a StopSignalWatch receives them: call it before anything starts a thread
+// (RocksDB, gRPC).
 sigset_t BlockStopSignals();
 
+// While it lives, takes SIGINT and SIGTERM (`sigs`, as BlockStopSignals gave them) on a thread of
+// its own: the first calls on_signal(); the next ends the process at once (exit status 1).
+class StopSignalWatch {
+ public:
+  StopSignalWatch(const sigset_t& sigs, std::function<void()> on_signal);
+  ~StopSignalWatch();
+  StopSignalWatch(const StopSignalWatch&) = delete;
+  StopSignalWatch& operator=(const StopSignalWatch&) = delete;
+
+ private:
+  std::atomic<bool> done_{false};
+  std::thread thread_;
+};
+
 // Waits for SIGINT or SIGTERM (`sigs`, as BlockStopSignals gave them), then drains a server:
-// stop_admitting() (health NOT_SERVING, new calls refused), then shutdown(deadline) on another
-// thread, which returns once the calls in flight have ended or at `drain_seconds`, having cancelled
-// them. A second signal meanwhile ends the process at once (exit status 1).
+// stop_admitting() (health NOT_SERVING, new calls refused), then shutdown(deadline), which returns
+// once the calls in flight have ended or at `drain_seconds`, having cancelled them. A second
+// signal meanwhile ends the process at once (exit status 1).
 void WaitAndDrain(const sigset_t& sigs, int64_t drain_seconds, std::ostream& out,
                   const std::function<void()>& stop_admitting, const std::function<void(absl::Time)>& shutdown);
 

@@ -1,11 +1,7 @@
 #include "services/cli/size_tiers_command.h"
 
-#include <signal.h>
-
 #include <atomic>
-#include <cstdlib>
 #include <filesystem>
-#include <thread>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
@@ -226,23 +222,7 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
   // From here on, SIGINT or SIGTERM ends the replay at its next request, so that its scratch
   // directory is removed on the way out (before, nothing is on disk: a signal ends the process as
   // usual); a second one ends the process at once.
-  const sigset_t sigs = BlockStopSignals();  // before a replay starts RocksDB's threads
-  std::atomic<bool> done{false};
-  std::thread watch([&] {
-    const timespec tick{0, 100'000'000};
-    while (!done) {
-      if (sigtimedwait(&sigs, nullptr, &tick) <= 0) continue;
-      if (stop.exchange(true)) std::_Exit(1);
-    }
-  });
-  struct JoinAfter {
-    std::atomic<bool>& done;
-    std::thread& watch;
-    ~JoinAfter() {
-      done = true;
-      watch.join();
-    }
-  } join_after{done, watch};
+  const StopSignalWatch watch(BlockStopSignals(), [&stop] { stop = true; });  // before RocksDB's threads
   const bool json = a.Has("json");
   nlohmann::json results = nlohmann::json::array();
   if (!json) {
