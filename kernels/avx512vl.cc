@@ -18,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "kernels/kernels.h"
 #include "kernels/thread_pool.h"
 

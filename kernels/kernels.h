@@ -12,6 +12,7 @@
 #define VC_KERNELS_KERNELS_H_
 
 #include <cstdint>
+#include <string>
 
 #include "absl/strings/string_view.h"
 #include "common/dtype.h"
@@ -79,6 +80,12 @@ class Backend {
 
   // A short name: "reference", "avx2", "cuda".
   virtual absl::string_view name() const = 0;
+
+  // What fixes the bits of this backend's results: backends that return the same string compute
+  // bitwise the same results for the same inputs (the avx512vl builds return "avx2"). Exact output
+  // holds only for KV computed under this backend's numerics: KV of other numerics (from a cache
+  // store shared with other workers) is near but not bitwise the same.
+  virtual std::string numerics() const { return std::string(name()); }
 
   // y [n, w.rows] = x [n, w.cols] * w^T.
   virtual void MatMul(const float* x, int64_t n, const WeightView& w, float* y) const = 0;

@@ -18,6 +18,10 @@ using vericache::v1::GenerateResponse;
 
 namespace {
 
+// What the router pins: the checkpoint and the numerics of the kernels that run it, which together
+// fix a request's output (a worker older than the numerics field reports none).
+std::string Identity(const vericache::v1::ModelInfo& m) { return absl::StrCat(m.fingerprint_hex(), "/", m.numerics()); }
+
 // SplitMix64's finalizer: a 64-bit mix with full avalanche, the same in every process (unlike
 // absl::Hash, which is seeded per process), so rendezvous orders agree across router replicas.
 uint64_t Mix(uint64_t x) {
@@ -302,7 +306,7 @@ void RouterService::Apply(const std::vector<Probe>& probes) {
   if (model_ != nullptr && options_.model_fingerprint_hex.empty() &&
       now - model_last_served_ >= absl::Milliseconds(options_.repin_after_ms)) {
     const bool another = absl::c_any_of(probes, [&](const Probe& p) {
-      return p.healthy && p.asked_model && p.model_status.ok() && p.info.fingerprint_hex() != model_->fingerprint_hex();
+      return p.healthy && p.asked_model && p.model_status.ok() && Identity(p.info) != Identity(*model_);
     });
     if (another) {
       model_.reset();
@@ -314,15 +318,17 @@ void RouterService::Apply(const std::vector<Probe>& probes) {
     // (the first listed of a tie).
     absl::flat_hash_map<std::string, int> count;
     for (const Probe& p : probes) {
-      if (p.asked_model && p.model_status.ok()) ++count[p.info.fingerprint_hex()];
+      if (p.asked_model && p.model_status.ok()) ++count[Identity(p.info)];
     }
     int best = 0;
     for (const Probe& p : probes) {
       if (!p.asked_model || !p.model_status.ok()) continue;
-      const std::string& f = p.info.fingerprint_hex();
-      if (!options_.model_fingerprint_hex.empty() && f != options_.model_fingerprint_hex) continue;
-      if (count[f] > best) {
-        best = count[f];
+      if (!options_.model_fingerprint_hex.empty() && p.info.fingerprint_hex() != options_.model_fingerprint_hex) {
+        continue;
+      }
+      const int n = count[Identity(p.info)];
+      if (n > best) {
+        best = n;
         model_ = std::make_unique<vericache::v1::ModelInfo>(p.info);
       }
     }
@@ -343,6 +349,10 @@ void RouterService::Apply(const std::vector<Probe>& probes) {
       if (p.info.fingerprint_hex() != model_->fingerprint_hex()) {
         w.state = absl::StrCat("serves another model: checkpoint ", p.info.fingerprint_hex().substr(0, 16),
                                ", the router's workers serve ", model_->fingerprint_hex().substr(0, 16));
+      } else if (p.info.numerics() != model_->numerics()) {
+        w.state = absl::StrCat("computes with other kernels: numerics \"", p.info.numerics(),
+                               "\", the router's workers' \"", model_->numerics(),
+                               "\" (its output would differ from theirs)");
       } else {
         w.model_checked = true;
         w.takes_generated_ids = p.info.takes_generated_ids();

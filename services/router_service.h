@@ -70,7 +70,9 @@ struct RouterServiceOptions {
   int64_t client_write_timeout_ms = 60'000;
   // The checkpoint (ModelInfo.fingerprint_hex) the workers must serve; empty: the one most of the
   // workers serve at the first check that reaches any, given up for the one most of them then
-  // serve once none has served it for `repin_after_ms` (a rollout of another checkpoint).
+  // serve once none has served it for `repin_after_ms` (a rollout of another checkpoint). The
+  // numerics of the workers' kernels (ModelInfo.numerics) are pinned with it, those of the most
+  // workers serving it, so that a request's output does not depend on the worker it lands on.
   std::string model_fingerprint_hex;
   int64_t repin_after_ms = 30'000;
 };

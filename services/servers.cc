@@ -19,6 +19,7 @@
 #include "common/text_checks.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/support/server_interceptor.h"
+#include "kernels/backends.h"
 #include "services/inference_client.h"
 #include "services/metrics.h"
 
@@ -260,7 +261,12 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(WorkerServerOp
       static_cast<uint64_t>(options.staging_bytes) + options.full_kv_bytes + options.prefix_cache_bytes +
           options.host_kv_bytes,
       "--staging-mib, --full-kv-mib, --prefix-cache-mib and --host-kv-mib together"));
-  VC_ASSIGN_OR_RETURN(w->model_, Model::Load(options.model_dir));
+  const kernels::Backend* backend = &kernels::DefaultBackend();
+  if (!options.kernels.empty()) {
+    backend = kernels::BackendByName(options.kernels);
+    if (backend == nullptr) return absl::InvalidArgumentError(absl::StrCat("no kernels \"", options.kernels, "\" here"));
+  }
+  VC_ASSIGN_OR_RETURN(w->model_, Model::Load(options.model_dir, backend));
   using Fingerprint = std::array<uint8_t, 32>;
   VC_ASSIGN_OR_RETURN(Fingerprint fingerprint, ModelFingerprint(options.model_dir));
   EngineOptions& eo = options.service.engine;
@@ -270,6 +276,7 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(WorkerServerOp
   eo.prefix_cache_bytes = options.prefix_cache_bytes;
   options.service.full_kv_blocks = options.full_kv_bytes / block_bytes;
   options.service.fingerprint_hex = HexString(fingerprint);
+  options.service.numerics = backend->numerics();
   if (eo.staging_blocks < 1) return absl::InvalidArgumentError("the staging memory holds no KV block");
   w->tier_ = std::make_unique<HostKvTier>(layout, options.fetch_bytes_per_second, options.store_target.empty() ? 1 : 4,
                                           options.host_kv_bytes);
@@ -289,6 +296,7 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(WorkerServerOp
     po.store.timeout_ms = options.store_timeout_ms;
     po.ucx = options.ucx;
     po.block_tokens = options.block_tokens;
+    po.numerics = backend->numerics();
     po.link = w->tier_->link();
     VC_ASSIGN_OR_RETURN(w->prefixes_, StorePrefixes::Create(po, fingerprint, layout));
   }

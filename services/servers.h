@@ -94,6 +94,9 @@ class StoreServer {
 
 struct WorkerServerOptions {
   std::string model_dir = "models/vc-code-4m";
+  // The kernel backend by name (kernels::BackendByName); empty: kernels::DefaultBackend(), which
+  // the command line picks with VC_KERNELS.
+  std::string kernels;
   std::string listen = "127.0.0.1:0";
   // The cache store (host:port), or its shards (host:port,host:port,...); empty: none (every
   // prefix is computed, nothing is published). An item srv:NAME stands for the targets of NAME's

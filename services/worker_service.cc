@@ -529,6 +529,7 @@ grpc::Status WorkerService::GetModelInfo(grpc::ServerContext* ctx, const v1::Get
   // A tokenizer that is not built in is named as served: token ids only.
   resp->set_tokenizer(model_.tokenizer().handles_text() ? c.tokenizer : "token-ids-only");
   resp->set_fingerprint_hex(options_.fingerprint_hex);
+  resp->set_numerics(options_.numerics);
   resp->set_compressor(compressor_);
   resp->set_prefix_block_tokens(prefixes_ != nullptr ? static_cast<uint32_t>(prefixes_->block_tokens()) : 0);
   resp->set_max_batch(static_cast<uint32_t>(options_.engine.max_batch));

@@ -53,6 +53,7 @@ struct WorkerServiceOptions {
   // authentication (loopback, tests), every request of the default tenant.
   std::map<std::string, std::string> client_tokens;
   std::string fingerprint_hex;  // reported by GetModelInfo
+  std::string numerics;         // the kernels' (kernels::Backend::numerics()), reported by GetModelInfo
   // A write to a client that has not returned within this long (the client stopped reading)
   // cancels the call, so the handler does not wait for it for good.
   int64_t client_write_timeout_ms = 60'000;

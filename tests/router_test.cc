@@ -13,6 +13,7 @@
 #include "absl/strings/str_join.h"
 #include "common/memory.h"
 #include "gtest/gtest.h"
+#include "kernels/kernels.h"
 #include "services/inference_client.h"
 #include "services/servers.h"
 #include "tests/testing/raw_http2.h"
@@ -243,6 +244,29 @@ TEST_F(RouterTest, ACallMovesPastADownWorkerAndADrainingOneGetsNone) {
   EXPECT_EQ(none.status.code(), absl::StatusCode::kUnavailable);
   EXPECT_NE(none.status.message().find("no serving worker"), std::string::npos) << none.status;
   EXPECT_EQ(Stats(*router).requests_unrouted(), 2u);
+}
+
+// A worker of the same checkpoint whose kernels compute other bits is kept out like one of another
+// model: a request's output would depend on the worker it landed on.
+TEST_F(RouterTest, AWorkerOfOtherKernelsIsKeptOut) {
+  if (kernels::DefaultBackend().numerics() == "reference") GTEST_SKIP() << "the default kernels are the reference";
+  WorkerServerOptions wo = stack_.worker;
+  wo.kernels = "reference";
+  auto slow = WorkerServer::Start(wo);
+  ASSERT_TRUE(slow.ok()) << slow.status();
+  RouterServerOptions o;
+  o.service.workers = (*slow)->target() + "," + workers_[0]->target() + "," + workers_[1]->target();
+  o.service.health_interval_ms = 50;
+  o.service.worker_token = "a";
+  auto router = RouterServer::Start(o);
+  ASSERT_TRUE(router.ok()) << router.status();
+  ASSERT_TRUE((*router)->service().WaitServing(2, absl::Seconds(20)));
+  const v1::RouterStats s = Stats(**router);
+  ASSERT_EQ(s.workers_size(), 3);
+  EXPECT_EQ(s.workers(0).serving(), 0u);
+  EXPECT_NE(s.workers(0).state().find("computes with other kernels: numerics \"reference\""), std::string::npos)
+      << s.workers(0).state();
+  EXPECT_EQ(s.workers(1).serving() + s.workers(2).serving(), 2u);
 }
 
 TEST_F(RouterTest, HealthChecksFollowDrainingAndAnotherModelIsRefused) {

@@ -24,6 +24,7 @@
 #include "cachestore/block_key.h"
 #include "cachestore/store_client.h"
 #include "gtest/gtest.h"
+#include "kernels/backends.h"
 #include "nlohmann/json.hpp"
 #include "services/cli/stats_command.h"
 #include "vericache/v1/cache_store.grpc.pb.h"
@@ -973,6 +974,57 @@ TEST_F(WorkerServiceTest, TenantsFindOnlyTheirOwnPrefixes) {
   EXPECT_NE(worker->prefixes()->Names("team-a", p), worker->prefixes()->Names("team-b", p));
   EXPECT_NE(worker->prefixes()->Names("team-a", p), worker->prefixes()->Names("", p));
   EXPECT_EQ(worker->prefixes()->Names("", p).size(), 18u);
+}
+
+// Workers whose kernels compute different bits share no blocks through the store: each finds only
+// what its own numerics computed, and each output is its own kernels' full decode. (KV of the
+// reference kernels is near the AVX2 kernels' but not bitwise, so a worker that read it would emit
+// what no decode of its own gives.) GetModelInfo reports the numerics.
+TEST_F(WorkerServiceTest, WorkersOfOtherKernelsShareNoBlocks) {
+  if (kernels::BackendByName("avx2") == nullptr) GTEST_SKIP() << "no AVX2 here";
+  auto store = StartStore();
+  WorkerServerOptions ro;
+  ro.kernels = "reference";
+  ro.service.engine.draft_window = 4;
+  WorkerServerOptions ao = ro;
+  ao.kernels = "avx2";
+  auto ref = StartWorker(store->target(), ro);
+  auto fast = StartWorker(store->target(), ao);
+  ASSERT_NE(ref, nullptr);
+  ASSERT_NE(fast, nullptr);
+  auto ref_stub = InferenceStub(ref->target());
+  auto fast_stub = InferenceStub(fast->target());
+  auto ref_model = Model::Load(dir_ + "/model", &kernels::ReferenceBackend());
+  ASSERT_TRUE(ref_model.ok()) << ref_model.status();
+  const auto p = Prompt(600, 3);  // 18 whole blocks of 32 tokens
+  GenerateOptions go;
+  go.max_tokens = 8;
+  go.stop_at_eos = false;
+  const std::vector<int32_t> ref_want = GenerateFull(**ref_model, p, go)->tokens;
+  const auto call = [&](v1::Inference::Stub& stub, WorkerServer& w) {
+    const GenerateReply r = CallGenerate(stub, Request(p, 8));
+    EXPECT_TRUE(r.status.ok()) << r.status;
+    w.prefixes()->Flush();
+    return r;
+  };
+  GenerateReply r = call(*ref_stub, *ref);
+  EXPECT_EQ(r.tokens, ref_want);
+  EXPECT_EQ(r.stats.prefix_store_tokens(), 0u);
+  r = call(*fast_stub, *fast);
+  EXPECT_EQ(r.tokens, Want(p, 8));
+  EXPECT_EQ(r.stats.prefix_store_tokens(), 0u) << "read the reference kernels' blocks";
+  EXPECT_EQ(StoreStats(*store).disk_blocks(), 2u * 18);
+  // Each finds its own.
+  EXPECT_EQ(call(*fast_stub, *fast).stats.prefix_store_tokens(), 18u * 32);
+  r = call(*ref_stub, *ref);
+  EXPECT_EQ(r.stats.prefix_store_tokens(), 18u * 32);
+  EXPECT_EQ(r.tokens, ref_want);
+  for (auto* stub : {ref_stub.get(), fast_stub.get()}) {
+    grpc::ClientContext ctx;
+    v1::ModelInfo info;
+    ASSERT_TRUE(stub->GetModelInfo(&ctx, v1::GetModelInfoRequest(), &info).ok());
+    EXPECT_EQ(info.numerics(), stub == ref_stub.get() ? "reference" : "avx2");
+  }
 }
 
 // A tenant at its request limit is refused while another tenant's requests are admitted; the

@@ -75,7 +75,8 @@ StorePrefixes::StorePrefixes(const StorePrefixOptions& options, const std::array
                              const KvLayout& layout)
     : options_(options), fingerprint_(fingerprint), layout_(layout) {
   keys_.model_fingerprint.assign(reinterpret_cast<const char*>(fingerprint.data()), fingerprint.size());
-  keys_.layout = absl::StrCat("f32/l", layout.num_layers, "/h", layout.num_kv_heads, "/d", layout.head_dim);
+  keys_.layout =
+      absl::StrCat("f32/l", layout.num_layers, "/h", layout.num_kv_heads, "/d", layout.head_dim, "/", options.numerics);
   keys_.block_tokens = options.block_tokens;
 }
 
@@ -88,6 +89,7 @@ absl::StatusOr<std::unique_ptr<StorePrefixes>> StorePrefixes::Create(const Store
                                                    layout.block_size));
   }
   if (options.shards.empty()) return absl::InvalidArgumentError("no store given");
+  if (options.numerics.empty()) return absl::InvalidArgumentError("the kernels' numerics are not given");
   if (options.replicas < 1 || static_cast<size_t>(options.replicas) > options.shards.size()) {
     return absl::InvalidArgumentError(absl::StrCat(options.replicas, " replicas of each block need as many stores; ",
                                                    options.shards.size(), " given"));

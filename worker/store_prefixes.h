@@ -1,6 +1,6 @@
 // The PrefixStore of a worker backed by a cache store: block names are the store's chained
-// SHA-256 keys (bound to the model fingerprint, the KV layout and the worker's client tenant; the
-// store adds its own tenant, the worker's), reads
+// SHA-256 keys (bound to the model fingerprint, the KV layout, the kernels' numerics and the
+// worker's client tenant; the store adds its own tenant, the worker's), reads
 // are leased one-sided UCX gets (or inline gRPC bytes), and publishing encodes blocks in the
 // store's checksummed format and puts them from a background thread.
 //
@@ -60,6 +60,10 @@ struct StorePrefixOptions {
   // "none" or "peer": UCX error-handling mode of one-sided reads; "off": inline gRPC bytes.
   std::string ucx = "none";
   int block_tokens = 256;
+  // The numerics of the kernels that compute this worker's KV (kernels::Backend::numerics()):
+  // blocks are shared only among workers of the same, as KV of other numerics is near but not
+  // bitwise what this worker computes. Required.
+  std::string numerics;
   // Optional: reads are paced through this link (benchmarks standing for a slower network).
   LinkPacer* link = nullptr;
   // Encoded blocks waiting to be put, split evenly among the shards; a block past its shard's
