@@ -68,7 +68,7 @@ absl::StatusOr<std::string> BlockStore::Get(const BlockKey& key, bool* from_ram)
     hits_ram_++;
   } else {
     hits_disk_++;
-    (void)ram_->Put(key, *block, nullptr);  // promotion; a full RAM tier just skips it
+    (void)Promote(key, *block);  // a full RAM tier just skips it
   }
   if (from_ram != nullptr) *from_ram = ram;
   return block;
@@ -98,11 +98,9 @@ absl::StatusOr<BlockLease> BlockStore::Lease(const BlockKey& key, absl::string_v
   disk_->Touch(key);
   // RAM may not take this copy now: full of pinned blocks, another put of the key still copying
   // in, or a deleted copy still being read (it keeps the key's entry until its readers finish).
-  // The block is then served inline.
-  bool stored = false;
-  if (!ram_->Put(key, *block, nullptr, &stored).ok() || !stored) {
-    return absl::ResourceExhaustedError("RAM cannot take this block now");
-  }
+  // The block is then served inline. (Or it was deleted from disk meanwhile; an inline read then
+  // finds it gone.)
+  if (!Promote(key, *block)) return absl::ResourceExhaustedError("RAM cannot take this block now");
   return ram_->Lease(key, owner);
 }
 
@@ -123,7 +121,23 @@ absl::Status BlockStore::Delete(const BlockKey& key) {
   (void)ram_->Delete(key);
   // A key in neither tier is deleted as well; a disk that fails the delete keeps the block, and
   // the caller is told why.
-  return disk_->Delete(key);
+  VC_RETURN_IF_ERROR(disk_->Delete(key));
+  // And RAM again: a read that found the block on disk before it was deleted may have promoted it
+  // since (Promote, which looks for it on disk after, handles one that promotes later).
+  (void)ram_->Delete(key);
+  return absl::OkStatus();
+}
+
+bool BlockStore::Promote(const BlockKey& key, absl::string_view block) {
+  bool stored = false;
+  if (!ram_->Put(key, block, nullptr, &stored).ok() || !stored) return false;
+  // A delete that ran while the block was read from disk has erased it there: RAM holds only
+  // what disk holds, so the copy goes.
+  if (!disk_->Contains(key)) {
+    (void)ram_->Delete(key);
+    return false;
+  }
+  return true;
 }
 
 StoreStats BlockStore::Stats() const {

@@ -77,6 +77,8 @@ class BlockStore {
   // counted, deleted from disk (and from RAM when `from_ram_too`) so it is not offered again;
   // returns kDataLoss saying `what` happened and why.
   absl::Status Drop(const BlockKey& key, bool from_ram_too, absl::string_view what, const absl::Status& why);
+  // Puts a block read from disk into RAM; true when RAM holds it after and disk still does.
+  bool Promote(const BlockKey& key, absl::string_view block);
   BlockStore() = default;
   std::unique_ptr<RamTier> ram_;
   std::unique_ptr<DiskTier> disk_;

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <random>
 
 #include "absl/strings/str_cat.h"
 #include "cachestore/block_format.h"
@@ -28,6 +29,15 @@ absl::Status FromRocks(const rocksdb::Status& s, absl::string_view what) {
   return absl::UnavailableError(absl::StrCat(what, ": ", s.ToString()));
 }
 
+// Where a tier's lease ids start: a random point in [1, 2^62], so that the id of a lease from an
+// earlier run of the store (released late by a client, after a restart) names no lease of this
+// run, whose owner would lose it. 2^62 leases later the ids still have not wrapped.
+uint64_t FirstLeaseId() {
+  std::random_device random;
+  const uint64_t r = (uint64_t{random()} << 32) ^ random();
+  return (r >> 2) + 1;
+}
+
 }  // namespace
 
 // ------------------------------------------------------------------------------------------ RAM
@@ -44,6 +54,7 @@ RamTier::RamTier(const RamTierOptions& options)
   // The region as aligned power-of-two pieces, largest first (the binary digits of its size in
   // slot units), each free as a whole.
   absl::MutexLock l(&mu_);
+  next_lease_ = FirstLeaseId();
   uint64_t offset = 0;
   for (int bit = 63; bit >= 0; --bit) {
     const uint64_t units = uint64_t{1} << bit;
@@ -145,13 +156,13 @@ absl::Status RamTier::Put(const BlockKey& key, absl::string_view block,
                           std::vector<std::pair<BlockKey, std::string>>* evicted, bool* stored) {
   if (stored != nullptr) *stored = false;
   const uint64_t slot = SlotFor(block.size());
-  if (slot > largest_slot_) {
-    return absl::ResourceExhaustedError(absl::StrCat("block of ", block.size(), " bytes exceeds the RAM tier"));
-  }
   uint64_t offset;
   {
     absl::MutexLock l(&mu_);
     ExpireLeases(clock_->Now());  // before choosing victims: an expired lease pins nothing
+    // The key's entry first, whatever the new block's size: a different block under a key being
+    // read is refused even where RAM could not take it (the caller's disk tier would, and the
+    // tiers would disagree).
     if (auto it = entries_.find(key); it != entries_.end()) {
       Entry& e = it->second;
       // Deleted while being read: the key's one entry is taken until its readers finish, so this
@@ -174,6 +185,9 @@ absl::Status RamTier::Put(const BlockKey& key, absl::string_view block,
       Free(e);
       Unlink(e);
       entries_.erase(it);
+    }
+    if (slot > largest_slot_) {
+      return absl::ResourceExhaustedError(absl::StrCat("block of ", block.size(), " bytes exceeds the RAM tier"));
     }
     // Evict least-recently-used unpinned blocks above the high watermark (down to the low one),
     // and whenever no slot of this size is free.
@@ -388,6 +402,8 @@ absl::Status DiskTier::ScanSalvaging(const rocksdb::ReadOptions& options,
   }
   rocksdb::WriteBatch gap;
   for (rocksdb::ColumnFamilyHandle* h : {blocks_, sizes_cf_}) (void)gap.DeleteRange(h, first_gap, gap_end);
+  // The mark that the sizes are complete may lie in the gap; they still are.
+  (void)gap.Put(sizes_cf_, kSizesComplete, "");
   rocksdb::WriteOptions sync;
   sync.sync = true;
   if (rocksdb::Status d = db_->Write(sync, &gap); !d.ok()) {
@@ -532,7 +548,7 @@ absl::Status DiskTier::Put(const BlockKey& key, absl::string_view block) {
   rocksdb::WriteBatch batch;
   (void)batch.Put(blocks_, KeySlice(key), rocksdb::Slice(block.data(), block.size()));
   (void)batch.Put(sizes_cf_, KeySlice(key), SizeValue(block.size()));
-  std::vector<BlockKey> victims;
+  std::vector<std::pair<BlockKey, uint64_t>> victims;  // with their sizes
   {
     absl::MutexLock stripe(&Stripe(key));
     const rocksdb::Status written = db_->Write(w, &batch);
@@ -546,22 +562,29 @@ absl::Status DiskTier::Put(const BlockKey& key, absl::string_view block) {
     Unindex(key);
     Index(key, block.size());
     while (used_ > options_.capacity_bytes && order_.size() > 1) {
-      victims.push_back(order_.front());
-      Unindex(victims.back());
+      const BlockKey victim = order_.front();
+      victims.emplace_back(victim, sizes_[victim].first);
+      Unindex(victim);
       evictions_++;
     }
   }
-  for (const BlockKey& v : victims) EraseEvicted(v);
+  for (const auto& [victim, size] : victims) EraseEvicted(victim, size);
   return absl::OkStatus();
 }
 
-void DiskTier::EraseEvicted(const BlockKey& key) {
+void DiskTier::EraseEvicted(const BlockKey& key, uint64_t size) {
   absl::MutexLock stripe(&Stripe(key));
   {
     absl::MutexLock l(&mu_);
-    if (sizes_.contains(key)) return;
+    if (sizes_.contains(key)) return;  // put again meanwhile
   }
-  (void)Erase(key);
+  if (Erase(key).ok()) return;
+  // Still stored: indexed again, as the oldest block, so that it stays counted against the budget
+  // and is the next to go (unindexed, it would take room that nothing counts or ever frees).
+  absl::MutexLock l(&mu_);
+  write_errors_++;
+  evictions_--;
+  Index(key, size, /*oldest=*/true);
 }
 
 absl::Status DiskTier::Erase(const BlockKey& key) {
@@ -596,9 +619,8 @@ bool DiskTier::Touch(const BlockKey& key) {
   return true;
 }
 
-void DiskTier::Index(const BlockKey& key, uint64_t size) {
-  order_.push_back(key);
-  sizes_[key] = {size, std::prev(order_.end())};
+void DiskTier::Index(const BlockKey& key, uint64_t size, bool oldest) {
+  sizes_[key] = {size, order_.insert(oldest ? order_.begin() : order_.end(), key)};
   used_ += size;
 }
 

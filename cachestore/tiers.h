@@ -199,7 +199,7 @@ class RamTier {
   // clock, so id order is deadline order and the expired leases are always a prefix.
   std::map<uint64_t, LeaseRecord> leases_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, uint64_t> leased_bytes_ ABSL_GUARDED_BY(mu_);  // by owner, live leases only
-  uint64_t next_lease_ ABSL_GUARDED_BY(mu_) = 1;
+  uint64_t next_lease_ ABSL_GUARDED_BY(mu_);
 };
 
 struct DiskTierOptions {
@@ -262,17 +262,18 @@ class DiskTier {
   DiskTier() = default;
   // Deletes the block and its size from the database.
   absl::Status Erase(const BlockKey& key);
-  // Erases a block that eviction took out of the index, unless a put of its key has indexed it
-  // again since (that put's block stays).
-  void EraseEvicted(const BlockKey& key);
+  // Erases a block of `size` bytes that eviction took out of the index, unless a put of its key
+  // has indexed it again since (that put's block stays). A failed erase indexes it again.
+  void EraseEvicted(const BlockKey& key, uint64_t size);
   // A put of a key holds the key's stripe from its write to its index entry, and an eviction or a
   // delete of it from its index change to its erase, so an eviction never erases a block that a
   // put wrote after the eviction picked the key (which left the index naming a block not there).
   absl::Mutex& Stripe(const BlockKey& key) { return stripes_[absl::Hash<BlockKey>{}(key) % kStripes]; }
   static constexpr size_t kStripes = 64;
   absl::Mutex stripes_[kStripes];
-  // Adds `key` to the index as the newest block; takes it out of the index (if there).
-  void Index(const BlockKey& key, uint64_t size) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Adds `key` to the index as the newest block (with `oldest`, as the next to be evicted); takes
+  // it out of the index (if there).
+  void Index(const BlockKey& key, uint64_t size, bool oldest = false) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Unindex(const BlockKey& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status ScanSalvaging(const rocksdb::ReadOptions& options,
                              const std::function<bool(const rocksdb::Iterator&)>& visit);

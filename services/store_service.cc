@@ -184,6 +184,9 @@ grpc::ServerUnaryReactor* CacheStoreService::LeaseBlocks(grpc::CallbackServerCon
   resp->set_released_leases(released);
   resp->set_lease_ttl_ms(static_cast<uint64_t>(store_->ram().lease_ttl_ms()));
   for (const cachestore::BlockKey& key : keys) {
+    // A call whose client has gone (its deadline passed while blocks came up from disk) pins
+    // nothing: its lease ids would never reach the client to be released.
+    if (ctx->IsCancelled()) break;
     vericache::v1::LeasedBlock* out = resp->add_blocks();
     const absl::Status s = LeaseRemote(key, *salt, req->expect_fingerprint(), out->mutable_remote());
     out->set_status_code(static_cast<int32_t>(s.code()));
@@ -191,6 +194,12 @@ grpc::ServerUnaryReactor* CacheStoreService::LeaseBlocks(grpc::CallbackServerCon
       out->clear_remote();
       out->set_status_message(std::string(s.message()));
     }
+  }
+  if (ctx->IsCancelled()) {
+    for (const vericache::v1::LeasedBlock& b : resp->blocks()) {
+      if (b.status_code() == 0) (void)store_->Release(b.remote().lease_id(), *salt);
+    }
+    return Done(ctx, absl::CancelledError("the call was cancelled; the leases it took are released"));
   }
   return Done(ctx, absl::OkStatus());
 }

@@ -158,6 +158,38 @@ TEST(RamTier, LeasesPinBlocks) {
   EXPECT_TRUE(t.Put(Key(50), Block(5), nullptr).ok());
 }
 
+// A store that restarts hands out lease ids of another range: a client's late release of a lease
+// of the earlier run ends no lease of this one (whose owner would trust reads of a slot then free).
+TEST(RamTier, LeaseIdsOfAnotherRunAreNotThisOnes) {
+  RamTierOptions o;
+  o.capacity_bytes = 4 * 16384;
+  RamTier before(o), after(o);
+  ASSERT_TRUE(before.Put(Key(0), Block(0), nullptr).ok());
+  ASSERT_TRUE(after.Put(Key(0), Block(0), nullptr).ok());
+  auto old_lease = before.Lease(Key(0), "tenant");
+  auto lease = after.Lease(Key(0), "tenant");
+  ASSERT_TRUE(old_lease.ok() && lease.ok());
+  EXPECT_NE(old_lease->id, lease->id);
+  EXPECT_EQ(after.Release(old_lease->id, "tenant").code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(after.Release(lease->id, "tenant").ok());
+}
+
+// A different block under a key being read is refused whatever its size: one too large for RAM is
+// refused as one that fits is (a store would otherwise put it on disk alone, and its tiers disagree).
+TEST(RamTier, ADifferentBlockTooLargeForRamUnderAKeyBeingReadIsRefused) {
+  RamTierOptions o;
+  o.capacity_bytes = 4 * 16384;
+  RamTier t(o);
+  ASSERT_TRUE(t.Put(Key(0), Block(0), nullptr).ok());
+  auto lease = t.Lease(Key(0));
+  ASSERT_TRUE(lease.ok());
+  EXPECT_EQ(t.Put(Key(0), Block(1, 8 * 16384), nullptr).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(t.Release(lease->id).ok());
+  // Not being read: the old copy goes, and RAM cannot take the new one.
+  EXPECT_EQ(t.Put(Key(0), Block(1, 8 * 16384), nullptr).code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_FALSE(t.Contains(Key(0)));
+}
+
 // Room freed by blocks of one size serves blocks of another: a block as big as the region, then
 // small ones, then the big one again.
 TEST(RamTier, SlotsOfOneSizeMakeRoomForAnother) {
@@ -493,6 +525,26 @@ TEST(DiskTier, ADeleteTheDiskFailsKeepsTheBlockCounted) {
   EXPECT_EQ((*t)->blocks(), 1u);
   EXPECT_EQ((*t)->used_bytes(), used);
   EXPECT_EQ(*(*t)->Get(Key(1)), Block(1));
+}
+
+// An eviction whose erase the disk fails keeps the block indexed: still counted against the budget,
+// still readable, and the next to be evicted, where it was dropped from the index and left on disk
+// uncounted. (Deletes fail here and puts do not: the fault hits small log records only.)
+TEST(DiskTier, AnEvictionTheDiskFailsKeepsTheBlockCounted) {
+  FailingTier f("disk_tier_evict");
+  f.options.capacity_bytes = 5 * 10000;
+  auto t = DiskTier::Open(f.options);
+  ASSERT_TRUE(t.ok()) << t.status();
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE((*t)->Put(Key(i), Block(i)).ok());
+  f.disk.fs->fault_below_bytes = 1000;
+  f.disk.fs->fault = testing::FailingFileSystem::Fault::kIoError;
+  ASSERT_TRUE((*t)->Put(Key(5), Block(5)).ok());
+  EXPECT_TRUE((*t)->Contains(Key(0)));
+  EXPECT_EQ((*t)->blocks(), 6u);
+  EXPECT_EQ((*t)->used_bytes(), 6u * 10000);
+  EXPECT_EQ((*t)->evictions(), 0u);
+  EXPECT_EQ((*t)->write_errors(), 1u);
+  EXPECT_EQ(*(*t)->Get(Key(0)), Block(0));
 }
 
 // Puts may stop coming while writes fail; the probe tells whether RocksDB takes writes again.

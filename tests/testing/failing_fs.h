@@ -31,9 +31,14 @@ class FailingFileSystem : public rocksdb::FileSystemWrapper {
 
   // What every append to a file fails with from now on (kNone: nothing).
   std::atomic<Fault> fault{Fault::kNone};
+  // With a fault, only appends of fewer bytes than this fail (0: every append): a log record of a
+  // delete fails where one that carries a block does not.
+  std::atomic<size_t> fault_below_bytes{0};
 
  private:
-  rocksdb::IOStatus Check() const {
+  rocksdb::IOStatus Check(size_t bytes) const {
+    const size_t below = fault_below_bytes.load();
+    if (below != 0 && bytes >= below) return rocksdb::IOStatus::OK();
     switch (fault.load()) {
       case Fault::kNoSpace: return rocksdb::IOStatus::NoSpace("the disk is full");
       case Fault::kIoError: return rocksdb::IOStatus::IOError("input/output error");
@@ -48,12 +53,12 @@ class FailingFileSystem : public rocksdb::FileSystemWrapper {
         : FSWritableFileOwnerWrapper(std::move(f)), fs_(fs) {}
     rocksdb::IOStatus Append(const rocksdb::Slice& data, const rocksdb::IOOptions& options,
                              rocksdb::IODebugContext* dbg) override {
-      if (rocksdb::IOStatus s = fs_->Check(); !s.ok()) return s;
+      if (rocksdb::IOStatus s = fs_->Check(data.size()); !s.ok()) return s;
       return target()->Append(data, options, dbg);
     }
     rocksdb::IOStatus Append(const rocksdb::Slice& data, const rocksdb::IOOptions& options,
                              const rocksdb::DataVerificationInfo& info, rocksdb::IODebugContext* dbg) override {
-      if (rocksdb::IOStatus s = fs_->Check(); !s.ok()) return s;
+      if (rocksdb::IOStatus s = fs_->Check(data.size()); !s.ok()) return s;
       return target()->Append(data, options, info, dbg);
     }
 
