@@ -27,7 +27,11 @@ BlockKey BlockStore::Scoped(absl::string_view tenant_salt, const BlockKey& key) 
 }
 
 absl::Status BlockStore::Put(const BlockKey& key, absl::string_view block) {
-  VC_RETURN_IF_ERROR(VerifyBlock(block).status());  // against the block's own fingerprint
+  // Checked against the block's own fingerprint; a block that fails is the caller's error (a
+  // disk's DataLoss below is not).
+  if (absl::Status v = VerifyBlock(block).status(); !v.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("rejected block: ", v.message()));
+  }
   // RAM first, so that a different block under a key being read is refused before either tier
   // takes it. RAM holds only what disk holds (its evictions are not demoted), so a block the disk
   // refuses leaves RAM too.

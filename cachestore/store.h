@@ -48,9 +48,9 @@ class BlockStore {
   // A tenant's salt under the store's secret: SHA-256(secret "\n" tenant), as raw bytes.
   static std::string TenantSalt(absl::string_view secret, absl::string_view tenant);
 
-  // Checks the block's header, size and checksums (kDataLoss otherwise), then stores it in both
-  // tiers (kFailedPrecondition, and neither changes, when a different block under `key` is being
-  // read from RAM; kUnavailable while another Put of `key` is still copying in).
+  // Checks the block's header, size and checksums (kInvalidArgument otherwise), then stores it in
+  // both tiers (kFailedPrecondition, and neither changes, when a different block under `key` is
+  // being read from RAM; kUnavailable while another Put of `key` is still copying in).
   absl::Status Put(const BlockKey& key, absl::string_view block);
   // The block, checked; kNotFound if absent. `from_ram` (may be null) tells which tier served it.
   absl::StatusOr<std::string> Get(const BlockKey& key, bool* from_ram);

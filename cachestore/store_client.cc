@@ -558,6 +558,12 @@ absl::StatusOr<StoreStats> StoreClient::Stats() {
   out.hits_disk = r.hits_disk();
   out.misses = r.misses();
   out.corrupt_dropped = r.corrupt_blocks_dropped();
+  out.puts = r.puts();
+  out.ram_evictions = r.ram_evictions();
+  out.disk_evictions = r.disk_evictions();
+  out.disk_write_errors = r.disk_write_errors();
+  out.disk_writes_failing_ms = r.disk_writes_failing_ms();
+  out.disk_full = r.disk_full() != 0;
   return out;
 }
 

@@ -88,7 +88,6 @@ grpc::ServerUnaryReactor* CacheStoreService::Put(grpc::CallbackServerContext* ct
   absl::StatusOr<cachestore::BlockKey> key = ScopedKey(*salt, req->key());
   if (!key.ok()) return Done(ctx, key.status());
   absl::Status s = store_->Put(*key, req->block());
-  if (absl::IsDataLoss(s)) s = absl::InvalidArgumentError(absl::StrCat("rejected block: ", s.message()));
   if (s.ok()) resp->set_stored_size_bytes(req->block().size());
   return Done(ctx, s);
 }

@@ -916,6 +916,13 @@ TEST(StoreService, AuthenticationAndTenantIsolation) {
   EXPECT_EQ(b->Lookup(keys)->first, 0u);
   EXPECT_EQ(b->Get(keys[0]).status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(a->Lookup(keys)->first, 1u);
+  // The client's stats carry the store's counts, puts and disk state among them.
+  absl::StatusOr<cachestore::StoreStats> stats = a->Stats();
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ(stats->puts, 1u);
+  EXPECT_EQ(stats->disk_blocks, 1u);
+  EXPECT_EQ(stats->misses, 1u);
+  EXPECT_FALSE(stats->disk_full);
 }
 
 TEST(StoreService, MalformedRequestsAreRefused) {
