@@ -528,6 +528,74 @@ TEST_F(EngineExactness, StagingThatCanNeverHoldASequenceEndsItAlone) {
   EXPECT_NE(got.message().find("host KV tier"), absl::string_view::npos) << got;
 }
 
+// Logits that overflow float32 end only the sequence that samples from them, with the error full
+// decoding gives it; rows no decoding samples from (a prompt row after a stored prefix, a draft
+// the target rejects) end nothing. The model overflows in every row whose input is token 200.
+TEST(EngineOverflow, OnlyTheSequenceThatSamplesAnOverflowEnds) {
+  constexpr int32_t kOverflow = 200;
+  const std::string dir = testing::TempDir("engine_overflow");
+  testing::WriteModelOverflowingOn(dir, kOverflow);
+  auto loaded = Model::Load(dir);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  const Model& model = **loaded;
+  GenerateOptions o;
+  o.max_tokens = 8;
+  o.stop_at_eos = false;
+  auto without = [](std::vector<int32_t> p) {
+    for (int32_t& t : p) t = t == kOverflow ? kOverflow + 1 : t;
+    return p;
+  };
+  std::vector<int32_t> ends_on = RandomPrompt(40, 1);
+  ends_on.back() = kOverflow;
+  const std::vector<int32_t> clean = without(RandomPrompt(40, 2));
+  ASSERT_EQ(GenerateFull(model, ends_on, o).status().code(), absl::StatusCode::kDataLoss);
+  auto want = GenerateFull(model, clean, o);
+  ASSERT_TRUE(want.ok()) << want.status();
+
+  HostKvTier tier(model.kv_layout(16), 0);
+  testing::MemoryPrefixStore store(16);
+  EngineOptions eo;
+  eo.compressor = "kivi:bits=4";
+  eo.draft_window = 4;
+  eo.staging_blocks = 64;
+  auto engine = VeriCacheEngine::Create(model, &tier, eo, &store);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  std::vector<absl::Status> st(4, absl::UnknownError("not done"));
+  std::vector<EngineResult> out(4);
+  auto submit = [&](size_t i, const std::vector<int32_t>& prompt) {
+    (*engine)->Submit(MakeRequest(prompt, o), [&, i](absl::Status s, EngineResult r) {
+      st[i] = s;
+      out[i] = std::move(r);
+    });
+  };
+  auto run = [&] {
+    for (int i = 0; i < 1000 && !(*engine)->Idle(); ++i) ASSERT_TRUE((*engine)->Step().ok());
+    ASSERT_TRUE((*engine)->Idle());
+  };
+  // In one batch: the one whose next token is sampled from an overflow fails, the other is exact.
+  submit(0, ends_on);
+  submit(1, clean);
+  run();
+  EXPECT_EQ(st[0].code(), absl::StatusCode::kDataLoss) << st[0];
+  ASSERT_TRUE(st[1].ok()) << st[1];
+  EXPECT_EQ(out[1].tokens, want->tokens);
+  // A prompt whose first 96 tokens the store holds, with the overflowing token after them: the
+  // verify pass computes its row, which nothing samples from.
+  const std::vector<int32_t> shared = without(RandomPrompt(6 * 16 + 24, 3));
+  std::vector<int32_t> inside = shared;
+  inside[6 * 16 + 5] = kOverflow;
+  auto want_inside = GenerateFull(model, inside, o);
+  ASSERT_TRUE(want_inside.ok()) << want_inside.status();
+  submit(2, shared);
+  run();
+  ASSERT_TRUE(st[2].ok()) << st[2];
+  submit(3, inside);
+  run();
+  ASSERT_TRUE(st[3].ok()) << st[3];
+  EXPECT_EQ(out[3].stats.prefix_store_tokens, 6 * 16);
+  EXPECT_EQ(out[3].tokens, want_inside->tokens);
+}
+
 // KV prefilled elsewhere (a benchmark's shared prefill) builds the draft cache; a compressor that
 // chooses what to keep from the prompt's last queries takes them along with it.
 TEST_F(EngineExactness, PrefilledKvBuildsTheDraftCache) {

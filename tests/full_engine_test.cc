@@ -418,6 +418,38 @@ TEST_F(FullEngineTest, ACancelledRequestSharesItsOutputForTheNextTurn) {
   EXPECT_EQ(run.result.stats.prefix_store_tokens, static_cast<int64_t>((prompt.size() + run.sent.size() - 1) / 16 * 16));
 }
 
+// Logits that overflow float32 end only the sequence that samples from them (the batch goes on),
+// and a prefill chunk's last row, which nothing samples from, ends nothing. The model overflows in
+// every row whose input is token 200.
+TEST(FullEngineOverflow, OnlyTheSequenceThatSamplesAnOverflowEnds) {
+  constexpr int32_t kOverflow = 200;
+  const std::string dir = testing::TempDir("full_engine_overflow");
+  testing::WriteModelOverflowingOn(dir, kOverflow);
+  auto model = Model::Load(dir);
+  ASSERT_TRUE(model.ok()) << model.status();
+  FullEngineOptions eo;
+  eo.kv_blocks = 64;
+  eo.max_batch = 4;
+  auto engine = FullKvEngine::Create(**model, eo);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  auto without = [](std::vector<int32_t> p) {
+    for (int32_t& t : p) t = t == kOverflow ? kOverflow + 1 : t;
+    return p;
+  };
+  std::vector<int32_t> ends_on = without(RandomPrompt(40, 1));
+  ends_on.back() = kOverflow;
+  std::vector<int32_t> chunk_ends_on = without(RandomPrompt(40, 2));
+  chunk_ends_on[15] = kOverflow;  // the last row of the first 16-token chunk
+  Driver d(**engine);
+  d.Submit(MakeRequest(ends_on, Options(8, 0.0f, 1)));
+  const EngineRequest clean = MakeRequest(chunk_ends_on, Options(8, 0.0f, 1, /*prefill_chunk=*/16));
+  d.Submit(clean);
+  d.RunUntilIdle();
+  EXPECT_EQ(d[0].status.code(), absl::StatusCode::kDataLoss) << d[0].status;
+  ASSERT_TRUE(d[1].status.ok()) << d[1].status;
+  EXPECT_EQ(d[1].result.tokens, Reference(**model, clean));
+}
+
 TEST_F(FullEngineTest, StoredPrefixIsWhatTheSequenceAttendsTo) {
   // Corrupt blocks served as if they were good change the output: the engine really decodes over
   // what it read instead of computing the prefix anyway.

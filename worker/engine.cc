@@ -427,17 +427,24 @@ absl::Status VeriCacheEngine::DraftStep(std::vector<Sequence*>& drafting) {
     chunks.push_back({s.cseq, {&feed[i], 1}});
   }
   std::vector<float> logits;
+  std::vector<bool> finite;
   const absl::Duration t0 = SteadyClock()->Now();
-  VC_RETURN_IF_ERROR(model_.Forward(chunks, *compressed_, LogitsFor::kLastRows, &logits));
+  VC_RETURN_IF_ERROR(model_.Forward(chunks, *compressed_, LogitsFor::kLastRows, &logits, &finite));
   const double dt = absl::ToDoubleSeconds(SteadyClock()->Now() - t0);
   costs_.ObserveDraftStep(dt);
   const int vocab = model_.config().vocab_size;
   for (size_t i = 0; i < drafting.size(); ++i) {
     Sequence& s = *drafting[i];
+    s.result.stats.draft_seconds += dt / drafting.size();
+    if (!finite[i]) {
+      // Drafts are guesses: one the compressed KV made overflow ends the window, and the verify
+      // pass decides from the full KV.
+      s.k = static_cast<int>(s.drafts.size());
+      continue;
+    }
     const int64_t position = s.v() + static_cast<int64_t>(s.drafts.size());
     s.drafts.push_back(SampleToken(absl::MakeConstSpan(logits).subspan(i * vocab, vocab),
                                    s.request.options.sampling, position));
-    s.result.stats.draft_seconds += dt / drafting.size();
     s.result.stats.drafted++;
   }
   return absl::OkStatus();
@@ -496,8 +503,9 @@ absl::Status VeriCacheEngine::Verify(std::vector<Sequence*>& ready) {
     chunks.push_back({s.sseq, feeds[i]});
   }
   std::vector<float> logits;
+  std::vector<bool> finite;
   const absl::Duration t0 = SteadyClock()->Now();
-  VC_RETURN_IF_ERROR(model_.Forward(chunks, *staging_, LogitsFor::kAllRows, &logits));
+  VC_RETURN_IF_ERROR(model_.Forward(chunks, *staging_, LogitsFor::kAllRows, &logits, &finite));
   const double dt = absl::ToDoubleSeconds(SteadyClock()->Now() - t0);
   int rows_total = 0;
   for (auto& f : feeds) rows_total += static_cast<int>(f.size());
@@ -510,6 +518,7 @@ absl::Status VeriCacheEngine::Verify(std::vector<Sequence*>& ready) {
   // Step ends every request of the batch with that error, after the verified tokens sent.)
   std::vector<int64_t> verified(ready.size());  // v before the pass
   std::vector<int> accepted_drafts(ready.size());
+  std::vector<bool> overflowed(ready.size());  // the logits of its last row were not finite
   int64_t row = 0;
   for (size_t i = 0; i < ready.size(); ++i) {
     Sequence& s = *ready[i];
@@ -519,9 +528,12 @@ absl::Status VeriCacheEngine::Verify(std::vector<Sequence*>& ready) {
     const int k = static_cast<int>(s.drafts.size());
     const int64_t first = row + (v - 1 - s.full_len);  // the row that predicts position v
     // Accept the longest prefix of drafts the full-KV targets agree with, then the target's own.
+    // Only the rows sampled from are checked: a rejected draft's row, or a prompt row, that
+    // overflows cannot change the output (decoding without drafts would never compute it).
     int accepted = 0;
     int32_t next = -1;
     for (int j = 0; j <= k; ++j) {
+      if (!finite[first + j]) break;
       const int32_t target =
           SampleToken(absl::MakeConstSpan(logits).subspan((first + j) * vocab, vocab), o.sampling, v + j);
       if (j < k && s.drafts[j] == target) {
@@ -533,7 +545,7 @@ absl::Status VeriCacheEngine::Verify(std::vector<Sequence*>& ready) {
     }
     row += static_cast<int64_t>(feeds[i].size());
     std::vector<int32_t> emit(s.drafts.begin(), s.drafts.begin() + accepted);
-    emit.push_back(next);
+    if (next >= 0) emit.push_back(next);
     EngineStats& st = s.result.stats;
     st.verify_seconds += dt / ready.size();
     st.verifies++;
@@ -551,6 +563,13 @@ absl::Status VeriCacheEngine::Verify(std::vector<Sequence*>& ready) {
         break;
       }
     }
+    overflowed[i] = next < 0;
+    if (next < 0 && !s.done) {
+      // The row of the next token overflowed: the sequence ends there with the error decoding
+      // gives, after the tokens decoding would have given before it.
+      s.failed = NonFiniteLogits();
+      s.done = true;
+    }
     if (st.verifies == 1) st.first_token_seconds = absl::ToDoubleSeconds(SteadyClock()->Now() - s.submitted);
     if (s.request.on_tokens) s.request.on_tokens(absl::MakeConstSpan(emit).first(emitted));
     accepted_drafts[i] = accepted;
@@ -559,6 +578,11 @@ absl::Status VeriCacheEngine::Verify(std::vector<Sequence*>& ready) {
     Sequence& s = *ready[i];
     const int64_t v = verified[i];
     const int accepted = accepted_drafts[i];
+    if (overflowed[i]) {  // its last row's K/V may not be finite: nothing is shared
+      DropStaging(s);
+      s.fetch.reset();
+      continue;
+    }
     if (s.publish_from >= 0) {
       SharePrefix(s, s.publish_from, s.sseq);  // the pass made the whole prompt exact
       s.publish_from = -1;

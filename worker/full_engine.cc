@@ -161,13 +161,20 @@ absl::Status FullKvEngine::Pass() {
     prefilling.push_back(in_prompt);
   }
   std::vector<float> logits;
-  VC_RETURN_IF_ERROR(model_.Forward(chunks, cache_, LogitsFor::kLastRows, &logits));
+  std::vector<bool> finite;
+  VC_RETURN_IF_ERROR(model_.Forward(chunks, cache_, LogitsFor::kLastRows, &logits, &finite));
 
   const int vocab = model_.config().vocab_size;
   for (size_t i = 0; i < requests_.active.size(); ++i) {
     Sequence& s = *requests_.active[i];
     const int64_t position = cache_.Length(s.seq);
     if (position < static_cast<int64_t>(s.tokens.size())) continue;  // more of the prompt to go
+    if (!finite[i]) {
+      // Its logits overflowed float32: it alone ends, the batch goes on.
+      s.failed = NonFiniteLogits();
+      s.done = true;
+      continue;
+    }
     if (prefilling[i]) PromptDone(s);
     const GenerateOptions& o = s.request.options;
     const int32_t t = SampleToken(absl::MakeConstSpan(logits).subspan(i * vocab, vocab), o.sampling, position);

@@ -1,5 +1,6 @@
 #include "worker/model.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
@@ -151,16 +152,23 @@ absl::Status Model::Prefill(absl::Span<const int32_t> tokens, SeqId seq, int chu
                             std::vector<float>* logits) const {
   if (chunk < 1) return absl::InvalidArgumentError("prefill chunk must be at least 1");
   std::vector<float> scratch;
-  if (logits == nullptr) logits = &scratch;
+  std::vector<bool> unused;
   for (size_t start = 0; start < tokens.size(); start += static_cast<size_t>(chunk)) {
     const SequenceChunk c{seq, tokens.subspan(start, std::min(tokens.size() - start, static_cast<size_t>(chunk)))};
-    VC_RETURN_IF_ERROR(Forward({&c, 1}, cache, LogitsFor::kLastRows, logits));
+    // Only the last row of the last chunk is the caller's to sample from.
+    const bool last = start + static_cast<size_t>(chunk) >= tokens.size() && logits != nullptr;
+    VC_RETURN_IF_ERROR(
+        Forward({&c, 1}, cache, LogitsFor::kLastRows, last ? logits : &scratch, last ? nullptr : &unused));
   }
   return absl::OkStatus();
 }
 
+absl::Status NonFiniteLogits() {
+  return absl::DataLossError("the model computed a NaN or infinite logit: its weights overflow float32");
+}
+
 absl::Status Model::Forward(absl::Span<const SequenceChunk> chunks, AttentionCache& cache,
-                            LogitsFor which, std::vector<float>* logits) const {
+                            LogitsFor which, std::vector<float>* logits, std::vector<bool>* finite) const {
   const ModelConfig& c = config_;
   const kernels::Backend& k = *backend_;
   int64_t n = 0;
@@ -271,12 +279,14 @@ absl::Status Model::Forward(absl::Span<const SequenceChunk> chunks, AttentionCac
   k.RmsNorm(sel.data(), m, d, final_norm_.data(), c.rms_norm_eps, sel.data());
   logits->resize(static_cast<size_t>(m * c.vocab_size));
   k.MatMul(sel.data(), m, lm_head_, logits->data());
-  // Finite weights can still overflow (values near the largest bf16): every token would then be
-  // sampled from NaN, silently. Refuse instead.
-  for (float z : *logits) {
-    if (!std::isfinite(z)) {
-      return absl::DataLossError("the model computed a NaN or infinite logit: its weights overflow float32");
-    }
+  // Finite weights can still overflow (values near the largest bf16): a token would then be
+  // sampled from NaN, silently. Refused, or told row by row.
+  if (finite != nullptr) finite->assign(static_cast<size_t>(m), true);
+  for (int64_t i = 0; i < m; ++i) {
+    const float* row = logits->data() + i * c.vocab_size;
+    if (std::all_of(row, row + c.vocab_size, [](float z) { return std::isfinite(z); })) continue;
+    if (finite == nullptr) return NonFiniteLogits();
+    (*finite)[static_cast<size_t>(i)] = false;
   }
   return absl::OkStatus();
 }

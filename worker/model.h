@@ -31,6 +31,9 @@ enum class LogitsFor {
   kLastRows,  // one logits row per chunk, for its last token (prefill, decode)
 };
 
+// What a pass that sampled from a NaN or infinite logit returns: kDataLoss.
+absl::Status NonFiniteLogits();
+
 // Immutable after Load(); Forward() is thread-safe for distinct caches.
 class Model {
  public:
@@ -51,16 +54,20 @@ class Model {
   // (the full paged cache or a compressed one) and writes logits [rows, vocab] to `logits`, rows as
   // `which` says, in chunk order. kInvalidArgument for an empty chunk, a token outside the
   // vocabulary or a position beyond max_position_embeddings; kResourceExhausted if the cache has
-  // no room (the cache is unchanged).
+  // no room (the cache is unchanged). Finite weights can still overflow float32 (values near the
+  // largest bf16): without `finite`, a NaN or infinite logit in any row fails the pass
+  // (NonFiniteLogits()); with it, (*finite)[r] says whether row r is, and the caller decides (a row
+  // it does not sample from cannot change its output).
   absl::Status Forward(absl::Span<const SequenceChunk> chunks, AttentionCache& cache, LogitsFor which,
-                       std::vector<float>* logits) const;
+                       std::vector<float>* logits, std::vector<bool>* finite = nullptr) const;
   // Forward passes finished since the model loaded (by any thread): a long prefill, one engine
   // step, makes progress pass by pass.
   uint64_t forward_passes() const { return forward_passes_.load(std::memory_order_relaxed); }
 
   // Appends `tokens` to `seq` of `cache` in passes of at most `chunk` tokens (a prefill); the
   // kernels are batch-invariant, so the chunking changes no bit of the K/V. `logits` (may be null)
-  // gets the last token's row. Errors as Forward; kInvalidArgument for chunk < 1.
+  // gets the last token's row. Errors as Forward (a non-finite logit only in that row, the one a
+  // caller samples from); kInvalidArgument for chunk < 1.
   absl::Status Prefill(absl::Span<const int32_t> tokens, SeqId seq, int chunk, AttentionCache& cache,
                        std::vector<float>* logits) const;
 

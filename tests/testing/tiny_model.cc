@@ -1,5 +1,6 @@
 #include "tests/testing/tiny_model.h"
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -106,6 +107,28 @@ void WriteTinyModel(const std::string& dir, const TinyModelSpec& spec) {
   std::filesystem::create_directories(dir);
   WriteFile(dir + "/config.json", TinyConfig(spec).dump(2));
   WriteFile(dir + "/model.safetensors", SafetensorsBytes(TinyWeights(spec)));
+}
+
+void WriteModelOverflowingOn(const std::string& dir, int32_t token) {
+  TinyModelSpec spec = SmallGqaSpec();
+  spec.weight_scale = 0.15f;
+  std::map<std::string, RawTensor> w = TinyWeights(spec);
+  const int64_t d = spec.hidden;
+  std::vector<float>& embed = w["model.embed_tokens.weight"].values;
+  for (int64_t t = 0; t < spec.vocab; ++t) embed[static_cast<size_t>(t * d)] = t == token ? 8.0f : 0.0f;
+  for (int i = 0; i < spec.layers; ++i) {
+    const std::string p = "model.layers." + std::to_string(i) + ".";
+    for (const char* out : {"self_attn.o_proj.weight", "mlp.down_proj.weight"}) {
+      RawTensor& m = w[p + out];
+      std::fill_n(m.values.begin(), m.shape[1], 0.0f);  // output dimension 0
+    }
+  }
+  w["model.norm.weight"].values[0] = 1e37f;
+  std::vector<float>& head = w["lm_head.weight"].values;
+  for (int64_t t = 0; t < spec.vocab; ++t) head[static_cast<size_t>(t * d)] = 100.0f;
+  std::filesystem::create_directories(dir);
+  WriteFile(dir + "/config.json", TinyConfig(spec).dump(2));
+  WriteFile(dir + "/model.safetensors", SafetensorsBytes(w));
 }
 
 std::string TempDir(const std::string& name) {

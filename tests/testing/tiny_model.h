@@ -48,6 +48,12 @@ std::map<std::string, RawTensor> TinyWeights(const TinyModelSpec& spec);
 // Writes config.json and model.safetensors of a random model into `dir` (created).
 void WriteTinyModel(const std::string& dir, const TinyModelSpec& spec);
 
+// Writes a SmallGqaSpec model (weight scale 0.15) into `dir` whose logits overflow float32 in
+// every row whose input token is `token`, and in no other: hidden dimension 0 is `token`'s
+// embedding alone (no other token's has it, no layer writes it), and the final norm and the LM
+// head scale it past the largest float.
+void WriteModelOverflowingOn(const std::string& dir, int32_t token);
+
 // A fresh empty directory under the test temp dir.
 std::string TempDir(const std::string& name);
 
