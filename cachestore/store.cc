@@ -105,7 +105,10 @@ absl::StatusOr<BlockLease> BlockStore::Lease(const BlockKey& key, absl::string_v
   // The block is then served inline. (Or it was deleted from disk meanwhile; an inline read then
   // finds it gone.)
   if (!Promote(key, *block)) return absl::ResourceExhaustedError("RAM cannot take this block now");
-  return ram_->Lease(key, owner);
+  absl::StatusOr<BlockLease> promoted = ram_->Lease(key, owner);
+  // Evicted again before it could be leased (another put took its slot): read inline.
+  if (absl::IsNotFound(promoted.status())) return absl::ResourceExhaustedError("RAM cannot keep this block now");
+  return promoted;
 }
 
 std::pair<uint32_t, uint32_t> BlockStore::Lookup(absl::Span<const BlockKey> keys, bool use) {
