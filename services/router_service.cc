@@ -120,8 +120,9 @@ uint64_t AffinityTable::Get(uint64_t block) {
   if (it == previous_.end()) return 0;
   const uint64_t workers = it->second;
   previous_.erase(it);
+  // Moved, not added: the tables hold no more than before. No roll here, which would drop the
+  // previous generation with the rest of this prompt's blocks in it; the next Add rolls.
   current_[block] = workers;
-  Roll();
   return workers;
 }
 
@@ -188,6 +189,7 @@ struct RouterService::Upstream {
   std::atomic<bool> serving{false};
   std::atomic<bool> removed{false};
   std::atomic<bool> takes_generated_ids{false};  // from its ModelInfo: it can take a call moved mid-stream
+  std::atomic<uint64_t> downs{0};  // times a call found it down (UNAVAILABLE)
   bool model_checked = false;  // under mu_: its model was compared with the router's since it last failed
   std::string state = "not checked yet";  // under mu_
 };
@@ -277,6 +279,7 @@ void RouterService::SetWorkers(const std::vector<std::string>& targets) {
 RouterService::Probe RouterService::Check(const std::shared_ptr<Upstream>& w) {
   Probe p;
   p.w = w;
+  p.downs = w->downs.load();
   const absl::Time deadline = absl::Now() + absl::Milliseconds(options_.worker_timeout_ms);
   const absl::StatusOr<int> health = ServingStatus(*w->channel, deadline);
   p.health = health.status();
@@ -335,7 +338,8 @@ void RouterService::Apply(const std::vector<Probe>& probes) {
   }
   for (const Probe& p : probes) {
     Upstream& w = *p.w;
-    bool serving = p.healthy;
+    // A call that found the worker down since this probe began outweighs the probe.
+    bool serving = p.healthy && w.downs.load() == p.downs;
     if (!p.health.ok()) {
       w.state = absl::StrCat("unreachable: ", p.health.message());
       w.model_checked = false;  // it may come back with another model
@@ -363,6 +367,7 @@ void RouterService::Apply(const std::vector<Probe>& probes) {
     }
     serving = serving && w.model_checked && !w.removed;
     if (serving) w.state = "serving";
+    if (p.healthy && w.downs.load() != p.downs) w.state = "a call found it down; checked again next round";
     if (!p.health.ok() && w.serving) ++w.failures;
     changed |= w.serving != serving;
     w.serving = serving;
@@ -424,26 +429,36 @@ std::vector<std::shared_ptr<RouterService::Upstream>> RouterService::Choose(cons
   if (order.empty()) return order;
   const uint64_t turn = round_robin_++;
   std::rotate(order.begin(), order.begin() + static_cast<int64_t>(turn % order.size()), order.end());
-  auto by_load = [](const auto& a, const auto& b) { return a->in_flight.load() < b->in_flight.load(); };
   if (options_.policy == "round-robin") return order;
-  if (options_.policy == "least-loaded" || blocks.empty()) {
-    std::stable_sort(order.begin(), order.end(), by_load);
+  // Each worker's calls in flight, read once: other calls change them while these are ordered, and
+  // a sort whose comparisons disagree with each other is undefined (it can run off the array).
+  struct Candidate {
+    std::shared_ptr<Upstream> w;
+    int load;
+    uint64_t rank;  // rendezvous order keyed by the prompt
+  };
+  std::vector<Candidate> c;
+  for (const auto& w : order) {
+    c.push_back({w, w->in_flight.load(), blocks.empty() ? 0 : Mix(blocks.back() ^ w->target_hash)});
+  }
+  const auto back = [&] {
+    for (size_t i = 0; i < c.size(); ++i) order[i] = c[i].w;
     return order;
+  };
+  if (options_.policy == "least-loaded" || blocks.empty()) {
+    std::stable_sort(c.begin(), c.end(), [](const Candidate& a, const Candidate& b) { return a.load < b.load; });
+    return back();
   }
   // By calls in flight, ties in a rendezvous order keyed by the prompt (its last full block: the
   // same order on every router replica, different for different prompts).
-  std::vector<std::pair<uint64_t, std::shared_ptr<Upstream>>> keyed;
-  for (const auto& w : order) keyed.emplace_back(Mix(blocks.back() ^ w->target_hash), w);
-  std::sort(keyed.begin(), keyed.end(), [](const auto& a, const auto& b) {
-    const int la = a.second->in_flight, lb = b.second->in_flight;
-    return la != lb ? la < lb : a.first > b.first;
+  std::sort(c.begin(), c.end(), [](const Candidate& a, const Candidate& b) {
+    return a.load != b.load ? a.load < b.load : a.rank > b.rank;
   });
-  for (size_t i = 0; i < keyed.size(); ++i) order[i] = keyed[i].second;
   // The workers that served the longest run of the prompt's leading blocks go first, when that run
   // is at least half the prompt's blocks (a shorter one, such as a shared system prompt, saves too
   // little to pile its prompts onto the workers that have it).
   uint64_t mask = 0;
-  for (const auto& w : order) mask |= uint64_t{1} << w->slot;
+  for (const Candidate& x : c) mask |= uint64_t{1} << x.w->slot;
   int depth = 0;
   for (uint64_t b : blocks) {
     const uint64_t m = table_.Get(b) & mask;
@@ -451,22 +466,21 @@ std::vector<std::shared_ptr<RouterService::Upstream>> RouterService::Choose(cons
     mask = m;
     ++depth;
   }
-  if (2 * static_cast<size_t>(depth) < blocks.size()) return order;
-  auto matches = [&](const auto& w) { return (mask >> w->slot & 1) != 0; };
-  std::stable_partition(order.begin(), order.end(), matches);
+  if (2 * static_cast<size_t>(depth) < blocks.size()) return back();
+  std::stable_partition(c.begin(), c.end(), [&](const Candidate& x) { return (mask >> x.w->slot & 1) != 0; });
   // Unless it is busier than the least busy worker by the slack.
-  int least = order.front()->in_flight;
-  for (const auto& w : order) least = std::min(least, w->in_flight.load());
-  if (order.front()->in_flight < least + options_.balance_slack) {
+  int least = c.front().load;
+  for (const Candidate& x : c) least = std::min(least, x.load);
+  if (c.front().load < least + options_.balance_slack) {
     prefix_routed_++;
     prefix_blocks_ += depth;
-    return order;
+    return back();
   }
-  auto pick = std::find_if(order.begin(), order.end(),
-                           [&](const auto& w) { return w->in_flight < least + options_.balance_slack; });
-  if (pick != order.end()) std::rotate(order.begin(), pick, pick + 1);
+  auto pick = std::find_if(c.begin(), c.end(),
+                           [&](const Candidate& x) { return x.load < least + options_.balance_slack; });
+  if (pick != c.end()) std::rotate(c.begin(), pick, pick + 1);
   spills_++;
-  return order;
+  return back();
 }
 
 void RouterService::Remember(const std::vector<uint64_t>& blocks, const Upstream& w) {
@@ -540,6 +554,9 @@ grpc::Status RouterService::Generate(grpc::ServerContext* ctx, const GenerateReq
     }
     grpc::Status s = reader->Finish();
     w.in_flight--;
+    // The client has the whole output (the stats come last): a connection that breaks after them
+    // fails nothing, where an error would have the client generate it all again.
+    if (ended && !client_gone && !s.ok()) s = grpc::Status::OK;
     const bool ours = !client_gone && !ctx->IsCancelled();
     const bool refused = !sent && ours &&
                          (s.error_code() == grpc::StatusCode::UNAVAILABLE ||
@@ -561,8 +578,12 @@ grpc::Status RouterService::Generate(grpc::ServerContext* ctx, const GenerateReq
       return s;
     }
     w.failures++;
-    // Down or draining: no more calls until a health check says it serves again.
-    if (s.error_code() == grpc::StatusCode::UNAVAILABLE) w.serving = false;
+    // Down or draining: no more calls until a health check says it serves again (one that began
+    // after this: see Apply).
+    if (s.error_code() == grpc::StatusCode::UNAVAILABLE) {
+      w.downs++;
+      w.serving = false;
+    }
     last = grpc::Status(s.error_code(), absl::StrCat("worker ", w.target, ": ", s.error_message()));
     if (failed) {
       if (current == req) resumed = *req;

@@ -80,8 +80,8 @@ struct RouterServiceOptions {
 inline constexpr int kMaxRouterWorkers = 64;
 
 // A two-generation table of prompt block hash -> the workers (a bit each) that served it: lookups
-// move an entry into the current generation, which becomes the previous one when it holds half
-// the capacity, and the previous one is dropped then. Not thread-safe.
+// move an entry into the current generation, which becomes the previous one at the first Add that
+// finds it holding half the capacity, and the previous one is dropped then. Not thread-safe.
 class AffinityTable {
  public:
   explicit AffinityTable(int64_t capacity) : half_(std::max<int64_t>(1, capacity / 2)) {}
@@ -144,6 +144,7 @@ class RouterService final : public vericache::v1::Inference::Service {
   // router's since it last failed, its model.
   struct Probe {
     std::shared_ptr<Upstream> w;
+    uint64_t downs = 0;  // Upstream::downs when the probe began
     absl::Status health;
     bool healthy = false;
     bool asked_model = false;

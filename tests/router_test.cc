@@ -51,6 +51,59 @@ TEST(AffinityTable, RemembersForgetsAndStaysBounded) {
   EXPECT_EQ(u.Get(2), 0u);
 }
 
+// Looking up a prompt's blocks in turn finds them all: moving the first into a current generation
+// that it fills does not drop the previous one, which holds the rest.
+TEST(AffinityTable, LookingUpAPromptKeepsItsOtherBlocks) {
+  AffinityTable t(8);  // generations of 4
+  for (uint64_t b = 1; b <= 4; ++b) t.Add(b, 1);  // a prompt's four blocks; the fourth add rolls
+  for (uint64_t b = 10; b < 13; ++b) t.Add(b, 2);
+  for (uint64_t b = 1; b <= 4; ++b) EXPECT_EQ(t.Get(b), 1u) << b;
+  EXPECT_LE(t.size(), 8);
+}
+
+// A worker that sends the whole output, stats last, and then fails the call (its connection broke
+// after the last message).
+class EndsThenFails final : public v1::Inference::Service {
+ public:
+  grpc::Status Generate(grpc::ServerContext*, const v1::GenerateRequest*,
+                        grpc::ServerWriter<v1::GenerateResponse>* writer) override {
+    v1::GenerateResponse r;
+    r.add_token_ids(5);
+    r.add_token_ids(6);
+    r.mutable_stats()->set_generated_tokens(2);
+    writer->Write(r);
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the connection broke");
+  }
+  grpc::Status GetModelInfo(grpc::ServerContext*, const v1::GetModelInfoRequest*, v1::ModelInfo* info) override {
+    info->set_fingerprint_hex("f");
+    info->set_takes_generated_ids(true);
+    return grpc::Status::OK;
+  }
+};
+
+// The client of such a worker has its whole output: the call is OK, where an UNAVAILABLE would
+// have a client that retries get the output twice.
+TEST(RouterOfOneWorker, AnOutputThatEndedIsOkWhateverFollows) {
+  grpc::EnableDefaultHealthCheckService(true);
+  EndsThenFails worker;
+  grpc::ServerBuilder b;
+  int port = 0;
+  b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  b.RegisterService(&worker);
+  std::unique_ptr<grpc::Server> server = b.BuildAndStart();
+  ASSERT_NE(port, 0);
+  RouterServerOptions o;
+  o.service.workers = absl::StrCat("127.0.0.1:", port);
+  o.service.health_interval_ms = 50;
+  auto router = RouterServer::Start(o);
+  ASSERT_TRUE(router.ok()) << router.status();
+  ASSERT_TRUE((*router)->service().WaitServing(1, absl::Seconds(20)));
+  const GenerateReply r = CallGenerate(*InferenceStub((*router)->target()), testing::IdsRequest(10, 8), "");
+  EXPECT_TRUE(r.status.ok()) << r.status;
+  EXPECT_EQ(r.tokens, (std::vector<int32_t>{5, 6}));
+  server->Shutdown();
+}
+
 TEST(PromptBlockHashes, ChainFullBlocksOnly) {
   v1::GenerateRequest a = testing::IdsRequest(100, 1), b = a, c = a;
   b.mutable_token_ids()->set_ids(40, 7);  // in the second block of 32
