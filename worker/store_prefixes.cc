@@ -184,6 +184,15 @@ absl::InlinedVector<size_t, 4> StorePrefixes::ShardsOf(const PrefixName& name) c
   return out;
 }
 
+void StorePrefixes::BackOffLocked(size_t s, absl::Duration failed_after) {
+  skip_lookups_until_[s] = SteadyClock()->Now() + std::max(8 * failed_after, absl::Milliseconds(50));
+}
+
+void StorePrefixes::BackOff(size_t s, absl::Duration failed_after) {
+  absl::MutexLock l(&mu_);
+  BackOffLocked(s, failed_after);
+}
+
 std::optional<size_t> StorePrefixes::LookupShard(size_t s, absl::Span<const cachestore::BlockKey> keys, bool use) {
   {
     absl::MutexLock l(&mu_);
@@ -199,7 +208,7 @@ std::optional<size_t> StorePrefixes::LookupShard(size_t s, absl::Span<const cach
   stats_.shards[s].lookups++;
   if (!got.ok()) {
     stats_.shards[s].lookup_failures++;
-    skip_lookups_until_[s] = end + std::max(8 * (end - start), absl::Milliseconds(50));
+    BackOffLocked(s, end - start);
     return std::nullopt;
   }
   return std::min<size_t>(got->first, keys.size());
@@ -347,14 +356,18 @@ absl::Status StorePrefixes::ReadBlocks(absl::Span<const PrefixName> names, const
     // reader: their blocks go to places of their own.
     std::vector<int64_t> got(batches.size(), 0);
     std::vector<std::vector<size_t>> handed(batches.size()), lacks(batches.size());
+    std::vector<absl::Duration> took(batches.size());
     const auto read = [&](size_t k) {
       const size_t s = batches[k].first;
+      const absl::Duration start = SteadyClock()->Now();
       // A block a shard lacks is passed over when another replica may have it.
-      return ReadFromShard(s, names, batches[k].second, want, /*pass_over=*/!in_order && options_.replicas > 1,
-                           &got[k], &handed[k], &lacks[k],
-                           [&, s](size_t i, absl::string_view block, const cachestore::BlockHeader& h) {
-                             return use_once(s, i, block, h);
-                           });
+      const bool pass_over = !in_order && options_.replicas > 1;
+      absl::Status st = ReadFromShard(s, names, batches[k].second, want, pass_over, &got[k], &handed[k], &lacks[k],
+                                      [&, s](size_t i, absl::string_view block, const cachestore::BlockHeader& h) {
+                                        return use_once(s, i, block, h);
+                                      });
+      took[k] = SteadyClock()->Now() - start;
+      return st;
     };
     std::vector<std::future<absl::Status>> rest;
     for (size_t k = 1; k < batches.size(); ++k) rest.push_back(std::async(std::launch::async, read, k));
@@ -369,7 +382,10 @@ absl::Status StorePrefixes::ReadBlocks(absl::Span<const PrefixName> names, const
       if (!lacks[k].empty()) lacked[s] = true;
       if (outcome.ok()) continue;
       // Blocks not handed over are asked again, of other replicas first.
-      if (!absl::IsNotFound(outcome) && !absl::IsDataLoss(outcome)) failed[s] = true;
+      if (!absl::IsNotFound(outcome) && !absl::IsDataLoss(outcome)) {
+        failed[s] = true;
+        BackOff(s, took[k]);
+      }
       (absl::IsDataLoss(outcome) ? data_loss : other).Update(outcome);
     }
     std::erase_if(pending, [&](size_t i) { return done[i]; });

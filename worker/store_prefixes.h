@@ -172,12 +172,16 @@ class StorePrefixes final : public PrefixStore {
   std::vector<Outbox> outboxes_ ABSL_GUARDED_BY(mu_);  // by shard
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   StorePrefixStats stats_ ABSL_GUARDED_BY(mu_);
-  // After a failed lookup of a shard, its lookups are skipped (answered "no prefix": the worker
-  // computes) until then: for 8 times as long as the failed one took, 50 ms at least. Lookups run
-  // on the worker's scheduling thread, so a store that hangs would otherwise stall the batch for
-  // its timeout at every request; this way it stalls it a ninth of the time at most, and a store
-  // that refuses at once (down, restarting) is tried again soon. Per shard.
+  // After a failed lookup of a shard, or a read that failed as a whole (its data plane down while
+  // its control plane answers), its lookups are skipped (answered "no prefix": the worker
+  // computes, or reads another replica) and reads ask it last until then: for 8 times as long as
+  // the failed call took, 50 ms at least. Lookups run on the worker's scheduling thread, so a
+  // store that hangs would otherwise stall the batch for its timeout at every request; this way
+  // it stalls it a ninth of the time at most, and a store that refuses at once (down, restarting)
+  // is tried again soon. Per shard.
   std::vector<absl::Duration> skip_lookups_until_ ABSL_GUARDED_BY(mu_);  // SteadyClock() time
+  void BackOff(size_t shard, absl::Duration failed_after) ABSL_LOCKS_EXCLUDED(mu_);
+  void BackOffLocked(size_t shard, absl::Duration failed_after) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // With replicas: blocks a lookup found on some of their shards, and the shards that answered
   // it without them (each its first missing block), which get a copy when the block is read
   // (cleared past kMaxRepairHints).
