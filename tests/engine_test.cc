@@ -530,24 +530,20 @@ TEST_F(EngineExactness, StagingThatCanNeverHoldASequenceEndsItAlone) {
 
 // Logits that overflow float32 end only the sequence that samples from them, with the error full
 // decoding gives it; rows no decoding samples from (a prompt row after a stored prefix, a draft
-// the target rejects) end nothing. The model overflows in every row whose input is token 200.
+// the target rejects) end nothing. The model overflows in every row whose input is
+// kOverflowToken.
 TEST(EngineOverflow, OnlyTheSequenceThatSamplesAnOverflowEnds) {
-  constexpr int32_t kOverflow = 200;
   const std::string dir = testing::TempDir("engine_overflow");
-  testing::WriteModelOverflowingOn(dir, kOverflow);
+  testing::WriteModelOverflowingOn(dir);
   auto loaded = Model::Load(dir);
   ASSERT_TRUE(loaded.ok()) << loaded.status();
   const Model& model = **loaded;
   GenerateOptions o;
   o.max_tokens = 8;
   o.stop_at_eos = false;
-  auto without = [](std::vector<int32_t> p) {
-    for (int32_t& t : p) t = t == kOverflow ? kOverflow + 1 : t;
-    return p;
-  };
   std::vector<int32_t> ends_on = RandomPrompt(40, 1);
-  ends_on.back() = kOverflow;
-  const std::vector<int32_t> clean = without(RandomPrompt(40, 2));
+  ends_on.back() = testing::kOverflowToken;
+  const std::vector<int32_t> clean = testing::WithoutOverflowToken(RandomPrompt(40, 2));
   ASSERT_EQ(GenerateFull(model, ends_on, o).status().code(), absl::StatusCode::kDataLoss);
   auto want = GenerateFull(model, clean, o);
   ASSERT_TRUE(want.ok()) << want.status();
@@ -581,9 +577,9 @@ TEST(EngineOverflow, OnlyTheSequenceThatSamplesAnOverflowEnds) {
   EXPECT_EQ(out[1].tokens, want->tokens);
   // A prompt whose first 96 tokens the store holds, with the overflowing token after them: the
   // verify pass computes its row, which nothing samples from.
-  const std::vector<int32_t> shared = without(RandomPrompt(6 * 16 + 24, 3));
+  const std::vector<int32_t> shared = testing::WithoutOverflowToken(RandomPrompt(6 * 16 + 24, 3));
   std::vector<int32_t> inside = shared;
-  inside[6 * 16 + 5] = kOverflow;
+  inside[6 * 16 + 5] = testing::kOverflowToken;
   auto want_inside = GenerateFull(model, inside, o);
   ASSERT_TRUE(want_inside.ok()) << want_inside.status();
   submit(2, shared);

@@ -420,11 +420,10 @@ TEST_F(FullEngineTest, ACancelledRequestSharesItsOutputForTheNextTurn) {
 
 // Logits that overflow float32 end only the sequence that samples from them (the batch goes on),
 // and a prefill chunk's last row, which nothing samples from, ends nothing. The model overflows in
-// every row whose input is token 200.
+// every row whose input is kOverflowToken.
 TEST(FullEngineOverflow, OnlyTheSequenceThatSamplesAnOverflowEnds) {
-  constexpr int32_t kOverflow = 200;
   const std::string dir = testing::TempDir("full_engine_overflow");
-  testing::WriteModelOverflowingOn(dir, kOverflow);
+  testing::WriteModelOverflowingOn(dir);
   auto model = Model::Load(dir);
   ASSERT_TRUE(model.ok()) << model.status();
   FullEngineOptions eo;
@@ -432,14 +431,10 @@ TEST(FullEngineOverflow, OnlyTheSequenceThatSamplesAnOverflowEnds) {
   eo.max_batch = 4;
   auto engine = FullKvEngine::Create(**model, eo);
   ASSERT_TRUE(engine.ok()) << engine.status();
-  auto without = [](std::vector<int32_t> p) {
-    for (int32_t& t : p) t = t == kOverflow ? kOverflow + 1 : t;
-    return p;
-  };
-  std::vector<int32_t> ends_on = without(RandomPrompt(40, 1));
-  ends_on.back() = kOverflow;
-  std::vector<int32_t> chunk_ends_on = without(RandomPrompt(40, 2));
-  chunk_ends_on[15] = kOverflow;  // the last row of the first 16-token chunk
+  std::vector<int32_t> ends_on = testing::WithoutOverflowToken(RandomPrompt(40, 1));
+  ends_on.back() = testing::kOverflowToken;
+  std::vector<int32_t> chunk_ends_on = testing::WithoutOverflowToken(RandomPrompt(40, 2));
+  chunk_ends_on[15] = testing::kOverflowToken;  // the last row of the first 16-token chunk
   Driver d(**engine);
   d.Submit(MakeRequest(ends_on, Options(8, 0.0f, 1)));
   const EngineRequest clean = MakeRequest(chunk_ends_on, Options(8, 0.0f, 1, /*prefill_chunk=*/16));

@@ -109,7 +109,8 @@ void WriteTinyModel(const std::string& dir, const TinyModelSpec& spec) {
   WriteFile(dir + "/model.safetensors", SafetensorsBytes(TinyWeights(spec)));
 }
 
-void WriteModelOverflowingOn(const std::string& dir, int32_t token) {
+void WriteModelOverflowingOn(const std::string& dir) {
+  const int32_t token = kOverflowToken;
   TinyModelSpec spec = SmallGqaSpec();
   spec.weight_scale = 0.15f;
   std::map<std::string, RawTensor> w = TinyWeights(spec);
@@ -129,6 +130,11 @@ void WriteModelOverflowingOn(const std::string& dir, int32_t token) {
   std::filesystem::create_directories(dir);
   WriteFile(dir + "/config.json", TinyConfig(spec).dump(2));
   WriteFile(dir + "/model.safetensors", SafetensorsBytes(w));
+}
+
+std::vector<int32_t> WithoutOverflowToken(std::vector<int32_t> tokens) {
+  for (int32_t& t : tokens) t = t == kOverflowToken ? kOverflowToken + 1 : t;
+  return tokens;
 }
 
 std::string TempDir(const std::string& name) {

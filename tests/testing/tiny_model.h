@@ -49,10 +49,13 @@ std::map<std::string, RawTensor> TinyWeights(const TinyModelSpec& spec);
 void WriteTinyModel(const std::string& dir, const TinyModelSpec& spec);
 
 // Writes a SmallGqaSpec model (weight scale 0.15) into `dir` whose logits overflow float32 in
-// every row whose input token is `token`, and in no other: hidden dimension 0 is `token`'s
-// embedding alone (no other token's has it, no layer writes it), and the final norm and the LM
-// head scale it past the largest float.
-void WriteModelOverflowingOn(const std::string& dir, int32_t token);
+// every row whose input token is kOverflowToken, and in no other: hidden dimension 0 is that
+// token's embedding alone (no other token's has it, no layer writes it), and the final norm and
+// the LM head scale it past the largest float.
+inline constexpr int32_t kOverflowToken = 200;
+void WriteModelOverflowingOn(const std::string& dir);
+// `tokens` with every kOverflowToken replaced by the next token id.
+std::vector<int32_t> WithoutOverflowToken(std::vector<int32_t> tokens);
 
 // A fresh empty directory under the test temp dir.
 std::string TempDir(const std::string& name);
