@@ -565,7 +565,6 @@ absl::Status DiskTier::Put(const BlockKey& key, absl::string_view block) {
       const BlockKey victim = order_.front();
       victims.emplace_back(victim, sizes_[victim].first);
       Unindex(victim);
-      evictions_++;
     }
   }
   for (const auto& [victim, size] : victims) EraseEvicted(victim, size);
@@ -576,14 +575,19 @@ void DiskTier::EraseEvicted(const BlockKey& key, uint64_t size) {
   absl::MutexLock stripe(&Stripe(key));
   {
     absl::MutexLock l(&mu_);
-    if (sizes_.contains(key)) return;  // put again meanwhile
+    if (sizes_.contains(key)) {  // put again meanwhile: that put's block stays
+      evictions_++;
+      return;
+    }
   }
-  if (Erase(key).ok()) return;
+  const bool erased = Erase(key).ok();
+  absl::MutexLock l(&mu_);
+  if (erased) {
+    evictions_++;
+    return;
+  }
   // Still stored: indexed again, as the oldest block, so that it stays counted against the budget
   // and is the next to go (unindexed, it would take room that nothing counts or ever frees).
-  absl::MutexLock l(&mu_);
-  write_errors_++;
-  evictions_--;
   Index(key, size, /*oldest=*/true);
 }
 

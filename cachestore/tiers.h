@@ -97,7 +97,9 @@ class RamTier {
   // is still copying in. Evicts unpinned least-recently-used blocks as the watermarks say, and
   // until a slot of the block's size is free; `evicted` (may be null) receives the keys and bytes
   // of what was evicted so the caller can demote them. kResourceExhausted when pinned blocks leave
-  // no room. `stored` (may be null) says whether this call put the block in.
+  // no room, or when the block is larger than any slot (an unpinned copy under its key is dropped
+  // first: the caller's disk tier takes the new one). `stored` (may be null) says whether this call
+  // put the block in.
   absl::Status Put(const BlockKey& key, absl::string_view block,
                    std::vector<std::pair<BlockKey, std::string>>* evicted, bool* stored = nullptr);
   // A copy of the block; kNotFound when absent. Counts as a use for LRU.

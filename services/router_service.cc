@@ -18,9 +18,13 @@ using vericache::v1::GenerateResponse;
 
 namespace {
 
-// What the router pins: the checkpoint and the numerics of the kernels that run it, which together
-// fix a request's output (a worker older than the numerics field reports none).
-std::string Identity(const vericache::v1::ModelInfo& m) { return absl::StrCat(m.fingerprint_hex(), "/", m.numerics()); }
+// Whether a worker of `m` gives the output workers of the pinned model give: the same checkpoint,
+// and the same numerics of the kernels that run it where both report theirs (a worker older than
+// the numerics field reports none, and is taken as before: an upgrade must not shut it out).
+bool SameOutput(const vericache::v1::ModelInfo& m, const vericache::v1::ModelInfo& pinned) {
+  return m.fingerprint_hex() == pinned.fingerprint_hex() &&
+         (m.numerics().empty() || pinned.numerics().empty() || m.numerics() == pinned.numerics());
+}
 
 // SplitMix64's finalizer: a 64-bit mix with full avalanche, the same in every process (unlike
 // absl::Hash, which is seeded per process), so rendezvous orders agree across router replicas.
@@ -115,15 +119,31 @@ grpc::Status Authorization(const grpc::ServerContext& ctx, std::string* auth) {
 }  // namespace
 
 uint64_t AffinityTable::Get(uint64_t block) {
-  if (auto it = current_.find(block); it != current_.end()) return it->second;
-  auto it = previous_.find(block);
-  if (it == previous_.end()) return 0;
-  const uint64_t workers = it->second;
-  previous_.erase(it);
-  // Moved, not added: the tables hold no more than before. No roll here, which would drop the
-  // previous generation with the rest of this prompt's blocks in it; the next Add rolls.
-  current_[block] = workers;
-  return workers;
+  uint64_t mask = ~uint64_t{0};
+  return LongestRun({&block, 1}, &mask) == 1 ? mask : 0;
+}
+
+int AffinityTable::LongestRun(absl::Span<const uint64_t> blocks, uint64_t* mask) {
+  const auto find = [&](uint64_t block) -> uint64_t {
+    if (auto it = current_.find(block); it != current_.end()) return it->second;
+    auto it = previous_.find(block);
+    return it == previous_.end() ? 0 : it->second;
+  };
+  int run = 0;
+  for (uint64_t b : blocks) {
+    const uint64_t m = find(b) & *mask;
+    if (m == 0) break;
+    *mask = m;
+    ++run;
+  }
+  for (int i = 0; i < run; ++i) {
+    if (auto it = previous_.find(blocks[i]); it != previous_.end()) {
+      current_[blocks[i]] = it->second;
+      previous_.erase(it);
+    }
+  }
+  Roll();
+  return run;
 }
 
 void AffinityTable::Add(uint64_t block, uint64_t workers) {
@@ -300,38 +320,47 @@ RouterService::Probe RouterService::Check(const std::shared_ptr<Upstream>& w) {
 void RouterService::Apply(const std::vector<Probe>& probes) {
   bool changed = false;
   std::lock_guard<std::mutex> l(mu_);
-  // A checkpoint learned from the workers (not named in the options) is given up once no worker
-  // has served it for options_.repin_after_ms and another answers with a model: after a rollout
-  // the new workers' is taken, where a router pinned for good would refuse them all. (The wait
-  // keeps a short outage of the pinned workers from handing the fleet to a canary.)
+  // The pinned model is given up once no worker has served it for options_.repin_after_ms and
+  // another (of the checkpoint the options name, if they name one) answers: after a rollout the
+  // new workers' checkpoint, or numerics, is taken, where a router pinned for good would refuse
+  // them all. (The wait keeps a short outage of the pinned workers from handing the fleet to a
+  // canary.)
   const absl::Duration now = SteadyClock()->Now();
   if (absl::c_any_of(workers_, [](const auto& w) { return w->serving && !w->removed; })) model_last_served_ = now;
-  if (model_ != nullptr && options_.model_fingerprint_hex.empty() &&
-      now - model_last_served_ >= absl::Milliseconds(options_.repin_after_ms)) {
-    const bool another = absl::c_any_of(probes, [&](const Probe& p) {
-      return p.healthy && p.asked_model && p.model_status.ok() && Identity(p.info) != Identity(*model_);
-    });
+  const auto answered = [&](const Probe& p) {
+    return p.asked_model && p.model_status.ok() &&
+           (options_.model_fingerprint_hex.empty() || p.info.fingerprint_hex() == options_.model_fingerprint_hex);
+  };
+  if (model_ != nullptr && now - model_last_served_ >= absl::Milliseconds(options_.repin_after_ms)) {
+    const bool another =
+        absl::c_any_of(probes, [&](const Probe& p) { return p.healthy && answered(p) && !SameOutput(p.info, *model_); });
     if (another) {
       model_.reset();
       for (const auto& w : workers_) w->model_checked = false;
     }
   }
   if (model_ == nullptr) {
-    // The checkpoint the options name, or else the one most of the workers that answered serve
-    // (the first listed of a tie).
-    absl::flat_hash_map<std::string, int> count;
+    // The checkpoint the options name, or else the one most of the workers that answered serve;
+    // then the numerics most of its workers report (the first listed of a tie, each time).
+    absl::flat_hash_map<std::string, int> checkpoints, numerics;
     for (const Probe& p : probes) {
-      if (p.asked_model && p.model_status.ok()) ++count[Identity(p.info)];
+      if (answered(p)) ++checkpoints[p.info.fingerprint_hex()];
     }
+    std::string checkpoint;
     int best = 0;
     for (const Probe& p : probes) {
-      if (!p.asked_model || !p.model_status.ok()) continue;
-      if (!options_.model_fingerprint_hex.empty() && p.info.fingerprint_hex() != options_.model_fingerprint_hex) {
-        continue;
+      if (answered(p) && checkpoints[p.info.fingerprint_hex()] > best) {
+        best = checkpoints[p.info.fingerprint_hex()];
+        checkpoint = p.info.fingerprint_hex();
       }
-      const int n = count[Identity(p.info)];
-      if (n > best) {
-        best = n;
+    }
+    for (const Probe& p : probes) {
+      if (answered(p) && p.info.fingerprint_hex() == checkpoint) ++numerics[p.info.numerics()];
+    }
+    best = 0;
+    for (const Probe& p : probes) {
+      if (answered(p) && p.info.fingerprint_hex() == checkpoint && numerics[p.info.numerics()] > best) {
+        best = numerics[p.info.numerics()];
         model_ = std::make_unique<vericache::v1::ModelInfo>(p.info);
       }
     }
@@ -339,7 +368,8 @@ void RouterService::Apply(const std::vector<Probe>& probes) {
   for (const Probe& p : probes) {
     Upstream& w = *p.w;
     // A call that found the worker down since this probe began outweighs the probe.
-    bool serving = p.healthy && w.downs.load() == p.downs;
+    const bool found_down = w.downs.load() != p.downs;
+    bool serving = p.healthy && !found_down;
     if (!p.health.ok()) {
       w.state = absl::StrCat("unreachable: ", p.health.message());
       w.model_checked = false;  // it may come back with another model
@@ -353,7 +383,7 @@ void RouterService::Apply(const std::vector<Probe>& probes) {
       if (p.info.fingerprint_hex() != model_->fingerprint_hex()) {
         w.state = absl::StrCat("serves another model: checkpoint ", p.info.fingerprint_hex().substr(0, 16),
                                ", the router's workers serve ", model_->fingerprint_hex().substr(0, 16));
-      } else if (p.info.numerics() != model_->numerics()) {
+      } else if (!SameOutput(p.info, *model_)) {
         w.state = absl::StrCat("computes with other kernels: numerics \"", p.info.numerics(),
                                "\", the router's workers' \"", model_->numerics(),
                                "\" (its output would differ from theirs)");
@@ -367,10 +397,13 @@ void RouterService::Apply(const std::vector<Probe>& probes) {
     }
     serving = serving && w.model_checked && !w.removed;
     if (serving) w.state = "serving";
-    if (p.healthy && w.downs.load() != p.downs) w.state = "a call found it down; checked again next round";
+    if (p.healthy && found_down) w.state = "a call found it down; checked again next round";
     if (!p.health.ok() && w.serving) ++w.failures;
     changed |= w.serving != serving;
     w.serving = serving;
+    // A call may find it down between the look above and this store (calls mark it without mu_):
+    // their mark stands.
+    if (serving && w.downs.load() != p.downs) w.serving = false;
   }
   if (changed) changed_.notify_all();
 }
@@ -459,13 +492,7 @@ std::vector<std::shared_ptr<RouterService::Upstream>> RouterService::Choose(cons
   // little to pile its prompts onto the workers that have it).
   uint64_t mask = 0;
   for (const Candidate& x : c) mask |= uint64_t{1} << x.w->slot;
-  int depth = 0;
-  for (uint64_t b : blocks) {
-    const uint64_t m = table_.Get(b) & mask;
-    if (m == 0) break;
-    mask = m;
-    ++depth;
-  }
+  const int depth = table_.LongestRun(blocks, &mask);
   if (2 * static_cast<size_t>(depth) < blocks.size()) return back();
   std::stable_partition(c.begin(), c.end(), [&](const Candidate& x) { return (mask >> x.w->slot & 1) != 0; });
   // Unless it is busier than the least busy worker by the slack.

@@ -80,12 +80,17 @@ struct RouterServiceOptions {
 inline constexpr int kMaxRouterWorkers = 64;
 
 // A two-generation table of prompt block hash -> the workers (a bit each) that served it: lookups
-// move an entry into the current generation, which becomes the previous one at the first Add that
-// finds it holding half the capacity, and the previous one is dropped then. Not thread-safe.
+// move an entry into the current generation, which becomes the previous one when it holds half
+// the capacity, and the previous one is dropped then. Not thread-safe.
 class AffinityTable {
  public:
   explicit AffinityTable(int64_t capacity) : half_(std::max<int64_t>(1, capacity / 2)) {}
   uint64_t Get(uint64_t block);
+  // The longest run of `blocks` from the first whose every block some worker of `*mask` served:
+  // its length, with *mask narrowed to the workers that served all of it (unchanged for none).
+  // The run's entries move to the current generation together, so that a roll on the way does
+  // not drop the rest of them (the current generation may pass half the capacity by one run).
+  int LongestRun(absl::Span<const uint64_t> blocks, uint64_t* mask);
   void Add(uint64_t block, uint64_t workers);
   void Forget(uint64_t workers);  // clears these workers' bits everywhere
   int64_t size() const { return static_cast<int64_t>(current_.size() + previous_.size()); }

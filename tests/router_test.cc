@@ -51,20 +51,29 @@ TEST(AffinityTable, RemembersForgetsAndStaysBounded) {
   EXPECT_EQ(u.Get(2), 0u);
 }
 
-// Looking up a prompt's blocks in turn finds them all: moving the first into a current generation
-// that it fills does not drop the previous one, which holds the rest.
+// Looking up a prompt's blocks finds them all, and keeps them all: moving the first into a current
+// generation that it fills does not drop the previous one, which holds the rest.
 TEST(AffinityTable, LookingUpAPromptKeepsItsOtherBlocks) {
   AffinityTable t(8);  // generations of 4
-  for (uint64_t b = 1; b <= 4; ++b) t.Add(b, 1);  // a prompt's four blocks; the fourth add rolls
+  const std::vector<uint64_t> prompt = {1, 2, 3, 4};
+  for (uint64_t b : prompt) t.Add(b, 1);  // the fourth add rolls
   for (uint64_t b = 10; b < 13; ++b) t.Add(b, 2);
-  for (uint64_t b = 1; b <= 4; ++b) EXPECT_EQ(t.Get(b), 1u) << b;
+  uint64_t mask = 0b11;
+  EXPECT_EQ(t.LongestRun(prompt, &mask), 4);
+  EXPECT_EQ(mask, 1u);
+  for (uint64_t b : prompt) EXPECT_EQ(t.Get(b), 1u) << b;
   EXPECT_LE(t.size(), 8);
+  // A run stops at the first block no worker of the mask served.
+  mask = 0b10;
+  EXPECT_EQ(t.LongestRun(prompt, &mask), 0);
+  EXPECT_EQ(mask, 0b10u);
 }
 
-// A worker that sends the whole output, stats last, and then fails the call (its connection broke
-// after the last message).
+// A worker of checkpoint "f" that sends the whole output, stats last, and then fails the call (its
+// connection broke after the last message). Its kernels' numerics are `numerics`.
 class EndsThenFails final : public v1::Inference::Service {
  public:
+  explicit EndsThenFails(std::string numerics = "avx2") : numerics_(std::move(numerics)) {}
   grpc::Status Generate(grpc::ServerContext*, const v1::GenerateRequest*,
                         grpc::ServerWriter<v1::GenerateResponse>* writer) override {
     v1::GenerateResponse r;
@@ -76,24 +85,38 @@ class EndsThenFails final : public v1::Inference::Service {
   }
   grpc::Status GetModelInfo(grpc::ServerContext*, const v1::GetModelInfoRequest*, v1::ModelInfo* info) override {
     info->set_fingerprint_hex("f");
+    info->set_numerics(numerics_);
     info->set_takes_generated_ids(true);
     return grpc::Status::OK;
   }
+
+ private:
+  const std::string numerics_;
+};
+
+// Serves `service` on a port of loopback until destroyed.
+struct FakeWorker {
+  explicit FakeWorker(grpc::Service* service) {
+    grpc::EnableDefaultHealthCheckService(true);
+    grpc::ServerBuilder b;
+    b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    b.RegisterService(service);
+    server = b.BuildAndStart();
+  }
+  ~FakeWorker() { server->Shutdown(); }
+  std::string target() const { return absl::StrCat("127.0.0.1:", port); }
+  int port = 0;
+  std::unique_ptr<grpc::Server> server;
 };
 
 // The client of such a worker has its whole output: the call is OK, where an UNAVAILABLE would
 // have a client that retries get the output twice.
-TEST(RouterOfOneWorker, AnOutputThatEndedIsOkWhateverFollows) {
-  grpc::EnableDefaultHealthCheckService(true);
-  EndsThenFails worker;
-  grpc::ServerBuilder b;
-  int port = 0;
-  b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-  b.RegisterService(&worker);
-  std::unique_ptr<grpc::Server> server = b.BuildAndStart();
-  ASSERT_NE(port, 0);
+TEST(RouterOfFakeWorkers, AnOutputThatEndedIsOkWhateverFollows) {
+  EndsThenFails service;
+  FakeWorker worker(&service);
+  ASSERT_NE(worker.port, 0);
   RouterServerOptions o;
-  o.service.workers = absl::StrCat("127.0.0.1:", port);
+  o.service.workers = worker.target();
   o.service.health_interval_ms = 50;
   auto router = RouterServer::Start(o);
   ASSERT_TRUE(router.ok()) << router.status();
@@ -101,7 +124,29 @@ TEST(RouterOfOneWorker, AnOutputThatEndedIsOkWhateverFollows) {
   const GenerateReply r = CallGenerate(*InferenceStub((*router)->target()), testing::IdsRequest(10, 8), "");
   EXPECT_TRUE(r.status.ok()) << r.status;
   EXPECT_EQ(r.tokens, (std::vector<int32_t>{5, 6}));
-  server->Shutdown();
+}
+
+// During an upgrade, workers that report no numerics (older than the field) serve beside those that
+// do, whichever the router pinned. A worker of other numerics than those pinned is kept out; with
+// none pinned (an older worker's model was), every worker of the checkpoint serves.
+TEST(RouterOfFakeWorkers, WorkersThatReportNoNumericsServeBesideThoseThatDo) {
+  EndsThenFails old_service(""), new_service("avx2"), other_service("reference");
+  FakeWorker old_worker(&old_service), new_worker(&new_service), other(&other_service);
+  for (bool old_first : {true, false}) {
+    RouterServerOptions o;
+    o.service.workers = old_first ? old_worker.target() + "," + new_worker.target() + "," + other.target()
+                                  : new_worker.target() + "," + old_worker.target() + "," + other.target();
+    o.service.health_interval_ms = 50;
+    auto router = RouterServer::Start(o);
+    ASSERT_TRUE(router.ok()) << router.status();
+    ASSERT_TRUE((*router)->service().WaitServing(2, absl::Seconds(20)));
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    v1::RouterStats s;
+    (*router)->service().CurrentStats(&s);
+    ASSERT_EQ(s.workers_size(), 3);
+    EXPECT_EQ(s.workers(0).serving() + s.workers(1).serving(), 2u) << old_first;
+    EXPECT_EQ(s.workers(2).serving(), old_first ? 1u : 0u) << s.workers(2).state();
+  }
 }
 
 TEST(PromptBlockHashes, ChainFullBlocksOnly) {

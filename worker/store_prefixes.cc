@@ -384,7 +384,8 @@ absl::Status StorePrefixes::ReadBlocks(absl::Span<const PrefixName> names, const
       // Blocks not handed over are asked again, of other replicas first.
       if (!absl::IsNotFound(outcome) && !absl::IsDataLoss(outcome)) {
         failed[s] = true;
-        BackOff(s, took[k]);
+        // The shard itself did not answer (not a block of its, nor this worker's use of one).
+        if (absl::IsUnavailable(outcome) || absl::IsDeadlineExceeded(outcome)) BackOff(s, took[k]);
       }
       (absl::IsDataLoss(outcome) ? data_loss : other).Update(outcome);
     }
