@@ -529,9 +529,9 @@ TEST_F(EngineExactness, StagingThatCanNeverHoldASequenceEndsItAlone) {
 }
 
 // Logits that overflow float32 end only the sequence that samples from them, with the error full
-// decoding gives it; rows no decoding samples from (a prompt row after a stored prefix, a draft
-// the target rejects) end nothing. The model overflows in every row whose input is
-// kOverflowToken.
+// decoding gives it (its first draft step overflows too, which ends its window, not the step); a
+// row no decoding samples from (here a prompt row after a stored prefix) ends nothing. The model
+// overflows in every row whose input is kOverflowToken.
 TEST(EngineOverflow, OnlyTheSequenceThatSamplesAnOverflowEnds) {
   const std::string dir = testing::TempDir("engine_overflow");
   testing::WriteModelOverflowingOn(dir);
