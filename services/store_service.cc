@@ -1,5 +1,6 @@
 #include "services/store_service.h"
 
+#include <chrono>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -31,6 +32,12 @@ grpc::Status ToGrpcStatus(const absl::Status& s) {
 namespace {
 
 using cachestore::kMaxKeysPerLeaseCall;
+
+// Whether the caller has gone: its call cancelled, or past its deadline (where its client gives up,
+// whether or not the cancellation has reached this side yet).
+bool CallerGone(const grpc::CallbackServerContext& ctx) {
+  return ctx.IsCancelled() || std::chrono::system_clock::now() >= ctx.deadline();
+}
 
 grpc::ServerUnaryReactor* Done(grpc::CallbackServerContext* ctx, const absl::Status& s) {
   grpc::ServerUnaryReactor* r = ctx->DefaultReactor();
@@ -185,7 +192,7 @@ grpc::ServerUnaryReactor* CacheStoreService::LeaseBlocks(grpc::CallbackServerCon
   for (const cachestore::BlockKey& key : keys) {
     // A call whose client has gone (its deadline passed while blocks came up from disk) pins
     // nothing: its lease ids would never reach the client to be released.
-    if (ctx->IsCancelled()) break;
+    if (CallerGone(*ctx)) break;
     vericache::v1::LeasedBlock* out = resp->add_blocks();
     const absl::Status s = LeaseRemote(key, *salt, req->expect_fingerprint(), out->mutable_remote());
     out->set_status_code(static_cast<int32_t>(s.code()));
@@ -194,7 +201,7 @@ grpc::ServerUnaryReactor* CacheStoreService::LeaseBlocks(grpc::CallbackServerCon
       out->set_status_message(std::string(s.message()));
     }
   }
-  if (ctx->IsCancelled()) {
+  if (CallerGone(*ctx)) {
     for (const vericache::v1::LeasedBlock& b : resp->blocks()) {
       if (b.status_code() == 0) (void)store_->Release(b.remote().lease_id(), *salt);
     }

@@ -63,6 +63,40 @@ class DamageLocationsFactory final : public grpc::experimental::ServerIntercepto
   const std::atomic<bool>* const on_;
 };
 
+// Holds each LeaseBlocks call for `*delay_ms` after its request arrives, before the service takes
+// it up (0: not at all): a call whose client's deadline passes meanwhile. The call goes on from a
+// thread of its own, so that gRPC's threads see the cancellation meanwhile.
+class DelayLeases final : public grpc::experimental::Interceptor {
+ public:
+  explicit DelayLeases(const std::atomic<int>* delay_ms) : delay_ms_(delay_ms) {}
+  void Intercept(grpc::experimental::InterceptorBatchMethods* m) override {
+    using grpc::experimental::InterceptionHookPoints;
+    const int delay = delay_ms_->load();
+    if (m->QueryInterceptionHookPoint(InterceptionHookPoints::POST_RECV_MESSAGE) && delay > 0) {
+      std::thread([m, delay] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(delay));
+        m->Proceed();
+      }).detach();
+      return;
+    }
+    m->Proceed();
+  }
+
+ private:
+  const std::atomic<int>* const delay_ms_;
+};
+
+class DelayLeasesFactory final : public grpc::experimental::ServerInterceptorFactoryInterface {
+ public:
+  explicit DelayLeasesFactory(const std::atomic<int>* delay_ms) : delay_ms_(delay_ms) {}
+  grpc::experimental::Interceptor* CreateServerInterceptor(grpc::experimental::ServerRpcInfo* info) override {
+    return std::string(info->method()) == "/vericache.v1.CacheStore/LeaseBlocks" ? new DelayLeases(delay_ms_) : nullptr;
+  }
+
+ private:
+  const std::atomic<int>* const delay_ms_;
+};
+
 // Where the RAM tier lives: memory the tier allocated (UCX emulates gets from it), or a region UCX
 // allocated in shared memory (as `vericache store` runs it; read in place in error mode none).
 enum class Region { kTier, kUcx };
@@ -95,6 +129,7 @@ class StoreServer {
     b.RegisterService(service_.get());
     std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
     interceptors.push_back(std::make_unique<DamageLocationsFactory>(&damage_locations));
+    interceptors.push_back(std::make_unique<DelayLeasesFactory>(&delay_leases_ms));
     b.experimental().SetInterceptorCreators(std::move(interceptors));
     server_ = b.BuildAndStart();
   }
@@ -112,6 +147,8 @@ class StoreServer {
 
   // While set, the UCX locations of every LeaseBlocks answer arrive damaged (DamageLocations).
   std::atomic<bool> damage_locations{false};
+  // While positive, LeaseBlocks calls wait this long before the service takes them up.
+  std::atomic<int> delay_leases_ms{0};
 
  private:
   std::unique_ptr<cachestore::BlockStore> store_;
@@ -669,6 +706,39 @@ TEST(StoreService, LeasesPastATenantsCapAreServedInline) {
     ASSERT_TRUE(got[i].ok()) << i << ": " << got[i].status();
     EXPECT_EQ(*got[i], MakeBlock(90 + i)) << i;
   }
+}
+
+// A LeaseBlocks call whose client has gone when the store takes it up (its deadline passed) leases
+// nothing: the ids would never reach the client to be released, and the blocks would stay pinned,
+// against the tenant's cap, until the leases expired.
+TEST(StoreService, ALeaseCallWhoseClientHasGoneLeavesNothingLeased) {
+  uint64_t slot = 4096;
+  while (slot < MakeBlock(90).size()) slot *= 2;
+  StoreServer server(testing::TempDir("store_lease_gone"), nullptr, Region::kTier, cachestore::UcxErrorMode::kNone,
+                     2 * slot);
+  auto a = server.Client("token-a");
+  const auto keys = Chain(2, 29);
+  for (int i = 0; i < 2; ++i) ASSERT_TRUE(a->Put(keys[i], MakeBlock(90 + i)).ok());
+  auto stub =
+      vericache::v1::CacheStore::NewStub(grpc::CreateChannel(server.target(), grpc::InsecureChannelCredentials()));
+  auto lease = [&](absl::Duration timeout, vericache::v1::LeaseBlocksResponse* resp) {
+    grpc::ClientContext ctx;
+    ctx.AddMetadata("authorization", "Bearer token-a");
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+    vericache::v1::LeaseBlocksRequest req;
+    for (const BlockKey& k : keys) req.add_keys(std::string(reinterpret_cast<const char*>(k.bytes.data()), 32));
+    return stub->LeaseBlocks(&ctx, req, resp).error_code();
+  };
+  server.delay_leases_ms = 600;
+  vericache::v1::LeaseBlocksResponse gone;
+  ASSERT_EQ(lease(absl::Milliseconds(100), &gone), grpc::StatusCode::DEADLINE_EXCEEDED);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1000));  // the store takes the call up
+  server.delay_leases_ms = 0;
+  // Both blocks lease again: nothing of the first call holds the cap.
+  vericache::v1::LeaseBlocksResponse again;
+  ASSERT_EQ(lease(absl::Seconds(5), &again), grpc::StatusCode::OK);
+  ASSERT_EQ(again.blocks_size(), 2);
+  for (int i = 0; i < 2; ++i) EXPECT_EQ(again.blocks(i).status_code(), 0) << again.blocks(i).status_message();
 }
 
 // A block deleted while a reader holds its lease, then put again, is read again at once (inline
