@@ -592,6 +592,52 @@ TEST(EngineOverflow, OnlyTheSequenceThatSamplesAnOverflowEnds) {
   EXPECT_EQ(out[3].tokens, want_inside->tokens);
 }
 
+// A sequence that generates the overflowing token gets the tokens decoding gives up to it, that
+// token included, and then the error, whatever its draft window (its drafts may accept the token
+// and the overflow come at a row inside the pass).
+TEST(EngineOverflow, TheTokensBeforeAnOverflowAreStreamedThenTheError) {
+  const std::string dir = testing::TempDir("engine_overflow_late");
+  testing::WriteModelOverflowingOn(dir);
+  auto loaded = Model::Load(dir);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  const Model& model = **loaded;
+  GenerateOptions o;
+  o.max_tokens = 24;
+  o.stop_at_eos = false;
+  // A prompt whose output has the token after a few others: decoding fails once it samples past it.
+  std::vector<int32_t> prompt, want;
+  for (uint32_t seed = 1; seed < 3000 && want.empty(); ++seed) {
+    prompt = testing::WithoutOverflowToken(RandomPrompt(40, seed));
+    if (GenerateFull(model, prompt, o).ok()) continue;
+    for (int m = 2; m <= o.max_tokens; ++m) {
+      GenerateOptions upto = o;
+      upto.max_tokens = m;
+      auto got = GenerateFull(model, prompt, upto);
+      if (!got.ok()) break;
+      want = got->tokens;
+    }
+    if (want.size() < 2 || want.back() != testing::kOverflowToken) want.clear();
+  }
+  ASSERT_FALSE(want.empty()) << "no prompt's output has the overflowing token after another";
+  for (int window : {1, 4, 16}) {
+    HostKvTier tier(model.kv_layout(16), 0);
+    EngineOptions eo;
+    eo.compressor = "kivi:bits=4";
+    eo.draft_window = window;
+    eo.staging_blocks = 16;
+    auto engine = VeriCacheEngine::Create(model, &tier, eo);
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    EngineRequest r = MakeRequest(prompt, o);
+    std::vector<int32_t> streamed;
+    r.on_tokens = [&](absl::Span<const int32_t> t) { streamed.insert(streamed.end(), t.begin(), t.end()); };
+    absl::Status st = absl::UnknownError("not done");
+    (*engine)->Submit(std::move(r), [&](absl::Status s, EngineResult) { st = s; });
+    for (int i = 0; i < 1000 && !(*engine)->Idle(); ++i) ASSERT_TRUE((*engine)->Step().ok());
+    EXPECT_EQ(st.code(), absl::StatusCode::kDataLoss) << window << ": " << st;
+    EXPECT_EQ(streamed, want) << window;
+  }
+}
+
 // KV prefilled elsewhere (a benchmark's shared prefill) builds the draft cache; a compressor that
 // chooses what to keep from the prompt's last queries takes them along with it.
 TEST_F(EngineExactness, PrefilledKvBuildsTheDraftCache) {
