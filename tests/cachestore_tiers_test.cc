@@ -834,6 +834,67 @@ TEST(DiskTier, DatabaseWithoutSizesAndALostBlobFileIsRefused) {
 
 // A size entry that is not 8 bytes (a damaged index) takes its block with it when the tier opens:
 // left unindexed, the block would be served but never counted or evicted.
+// Damaged blocks of the index of sizes are salvaged around: the tier opens, serves every block the
+// index still names and deletes the ones the damage hid, between the last entry a scan from the
+// front read and the first one a scan from the back read. The mark that the sizes are complete
+// survives, even where it lay between: the next open reads the index again, not every payload
+// (which a payload RocksDB cannot read would stop for good).
+TEST(DiskTier, ASalvagedIndexKeepsItsMarkOfCompleteSizes) {
+  const std::string dir = vc::testing::TempDir("disk_tier_salvage");
+  constexpr int kBlocks = 600;
+  {
+    auto t = DiskTier::Open({dir, 64 << 20, false});
+    ASSERT_TRUE(t.ok()) << t.status();
+    for (int i = 0; i < kBlocks; ++i) ASSERT_TRUE((*t)->Put(Key(i), Block(i, 100)).ok());
+  }
+  { ASSERT_TRUE(DiskTier::Open({dir, 64 << 20, false}).ok()); }  // recovery writes the tables
+  // The table of the sizes family holds the mark (the key's suffix, past a shared first byte). A
+  // byte is flipped in a table block before the mark's and in one after it (blocks of about 4 KiB),
+  // so the two scans stop on either side of it.
+  bool damaged = false;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    if (e.path().extension() != ".sst") continue;
+    std::fstream f(e.path(), std::ios::in | std::ios::out | std::ios::binary);
+    std::string bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    const size_t at = bytes.find("izes-complete");
+    if (at == std::string::npos) continue;
+    ASSERT_GT(at, 6000u);
+    ASSERT_LT(at + 6000, bytes.size()) << "the mark is too near the table's end";
+    for (const size_t flip : {at - 6000, at + 6000}) {
+      f.seekp(static_cast<std::streamoff>(flip));
+      f.put(static_cast<char>(bytes[flip] ^ 0x5a));
+    }
+    damaged = true;
+  }
+  ASSERT_TRUE(damaged) << "no table of sizes in " << dir;
+  size_t kept = 0;
+  {
+    auto t = DiskTier::Open({dir, 64 << 20, false});
+    ASSERT_TRUE(t.ok()) << t.status();
+    kept = (*t)->blocks();
+    EXPECT_LT(kept, static_cast<size_t>(kBlocks));
+    EXPECT_GT(kept, 0u);
+    for (int i = 0; i < kBlocks; ++i) {
+      if ((*t)->Contains(Key(i))) EXPECT_EQ(*(*t)->Get(Key(i)), Block(i, 100)) << i;
+    }
+  }
+  {
+    const std::vector<rocksdb::ColumnFamilyDescriptor> families = {
+        {rocksdb::kDefaultColumnFamilyName, rocksdb::ColumnFamilyOptions()},
+        {"sizes", rocksdb::ColumnFamilyOptions()}};
+    std::vector<rocksdb::ColumnFamilyHandle*> handles;
+    rocksdb::DB* raw = nullptr;
+    ASSERT_TRUE(rocksdb::DB::OpenForReadOnly(rocksdb::DBOptions(), dir, families, &handles, &raw).ok());
+    std::unique_ptr<rocksdb::DB> db(raw);
+    std::string mark;
+    EXPECT_TRUE(db->Get(rocksdb::ReadOptions(), handles[1], "sizes-complete", &mark).ok());
+    for (rocksdb::ColumnFamilyHandle* h : handles) ASSERT_TRUE(db->DestroyColumnFamilyHandle(h).ok());
+  }
+  auto t = DiskTier::Open({dir, 64 << 20, false});
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ((*t)->blocks(), kept);
+}
+
 TEST(DiskTier, ADamagedSizeEntryDropsItsBlock) {
   const std::string dir = vc::testing::TempDir("disk_tier_damaged_size");
   {
