@@ -30,6 +30,30 @@ BlockKey Key(int i) {
 
 std::string Block(int i, size_t n = 10000) { return std::string(n, static_cast<char>('a' + i % 26)); }
 
+// A disk tier's database opened by RocksDB itself, both families, for tests that look or write past
+// the tier; the handles go with it.
+struct RawDatabase {
+  RawDatabase(const std::string& dir, bool read_only) {
+    const std::vector<rocksdb::ColumnFamilyDescriptor> families = {
+        {rocksdb::kDefaultColumnFamilyName, rocksdb::ColumnFamilyOptions()},
+        {"sizes", rocksdb::ColumnFamilyOptions()}};
+    rocksdb::DB* raw = nullptr;
+    const rocksdb::Status s = read_only
+                                  ? rocksdb::DB::OpenForReadOnly(rocksdb::DBOptions(), dir, families, &handles, &raw)
+                                  : rocksdb::DB::Open(rocksdb::DBOptions(), dir, families, &handles, &raw);
+    EXPECT_TRUE(s.ok()) << s.ToString();
+    db.reset(raw);
+  }
+  ~RawDatabase() {
+    if (db == nullptr) return;
+    for (rocksdb::ColumnFamilyHandle* h : handles) EXPECT_TRUE(db->DestroyColumnFamilyHandle(h).ok());
+  }
+  bool ok() const { return db != nullptr; }
+  rocksdb::ColumnFamilyHandle* sizes() const { return handles[1]; }
+  std::vector<rocksdb::ColumnFamilyHandle*> handles;
+  std::unique_ptr<rocksdb::DB> db;
+};
+
 TEST(RamTier, PutGetAndLruEvictionWithinBudget) {
   RamTierOptions o;
   o.capacity_bytes = 16 * 16384;  // 16 slots of 16 KiB
@@ -879,16 +903,10 @@ TEST(DiskTier, ASalvagedIndexKeepsItsMarkOfCompleteSizes) {
     }
   }
   {
-    const std::vector<rocksdb::ColumnFamilyDescriptor> families = {
-        {rocksdb::kDefaultColumnFamilyName, rocksdb::ColumnFamilyOptions()},
-        {"sizes", rocksdb::ColumnFamilyOptions()}};
-    std::vector<rocksdb::ColumnFamilyHandle*> handles;
-    rocksdb::DB* raw = nullptr;
-    ASSERT_TRUE(rocksdb::DB::OpenForReadOnly(rocksdb::DBOptions(), dir, families, &handles, &raw).ok());
-    std::unique_ptr<rocksdb::DB> db(raw);
+    RawDatabase raw(dir, /*read_only=*/true);
+    ASSERT_TRUE(raw.ok());
     std::string mark;
-    EXPECT_TRUE(db->Get(rocksdb::ReadOptions(), handles[1], "sizes-complete", &mark).ok());
-    for (rocksdb::ColumnFamilyHandle* h : handles) ASSERT_TRUE(db->DestroyColumnFamilyHandle(h).ok());
+    EXPECT_TRUE(raw.db->Get(rocksdb::ReadOptions(), raw.sizes(), "sizes-complete", &mark).ok());
   }
   auto t = DiskTier::Open({dir, 64 << 20, false});
   ASSERT_TRUE(t.ok()) << t.status();
@@ -903,18 +921,12 @@ TEST(DiskTier, ADamagedSizeEntryDropsItsBlock) {
     for (int i = 0; i < 3; ++i) ASSERT_TRUE((*t)->Put(Key(i), Block(i)).ok());
   }
   {
-    const std::vector<rocksdb::ColumnFamilyDescriptor> families = {
-        {rocksdb::kDefaultColumnFamilyName, rocksdb::ColumnFamilyOptions()},
-        {"sizes", rocksdb::ColumnFamilyOptions()}};
-    std::vector<rocksdb::ColumnFamilyHandle*> handles;
-    rocksdb::DB* raw = nullptr;
-    ASSERT_TRUE(rocksdb::DB::Open(rocksdb::DBOptions(), dir, families, &handles, &raw).ok());
-    std::unique_ptr<rocksdb::DB> db(raw);
+    RawDatabase raw(dir, /*read_only=*/false);
+    ASSERT_TRUE(raw.ok());
     const BlockKey key = Key(1);
-    EXPECT_TRUE(db->Put(rocksdb::WriteOptions(), handles[1],
-                        rocksdb::Slice(reinterpret_cast<const char*>(key.bytes.data()), 32), "abc")
+    EXPECT_TRUE(raw.db->Put(rocksdb::WriteOptions(), raw.sizes(),
+                            rocksdb::Slice(reinterpret_cast<const char*>(key.bytes.data()), 32), "abc")
                     .ok());
-    for (rocksdb::ColumnFamilyHandle* h : handles) ASSERT_TRUE(db->DestroyColumnFamilyHandle(h).ok());
   }
   auto t = DiskTier::Open({dir, 1 << 20, false});
   ASSERT_TRUE(t.ok()) << t.status();

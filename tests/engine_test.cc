@@ -532,12 +532,20 @@ TEST_F(EngineExactness, StagingThatCanNeverHoldASequenceEndsItAlone) {
 // decoding gives it (its first draft step overflows too, which ends its window, not the step); a
 // row no decoding samples from (here a prompt row after a stored prefix) ends nothing. The model
 // overflows in every row whose input is kOverflowToken.
-TEST(EngineOverflow, OnlyTheSequenceThatSamplesAnOverflowEnds) {
-  const std::string dir = testing::TempDir("engine_overflow");
-  testing::WriteModelOverflowingOn(dir);
-  auto loaded = Model::Load(dir);
-  ASSERT_TRUE(loaded.ok()) << loaded.status();
-  const Model& model = **loaded;
+class EngineOverflow : public ::testing::Test {
+ public:
+  static void SetUpTestSuite() {
+    const std::string dir = testing::TempDir("engine_overflow");
+    testing::WriteModelOverflowingOn(dir);
+    model_ = Model::Load(dir)->release();
+  }
+  static void TearDownTestSuite() { delete model_; }
+  static Model* model_;
+};
+Model* EngineOverflow::model_ = nullptr;
+
+TEST_F(EngineOverflow, OnlyTheSequenceThatSamplesAnOverflowEnds) {
+  const Model& model = *model_;
   GenerateOptions o;
   o.max_tokens = 8;
   o.stop_at_eos = false;
@@ -595,12 +603,8 @@ TEST(EngineOverflow, OnlyTheSequenceThatSamplesAnOverflowEnds) {
 // A sequence that generates the overflowing token gets the tokens decoding gives up to it, that
 // token included, and then the error, whatever its draft window (its drafts may accept the token
 // and the overflow come at a row inside the pass).
-TEST(EngineOverflow, TheTokensBeforeAnOverflowAreStreamedThenTheError) {
-  const std::string dir = testing::TempDir("engine_overflow_late");
-  testing::WriteModelOverflowingOn(dir);
-  auto loaded = Model::Load(dir);
-  ASSERT_TRUE(loaded.ok()) << loaded.status();
-  const Model& model = **loaded;
+TEST_F(EngineOverflow, TheTokensBeforeAnOverflowAreStreamedThenTheError) {
+  const Model& model = *model_;
   GenerateOptions o;
   o.max_tokens = 24;
   o.stop_at_eos = false;

@@ -52,15 +52,17 @@ class DamageLocations final : public grpc::experimental::Interceptor {
   vericache::v1::LeaseBlocksResponse damaged_;  // sent in place of the answer: lives as long as the call
 };
 
-class DamageLocationsFactory final : public grpc::experimental::ServerInterceptorFactoryInterface {
+// Puts an interceptor I(arg) on every LeaseBlocks call.
+template <typename I, typename Arg>
+class OnLeaseBlocks final : public grpc::experimental::ServerInterceptorFactoryInterface {
  public:
-  explicit DamageLocationsFactory(const std::atomic<bool>* on) : on_(on) {}
+  explicit OnLeaseBlocks(Arg arg) : arg_(arg) {}
   grpc::experimental::Interceptor* CreateServerInterceptor(grpc::experimental::ServerRpcInfo* info) override {
-    return std::string(info->method()) == "/vericache.v1.CacheStore/LeaseBlocks" ? new DamageLocations(on_) : nullptr;
+    return std::string(info->method()) == "/vericache.v1.CacheStore/LeaseBlocks" ? new I(arg_) : nullptr;
   }
 
  private:
-  const std::atomic<bool>* const on_;
+  const Arg arg_;
 };
 
 // Holds each LeaseBlocks call for `*delay_ms` after its request arrives, before the service takes
@@ -80,17 +82,6 @@ class DelayLeases final : public grpc::experimental::Interceptor {
       return;
     }
     m->Proceed();
-  }
-
- private:
-  const std::atomic<int>* const delay_ms_;
-};
-
-class DelayLeasesFactory final : public grpc::experimental::ServerInterceptorFactoryInterface {
- public:
-  explicit DelayLeasesFactory(const std::atomic<int>* delay_ms) : delay_ms_(delay_ms) {}
-  grpc::experimental::Interceptor* CreateServerInterceptor(grpc::experimental::ServerRpcInfo* info) override {
-    return std::string(info->method()) == "/vericache.v1.CacheStore/LeaseBlocks" ? new DelayLeases(delay_ms_) : nullptr;
   }
 
  private:
@@ -128,8 +119,10 @@ class StoreServer {
     b.SetMaxReceiveMessageSize(256 << 20);
     b.RegisterService(service_.get());
     std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
-    interceptors.push_back(std::make_unique<DamageLocationsFactory>(&damage_locations));
-    interceptors.push_back(std::make_unique<DelayLeasesFactory>(&delay_leases_ms));
+    using Damage = OnLeaseBlocks<DamageLocations, const std::atomic<bool>*>;
+    using Delay = OnLeaseBlocks<DelayLeases, const std::atomic<int>*>;
+    interceptors.push_back(std::make_unique<Damage>(&damage_locations));
+    interceptors.push_back(std::make_unique<Delay>(&delay_leases_ms));
     b.experimental().SetInterceptorCreators(std::move(interceptors));
     server_ = b.BuildAndStart();
   }
