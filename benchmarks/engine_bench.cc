@@ -83,22 +83,21 @@ double Rate(const ModeResult& r) { return r.tokens / r.decode_seconds; }
 // when a mode's outputs differ between rounds.
 bool MedianRounds(const std::vector<std::vector<ModeResult>>& rounds, std::vector<ModeResult>* out) {
   const size_t n = rounds.size();
-  const ModeResult* full_of = nullptr;
-  for (const ModeResult& r : rounds[0]) {
-    if (r.mode == "full") full_of = &r;
-  }
-  const size_t full_at = full_of ? static_cast<size_t>(full_of - rounds[0].data()) : 0;
+  const auto full =
+      std::find_if(rounds[0].begin(), rounds[0].end(), [](const ModeResult& r) { return r.mode == "full"; });
+  const bool has_full = full != rounds[0].end();
+  const size_t full_at = static_cast<size_t>(full - rounds[0].begin());
   for (size_t i = 0; i < rounds[0].size(); ++i) {
     std::vector<const ModeResult*> runs;
     std::vector<double> ratios;
     for (const auto& round : rounds) {
       if (round[i].outputs != rounds[0][i].outputs) return false;
       runs.push_back(&round[i]);
-      if (full_of != nullptr) ratios.push_back(Rate(round[i]) / Rate(round[full_at]));
+      if (has_full) ratios.push_back(Rate(round[i]) / Rate(round[full_at]));
     }
     std::sort(runs.begin(), runs.end(), [](auto* a, auto* b) { return Rate(*a) < Rate(*b); });
     ModeResult r = *runs[(n - 1) / 2];
-    if (n > 1 && full_of != nullptr && i != full_at) {
+    if (n > 1 && has_full && i != full_at) {
       nlohmann::json each = nlohmann::json::array();
       for (double x : ratios) each.push_back(std::round(x * 1000) / 1000);
       std::sort(ratios.begin(), ratios.end());
