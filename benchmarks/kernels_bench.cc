@@ -161,6 +161,46 @@ void BM_KiviAttention(benchmark::State& state) {
 }
 BENCHMARK(BM_KiviAttention)->ArgsProduct({{1, 3, 4}, {1024, 16384}, {2, 4, 8}})->Unit(benchmark::kMicrosecond);
 
+// 4-bit KIVI attention over `selected` of `stored` quantized positions (a query-aware view: every
+// stored / selected-th key group, through a group table), beside a view that holds only the
+// selected positions: what reading groups spread over the larger store costs.
+void BM_KiviAttentionSelected(benchmark::State& state) {
+  const Backend* b = ByIndex(state.range(0));
+  if (b == nullptr) return state.SkipWithError("backend not available");
+  const int32_t stored = static_cast<int32_t>(state.range(1)), selected = static_cast<int32_t>(state.range(2));
+  const int heads = 8, kv_heads = 2, d = 32, group = 32, bits = 4, dense = 32;
+  const int64_t row_bytes = int64_t{d} * bits / 8;
+  std::vector<uint8_t> kc(stored * row_bytes), vc(stored * row_bytes);
+  std::vector<float> ks(stored / group * d), km(stored / group * d), vs(stored), vm(stored);
+  std::mt19937 rng(7);
+  for (auto& x : kc) x = static_cast<uint8_t>(rng());
+  for (auto& x : vc) x = static_cast<uint8_t>(rng());
+  for (auto& x : ks) x = 0.01f + (rng() % 100) * 1e-4f;
+  for (auto& x : km) x = -0.1f + (rng() % 100) * 1e-3f;
+  for (auto& x : vs) x = 0.01f + (rng() % 100) * 1e-4f;
+  for (auto& x : vm) x = -0.1f + (rng() % 100) * 1e-3f;
+  std::vector<float> dk(dense * d, 0.1f), dv(dense * d, 0.2f), q(heads * d, 0.3f), out(heads * d);
+  std::vector<int32_t> rows(dense), table(selected / group);
+  for (int i = 0; i < dense; ++i) rows[i] = i;
+  for (size_t i = 0; i < table.size(); ++i) table[i] = static_cast<int32_t>(i * (stored / selected));
+  std::vector<CompressedKvHead> kv(kv_heads);
+  for (auto& h : kv) {
+    h.quant = {bits, group, d, selected, kc.data(), ks.data(), km.data(), vc.data(), vs.data(), vm.data()};
+    if (stored != selected) h.quant.group_table = table.data();
+    h.dense = {dk.data(), dv.data(), d, rows.data(), dense};
+  }
+  for (auto _ : state) {
+    b->CompressedAttention(q.data(), 1, heads, kv_heads, d, kv.data(), 0.17f, out.data());
+    benchmark::DoNotOptimize(out.data());
+  }
+  state.SetLabel(std::string(b->name()));
+}
+BENCHMARK(BM_KiviAttentionSelected)
+    ->Args({1, 4096, 4096})
+    ->Args({1, 16384, 4096})
+    ->Args({1, 16384, 2048})
+    ->Unit(benchmark::kMicrosecond);
+
 }  // namespace
 }  // namespace vc::kernels
 

@@ -59,7 +59,23 @@ struct QuantizedKvHead {
   const uint8_t* v_codes = nullptr;  // [tokens, head_dim * bits / 8]
   const float* v_scale = nullptr;    // [tokens, head_dim / value_group]
   const float* v_min = nullptr;      // [tokens, head_dim / value_group]
+  // A view of some of the stored key groups (query-aware selection): quantized token j is stored
+  // token StoredToken(*this, j), in key group group_table[j / key_group] of the arrays above, and
+  // the arrays' indices in the comments above are stored ones. nullptr: token j is stored token j.
+  const int32_t* group_table = nullptr;  // [tokens / key_group]
 };
+
+// Where quantized token j of a view is stored (see QuantizedKvHead::group_table).
+inline int64_t StoredGroup(const QuantizedKvHead& qk, int64_t group) {
+  return qk.group_table != nullptr ? qk.group_table[group] : group;
+}
+inline int64_t StoredToken(const QuantizedKvHead& qk, int64_t j) {
+  if (qk.group_table == nullptr) return j;
+  const int64_t kg = qk.key_group;
+  // A shift for the usual power-of-two group: kernels call this in inner loops.
+  const int64_t g = (kg & (kg - 1)) == 0 ? j >> __builtin_ctzll(static_cast<uint64_t>(kg)) : j / kg;
+  return int64_t{qk.group_table[g]} * kg + (j - g * kg);
+}
 
 struct DenseKvHead {
   const float* k = nullptr;  // token i of the list is at k + rows[i] * stride (head_dim floats)

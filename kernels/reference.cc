@@ -149,7 +149,7 @@ class Reference final : public Backend {
 
  private:
   static const float* DequantKey(const QuantizedKvHead& qk, int d, int32_t j, float* buf) {
-    const int64_t g = (j / qk.key_group) * d;
+    const int64_t g = StoredGroup(qk, j / qk.key_group) * d;
     const int64_t run = int64_t{qk.key_group} * qk.bits / 8;  // bytes of one channel of one group
     for (int c = 0; c < d; ++c) {
       const int code = UnpackCode(qk.k_codes + (g + c) * run, qk.bits, j % qk.key_group);
@@ -158,8 +158,9 @@ class Reference final : public Backend {
     return buf;
   }
   static const float* DequantValue(const QuantizedKvHead& qk, int d, int32_t j, float* buf) {
-    const uint8_t* row = qk.v_codes + static_cast<int64_t>(j) * d * qk.bits / 8;
-    const int64_t g = static_cast<int64_t>(j) * (d / qk.value_group);
+    const int64_t t = StoredToken(qk, j);
+    const uint8_t* row = qk.v_codes + t * d * qk.bits / 8;
+    const int64_t g = t * (d / qk.value_group);
     for (int c = 0; c < d; ++c) {
       buf[c] = qk.v_min[g + c / qk.value_group] + UnpackCode(row, qk.bits, c) * qk.v_scale[g + c / qk.value_group];
     }

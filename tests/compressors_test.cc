@@ -16,6 +16,7 @@
 #include "worker/query_recorder.h"
 #include "worker/quest_cache.h"
 #include "worker/snapkv.h"
+#include "worker/token_list_cache.h"
 
 namespace vc {
 namespace {
@@ -293,6 +294,23 @@ TEST_F(CompressorsTest, FullBudgetReproducesFullCacheLogitsBitwise) {
   }
 }
 
+// Quest over KIVI's key groups with a budget that covers every group reads what KIVI reads; with
+// a smaller one it reads less, and the logits move.
+TEST_F(CompressorsTest, QuestOverKiviWithAFullBudgetIsKivi) {
+  const int64_t P = 120;
+  const auto tokens = Tokens(150, 15);
+  Prefilled pre = Prefill(tokens, P);
+  const absl::Span<const int32_t> next = absl::MakeConstSpan(tokens).subspan(P);
+  auto kivi = Built("kivi:bits=4,group=8,residual=8", pre, P);
+  auto all = Built("quest:budget=4096+kivi:bits=4,group=8,residual=8", pre, P);
+  auto some = Built("quest:budget=32+kivi:bits=4,group=8,residual=8", pre, P);
+  ASSERT_TRUE(kivi != nullptr && all != nullptr && some != nullptr);
+  const auto want = Feed(*kivi, 0, next);
+  EXPECT_TRUE(BitwiseEqual(want, Feed(*all, 0, next)));
+  EXPECT_FALSE(BitwiseEqual(want, Feed(*some, 0, next)));
+  EXPECT_EQ(kivi->Bytes(0), some->Bytes(0));  // every token is stored either way
+}
+
 TEST_F(CompressorsTest, SmallBudgetsDoChangeTheLogits) {
   // The exactness above is not vacuous: these budgets drop positions and the logits move.
   const int64_t P = 120;
@@ -322,6 +340,7 @@ const std::vector<std::string>& RollbackSpecs() {
       "h2o:heavy=12,recent=2,rollback=5",
       "h2o:heavy_ratio=0.1,recent_ratio=0.05,rollback=6",
       "quest:page=8,budget=32",
+      "quest:budget=16+kivi:bits=4,group=8,residual=8",
   };
   return specs;
 }
@@ -507,6 +526,55 @@ TEST(Quest, ReadsTheBestPageAndItsOwn) {
   EXPECT_EQ(cache.Bytes(s), 4 * (2 * 13 * kD + 2 * 4 * kD));
 }
 
+TEST(QuestOverKivi, ReadsTheKeyGroupsThatBoundTheQueryHighest) {
+  // d = 32, so values e_0..e_31 name 32 positions; 8-bit KIVI in key groups of 8, residual 8:
+  // after a commit at 32, a row at 31 reads groups 0 and 1 (positions 0..15) quantized and 16..31
+  // in float32. Budget 8: one group. Positions 9..12 have keys along the query, so group 1 bounds
+  // q . k highest.
+  constexpr int d = 32;
+  const KvLayout layout{1, 1, d, 16};
+  const auto unit = [](int j) {
+    std::vector<float> v(d, 0.0f);
+    v[j] = 1.0f;
+    return v;
+  };
+  const auto read = [](const std::vector<float>& out) {
+    std::vector<int> r;
+    for (int c = 0; c < d; ++c) {
+      if (out[c] != 0.0f) r.push_back(c);
+    }
+    return r;
+  };
+  const auto range = [](int a, int b) {
+    std::vector<int> r;
+    for (int j = a; j < b; ++j) r.push_back(j);
+    return r;
+  };
+  for (const bool aligned : {true, false}) {
+    SCOPED_TRACE(aligned ? "keys along the query in group 1" : "no key stands out");
+    TokenListCache cache(layout, 1, KiviParams{8, 8, 8}, nullptr, 8);
+    const SeqId s = cache.NewSequence();
+    std::mt19937 rng(4);
+    std::normal_distribution<float> nd(0.0f, 0.1f);
+    for (int p = 0; p < d; ++p) {
+      std::vector<float> k(d, 0.0f);
+      if (aligned) {
+        for (float& x : k) x = nd(rng);
+        if (p >= 9 && p <= 12) k[0] = 3.0f;
+      }
+      cache.Write(0, s, p, k.data(), unit(p).data());
+    }
+    cache.Commit(s, d);
+    const std::vector<float> q = unit(0);
+    std::vector<float> out(d);
+    const QueryRow row{s, d - 1};
+    cache.Attend(0, {&row, 1}, q.data(), 1, 0.25f, kernels::DefaultBackend(), out.data());
+    std::vector<int> want = aligned ? range(8, 16) : range(0, 8);  // ties go to the earlier group
+    for (int j = 16; j < d; ++j) want.push_back(j);
+    EXPECT_EQ(read(out), want);
+  }
+}
+
 TEST(SnapKv, KeepsThePositionsTheWindowAttendsTo) {
   const KvLayout lay = UnitLayout();
   PagedKvCache full(lay, 8);
@@ -598,7 +666,10 @@ TEST_F(CompressorsTest, BadSpecsNameTheProblem) {
       {"kivi:bits=4,bits=2", "repeated key 'bits'"},
       {"kivi:group=12", "group must be a multiple of 8"},
       {"h2o+kivi", "unsupported composition 'h2o+kivi'"},
-      {"quest+kivi:bits=4", "unsupported composition 'quest+kivi'"},
+      {"quest:page=16+kivi:bits=4", "pages are kivi's key groups of 32 positions; got page=16"},
+      {"quest:budget=16+kivi:bits=4", "budget 16 must hold at least one page of 32"},
+      {"quest:capacity=64+kivi:bits=4", "unknown parameter 'capacity'"},
+      {"quest:budget=64+kivi:bits=3", "bits must be 2, 4 or 8"},
       {"kivi+snapkv", "unsupported composition 'kivi+snapkv'"},
       {"snapkv+streaming", "unsupported composition 'snapkv+streaming'"},
       {"snapkv:kernel=4", "kernel must be odd"},
@@ -641,6 +712,7 @@ TEST_F(CompressorsTest, CanonicalSpecsRoundTripAndDeclareTheirNeeds) {
       {"h2o", CompressorNeeds::kPastAttention},
       {"h2o:heavy=100,recent_ratio=0.25", CompressorNeeds::kPastAttention},
       {"quest", CompressorNeeds::kCurrentQuery},
+      {"quest:budget=64+kivi:bits=4", CompressorNeeds::kCurrentQuery},
   };
   for (const auto& [spec, needs] : cases) {
     auto a = Make(spec);
@@ -655,6 +727,11 @@ TEST_F(CompressorsTest, CanonicalSpecsRoundTripAndDeclareTheirNeeds) {
   EXPECT_EQ(Make("h2o:heavy=64,recent=32")->spec(), "h2o:heavy=64,recent=32,rollback=32");
   EXPECT_EQ(Make("h2o")->spec(), "h2o:heavy_ratio=0.1,recent_ratio=0.1,rollback=32");
   EXPECT_EQ(Make("quest")->spec(), "quest:page=16,budget=1024");
+  EXPECT_EQ(Make("quest+kivi")->spec(), "quest:budget=1024+kivi:bits=4,group=32,residual=32");
+  EXPECT_EQ(Make("quest:page=8,budget=64+kivi:group=8")->spec(), "quest:budget=64+kivi:bits=4,group=8,residual=32");
+  // Every token is stored as KIVI stores it, so the store's compressed blocks serve it too.
+  EXPECT_EQ(Make("quest:budget=64+kivi:bits=4")->block_codec().bits, 4);
+  EXPECT_EQ(Make("quest:budget=64+kivi:bits=4")->MaxRollback(), 32);
   EXPECT_EQ(Make("h2o:rollback=7")->MaxRollback(), 7);
   EXPECT_EQ(Make("quest")->MaxRollback(), int64_t{1} << 30);
 }

@@ -122,7 +122,8 @@ TEST_F(EngineExactness, EveryCompressorWindowAndSampling) {
                            "streaming:sinks=4,window=64", "streaming:sinks=0,window=1",
                            "snapkv:capacity=48,window=16,kernel=3",
                            "snapkv:capacity=48,window=16+kivi:bits=4,group=8,residual=8",
-                           "h2o:heavy=16,recent=8,rollback=8", "quest:page=8,budget=32"}) {
+                           "h2o:heavy=16,recent=8,rollback=8", "quest:page=8,budget=32",
+                           "quest:budget=16+kivi:bits=4,group=8,residual=8"}) {
     for (int k : {0, 1, 2, 3, 5, 8, 16}) {
       EngineStats total;
       for (float temp : {0.0f, 0.9f}) {
@@ -716,20 +717,22 @@ TEST(EngineOnTestModel, LongCodeContextsGreedyAndSampled) {
       (*model)->tokenizer().Encode(code.substr(0, 4400)),
       (*model)->tokenizer().Encode(code.substr(2000, 1500)),
   };
-  for (float temp : {0.0f, 0.7f}) {
+  for (const auto& [spec, temp] : std::vector<std::pair<std::string, float>>{
+           {"kivi:bits=4", 0.0f}, {"kivi:bits=4", 0.7f}, {"quest:budget=1024+kivi:bits=4", 0.0f},
+           {"quest:budget=1024+kivi:bits=4", 0.7f}}) {
     GenerateOptions o;
     o.max_tokens = 40;
     o.stop_at_eos = false;
     o.sampling = {temp, 0, 1.0f, 11};
     EngineOptions eo;
-    eo.compressor = "kivi:bits=4";
+    eo.compressor = spec;
     // The full KV is fetched for every verify, so drafts can hide it and the adaptive window
     // drafts (how much depends on the costs it times; with the KV kept staged, drafting does not
     // pay on a CPU and the window stays near 0).
     eo.keep_staged = false;
     EngineStats total;
     EngineExactness::ExpectExact(**model, prompts, o, eo, &total);
-    std::cout << "temperature " << temp << ": " << total.accepted_drafts << "/" << total.drafted
+    std::cout << spec << ", temperature " << temp << ": " << total.accepted_drafts << "/" << total.drafted
               << " drafts accepted over " << total.verifies << " verifies\n";
     EXPECT_GT(total.drafted, 0);
   }

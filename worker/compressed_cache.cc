@@ -158,6 +158,23 @@ absl::StatusOr<std::unique_ptr<CompressedKvCache>> MakeCompressedKvCache(absl::s
     }
     return std::make_unique<TokenListCache>(layout, num_heads, p, std::move(sel));
   }
+  // Quest's selection per query over KIVI's key groups (its pages).
+  if (methods.size() == 2 && methods[0].name == "quest" && methods[1].name == "kivi") {
+    VC_ASSIGN_OR_RETURN(KiviParams p, ParseKivi(methods[1], layout));
+    const MethodSpec& m = methods[0];
+    VC_RETURN_IF_ERROR(SpecKnownKeys(m, {"page", "budget"}));
+    VC_ASSIGN_OR_RETURN(int64_t page, SpecInt(m, "page", p.group, 1, 4096));
+    if (page != p.group) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("quest+kivi: pages are kivi's key groups of ", p.group, " positions; got page=", page));
+    }
+    VC_ASSIGN_OR_RETURN(int64_t budget, SpecInt(m, "budget", 1024, 1, int64_t{1} << 30));
+    if (budget < p.group) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("quest: budget ", budget, " must hold at least one page of ", p.group, " positions"));
+    }
+    return std::make_unique<TokenListCache>(layout, num_heads, p, nullptr, budget);
+  }
   if (methods.size() == 1) {
     VC_ASSIGN_OR_RETURN(std::unique_ptr<CompressedKvCache> c, MakeOtherCompressedKvCache(methods[0], layout, num_heads));
     if (c != nullptr) return c;
@@ -165,8 +182,8 @@ absl::StatusOr<std::unique_ptr<CompressedKvCache>> MakeCompressedKvCache(absl::s
                                                    "' (known: none, kivi, streaming, ", KnownOtherMethods(), ")"));
   }
   return absl::InvalidArgumentError(absl::StrCat("unsupported composition '", joined,
-                                                 "': compositions are a build-time selector followed by kivi, "
-                                                 "e.g. snapkv:capacity=1024+kivi:bits=4"));
+                                                 "': compositions are a build-time selector or quest followed by kivi, "
+                                                 "e.g. snapkv:capacity=1024+kivi:bits=4, quest:budget=4096+kivi:bits=4"));
 }
 
 }  // namespace vc

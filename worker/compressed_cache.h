@@ -1,6 +1,6 @@
 // Compressed KV caches: what a worker drafts from. One interface, one class per method; every
 // method is built from a spec string such as "kivi:bits=4,group=32,residual=32" or a composition
-// "snapkv:capacity=1024+kivi:bits=4".
+// "snapkv:capacity=1024+kivi:bits=4" or "quest:budget=4096+kivi:bits=4".
 #ifndef VC_WORKER_COMPRESSED_CACHE_H_
 #define VC_WORKER_COMPRESSED_CACHE_H_
 

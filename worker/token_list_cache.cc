@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #if defined(__SSE2__)
 #include <emmintrin.h>
 #include <xmmintrin.h>
@@ -169,12 +170,13 @@ void QuantizeKiviGroup(const float* k, const float* v, int group, int head_dim, 
 }
 
 TokenListCache::TokenListCache(const KvLayout& layout, int num_heads, KiviParams kivi,
-                               std::unique_ptr<PromptSelector> selector)
+                               std::unique_ptr<PromptSelector> selector, int64_t query_budget)
     : layout_(layout),
       num_heads_(num_heads),
       kivi_(kivi),
       value_group_(std::min(kivi.group, layout.head_dim)),
-      selector_(std::move(selector)) {}
+      selector_(std::move(selector)),
+      query_budget_(kivi.bits != 0 && selector_ == nullptr ? query_budget : 0) {}
 
 SeqId TokenListCache::NewSequence() {
   const SeqId id = seqs_.Add();
@@ -422,6 +424,9 @@ void TokenListCache::Attend(int layer, absl::Span<const QueryRow> rows, const fl
     }
   }
   views_.resize(rows.size() * kvh);
+  const int64_t keep = query_budget_ / kivi_.group;
+  if (keep > 0) group_tables_.resize(views_.size() * static_cast<size_t>(keep));
+  const int heads = num_heads / kvh;
   size_t max_dense = 0;
   for (size_t r = 0; r < rows.size(); ++r) {
     const Sequence& s = seqs_[rows[r].seq];
@@ -448,6 +453,10 @@ void TokenListCache::Attend(int layer, absl::Span<const QueryRow> rows, const fl
       v.dense.v = h.res_v.data() + static_cast<size_t>(quantized - h.f_start) * d;
       v.dense.stride = d;
       v.dense.count = visible - qk.tokens;
+      if (keep > 0) {
+        SelectGroups(q + (static_cast<int64_t>(r) * num_heads + g * heads) * d, heads, &qk,
+                     group_tables_.data() + (r * kvh + g) * keep);
+      }
       max_dense = std::max(max_dense, static_cast<size_t>(v.dense.count));
     }
   }
@@ -457,6 +466,60 @@ void TokenListCache::Attend(int layer, absl::Span<const QueryRow> rows, const fl
   }
   for (auto& v : views_) v.dense.rows = iota_.data();
   backend.CompressedAttention(q, static_cast<int64_t>(rows.size()), num_heads, kvh, d, views_.data(), scale, out);
+}
+
+void TokenListCache::SelectGroups(const float* q, int heads, kernels::QuantizedKvHead* view, int32_t* table) {
+  const int64_t keep = query_budget_ / kivi_.group, groups = view->tokens / kivi_.group;
+  if (groups <= keep) return;
+  const int d = layout_.head_dim;
+  // Quest's bound summed over the heads, sum over h, c of max(q_hc * min_c, q_hc * (min_c +
+  // levels * scale_c)), is sum over c of (sum_h q_hc) * min_c + levels * (sum_h max(q_hc, 0)) * scale_c.
+  const float levels = static_cast<float>((1 << kivi_.bits) - 1);
+  float a[256], b[256];
+  for (int c = 0; c < d; ++c) {
+    float sum = 0.0f, pos = 0.0f;
+    for (int h = 0; h < heads; ++h) {
+      sum += q[h * d + c];
+      pos += std::max(q[h * d + c], 0.0f);
+    }
+    a[c] = sum;
+    b[c] = levels * pos;
+  }
+  group_scores_.resize(static_cast<size_t>(groups));
+  float* score = group_scores_.data();
+  for (int64_t i = 0; i < groups; ++i) {
+    const float* mn = view->k_min + i * d;
+    const float* sc = view->k_scale + i * d;
+    float sum = 0.0f;
+    int c = 0;
+#if defined(__SSE2__)
+    __m128 s0 = _mm_setzero_ps(), s1 = _mm_setzero_ps();
+    for (; c + 8 <= d; c += 8) {
+      s0 = _mm_add_ps(s0, _mm_add_ps(_mm_mul_ps(_mm_loadu_ps(a + c), _mm_loadu_ps(mn + c)),
+                                     _mm_mul_ps(_mm_loadu_ps(b + c), _mm_loadu_ps(sc + c))));
+      s1 = _mm_add_ps(s1, _mm_add_ps(_mm_mul_ps(_mm_loadu_ps(a + c + 4), _mm_loadu_ps(mn + c + 4)),
+                                     _mm_mul_ps(_mm_loadu_ps(b + c + 4), _mm_loadu_ps(sc + c + 4))));
+    }
+    alignas(16) float lanes[4];
+    _mm_store_ps(lanes, _mm_add_ps(s0, s1));
+    sum = (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]);
+#endif
+    for (; c < d; ++c) sum += a[c] * mn[c] + b[c] * sc[c];
+    score[i] = std::isnan(sum) ? -INFINITY : sum;  // a total order for the selection
+  }
+  // The keep-th highest score, then the groups above it and as many at it as fit, earliest first.
+  group_order_scores_.assign(score, score + groups);
+  std::nth_element(group_order_scores_.begin(), group_order_scores_.begin() + (keep - 1), group_order_scores_.end(),
+                   std::greater<float>());
+  const float threshold = group_order_scores_[keep - 1];
+  int64_t ties = keep;
+  for (int64_t i = 0; i < groups; ++i) ties -= score[i] > threshold;
+  int64_t n = 0;
+  for (int64_t i = 0; i < groups && n < keep; ++i) {
+    if (score[i] > threshold || (score[i] == threshold && ties-- > 0)) table[n++] = static_cast<int32_t>(i);
+  }
+  view->tokens = static_cast<int32_t>(keep * kivi_.group);
+  view->group_table = table;
 }
 
 void TokenListCache::Commit(SeqId seq, int64_t length) {
@@ -519,11 +582,13 @@ int64_t TokenListCache::Bytes(SeqId seq) const {
 int64_t TokenListCache::MaxRollback() const { return kivi_.bits == 0 ? (int64_t{1} << 30) : kivi_.residual; }
 
 CompressorNeeds TokenListCache::needs() const {
+  if (query_budget_ > 0) return CompressorNeeds::kCurrentQuery;
   return selector_ != nullptr ? selector_->needs() : CompressorNeeds::kKeysValues;
 }
 
 std::string TokenListCache::spec() const {
   std::string s = selector_ != nullptr ? selector_->spec() : "";
+  if (query_budget_ > 0) s = absl::StrCat("quest:budget=", query_budget_);
   if (kivi_.bits != 0) {
     if (!s.empty()) s += "+";
     s += absl::StrCat("kivi:bits=", kivi_.bits, ",group=", kivi_.group, ",residual=", kivi_.residual);

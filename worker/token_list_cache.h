@@ -4,6 +4,13 @@
 // `residual`..`residual + group - 1` tokens stay in float32). Tokens appended after the build are
 // all kept. With neither selection nor quantization it holds the full KV in float32.
 //
+// Quantized, it can also select per query (Quest over KIVI's key groups: `query_budget` > 0): a
+// row reads only the budget / group quantized key groups whose keys can score highest against
+// its query, by Quest's bound from the group's per-channel minimum and scale (the most a key of
+// codes 0..2^bits - 1 can give), summed over the query heads of the KV head; ties go to the
+// earlier group. Its float32 tokens are always read. Every token is still stored, so memory is
+// KIVI's; what a step reads and computes is the budget's.
+//
 // What a query row sees is a function of the tokens before it alone: row p reads as quantized the
 // tokens that a commit at length p would have quantized, whatever pass it arrives in. To let a
 // truncation of up to `residual` positions restore exactly that view, the float32 copies of the
@@ -41,7 +48,9 @@ struct KiviParams {
 
 class TokenListCache final : public CompressedKvCache {
  public:
-  TokenListCache(const KvLayout& layout, int num_heads, KiviParams kivi, std::unique_ptr<PromptSelector> selector);
+  // query_budget > 0 needs kivi.bits > 0 and no selector.
+  TokenListCache(const KvLayout& layout, int num_heads, KiviParams kivi, std::unique_ptr<PromptSelector> selector,
+                 int64_t query_budget = 0);
 
   SeqId NewSequence() override;
   SeqId Fork(SeqId seq) override { return seqs_.Copy(seq); }
@@ -106,15 +115,23 @@ class TokenListCache final : public CompressedKvCache {
     size_t codes, k_scales, v_scales;
   };
   BlockParts Parts(int64_t tokens) const;
+  // With a query budget: points `view` at the key groups the query heads q [heads, head_dim] of
+  // its KV head would score highest, their stored indices written to `table` (room for the
+  // budget's groups). Unchanged when the budget covers every quantized group.
+  void SelectGroups(const float* q, int heads, kernels::QuantizedKvHead* view, int32_t* table);
 
   const KvLayout layout_;
   const int num_heads_;
   const KiviParams kivi_;
   const int value_group_;
   const std::unique_ptr<PromptSelector> selector_;
+  const int64_t query_budget_;
   SequenceSlots<Sequence> seqs_;
   std::vector<int32_t> iota_;                       // row indices 0..n for dense views
   std::vector<kernels::CompressedKvHead> views_;    // scratch for Attend
+  std::vector<int32_t> group_tables_;               // scratch for Attend: selected key groups
+  std::vector<float> group_scores_;
+  std::vector<float> group_order_scores_;
 };
 
 }  // namespace vc

@@ -403,9 +403,10 @@ class CudaBackend final : public Backend {
         float* v = v_rows + (starts[i] + j) * d;
         const int64_t row_bytes = static_cast<int64_t>(d) * qk.bits / 8;
         const int64_t run = static_cast<int64_t>(qk.key_group) * qk.bits / 8;
-        const uint8_t* vc = qk.v_codes + j * row_bytes;
-        const int64_t kg = static_cast<int64_t>(j / qk.key_group) * d;
-        const int64_t vg = static_cast<int64_t>(j) * (d / qk.value_group);
+        const int64_t t = StoredToken(qk, j);
+        const uint8_t* vc = qk.v_codes + t * row_bytes;
+        const int64_t kg = StoredGroup(qk, j / qk.key_group) * d;
+        const int64_t vg = t * (d / qk.value_group);
         for (int c = 0; c < d; ++c) {
           const int kcode = UnpackCode(qk.k_codes + (kg + c) * run, qk.bits, j % qk.key_group);
           k[c] = std::fma(static_cast<float>(kcode), qk.k_scale[kg + c], qk.k_min[kg + c]);
