@@ -475,7 +475,9 @@ void TokenListCache::SelectGroups(const float* q, int heads, kernels::QuantizedK
   // Quest's bound summed over the heads, sum over h, c of max(q_hc * min_c, q_hc * (min_c +
   // levels * scale_c)), is sum over c of (sum_h q_hc) * min_c + levels * (sum_h max(q_hc, 0)) * scale_c.
   const float levels = static_cast<float>((1 << kivi_.bits) - 1);
-  float a[256], b[256];
+  group_query_.resize(2 * static_cast<size_t>(d));
+  float* a = group_query_.data();
+  float* b = a + d;
   for (int c = 0; c < d; ++c) {
     float sum = 0.0f, pos = 0.0f;
     for (int h = 0; h < heads; ++h) {
