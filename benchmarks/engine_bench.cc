@@ -102,7 +102,6 @@ bool MedianRounds(const std::vector<std::vector<ModeResult>>& rounds, std::vecto
       for (double x : ratios) each.push_back(std::round(x * 1000) / 1000);
       std::sort(ratios.begin(), ratios.end());
       r.rounds_vs_full = ratios[(n - 1) / 2];
-      if (r.extra.is_null()) r.extra = nlohmann::json::object();
       r.extra["rounds_vs_full"] = each;
     }
     out->push_back(std::move(r));
@@ -456,7 +455,7 @@ int main(int argc, char** argv) {
             }
           }
           const double vs_full = r->rounds_vs_full > 0 ? r->rounds_vs_full : full ? tps / Rate(*full) : 0;
-          const double vs_off = offload ? tps / (offload->tokens / offload->decode_seconds) : 0;
+          const double vs_off = offload ? tps / Rate(*offload) : 0;
           std::cout << absl::StrFormat("| %d | %d | %s | %s | %.1f | %.2f | %.0f | %.2f | %s | %s | %s |\n", ctx, batch,
                                        linked_mode ? link_name : "-", r->mode, tps, 1e3 * r->decode_seconds / tokens,
                                        r->bytes_read / r->tokens, vs_full,
@@ -527,7 +526,7 @@ int main(int argc, char** argv) {
             return 3;
           }
         }
-        const double tf = full.tokens / full.decode_seconds, tv = vcr.tokens / vcr.decode_seconds;
+        const double tf = Rate(full), tv = Rate(vcr);
         std::cout << absl::StrFormat("budget run, link %s: full batch %d %.1f tokens/s; vericache batch %d %.1f "
                                      "tokens/s (%.2fx), outputs identical\n",
                                      ratio > 0 ? absl::StrFormat("1/%d", ratio) : "unpaced", batch_full, tf, batch_vc,

@@ -382,7 +382,8 @@ uint64_t ParseSizeValue(rocksdb::Slice v) { return GetLittleEndian(absl::string_
 // (a damaged SST) stops a scan; then a second scan from the other end visits what lies past it,
 // and the keys between the two, which neither could reach, are deleted from both families in one
 // write, so that nothing stays on disk that the index does not count (the blocks there are lost;
-// this is a cache). Returns the first scan's error, or the deletion's if that failed too.
+// this is a cache); Open's mark that the sizes are complete, which may lie between, is written
+// again in that write. Returns the first scan's error, or the deletion's if that failed too.
 absl::Status DiskTier::ScanSalvaging(const rocksdb::ReadOptions& options,
                                      const std::function<bool(const rocksdb::Iterator&)>& visit) {
   rocksdb::ColumnFamilyHandle* cf = sizes_cf_;

@@ -856,8 +856,6 @@ TEST(DiskTier, DatabaseWithoutSizesAndALostBlobFileIsRefused) {
   EXPECT_NE(t.status().message().find("move it aside"), absl::string_view::npos) << t.status();
 }
 
-// A size entry that is not 8 bytes (a damaged index) takes its block with it when the tier opens:
-// left unindexed, the block would be served but never counted or evicted.
 // Damaged blocks of the index of sizes are salvaged around: the tier opens, serves every block the
 // index still names and deletes the ones the damage hid, between the last entry a scan from the
 // front read and the first one a scan from the back read. The mark that the sizes are complete
@@ -899,7 +897,9 @@ TEST(DiskTier, ASalvagedIndexKeepsItsMarkOfCompleteSizes) {
     EXPECT_LT(kept, static_cast<size_t>(kBlocks));
     EXPECT_GT(kept, 0u);
     for (int i = 0; i < kBlocks; ++i) {
-      if ((*t)->Contains(Key(i))) EXPECT_EQ(*(*t)->Get(Key(i)), Block(i, 100)) << i;
+      if ((*t)->Contains(Key(i))) {
+        EXPECT_EQ(*(*t)->Get(Key(i)), Block(i, 100)) << i;
+      }
     }
   }
   {
@@ -913,6 +913,8 @@ TEST(DiskTier, ASalvagedIndexKeepsItsMarkOfCompleteSizes) {
   EXPECT_EQ((*t)->blocks(), kept);
 }
 
+// A size entry that is not 8 bytes (a damaged index) takes its block with it when the tier opens:
+// left unindexed, the block would be served but never counted or evicted.
 TEST(DiskTier, ADamagedSizeEntryDropsItsBlock) {
   const std::string dir = vc::testing::TempDir("disk_tier_damaged_size");
   {

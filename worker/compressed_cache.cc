@@ -1,5 +1,8 @@
 #include "worker/compressed_cache.h"
 
+#include <algorithm>
+#include <cmath>
+#include <functional>
 #include <set>
 
 #include "absl/strings/numbers.h"
@@ -9,6 +12,7 @@
 #include "absl/strings/strip.h"
 #include "common/status_macros.h"
 #include "worker/compressors.h"
+#include "worker/quest_cache.h"
 #include "worker/streaming_cache.h"
 #include "worker/token_list_cache.h"
 
@@ -98,6 +102,23 @@ absl::Status SpecKnownKeys(const MethodSpec& m, const std::vector<std::string>& 
   return absl::OkStatus();
 }
 
+
+
+void HighestScores(const float* scores, int64_t n, int64_t keep, std::vector<float>* scratch, int32_t* out) {
+  const auto at = [scores](int64_t i) { return std::isnan(scores[i]) ? -INFINITY : scores[i]; };
+  scratch->resize(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) (*scratch)[i] = at(i);
+  // The keep-th highest, then the indices above it and as many at it as fit, earliest first.
+  std::nth_element(scratch->begin(), scratch->begin() + (keep - 1), scratch->end(), std::greater<float>());
+  const float threshold = (*scratch)[keep - 1];
+  int64_t ties = keep;
+  for (int64_t i = 0; i < n; ++i) ties -= at(i) > threshold;
+  int64_t taken = 0;
+  for (int64_t i = 0; i < n && taken < keep; ++i) {
+    if (at(i) > threshold || (at(i) == threshold && ties-- > 0)) out[taken++] = static_cast<int32_t>(i);
+  }
+}
+
 namespace {
 
 absl::StatusOr<KiviParams> ParseKivi(const MethodSpec& m, const KvLayout& layout) {
@@ -161,19 +182,12 @@ absl::StatusOr<std::unique_ptr<CompressedKvCache>> MakeCompressedKvCache(absl::s
   // Quest's selection per query over KIVI's key groups (its pages).
   if (methods.size() == 2 && methods[0].name == "quest" && methods[1].name == "kivi") {
     VC_ASSIGN_OR_RETURN(KiviParams p, ParseKivi(methods[1], layout));
-    const MethodSpec& m = methods[0];
-    VC_RETURN_IF_ERROR(SpecKnownKeys(m, {"page", "budget"}));
-    VC_ASSIGN_OR_RETURN(int64_t page, SpecInt(m, "page", p.group, 1, 4096));
-    if (page != p.group) {
+    VC_ASSIGN_OR_RETURN(QuestParams quest, ParseQuestParams(methods[0], QuestParams{p.group}));
+    if (quest.page != p.group) {
       return absl::InvalidArgumentError(
-          absl::StrCat("quest+kivi: pages are kivi's key groups of ", p.group, " positions; got page=", page));
+          absl::StrCat("quest+kivi: pages are kivi's key groups of ", p.group, " positions; got page=", quest.page));
     }
-    VC_ASSIGN_OR_RETURN(int64_t budget, SpecInt(m, "budget", 1024, 1, int64_t{1} << 30));
-    if (budget < p.group) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("quest: budget ", budget, " must hold at least one page of ", p.group, " positions"));
-    }
-    return std::make_unique<TokenListCache>(layout, num_heads, p, nullptr, budget);
+    return std::make_unique<TokenListCache>(layout, num_heads, p, nullptr, quest.budget);
   }
   if (methods.size() == 1) {
     VC_ASSIGN_OR_RETURN(std::unique_ptr<CompressedKvCache> c, MakeOtherCompressedKvCache(methods[0], layout, num_heads));

@@ -105,6 +105,11 @@ absl::StatusOr<double> SpecDouble(const MethodSpec& m, const std::string& key, d
 // kInvalidArgument when `m` has a key outside `known`.
 absl::Status SpecKnownKeys(const MethodSpec& m, const std::vector<std::string>& known);
 
+// The indices of the `keep` (in [1, n]) highest of scores[0, n), NaN lowest, ties to the lower
+// index, in increasing order, into out [keep] (query-aware selection of pages or key groups).
+// `scratch` is reused between calls.
+void HighestScores(const float* scores, int64_t n, int64_t keep, std::vector<float>* scratch, int32_t* out);
+
 }  // namespace vc
 
 #endif  // VC_WORKER_COMPRESSED_CACHE_H_

@@ -578,18 +578,15 @@ absl::Status VeriCacheEngine::Verify(std::vector<Sequence*>& ready) {
     Sequence& s = *ready[i];
     const int64_t v = verified[i];
     const int accepted = accepted_drafts[i];
-    if (overflowed[i]) {  // its last row's K/V may not be finite: nothing is shared
-      DropStaging(s);
-      s.fetch.reset();
-      continue;
-    }
-    if (s.publish_from >= 0) {
+    // A sequence whose last row overflowed is done, and shares nothing: that row's K/V may not be
+    // finite.
+    if (s.publish_from >= 0 && !overflowed[i]) {
       SharePrefix(s, s.publish_from, s.sseq);  // the pass made the whole prompt exact
       s.publish_from = -1;
     }
     // Staging holds exact K/V for [0, v + accepted): the prompt, the tokens verified before and
     // this pass's accepted drafts (the last emitted token has none yet).
-    if (s.done) ShareOutput(s, std::min<int64_t>(v + accepted, s.v()), s.sseq);
+    if (s.done && !overflowed[i]) ShareOutput(s, std::min<int64_t>(v + accepted, s.v()), s.sseq);
     if (!s.done) {
       // Positions [full_len, v + accepted) were fed with verified tokens: their K/V is exact.
       const int64_t keep_end = v + accepted;

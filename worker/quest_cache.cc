@@ -7,9 +7,9 @@
 
 namespace vc {
 
-absl::StatusOr<QuestParams> ParseQuestParams(const MethodSpec& m) {
+absl::StatusOr<QuestParams> ParseQuestParams(const MethodSpec& m, QuestParams defaults) {
   VC_RETURN_IF_ERROR(SpecKnownKeys(m, {"page", "budget"}));
-  QuestParams p;
+  QuestParams p = defaults;
   VC_ASSIGN_OR_RETURN(int64_t page, SpecInt(m, "page", p.page, 1, 4096));
   VC_ASSIGN_OR_RETURN(p.budget, SpecInt(m, "budget", p.budget, 1, int64_t{1} << 30));
   if (p.budget < page) {
@@ -114,14 +114,8 @@ void QuestCache::Attend(int layer, absl::Span<const QueryRow> rows, const float*
           }
           page_scores_[pg] = score;
         }
-        page_order_.resize(static_cast<size_t>(own));
-        for (int64_t pg = 0; pg < own; ++pg) page_order_[pg] = static_cast<int32_t>(pg);
-        auto higher = [&](int32_t a, int32_t b) {
-          return page_scores_[a] > page_scores_[b] || (page_scores_[a] == page_scores_[b] && a < b);
-        };
-        std::nth_element(page_order_.begin(), page_order_.begin() + other_pages, page_order_.end(), higher);
         page_order_.resize(static_cast<size_t>(other_pages));
-        std::sort(page_order_.begin(), page_order_.end());
+        HighestScores(page_scores_.data(), own, other_pages, &score_scratch_, page_order_.data());
       }
       for (int32_t pg : page_order_) {
         for (int64_t i = pg * P; i < (pg + 1) * P; ++i) list.push_back(static_cast<int32_t>(i));

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <functional>
 #if defined(__SSE2__)
 #include <emmintrin.h>
 #include <xmmintrin.h>
@@ -507,19 +506,9 @@ void TokenListCache::SelectGroups(const float* q, int heads, kernels::QuantizedK
     sum = (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]);
 #endif
     for (; c < d; ++c) sum += a[c] * mn[c] + b[c] * sc[c];
-    score[i] = std::isnan(sum) ? -INFINITY : sum;  // a total order for the selection
+    score[i] = sum;
   }
-  // The keep-th highest score, then the groups above it and as many at it as fit, earliest first.
-  group_order_scores_.assign(score, score + groups);
-  std::nth_element(group_order_scores_.begin(), group_order_scores_.begin() + (keep - 1), group_order_scores_.end(),
-                   std::greater<float>());
-  const float threshold = group_order_scores_[keep - 1];
-  int64_t ties = keep;
-  for (int64_t i = 0; i < groups; ++i) ties -= score[i] > threshold;
-  int64_t n = 0;
-  for (int64_t i = 0; i < groups && n < keep; ++i) {
-    if (score[i] > threshold || (score[i] == threshold && ties-- > 0)) table[n++] = static_cast<int32_t>(i);
-  }
+  HighestScores(score, groups, keep, &score_scratch_, table);
   view->tokens = static_cast<int32_t>(keep * kivi_.group);
   view->group_table = table;
 }

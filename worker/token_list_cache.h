@@ -132,7 +132,7 @@ class TokenListCache final : public CompressedKvCache {
   std::vector<int32_t> group_tables_;               // scratch for Attend: selected key groups
   std::vector<float> group_query_;  // per channel: the heads' sum and their positive parts' sum
   std::vector<float> group_scores_;
-  std::vector<float> group_order_scores_;
+  std::vector<float> score_scratch_;
 };
 
 }  // namespace vc

@@ -103,11 +103,18 @@ std::map<std::string, RawTensor> TinyWeights(const TinyModelSpec& s) {
   return w;
 }
 
-void WriteTinyModel(const std::string& dir, const TinyModelSpec& spec) {
+namespace {
+
+// A model directory of `spec`'s config and the weights w.
+void WriteModel(const std::string& dir, const TinyModelSpec& spec, const std::map<std::string, RawTensor>& w) {
   std::filesystem::create_directories(dir);
   WriteFile(dir + "/config.json", TinyConfig(spec).dump(2));
-  WriteFile(dir + "/model.safetensors", SafetensorsBytes(TinyWeights(spec)));
+  WriteFile(dir + "/model.safetensors", SafetensorsBytes(w));
 }
+
+}  // namespace
+
+void WriteTinyModel(const std::string& dir, const TinyModelSpec& spec) { WriteModel(dir, spec, TinyWeights(spec)); }
 
 void WriteModelOverflowingOn(const std::string& dir) {
   const int32_t token = kOverflowToken;
@@ -127,9 +134,7 @@ void WriteModelOverflowingOn(const std::string& dir) {
   w["model.norm.weight"].values[0] = 1e37f;
   std::vector<float>& head = w["lm_head.weight"].values;
   for (int64_t t = 0; t < spec.vocab; ++t) head[static_cast<size_t>(t * d)] = 100.0f;
-  std::filesystem::create_directories(dir);
-  WriteFile(dir + "/config.json", TinyConfig(spec).dump(2));
-  WriteFile(dir + "/model.safetensors", SafetensorsBytes(w));
+  WriteModel(dir, spec, w);
 }
 
 std::vector<int32_t> WithoutOverflowToken(std::vector<int32_t> tokens) {
