@@ -124,23 +124,21 @@ uint64_t AffinityTable::Get(uint64_t block) {
 }
 
 int AffinityTable::LongestRun(absl::Span<const uint64_t> blocks, uint64_t* mask) {
-  const auto find = [&](uint64_t block) -> uint64_t {
-    if (auto it = current_.find(block); it != current_.end()) return it->second;
-    auto it = previous_.find(block);
-    return it == previous_.end() ? 0 : it->second;
-  };
   int run = 0;
   for (uint64_t b : blocks) {
-    const uint64_t m = find(b) & *mask;
+    auto it = current_.find(b);
+    const bool older = it == current_.end();
+    if (older) it = previous_.find(b);
+    const uint64_t m = it == (older ? previous_ : current_).end() ? 0 : it->second & *mask;
     if (m == 0) break;
-    *mask = m;
-    ++run;
-  }
-  for (int i = 0; i < run; ++i) {
-    if (auto it = previous_.find(blocks[i]); it != previous_.end()) {
-      current_[blocks[i]] = it->second;
+    // A block of the run from the previous generation moves to this one; the table rolls only
+    // after the whole run, so none of it is dropped on the way.
+    if (older) {
+      current_[b] = it->second;
       previous_.erase(it);
     }
+    *mask = m;
+    ++run;
   }
   Roll();
   return run;
@@ -341,29 +339,34 @@ void RouterService::Apply(const std::vector<Probe>& probes) {
   }
   if (model_ == nullptr) {
     // The checkpoint the options name, or else the one most of the workers that answered serve;
-    // then the numerics most of its workers report (the first listed of a tie, each time).
-    absl::flat_hash_map<std::string, int> checkpoints, numerics;
+    // then the numerics most of its workers report, none (workers older than the field) only when
+    // none of them reports any: pinned, an empty one would let every numerics in for good. The
+    // first listed of a tie wins, each time.
+    absl::flat_hash_map<std::string, int> checkpoints;
+    absl::flat_hash_map<std::pair<std::string, std::string>, int> numerics;  // (checkpoint, numerics)
     for (const Probe& p : probes) {
-      if (answered(p)) ++checkpoints[p.info.fingerprint_hex()];
+      if (!answered(p)) continue;
+      ++checkpoints[p.info.fingerprint_hex()];
+      ++numerics[{p.info.fingerprint_hex(), p.info.numerics()}];
     }
-    std::string checkpoint;
-    int best = 0;
+    const Probe* checkpoint = nullptr;
     for (const Probe& p : probes) {
-      if (answered(p) && checkpoints[p.info.fingerprint_hex()] > best) {
-        best = checkpoints[p.info.fingerprint_hex()];
-        checkpoint = p.info.fingerprint_hex();
+      if (answered(p) && (checkpoint == nullptr || checkpoints[p.info.fingerprint_hex()] >
+                                                       checkpoints[checkpoint->info.fingerprint_hex()])) {
+        checkpoint = &p;
       }
     }
+    const Probe* pin = nullptr;
+    const auto rank = [&](const Probe& p) {
+      return std::make_pair(!p.info.numerics().empty(), numerics[{p.info.fingerprint_hex(), p.info.numerics()}]);
+    };
     for (const Probe& p : probes) {
-      if (answered(p) && p.info.fingerprint_hex() == checkpoint) ++numerics[p.info.numerics()];
-    }
-    best = 0;
-    for (const Probe& p : probes) {
-      if (answered(p) && p.info.fingerprint_hex() == checkpoint && numerics[p.info.numerics()] > best) {
-        best = numerics[p.info.numerics()];
-        model_ = std::make_unique<vericache::v1::ModelInfo>(p.info);
+      if (checkpoint != nullptr && answered(p) && p.info.fingerprint_hex() == checkpoint->info.fingerprint_hex() &&
+          (pin == nullptr || rank(p) > rank(*pin))) {
+        pin = &p;
       }
     }
+    if (pin != nullptr) model_ = std::make_unique<vericache::v1::ModelInfo>(pin->info);
   }
   for (const Probe& p : probes) {
     Upstream& w = *p.w;
