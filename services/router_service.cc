@@ -128,8 +128,8 @@ int AffinityTable::LongestRun(absl::Span<const uint64_t> blocks, uint64_t* mask)
   for (uint64_t b : blocks) {
     auto it = current_.find(b);
     const bool older = it == current_.end();
-    if (older) it = previous_.find(b);
-    const uint64_t m = it == (older ? previous_ : current_).end() ? 0 : it->second & *mask;
+    if (older && (it = previous_.find(b)) == previous_.end()) break;
+    const uint64_t m = it->second & *mask;
     if (m == 0) break;
     // A block of the run from the previous generation moves to this one; the table rolls only
     // after the whole run, so none of it is dropped on the way.
