@@ -156,6 +156,7 @@ StoreStats BlockStore::Stats() const {
   s.disk_used_bytes = disk_->used_bytes();
   s.disk_capacity_bytes = disk_->capacity_bytes();
   s.disk_blocks = disk_->blocks();
+  s.disk_footprint_bytes = disk_->footprint_bytes();
   s.hits_ram = hits_ram_;
   s.hits_disk = hits_disk_;
   s.misses = misses_;

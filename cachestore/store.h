@@ -26,6 +26,7 @@ struct StoreStats {
   uint64_t ram_used_bytes = 0, ram_capacity_bytes = 0, ram_blocks = 0;
   uint64_t ram_block_bytes = 0;  // of the blocks in the slots ram_used_bytes counts
   uint64_t disk_used_bytes = 0, disk_capacity_bytes = 0, disk_blocks = 0;
+  uint64_t disk_footprint_bytes = 0;  // DiskTier::footprint_bytes(): the files, logs and garbage included
   uint64_t hits_ram = 0, hits_disk = 0, misses = 0, corrupt_dropped = 0;
   uint64_t puts = 0;                                   // puts stored (on disk; RAM may have refused them)
   uint64_t ram_evictions = 0, disk_evictions = 0;      // blocks evicted to make room, per tier

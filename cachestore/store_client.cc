@@ -554,6 +554,7 @@ absl::StatusOr<StoreStats> StoreClient::Stats() {
   out.disk_used_bytes = r.disk_used_bytes();
   out.disk_capacity_bytes = r.disk_capacity_bytes();
   out.disk_blocks = r.disk_blocks();
+  out.disk_footprint_bytes = r.disk_footprint_bytes();
   out.hits_ram = r.hits_ram();
   out.hits_disk = r.hits_disk();
   out.misses = r.misses();

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <functional>
 #include <random>
 
@@ -425,8 +426,8 @@ absl::StatusOr<std::unique_ptr<DiskTier>> DiskTier::Open(const DiskTierOptions& 
   db_options.create_if_missing = true;
   db_options.create_missing_column_families = true;
   // The small sizes family would hold back the deletion of every log file until it flushes; logs
-  // past this size make it flush.
-  db_options.max_total_wal_size = uint64_t{128} << 20;
+  // past two memtables make it flush.
+  db_options.max_total_wal_size = 2 * options.memtable_bytes;
   // RocksDB's own LOG grows for as long as the store runs, and each restart keeps the old one:
   // rolled at 16 MiB, four kept.
   db_options.max_log_file_size = size_t{16} << 20;
@@ -436,6 +437,8 @@ absl::StatusOr<std::unique_ptr<DiskTier>> DiskTier::Open(const DiskTierOptions& 
   blocks.enable_blob_files = true;
   blocks.min_blob_size = 4096;
   blocks.enable_blob_garbage_collection = true;
+  blocks.blob_file_size = options.blob_file_bytes;
+  blocks.write_buffer_size = options.memtable_bytes;
   const std::vector<rocksdb::ColumnFamilyDescriptor> families = {
       {rocksdb::kDefaultColumnFamilyName, blocks}, {kSizesFamily, rocksdb::ColumnFamilyOptions()}};
   std::vector<rocksdb::ColumnFamilyHandle*> handles;
@@ -651,6 +654,18 @@ uint64_t DiskTier::SizeOf(const BlockKey& key) const {
 uint64_t DiskTier::used_bytes() const {
   absl::MutexLock l(&mu_);
   return used_;
+}
+
+uint64_t DiskTier::footprint_bytes() const {
+  uint64_t total = 0;
+  std::error_code ec;
+  for (std::filesystem::directory_iterator it(options_.path, ec), end; !ec && it != end; it.increment(ec)) {
+    // A file RocksDB deletes between the listing and the stat is no longer there to count.
+    std::error_code size_ec;
+    const uintmax_t size = it->is_regular_file(size_ec) ? it->file_size(size_ec) : 0;
+    if (!size_ec) total += size;
+  }
+  return ec ? 0 : total;
 }
 
 size_t DiskTier::blocks() const {

@@ -212,6 +212,13 @@ struct DiskTierOptions {
   // Open refuses a budget past the filesystem's size (it would only show as failed puts once the
   // disk fills), unless this is set: a trace replay's tier takes only what its trace puts.
   bool allow_past_filesystem = false;
+  // RocksDB's memtable of blocks (write_buffer_size; the write-ahead log is kept under two of
+  // them), written to a blob file when full, and its largest blob file. The budget counts stored
+  // blocks; the disk also holds the logs and the blob garbage of evicted blocks until RocksDB
+  // collects it: under churn the files reached 2.3 times the budget (DiskTier::footprint_bytes;
+  // benchmarks/disk_footprint.cc measures it).
+  uint64_t memtable_bytes = uint64_t{64} << 20;
+  uint64_t blob_file_bytes = uint64_t{256} << 20;
 };
 
 // Puts failing on disk: since when, and whether for want of room.
@@ -245,6 +252,11 @@ class DiskTier {
   uint64_t SizeOf(const BlockKey& key) const;
   uint64_t used_bytes() const;
   uint64_t capacity_bytes() const { return options_.capacity_bytes; }
+  // What the tier takes on the filesystem now: the sizes of the files in its directory (blob
+  // files, with the garbage of deleted blocks until garbage collection rewrites them; SSTs;
+  // write-ahead logs; RocksDB's own logs and manifest). A listing of the directory; 0 if it
+  // cannot be read.
+  uint64_t footprint_bytes() const;
   size_t blocks() const;
   // Blocks evicted to make room, since the tier opened.
   uint64_t evictions() const;

@@ -253,6 +253,7 @@ void CacheStoreService::CurrentStats(StatsResponse* resp) const {
   resp->set_disk_used_bytes(s.disk_used_bytes);
   resp->set_disk_capacity_bytes(s.disk_capacity_bytes);
   resp->set_disk_blocks(s.disk_blocks);
+  resp->set_disk_footprint_bytes(s.disk_footprint_bytes);
   resp->set_hits_ram(s.hits_ram);
   resp->set_hits_disk(s.hits_disk);
   resp->set_misses(s.misses);

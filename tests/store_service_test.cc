@@ -181,6 +181,8 @@ TEST(StoreService, PutLookupGetDeleteRoundTrip) {
   EXPECT_EQ(stats->ram_blocks, 2u);
   EXPECT_EQ(stats->ram_block_bytes, MakeBlock(1).size() + MakeBlock(2).size());
   EXPECT_GE(stats->ram_used_bytes, stats->ram_block_bytes);  // the blocks' slots
+  EXPECT_GT(stats->disk_used_bytes, 0u);
+  EXPECT_GE(stats->disk_footprint_bytes, stats->disk_used_bytes);  // the files hold the blocks and more
 }
 
 // A Put of a different block under a key being read is refused by both tiers alike: the RAM copy

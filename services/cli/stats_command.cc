@@ -98,9 +98,10 @@ void PrintStore(const std::string& target, const v1::StatsResponse& s, std::ostr
                          FormatBytes(s.ram_used_bytes()), FormatBytes(s.ram_capacity_bytes()),
                          Share(s.ram_used_bytes(), s.ram_capacity_bytes()), s.ram_blocks(), FormatBytes(s.ram_block_bytes()),
                          Share(s.ram_block_bytes(), s.ram_used_bytes()));
-  out << absl::StrFormat("disk tier: %s of %s used (%s), %d blocks\n", FormatBytes(s.disk_used_bytes()),
-                         FormatBytes(s.disk_capacity_bytes()), Share(s.disk_used_bytes(), s.disk_capacity_bytes()),
-                         s.disk_blocks());
+  out << absl::StrFormat("disk tier: %s of %s used (%s), %d blocks; %s on disk with logs and garbage\n",
+                         FormatBytes(s.disk_used_bytes()), FormatBytes(s.disk_capacity_bytes()),
+                         Share(s.disk_used_bytes(), s.disk_capacity_bytes()), s.disk_blocks(),
+                         FormatBytes(s.disk_footprint_bytes()));
   const uint64_t reads = s.hits_ram() + s.hits_disk() + s.misses();
   out << absl::StrFormat("block reads: %d from RAM (%s), %d from disk (%s), %d not found (%s); %d corrupt blocks dropped\n",
                          s.hits_ram(), Share(s.hits_ram(), reads), s.hits_disk(), Share(s.hits_disk(), reads),

@@ -1,0 +1,136 @@
+// What the disk tier takes on the filesystem against its budget, under churn: blocks of one size
+// are put, never read, until `--churn` times the budget has been written, so the tier evicts its
+// least recently used blocks all along. With --hot-every n, every n-th block stays in use (touched
+// after every put, as a shared prefix is), so the blob files it sits in hold garbage until
+// RocksDB's garbage collection rewrites them. Prints the footprint (DiskTier::footprint_bytes)
+// sampled after every put, by kind of file, as a multiple of the budget, and the blocks the tier
+// held on average once full (DiskTier counts blob garbage against the budget).
+//
+//   disk_footprint --capacity-mib 1024 --block-kib 1536 --churn 6 [--hot-every 100]
+//                  [--memtable-mib 64] [--blob-file-mib 256] [--dir /var/tmp] [--json out.json]
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_format.h"
+#include "benchmarks/flags.h"
+#include "cachestore/tiers.h"
+#include "nlohmann/json.hpp"
+
+namespace {
+
+using vc::bench::Ints;
+using vc::cachestore::BlockKey;
+using vc::cachestore::DiskTier;
+using vc::cachestore::DiskTierOptions;
+
+// Bytes in the directory by kind of file: "blob", "sst", "log" (write-ahead) and "other" (RocksDB's
+// own LOG files, MANIFEST, OPTIONS).
+std::map<std::string, uint64_t> ByKind(const std::string& dir) {
+  std::map<std::string, uint64_t> out = {{"blob", 0}, {"sst", 0}, {"log", 0}, {"other", 0}};
+  std::error_code ec;
+  for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    std::error_code size_ec;
+    const uintmax_t size = it->is_regular_file(size_ec) ? it->file_size(size_ec) : 0;
+    if (size_ec) continue;
+    const std::string ext = it->path().extension().string();
+    out[ext == ".blob" ? "blob" : ext == ".sst" ? "sst" : ext == ".log" ? "log" : "other"] += size;
+  }
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::map<std::string, std::string> flags = {{"capacity-mib", "1024"}, {"block-kib", "1536"},
+                                              {"churn", "6"},           {"blob-file-mib", "256"}, {"memtable-mib", "64"},
+                                              {"dir", "/var/tmp"},      {"json", ""}, {"hot-every", "0"}};
+  if (!vc::bench::ParseFlags(argc, argv, &flags)) return 2;
+  const uint64_t capacity = static_cast<uint64_t>(Ints(flags["capacity-mib"]).at(0)) << 20;
+  const uint64_t block = static_cast<uint64_t>(Ints(flags["block-kib"]).at(0)) << 10;
+  const int64_t churn = Ints(flags["churn"]).at(0);
+  if (capacity == 0 || block == 0 || block > capacity || churn <= 0) {
+    std::cerr << "need 0 < --block-kib <= --capacity-mib and --churn > 0\n";
+    return 2;
+  }
+  std::string dir = (std::filesystem::path(flags["dir"]) / "vericache-footprint-XXXXXX").string();
+  if (::mkdtemp(dir.data()) == nullptr) {
+    std::cerr << "cannot make a directory in " << flags["dir"] << "\n";
+    return 1;
+  }
+  DiskTierOptions o;
+  o.path = dir;
+  o.capacity_bytes = capacity;
+  o.blob_file_bytes = static_cast<uint64_t>(Ints(flags["blob-file-mib"]).at(0)) << 20;
+  o.memtable_bytes = static_cast<uint64_t>(Ints(flags["memtable-mib"]).at(0)) << 20;
+  auto tier = DiskTier::Open(o);
+  if (!tier.ok()) {
+    std::cerr << tier.status() << "\n";
+    return 1;
+  }
+  // Incompressible payloads (RocksDB compresses nothing here, but a filesystem might).
+  std::string payload(block, '\0');
+  uint64_t x = 88172645463325252ull;
+  for (char& c : payload) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    c = static_cast<char>(x);
+  }
+  const int64_t puts = static_cast<int64_t>(churn * capacity / block);
+  uint64_t peak = 0;
+  const int64_t hot_every = Ints(flags["hot-every"]).at(0);
+  std::vector<BlockKey> hot;
+  double held = 0;  // blocks stored, summed over the puts after the first budget's worth
+  int64_t held_samples = 0;
+  std::map<std::string, uint64_t> at_peak;
+  for (int64_t i = 0; i < puts; ++i) {
+    BlockKey key;
+    std::memcpy(key.bytes.data(), &i, sizeof(i));
+    std::memcpy(payload.data(), &i, sizeof(i));  // no two blocks alike
+    if (absl::Status s = (*tier)->Put(key, payload); !s.ok()) {
+      std::cerr << "put " << i << ": " << s << "\n";
+      return 1;
+    }
+    // Every hot-every-th block put stays in use (touched after every put): a shared prefix.
+    if (hot_every > 0) {
+      if (i % hot_every == 0) hot.push_back(key);
+      for (const BlockKey& h : hot) (*tier)->Touch(h);
+    }
+    const uint64_t now = (*tier)->footprint_bytes();
+    if (i >= puts / churn) held += static_cast<double>((*tier)->used_bytes()), ++held_samples;
+    if (now > peak) peak = now, at_peak = ByKind(dir);
+  }
+  const std::map<std::string, uint64_t> end = ByKind(dir);
+  uint64_t end_total = 0;
+  for (const auto& [kind, bytes] : end) end_total += bytes;
+  const double cap = static_cast<double>(capacity);
+  auto mib = [](uint64_t b) { return static_cast<double>(b) / (1 << 20); };
+  const double mean_held = held_samples > 0 ? held / static_cast<double>(held_samples) : 0;
+  std::cout << absl::StrFormat(
+      "budget %.0f MiB, blocks of %.0f KiB, %d puts (%d x the budget), %s; memtable %.0f MiB, blob files "
+      "up to %.0f MiB; blocks held once full: %.2f of the budget on average\n",
+      mib(capacity), static_cast<double>(block) / 1024, puts, churn,
+      hot_every > 0 ? absl::StrFormat("every %d-th block kept in use", hot_every) : std::string("no block reused"),
+      mib(o.memtable_bytes), mib(o.blob_file_bytes), mean_held / cap);
+  std::cout << "| footprint | total | x budget | blob | sst | write-ahead log | other |\n|---|---:|---:|---:|---:|---:|---:|\n";
+  auto row = [&](const char* name, uint64_t total, std::map<std::string, uint64_t> k) {
+    std::cout << absl::StrFormat("| %s | %.1f MiB | %.2f | %.1f MiB | %.1f MiB | %.1f MiB | %.1f MiB |\n", name,
+                                 mib(total), static_cast<double>(total) / cap, mib(k["blob"]), mib(k["sst"]),
+                                 mib(k["log"]), mib(k["other"]));
+  };
+  row("peak", peak, at_peak);
+  row("end", end_total, end);
+  if (!flags["json"].empty()) {
+    nlohmann::json j = {{"capacity_bytes", capacity}, {"block_bytes", block},      {"puts", puts},
+                        {"blob_file_bytes", o.blob_file_bytes}, {"memtable_bytes", o.memtable_bytes}, {"hot_every", hot_every},
+                        {"mean_held_bytes", mean_held}, {"peak_bytes", peak}, {"peak_by_kind", at_peak},
+                        {"end_bytes", end_total},              {"end_by_kind", end},  {"used_bytes", (*tier)->used_bytes()}};
+    std::ofstream(flags["json"]) << j.dump(1) << "\n";
+  }
+  tier->reset();
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+  return 0;
+}
