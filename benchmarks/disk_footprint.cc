@@ -6,8 +6,12 @@
 // sampled after every put, by kind of file, as a multiple of the budget, and the blocks the tier
 // held on average once full (DiskTier counts blob garbage against the budget).
 //
+// With --dir on a filesystem too small for the footprint, it shows what the tier does as that
+// filesystem fills: with --reserve-mib 0 (no room kept free), puts fail once it is full.
+//
 //   disk_footprint --capacity-mib 1024 --block-kib 1536 --churn 6 [--hot-every 100]
-//                  [--memtable-mib 64] [--blob-file-mib 256] [--dir /var/tmp] [--json out.json]
+//                  [--memtable-mib 64] [--blob-file-mib 256] [--reserve-mib 256] [--dir /var/tmp]
+//                  [--json out.json]
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -46,7 +50,7 @@ std::map<std::string, uint64_t> ByKind(const std::string& dir) {
 
 int main(int argc, char** argv) {
   std::map<std::string, std::string> flags = {{"capacity-mib", "1024"}, {"block-kib", "1536"},
-                                              {"churn", "6"},           {"blob-file-mib", "256"}, {"memtable-mib", "64"},
+                                              {"churn", "6"},           {"blob-file-mib", "256"}, {"memtable-mib", "64"}, {"reserve-mib", "256"},
                                               {"dir", "/var/tmp"},      {"json", ""}, {"hot-every", "0"}};
   if (!vc::bench::ParseFlags(argc, argv, &flags)) return 2;
   const uint64_t capacity = static_cast<uint64_t>(Ints(flags["capacity-mib"]).at(0)) << 20;
@@ -66,6 +70,7 @@ int main(int argc, char** argv) {
   o.capacity_bytes = capacity;
   o.blob_file_bytes = static_cast<uint64_t>(Ints(flags["blob-file-mib"]).at(0)) << 20;
   o.memtable_bytes = static_cast<uint64_t>(Ints(flags["memtable-mib"]).at(0)) << 20;
+  o.reserve_bytes = static_cast<uint64_t>(Ints(flags["reserve-mib"]).at(0)) << 20;
   auto tier = DiskTier::Open(o);
   if (!tier.ok()) {
     std::cerr << tier.status() << "\n";
@@ -82,6 +87,7 @@ int main(int argc, char** argv) {
   uint64_t peak = 0;
   const int64_t hot_every = Ints(flags["hot-every"]).at(0);
   std::vector<BlockKey> hot;
+  int64_t failed = 0, failed_run = 0;
   double held = 0;  // blocks stored, summed over the puts after the first budget's worth
   int64_t held_samples = 0;
   std::map<std::string, uint64_t> at_peak;
@@ -89,9 +95,15 @@ int main(int argc, char** argv) {
     BlockKey key;
     std::memcpy(key.bytes.data(), &i, sizeof(i));
     std::memcpy(payload.data(), &i, sizeof(i));  // no two blocks alike
+    // On a filesystem too small for the tier, puts fail once it fills: counted, and the first
+    // failure and the first success after one are printed.
     if (absl::Status s = (*tier)->Put(key, payload); !s.ok()) {
-      std::cerr << "put " << i << ": " << s << "\n";
-      return 1;
+      if (failed_run == 0) std::cout << "put " << i << " failed: " << s << "\n";
+      ++failed, ++failed_run;
+      continue;
+    } else if (failed_run > 0) {
+      std::cout << "put " << i << " succeeded after " << failed_run << " failed\n";
+      failed_run = 0;
     }
     // Every hot-every-th block put stays in use (touched after every put): a shared prefix.
     if (hot_every > 0) {
@@ -110,10 +122,12 @@ int main(int argc, char** argv) {
   const double mean_held = held_samples > 0 ? held / static_cast<double>(held_samples) : 0;
   std::cout << absl::StrFormat(
       "budget %.0f MiB, blocks of %.0f KiB, %d puts (%d x the budget), %s; memtable %.0f MiB, blob files "
-      "up to %.0f MiB; blocks held once full: %.2f of the budget on average\n",
+      "up to %.0f MiB; %.0f MiB kept free; blocks held once full: %.2f of the budget on average; %d puts "
+      "failed, %d blocks evicted for room on the filesystem\n",
       mib(capacity), static_cast<double>(block) / 1024, puts, churn,
       hot_every > 0 ? absl::StrFormat("every %d-th block kept in use", hot_every) : std::string("no block reused"),
-      mib(o.memtable_bytes), mib(o.blob_file_bytes), mean_held / cap);
+      mib(o.memtable_bytes), mib(o.blob_file_bytes), mib(o.reserve_bytes), mean_held / cap, failed,
+      (*tier)->reserve_evictions());
   std::cout << "| footprint | total | x budget | blob | sst | write-ahead log | other |\n|---|---:|---:|---:|---:|---:|---:|\n";
   auto row = [&](const char* name, uint64_t total, std::map<std::string, uint64_t> k) {
     std::cout << absl::StrFormat("| %s | %.1f MiB | %.2f | %.1f MiB | %.1f MiB | %.1f MiB | %.1f MiB |\n", name,
@@ -125,7 +139,8 @@ int main(int argc, char** argv) {
   if (!flags["json"].empty()) {
     nlohmann::json j = {{"capacity_bytes", capacity}, {"block_bytes", block},      {"puts", puts},
                         {"blob_file_bytes", o.blob_file_bytes}, {"memtable_bytes", o.memtable_bytes}, {"hot_every", hot_every},
-                        {"mean_held_bytes", mean_held}, {"peak_bytes", peak}, {"peak_by_kind", at_peak},
+                        {"mean_held_bytes", mean_held}, {"failed_puts", failed}, {"reserve_bytes", o.reserve_bytes},
+                        {"reserve_evictions", (*tier)->reserve_evictions()}, {"peak_bytes", peak}, {"peak_by_kind", at_peak},
                         {"end_bytes", end_total},              {"end_by_kind", end},  {"used_bytes", (*tier)->used_bytes()}};
     std::ofstream(flags["json"]) << j.dump(1) << "\n";
   }

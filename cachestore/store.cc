@@ -164,6 +164,7 @@ StoreStats BlockStore::Stats() const {
   s.puts = puts_;
   s.ram_evictions = ram_->evictions();
   s.disk_evictions = disk_->evictions();
+  s.disk_reserve_evictions = disk_->reserve_evictions();
   s.disk_write_errors = disk_->write_errors();
   const DiskWriteFailure failure = disk_->write_failure();
   s.disk_writes_failing_ms = static_cast<uint64_t>(absl::ToInt64Milliseconds(failure.duration));

@@ -30,6 +30,7 @@ struct StoreStats {
   uint64_t hits_ram = 0, hits_disk = 0, misses = 0, corrupt_dropped = 0;
   uint64_t puts = 0;                                   // puts stored (on disk; RAM may have refused them)
   uint64_t ram_evictions = 0, disk_evictions = 0;      // blocks evicted to make room, per tier
+  uint64_t disk_reserve_evictions = 0;                 // ...of them within the budget, for room on the filesystem
   uint64_t disk_write_errors = 0;                      // puts RocksDB failed (a full disk, an I/O error)
   uint64_t disk_writes_failing_ms = 0;                 // DiskTier::write_failure(); 0 while puts succeed
   bool disk_full = false;                              // ...and whether the last failure was "no space left"

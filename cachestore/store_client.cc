@@ -562,6 +562,7 @@ absl::StatusOr<StoreStats> StoreClient::Stats() {
   out.puts = r.puts();
   out.ram_evictions = r.ram_evictions();
   out.disk_evictions = r.disk_evictions();
+  out.disk_reserve_evictions = r.disk_reserve_evictions();
   out.disk_write_errors = r.disk_write_errors();
   out.disk_writes_failing_ms = r.disk_writes_failing_ms();
   out.disk_full = r.disk_full() != 0;

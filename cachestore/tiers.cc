@@ -553,6 +553,30 @@ absl::Status DiskTier::Put(const BlockKey& key, absl::string_view block) {
   (void)batch.Put(blocks_, KeySlice(key), rocksdb::Slice(block.data(), block.size()));
   (void)batch.Put(sizes_cf_, KeySlice(key), SizeValue(block.size()));
   std::vector<std::pair<BlockKey, uint64_t>> victims;  // with their sizes
+  // Every 1/32 of the budget put, the filesystem's free room is looked at: bytes to evict beyond
+  // the budget when it is under the reserve (see DiskTierOptions::reserve_bytes).
+  uint64_t short_of_reserve = 0;
+  bool look = false;
+  {
+    absl::MutexLock l(&mu_);
+    put_since_look_ += block.size();
+    if (put_since_look_ >= options_.capacity_bytes / 32) put_since_look_ = 0, look = true;
+  }
+  if (look && options_.reserve_bytes > 0) {
+    const uint64_t free = FreeBytes();
+    short_of_reserve = free < options_.reserve_bytes ? options_.reserve_bytes - free : 0;
+    absl::MutexLock l(&mu_);
+    if ((short_of_reserve > 0) != short_of_reserve_) {
+      if (short_of_reserve > 0) {
+        std::fprintf(stderr, "RocksDB at %s: %llu bytes free on its filesystem, under the %llu kept free; puts evict "
+                     "blocks beyond the budget until there is room\n", options_.path.c_str(),
+                     static_cast<unsigned long long>(free), static_cast<unsigned long long>(options_.reserve_bytes));
+      } else {
+        std::fprintf(stderr, "RocksDB at %s: its filesystem has the room kept free again\n", options_.path.c_str());
+      }
+      short_of_reserve_ = short_of_reserve > 0;
+    }
+  }
   {
     absl::MutexLock stripe(&Stripe(key));
     const rocksdb::Status written = db_->Write(w, &batch);
@@ -565,14 +589,29 @@ absl::Status DiskTier::Put(const BlockKey& key, absl::string_view block) {
     }
     Unindex(key);
     Index(key, block.size());
-    while (used_ > options_.capacity_bytes && order_.size() > 1) {
+    while ((used_ > options_.capacity_bytes || short_of_reserve > 0) && order_.size() > 1) {
       const BlockKey victim = order_.front();
-      victims.emplace_back(victim, sizes_[victim].first);
+      const uint64_t size = sizes_[victim].first;
+      victims.emplace_back(victim, size);
+      if (used_ <= options_.capacity_bytes) reserve_evictions_++;
+      short_of_reserve -= std::min(short_of_reserve, size);
       Unindex(victim);
     }
   }
   for (const auto& [victim, size] : victims) EraseEvicted(victim, size);
   return absl::OkStatus();
+}
+
+uint64_t DiskTier::FreeBytes() const {
+  if (options_.free_bytes) return options_.free_bytes();
+  struct statvfs fs;
+  if (statvfs(options_.path.c_str(), &fs) != 0) return UINT64_MAX;  // unknown: nothing to act on
+  return static_cast<uint64_t>(fs.f_bavail) * fs.f_frsize;
+}
+
+uint64_t DiskTier::reserve_evictions() const {
+  absl::MutexLock l(&mu_);
+  return reserve_evictions_;
 }
 
 void DiskTier::EraseEvicted(const BlockKey& key, uint64_t size) {

@@ -219,6 +219,14 @@ struct DiskTierOptions {
   // benchmarks/disk_footprint.cc measures it).
   uint64_t memtable_bytes = uint64_t{64} << 20;
   uint64_t blob_file_bytes = uint64_t{256} << 20;
+  // Room kept free on the filesystem. A filesystem RocksDB's files fill stops its writes, and then
+  // nothing frees the garbage that filled it: puts fail until the store's disk is cleared by hand.
+  // So whenever less than this is free (looked at every 1/32 of the budget put), a put evicts the
+  // least recently used blocks beyond the budget, as many bytes as are missing, and RocksDB's
+  // compactions free their room. 0: never.
+  uint64_t reserve_bytes = uint64_t{256} << 20;
+  // The filesystem's free bytes, for tests; null: statvfs of `path`.
+  std::function<uint64_t()> free_bytes = nullptr;
 };
 
 // Puts failing on disk: since when, and whether for want of room.
@@ -260,6 +268,9 @@ class DiskTier {
   size_t blocks() const;
   // Blocks evicted to make room, since the tier opened.
   uint64_t evictions() const;
+  // Of those, the ones evicted within the budget to keep room free on the filesystem
+  // (DiskTierOptions::reserve_bytes).
+  uint64_t reserve_evictions() const;
   // Puts that failed in RocksDB (a full disk, an I/O error), since the tier opened. After such a
   // failure RocksDB takes no writes until it recovers, by itself within a moment once a full disk
   // has room again (or after an error it deems retryable); after others (a log write failing with
@@ -310,6 +321,11 @@ class DiskTier {
   absl::Duration failing_since_ ABSL_GUARDED_BY(mu_);  // on SteadyClock(): the run's first failure
   bool failing_for_room_ ABSL_GUARDED_BY(mu_) = false;  // the last failure was "no space left"
   uint64_t failure_runs_ ABSL_GUARDED_BY(mu_) = 0;     // runs of failures begun since the tier opened
+  uint64_t put_since_look_ ABSL_GUARDED_BY(mu_) = 0;    // bytes put since the free room was looked at
+  bool short_of_reserve_ ABSL_GUARDED_BY(mu_) = false;  // at the last look (logged when it changes)
+  uint64_t reserve_evictions_ ABSL_GUARDED_BY(mu_) = 0;
+  // The filesystem's free bytes (options_.free_bytes, or statvfs); UINT64_MAX when unknown.
+  uint64_t FreeBytes() const;
 };
 
 }  // namespace vc::cachestore

@@ -262,6 +262,7 @@ void CacheStoreService::CurrentStats(StatsResponse* resp) const {
   resp->set_puts(s.puts);
   resp->set_ram_evictions(s.ram_evictions);
   resp->set_disk_evictions(s.disk_evictions);
+  resp->set_disk_reserve_evictions(s.disk_reserve_evictions);
   resp->set_disk_write_errors(s.disk_write_errors);
   resp->set_disk_writes_failing_ms(s.disk_writes_failing_ms);
   resp->set_disk_full(s.disk_full ? 1 : 0);

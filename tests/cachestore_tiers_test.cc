@@ -482,6 +482,34 @@ TEST(DiskTier, TheFootprintCountsTheFilesTheBudgetDoesNot) {
   EXPECT_GT(files, 6u << 20);  // half the budget again and more: the garbage of evicted blocks
 }
 
+// Under the room kept free on the filesystem, a put evicts the least recently used blocks beyond
+// the budget, as many bytes as are missing; with room again, the budget alone decides.
+TEST(DiskTier, PutsKeepTheReserveFreeOnTheFilesystem) {
+  DiskTierOptions o{vc::testing::TempDir("disk_tier_reserve"), 1 << 20, false};
+  std::atomic<uint64_t> free{uint64_t{1} << 40};
+  o.free_bytes = [&] { return free.load(); };
+  o.reserve_bytes = 200 << 10;
+  auto t = DiskTier::Open(o);
+  ASSERT_TRUE(t.ok()) << t.status();
+  // Blocks of 40 KB, more than 1/32 of the budget, so every put looks at the free room.
+  for (int i = 0; i < 10; ++i) ASSERT_TRUE((*t)->Put(Key(i), Block(i, 40000)).ok());
+  EXPECT_EQ((*t)->blocks(), 10u);
+  EXPECT_EQ((*t)->evictions(), 0u);
+
+  free = 100 << 10;  // 102400 bytes short: three blocks go, the oldest
+  ASSERT_TRUE((*t)->Put(Key(10), Block(10, 40000)).ok());
+  EXPECT_EQ((*t)->blocks(), 8u);
+  EXPECT_EQ((*t)->reserve_evictions(), 3u);
+  for (int i = 0; i < 3; ++i) EXPECT_FALSE((*t)->Contains(Key(i))) << i;
+  for (int i = 3; i <= 10; ++i) EXPECT_TRUE((*t)->Contains(Key(i))) << i;
+
+  free = uint64_t{1} << 40;
+  for (int i = 11; i < 14; ++i) ASSERT_TRUE((*t)->Put(Key(i), Block(i, 40000)).ok());
+  EXPECT_EQ((*t)->blocks(), 11u);
+  EXPECT_EQ((*t)->reserve_evictions(), 3u);
+  EXPECT_LE((*t)->used_bytes(), 1u << 20);
+}
+
 TEST(DiskTier, ABudgetPastTheFilesystemIsRefused) {
   const std::string dir = vc::testing::TempDir("disk_tier_budget");
   auto t = DiskTier::Open({dir, uint64_t{1} << 62, false});

@@ -107,8 +107,9 @@ void PrintStore(const std::string& target, const v1::StatsResponse& s, std::ostr
                          s.hits_ram(), Share(s.hits_ram(), reads), s.hits_disk(), Share(s.hits_disk(), reads),
                          s.misses(), Share(s.misses(), reads), s.corrupt_blocks_dropped());
   out << absl::StrFormat(
-      "blocks stored: %d; evicted to make room: %d from RAM, %d from disk; %d puts failed on disk\n", s.puts(),
-      s.ram_evictions(), s.disk_evictions(), s.disk_write_errors());
+      "blocks stored: %d; evicted to make room: %d from RAM, %d from disk (%d of them for room on the "
+      "filesystem); %d puts failed on disk\n",
+      s.puts(), s.ram_evictions(), s.disk_evictions(), s.disk_reserve_evictions(), s.disk_write_errors());
   if (s.disk_writes_failing_ms() > 0) {
     out << absl::StrFormat("disk writes failing for %.1f s (%s): puts are refused until RocksDB takes writes again\n",
                            s.disk_writes_failing_ms() / 1000.0,

@@ -23,6 +23,7 @@ constexpr char kUsage[] =
     "                       [--ucx-across-tenants]\n"
     "                       [--lease-ttl-ms N] [--lease-bytes-per-tenant N] [--ram-hot-fraction F]\n"
     "                       [--ram-slot-bytes N] [--metrics-listen HOST:PORT] [--disk-failure-grace-ms N]\n"
+    "                       [--disk-reserve-bytes N]\n"
     "  --tokens FILE    lines of 'token tenant'; requests without a listed Bearer token are refused\n"
     "  --ucx MODE       one-sided UCX reads of the RAM tier, with UCX error handling 'none' (shared\n"
     "                   memory and CMA allowed; the default) or 'peer' (dead peers reported; TCP only\n"
@@ -53,7 +54,13 @@ constexpr char kUsage[] =
     "                   failing too) other than for want of room, the gRPC health entry \"liveness\"\n"
     "                   says NOT_SERVING, for a liveness probe to restart the store (RocksDB recovers\n"
     "                   from some errors only when reopened; from a full disk, by itself once it has\n"
-    "                   room); default 60000, 0: never. Reads go on meanwhile\n";
+    "                   room); default 60000, 0: never. Reads go on meanwhile\n"
+    "  --disk-reserve-bytes N\n"
+    "                   room kept free on --data-dir's filesystem: under it, puts evict blocks beyond\n"
+    "                   --disk-bytes. RocksDB's files take more than the blocks (its logs, and the\n"
+    "                   garbage of evicted blocks until it collects it: up to 2.3x --disk-bytes under\n"
+    "                   churn), and a filesystem they fill takes no more puts until cleared by hand.\n"
+    "                   Default 268435456 (256 MiB); 0: never\n";
 
 // --data-dir: a directory, or a new one in a directory that exists (RocksDB makes the last
 // component only).
@@ -80,7 +87,7 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
   VC_ASSIGN_OR_RETURN(Args a, Args::Parse(argv, {"listen", "data-dir", "tokens", "ram-bytes", "disk-bytes",
                                                  "secret-file", "tls-cert", "tls-key", "ucx", "lease-ttl-ms",
                                                  "lease-bytes-per-tenant", "ram-hot-fraction", "ram-slot-bytes",
-                                                 "metrics-listen", "disk-failure-grace-ms"},
+                                                 "metrics-listen", "disk-failure-grace-ms", "disk-reserve-bytes"},
                                           {"ucx-across-tenants"}));
   for (const char* req : {"listen", "data-dir", "tokens"}) {
     if (!a.Has(req)) return absl::InvalidArgumentError(absl::StrCat("--", req, " is required"));
@@ -100,6 +107,9 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
   o.disk.path = a.Str("data-dir");
   VC_RETURN_IF_ERROR(CheckDataDir(o.disk.path));
   o.disk.capacity_bytes = static_cast<uint64_t>(disk);
+  VC_ASSIGN_OR_RETURN(int64_t reserve, a.Int("disk-reserve-bytes", static_cast<int64_t>(o.disk.reserve_bytes), 0,
+                                               int64_t{1} << 50));
+  o.disk.reserve_bytes = static_cast<uint64_t>(reserve);
   StoreServiceOptions so;
   VC_ASSIGN_OR_RETURN(so.tokens, ReadTokenFile(a.Str("tokens")));
   if (so.tokens.empty()) return absl::InvalidArgumentError("the token file lists no tenant");
