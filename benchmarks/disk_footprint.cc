@@ -4,7 +4,7 @@
 // after every put, as a shared prefix is), so the blob files it sits in hold garbage until
 // RocksDB's garbage collection rewrites them. Prints the footprint (DiskTier::footprint_bytes)
 // sampled after every put, by kind of file, as a multiple of the budget, and the blocks the tier
-// held on average once full (DiskTier counts blob garbage against the budget).
+// held on average once full.
 //
 // With --dir on a filesystem too small for the footprint, it shows what the tier does as that
 // filesystem fills: with --reserve-mib 0 (no room kept free), puts fail once it is full.
@@ -12,6 +12,8 @@
 //   disk_footprint --capacity-mib 1024 --block-kib 1536 --churn 6 [--hot-every 100]
 //                  [--memtable-mib 64] [--blob-file-mib 256] [--reserve-mib 256] [--dir /var/tmp]
 //                  [--json out.json]
+#include <sys/stat.h>
+
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -31,17 +33,17 @@ using vc::cachestore::BlockKey;
 using vc::cachestore::DiskTier;
 using vc::cachestore::DiskTierOptions;
 
-// Bytes in the directory by kind of file: "blob", "sst", "log" (write-ahead) and "other" (RocksDB's
-// own LOG files, MANIFEST, OPTIONS).
+// Space allocated in the directory (as DiskTier::footprint_bytes counts it) by kind of file:
+// "blob", "sst", "log" (write-ahead) and "other" (RocksDB's own LOG files, MANIFEST, OPTIONS).
 std::map<std::string, uint64_t> ByKind(const std::string& dir) {
   std::map<std::string, uint64_t> out = {{"blob", 0}, {"sst", 0}, {"log", 0}, {"other", 0}};
   std::error_code ec;
   for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
-    std::error_code size_ec;
-    const uintmax_t size = it->is_regular_file(size_ec) ? it->file_size(size_ec) : 0;
-    if (size_ec) continue;
+    struct stat st;
+    if (::stat(it->path().c_str(), &st) != 0 || !S_ISREG(st.st_mode)) continue;
     const std::string ext = it->path().extension().string();
-    out[ext == ".blob" ? "blob" : ext == ".sst" ? "sst" : ext == ".log" ? "log" : "other"] += size;
+    out[ext == ".blob" ? "blob" : ext == ".sst" ? "sst" : ext == ".log" ? "log" : "other"] +=
+        static_cast<uint64_t>(st.st_blocks) * 512;
   }
   return out;
 }
@@ -100,6 +102,7 @@ int main(int argc, char** argv) {
     if (absl::Status s = (*tier)->Put(key, payload); !s.ok()) {
       if (failed_run == 0) std::cout << "put " << i << " failed: " << s << "\n";
       ++failed, ++failed_run;
+      if (i >= puts / churn) held += static_cast<double>((*tier)->used_bytes()), ++held_samples;
       continue;
     } else if (failed_run > 0) {
       std::cout << "put " << i << " succeeded after " << failed_run << " failed\n";

@@ -361,6 +361,7 @@ absl::StatusOr<ReplayStats> ReplayTrace(const std::vector<TraceRequest>& trace, 
   so.disk.path = dir;
   so.disk.capacity_bytes = disk;
   so.disk.allow_past_filesystem = true;
+  so.disk.reserve_bytes = 0;  // the replay's hits must not depend on the scratch disk's free room
   VC_ASSIGN_OR_RETURN(std::unique_ptr<BlockStore> store, BlockStore::Open(so));
 
   Tally tally(trace, o.block_tokens, o.block_bytes);

@@ -3,6 +3,7 @@
 #include <rocksdb/db.h>
 #include <rocksdb/options.h>
 #include <rocksdb/write_batch.h>
+#include <sys/stat.h>
 #include <sys/statvfs.h>
 
 #include <algorithm>
@@ -457,6 +458,12 @@ absl::StatusOr<std::unique_ptr<DiskTier>> DiskTier::Open(const DiskTierOptions& 
                                                        " bytes exceeds the filesystem at ", options.path, " (",
                                                        size, " bytes)"));
     }
+    // Room kept free that the filesystem cannot give would evict every block put.
+    if (options.reserve_bytes >= size - options.capacity_bytes) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "a disk tier of ", options.capacity_bytes, " bytes keeping ", options.reserve_bytes,
+          " bytes free needs more than the filesystem at ", options.path, " (", size, " bytes)"));
+    }
   }
 
   rocksdb::ReadOptions scan;
@@ -552,15 +559,18 @@ absl::Status DiskTier::Put(const BlockKey& key, absl::string_view block) {
   rocksdb::WriteBatch batch;
   (void)batch.Put(blocks_, KeySlice(key), rocksdb::Slice(block.data(), block.size()));
   (void)batch.Put(sizes_cf_, KeySlice(key), SizeValue(block.size()));
-  std::vector<std::pair<BlockKey, uint64_t>> victims;  // with their sizes
-  // Every 1/32 of the budget put, the filesystem's free room is looked at: bytes to evict beyond
-  // the budget when it is under the reserve (see DiskTierOptions::reserve_bytes).
+  std::vector<Victim> victims;
+  // Every 1/32 of the budget put (or a quarter of the reserve, if less), the filesystem's free room
+  // is looked at: bytes to evict beyond the budget when it is under the reserve (see
+  // DiskTierOptions::reserve_bytes).
   uint64_t short_of_reserve = 0;
   bool look = false;
   {
     absl::MutexLock l(&mu_);
     put_since_look_ += block.size();
-    if (put_since_look_ >= options_.capacity_bytes / 32) put_since_look_ = 0, look = true;
+    // Often enough that the garbage of what is put between two looks fits in the reserve.
+    const uint64_t every = std::min(options_.capacity_bytes / 32, options_.reserve_bytes / 4);
+    if (put_since_look_ >= every) put_since_look_ = 0, look = true;
   }
   if (look && options_.reserve_bytes > 0) {
     const uint64_t free = FreeBytes();
@@ -589,16 +599,20 @@ absl::Status DiskTier::Put(const BlockKey& key, absl::string_view block) {
     }
     Unindex(key);
     Index(key, block.size());
-    while ((used_ > options_.capacity_bytes || short_of_reserve > 0) && order_.size() > 1) {
+    while (used_ > options_.capacity_bytes && order_.size() > 1) {
+      const BlockKey victim = order_.front();
+      victims.push_back({victim, sizes_[victim].first, false});
+      Unindex(victim);
+    }
+    while (short_of_reserve > 0 && order_.size() > 1) {
       const BlockKey victim = order_.front();
       const uint64_t size = sizes_[victim].first;
-      victims.emplace_back(victim, size);
-      if (used_ <= options_.capacity_bytes) reserve_evictions_++;
+      victims.push_back({victim, size, true});
       short_of_reserve -= std::min(short_of_reserve, size);
       Unindex(victim);
     }
   }
-  for (const auto& [victim, size] : victims) EraseEvicted(victim, size);
+  for (const Victim& v : victims) EraseEvicted(v.key, v.size, v.for_reserve);
   return absl::OkStatus();
 }
 
@@ -614,12 +628,13 @@ uint64_t DiskTier::reserve_evictions() const {
   return reserve_evictions_;
 }
 
-void DiskTier::EraseEvicted(const BlockKey& key, uint64_t size) {
+void DiskTier::EraseEvicted(const BlockKey& key, uint64_t size, bool for_reserve) {
   absl::MutexLock stripe(&Stripe(key));
   {
     absl::MutexLock l(&mu_);
     if (sizes_.contains(key)) {  // put again meanwhile: that put's block stays
       evictions_++;
+      reserve_evictions_ += for_reserve;
       return;
     }
   }
@@ -627,6 +642,7 @@ void DiskTier::EraseEvicted(const BlockKey& key, uint64_t size) {
   absl::MutexLock l(&mu_);
   if (erased) {
     evictions_++;
+    reserve_evictions_ += for_reserve;
     return;
   }
   // Still stored: indexed again, as the oldest block, so that it stays counted against the budget
@@ -699,10 +715,10 @@ uint64_t DiskTier::footprint_bytes() const {
   uint64_t total = 0;
   std::error_code ec;
   for (std::filesystem::directory_iterator it(options_.path, ec), end; !ec && it != end; it.increment(ec)) {
+    // Space allocated, not the files' sizes: RocksDB preallocates its logs past what they hold.
     // A file RocksDB deletes between the listing and the stat is no longer there to count.
-    std::error_code size_ec;
-    const uintmax_t size = it->is_regular_file(size_ec) ? it->file_size(size_ec) : 0;
-    if (!size_ec) total += size;
+    struct stat st;
+    if (::stat(it->path().c_str(), &st) == 0 && S_ISREG(st.st_mode)) total += static_cast<uint64_t>(st.st_blocks) * 512;
   }
   return ec ? 0 : total;
 }

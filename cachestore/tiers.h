@@ -212,8 +212,8 @@ struct DiskTierOptions {
   // Open refuses a budget past the filesystem's size (it would only show as failed puts once the
   // disk fills), unless this is set: a trace replay's tier takes only what its trace puts.
   bool allow_past_filesystem = false;
-  // RocksDB's memtable of blocks (write_buffer_size; the write-ahead log is kept under two of
-  // them), written to a blob file when full, and its largest blob file. The budget counts stored
+  // RocksDB's memtable of blocks (write_buffer_size; a write-ahead log past two of them makes it
+  // flush), written to a blob file when full, and its largest blob file. The budget counts stored
   // blocks; the disk also holds the logs and the blob garbage of evicted blocks until RocksDB
   // collects it: under churn the files reached 2.3 times the budget (DiskTier::footprint_bytes;
   // benchmarks/disk_footprint.cc measures it).
@@ -221,9 +221,10 @@ struct DiskTierOptions {
   uint64_t blob_file_bytes = uint64_t{256} << 20;
   // Room kept free on the filesystem. A filesystem RocksDB's files fill stops its writes, and then
   // nothing frees the garbage that filled it: puts fail until the store's disk is cleared by hand.
-  // So whenever less than this is free (looked at every 1/32 of the budget put), a put evicts the
-  // least recently used blocks beyond the budget, as many bytes as are missing, and RocksDB's
-  // compactions free their room. 0: never.
+  // So whenever less than this is free (looked at every 1/32 of the budget or a quarter of this
+  // put, whichever is less), a put evicts the least recently used blocks beyond the budget, as
+  // many bytes as are missing, and RocksDB's compactions free their room. Open refuses a reserve
+  // the filesystem cannot keep beside the budget (unless allow_past_filesystem). 0: never.
   uint64_t reserve_bytes = uint64_t{256} << 20;
   // The filesystem's free bytes, for tests; null: statvfs of `path`.
   std::function<uint64_t()> free_bytes = nullptr;
@@ -260,8 +261,8 @@ class DiskTier {
   uint64_t SizeOf(const BlockKey& key) const;
   uint64_t used_bytes() const;
   uint64_t capacity_bytes() const { return options_.capacity_bytes; }
-  // What the tier takes on the filesystem now: the sizes of the files in its directory (blob
-  // files, with the garbage of deleted blocks until garbage collection rewrites them; SSTs;
+  // What the tier takes on the filesystem now: the space allocated to the files in its directory
+  // (blob files, with the garbage of deleted blocks until garbage collection rewrites them; SSTs;
   // write-ahead logs; RocksDB's own logs and manifest). A listing of the directory; 0 if it
   // cannot be read.
   uint64_t footprint_bytes() const;
@@ -287,9 +288,16 @@ class DiskTier {
   DiskTier() = default;
   // Deletes the block and its size from the database.
   absl::Status Erase(const BlockKey& key);
+  // A block eviction took out of the index, and whether to keep room free on the filesystem
+  // (counted in reserve_evictions()).
+  struct Victim {
+    BlockKey key;
+    uint64_t size;
+    bool for_reserve;
+  };
   // Erases a block of `size` bytes that eviction took out of the index, unless a put of its key
   // has indexed it again since (that put's block stays). A failed erase indexes it again.
-  void EraseEvicted(const BlockKey& key, uint64_t size);
+  void EraseEvicted(const BlockKey& key, uint64_t size, bool for_reserve);
   // A put of a key holds the key's stripe from its write to its index entry, and an eviction or a
   // delete of it from its index change to its erase, so an eviction never erases a block that a
   // put wrote after the eviction picked the key (which left the index naming a block not there).

@@ -32,7 +32,7 @@ bool IsGauge(absl::string_view field) {
   return field == "uptime_micros" || field == "serving" || field == "disk_full" || absl::EndsWith(field, "_in_flight") ||
          absl::EndsWith(field, "_used_bytes") || absl::EndsWith(field, "_capacity_bytes") ||
          absl::EndsWith(field, "_blocks") || absl::EndsWith(field, "_block_bytes") ||
-         absl::EndsWith(field, "_failing_ms");
+         absl::EndsWith(field, "_failing_ms") || absl::EndsWith(field, "_footprint_bytes");
 }
 
 // A label value with backslash, double quote and newline escaped.

@@ -281,6 +281,8 @@ TEST(ServerMetrics, StoreAndWorkerServeTheirStats) {
   EXPECT_GT(blocks, 0u);
   EXPECT_TRUE(absl::StrContains(store_text, absl::StrCat("\nvericache_store_ram_blocks ", blocks, "\n"))) << store_text;
   EXPECT_TRUE(absl::StrContains(store_text, "\nvericache_store_ram_capacity_bytes 67108864\n")) << store_text;
+  // What the disk tier's files take goes down as well as up: a gauge.
+  EXPECT_TRUE(absl::StrContains(store_text, "# TYPE vericache_store_disk_footprint_bytes gauge\n")) << store_text;
 }
 
 // A lease's UCX key reaches the whole RAM region: a store of several tenants starts with one-sided
