@@ -459,7 +459,7 @@ absl::StatusOr<std::unique_ptr<DiskTier>> DiskTier::Open(const DiskTierOptions& 
                                                        size, " bytes)"));
     }
     // Room kept free that the filesystem cannot give would evict every block put.
-    if (options.reserve_bytes >= size - options.capacity_bytes) {
+    if (options.reserve_bytes > 0 && options.reserve_bytes >= size - options.capacity_bytes) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "a disk tier of ", options.capacity_bytes, " bytes keeping ", options.reserve_bytes,
           " bytes free needs more than the filesystem at ", options.path, " (", size, " bytes)"));
@@ -565,14 +565,14 @@ absl::Status DiskTier::Put(const BlockKey& key, absl::string_view block) {
   // DiskTierOptions::reserve_bytes).
   uint64_t short_of_reserve = 0;
   bool look = false;
-  {
+  if (options_.reserve_bytes > 0) {
     absl::MutexLock l(&mu_);
     put_since_look_ += block.size();
     // Often enough that the garbage of what is put between two looks fits in the reserve.
     const uint64_t every = std::min(options_.capacity_bytes / 32, options_.reserve_bytes / 4);
     if (put_since_look_ >= every) put_since_look_ = 0, look = true;
   }
-  if (look && options_.reserve_bytes > 0) {
+  if (look) {
     const uint64_t free = FreeBytes();
     short_of_reserve = free < options_.reserve_bytes ? options_.reserve_bytes - free : 0;
     absl::MutexLock l(&mu_);

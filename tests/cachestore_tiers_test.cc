@@ -1,5 +1,7 @@
 // The RAM and disk tiers: budgets, LRU eviction, leases and their expiry, persistence across
 // reopen; and what the store's reads do to the disk tier's eviction order.
+#include <sys/statvfs.h>
+
 #include <atomic>
 #include <chrono>
 #include <filesystem>
@@ -517,6 +519,12 @@ TEST(DiskTier, ABudgetPastTheFilesystemIsRefused) {
   t = DiskTier::Open(o);
   EXPECT_EQ(t.status().code(), absl::StatusCode::kResourceExhausted) << t.status();
   EXPECT_NE(t.status().message().find("keeping"), absl::string_view::npos) << t.status();
+  // No room kept free: a budget of the whole filesystem is taken.
+  struct statvfs fs;
+  ASSERT_EQ(statvfs(dir.c_str(), &fs), 0);
+  o.capacity_bytes = static_cast<uint64_t>(fs.f_blocks) * fs.f_frsize;
+  o.reserve_bytes = 0;
+  EXPECT_TRUE(DiskTier::Open(o).ok());
   EXPECT_TRUE(DiskTier::Open({dir, 1 << 20, false}).ok());
 }
 
