@@ -694,7 +694,8 @@ TEST_F(WorkerServiceTest, StatsReportRequestsAndStoreTraffic) {
   ASSERT_EQ(run({"--target", store->target(), "--token", "tok"}, &out, &err), 0) << err;
   EXPECT_NE(out.find("RAM tier: "), std::string::npos) << out;
   EXPECT_NE(out.find("6 blocks of "), std::string::npos) << out;  // and the share of their slots they fill
-  EXPECT_NE(out.find("), 6 blocks\n"), std::string::npos) << out;  // the disk tier's line
+  EXPECT_NE(out.find("), 6 blocks; "), std::string::npos) << out;  // the disk tier's line
+  EXPECT_NE(out.find(" on disk with logs and garbage\n"), std::string::npos) << out;
   ASSERT_EQ(run({"--target", store->target(), "--token", "tok", "--json"}, &out, &err), 0) << err;
   EXPECT_NE(out.find("\"kind\": \"store\""), std::string::npos) << out;
   // A store needs its token; a target that is not there, or not an address, is an error.
