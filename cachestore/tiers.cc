@@ -560,33 +560,7 @@ absl::Status DiskTier::Put(const BlockKey& key, absl::string_view block) {
   (void)batch.Put(blocks_, KeySlice(key), rocksdb::Slice(block.data(), block.size()));
   (void)batch.Put(sizes_cf_, KeySlice(key), SizeValue(block.size()));
   std::vector<Victim> victims;
-  // Every 1/32 of the budget put (or a quarter of the reserve, if less), the filesystem's free room
-  // is looked at: bytes to evict beyond the budget when it is under the reserve (see
-  // DiskTierOptions::reserve_bytes).
-  uint64_t short_of_reserve = 0;
-  bool look = false;
-  if (options_.reserve_bytes > 0) {
-    absl::MutexLock l(&mu_);
-    put_since_look_ += block.size();
-    // Often enough that the garbage of what is put between two looks fits in the reserve.
-    const uint64_t every = std::min(options_.capacity_bytes / 32, options_.reserve_bytes / 4);
-    if (put_since_look_ >= every) put_since_look_ = 0, look = true;
-  }
-  if (look) {
-    const uint64_t free = FreeBytes();
-    short_of_reserve = free < options_.reserve_bytes ? options_.reserve_bytes - free : 0;
-    absl::MutexLock l(&mu_);
-    if ((short_of_reserve > 0) != short_of_reserve_) {
-      if (short_of_reserve > 0) {
-        std::fprintf(stderr, "RocksDB at %s: %llu bytes free on its filesystem, under the %llu kept free; puts evict "
-                     "blocks beyond the budget until there is room\n", options_.path.c_str(),
-                     static_cast<unsigned long long>(free), static_cast<unsigned long long>(options_.reserve_bytes));
-      } else {
-        std::fprintf(stderr, "RocksDB at %s: its filesystem has the room kept free again\n", options_.path.c_str());
-      }
-      short_of_reserve_ = short_of_reserve > 0;
-    }
-  }
+  uint64_t short_of_reserve = ShortOfReserve(block.size());
   {
     absl::MutexLock stripe(&Stripe(key));
     const rocksdb::Status written = db_->Write(w, &batch);
@@ -599,21 +573,44 @@ absl::Status DiskTier::Put(const BlockKey& key, absl::string_view block) {
     }
     Unindex(key);
     Index(key, block.size());
-    while (used_ > options_.capacity_bytes && order_.size() > 1) {
-      const BlockKey victim = order_.front();
-      victims.push_back({victim, sizes_[victim].first, false});
-      Unindex(victim);
-    }
-    while (short_of_reserve > 0 && order_.size() > 1) {
+    // Past the budget first; then, within it, as many bytes as the filesystem is short.
+    while ((used_ > options_.capacity_bytes || short_of_reserve > 0) && order_.size() > 1) {
       const BlockKey victim = order_.front();
       const uint64_t size = sizes_[victim].first;
-      victims.push_back({victim, size, true});
-      short_of_reserve -= std::min(short_of_reserve, size);
+      const bool for_reserve = used_ <= options_.capacity_bytes;
+      if (for_reserve) short_of_reserve -= std::min(short_of_reserve, size);
+      victims.push_back({victim, size, for_reserve});
       Unindex(victim);
     }
   }
   for (const Victim& v : victims) EraseEvicted(v.key, v.size, v.for_reserve);
   return absl::OkStatus();
+}
+
+uint64_t DiskTier::ShortOfReserve(uint64_t put_bytes) {
+  if (options_.reserve_bytes == 0) return 0;
+  {
+    absl::MutexLock l(&mu_);
+    put_since_look_ += put_bytes;
+    // Often enough that the garbage of what is put between two looks fits in the reserve.
+    const uint64_t every = std::min(options_.capacity_bytes / 32, options_.reserve_bytes / 4);
+    if (put_since_look_ < every) return 0;
+    put_since_look_ = 0;
+  }
+  const uint64_t free = FreeBytes();
+  const uint64_t short_of_reserve = free < options_.reserve_bytes ? options_.reserve_bytes - free : 0;
+  absl::MutexLock l(&mu_);
+  if ((short_of_reserve > 0) != short_of_reserve_) {
+    if (short_of_reserve > 0) {
+      std::fprintf(stderr, "RocksDB at %s: %llu bytes free on its filesystem, under the %llu kept free; puts evict "
+                   "blocks beyond the budget until there is room\n", options_.path.c_str(),
+                   static_cast<unsigned long long>(free), static_cast<unsigned long long>(options_.reserve_bytes));
+    } else {
+      std::fprintf(stderr, "RocksDB at %s: its filesystem has the room kept free again\n", options_.path.c_str());
+    }
+    short_of_reserve_ = short_of_reserve > 0;
+  }
+  return short_of_reserve;
 }
 
 uint64_t DiskTier::FreeBytes() const {

@@ -334,6 +334,10 @@ class DiskTier {
   uint64_t reserve_evictions_ ABSL_GUARDED_BY(mu_) = 0;
   // The filesystem's free bytes (options_.free_bytes, or statvfs); UINT64_MAX when unknown.
   uint64_t FreeBytes() const;
+  // For a put of `put_bytes`: every 1/32 of the budget put (or a quarter of the reserve, if
+  // less), how many bytes the filesystem's free room is short of options_.reserve_bytes, to evict
+  // beyond the budget (logged when it starts and stops being short); 0 between looks.
+  uint64_t ShortOfReserve(uint64_t put_bytes);
 };
 
 }  // namespace vc::cachestore

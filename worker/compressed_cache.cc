@@ -102,8 +102,6 @@ absl::Status SpecKnownKeys(const MethodSpec& m, const std::vector<std::string>& 
   return absl::OkStatus();
 }
 
-
-
 void HighestScores(const float* scores, int64_t n, int64_t keep, std::vector<float>* scratch, int32_t* out) {
   const auto at = [scores](int64_t i) { return std::isnan(scores[i]) ? -INFINITY : scores[i]; };
   scratch->resize(static_cast<size_t>(n));

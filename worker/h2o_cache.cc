@@ -154,6 +154,7 @@ absl::Status H2oCache::BuildFrom(SeqId seq, const PagedKvCache& full, SeqId full
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
   std::vector<float> vote(static_cast<size_t>(length)), logits(static_cast<size_t>(length));
   std::vector<int32_t> order;
+  std::vector<float> scratch;
   for (int l = 0; l < layout_.num_layers; ++l) {
     for (int g = 0; g < kvh; ++g) {
       Head& h = s.heads[l * kvh + g];
@@ -191,12 +192,8 @@ absl::Status H2oCache::BuildFrom(SeqId seq, const PagedKvCache& full, SeqId full
             rank[j] = n2;
           }
         }
-        order.resize(static_cast<size_t>(candidates));
-        std::iota(order.begin(), order.end(), 0);
-        auto higher = [&](int32_t a, int32_t b) { return rank[a] > rank[b] || (rank[a] == rank[b] && a < b); };
-        std::nth_element(order.begin(), order.begin() + heavy, order.end(), higher);
         order.resize(static_cast<size_t>(heavy));
-        std::sort(order.begin(), order.end());
+        if (heavy > 0) HighestScores(rank.data(), candidates, heavy, &scratch, order.data());
       } else {
         for (int64_t j = 0; j < candidates; ++j) order.push_back(static_cast<int32_t>(j));
       }

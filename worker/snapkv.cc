@@ -75,7 +75,7 @@ absl::StatusOr<std::vector<std::vector<std::vector<int32_t>>>> SnapKvSelector::S
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
   std::vector<float> keys(static_cast<size_t>(length) * d), logits(static_cast<size_t>(length));
   std::vector<float> votes(static_cast<size_t>(prefix)), pooled(static_cast<size_t>(prefix));
-  std::vector<int32_t> order(static_cast<size_t>(prefix));
+  std::vector<float> scratch;
   for (int l = 0; l < layout.num_layers; ++l) {
     for (int g = 0; g < kvh; ++g) {
       for (int64_t j = 0; j < length; ++j) std::copy_n(full.K(l, seq, j) + g * d, d, keys.data() + j * d);
@@ -113,12 +113,9 @@ absl::StatusOr<std::vector<std::vector<std::vector<int32_t>>>> SnapKvSelector::S
           pooled[j] = v / static_cast<float>(params_.kernel);
         }
       }
-      std::iota(order.begin(), order.end(), 0);
-      auto higher = [&](int32_t a, int32_t b) { return pooled[a] > pooled[b] || (pooled[a] == pooled[b] && a < b); };
-      std::nth_element(order.begin(), order.begin() + keep_prefix, order.end(), higher);
       std::vector<int32_t>& out = kept[l][g];
-      out.assign(order.begin(), order.begin() + keep_prefix);
-      std::sort(out.begin(), out.end());
+      out.resize(static_cast<size_t>(keep_prefix));
+      if (keep_prefix > 0) HighestScores(pooled.data(), prefix, keep_prefix, &scratch, out.data());
       for (int64_t j = prefix; j < length; ++j) out.push_back(static_cast<int32_t>(j));
     }
   }
