@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "kernels/thread_pool.h"
 #include "worker/kivi.h"
 
 namespace vc {
@@ -427,6 +428,7 @@ void TokenListCache::Attend(int layer, absl::Span<const QueryRow> rows, const fl
   if (keep > 0) group_tables_.resize(views_.size() * static_cast<size_t>(keep));
   const int heads = num_heads / kvh;
   size_t max_dense = 0;
+  bool select = false;
   for (size_t r = 0; r < rows.size(); ++r) {
     const Sequence& s = seqs_[rows[r].seq];
     for (int g = 0; g < kvh; ++g) {
@@ -452,12 +454,21 @@ void TokenListCache::Attend(int layer, absl::Span<const QueryRow> rows, const fl
       v.dense.v = h.res_v.data() + static_cast<size_t>(quantized - h.f_start) * d;
       v.dense.stride = d;
       v.dense.count = visible - qk.tokens;
-      if (keep > 0) {
-        SelectGroups(q + (static_cast<int64_t>(r) * num_heads + g * heads) * d, heads, &qk,
-                     group_tables_.data() + (r * kvh + g) * keep);
-      }
       max_dense = std::max(max_dense, static_cast<size_t>(v.dense.count));
+      select |= keep > 0 && quantized / kivi_.group > keep;
     }
+  }
+  if (select) {
+    // Each view's groups are its own choice: the views' selections share the kernel threads
+    // (at batch 1, the KV heads of the row).
+    select_scratch_.resize(views_.size());
+    kernels::KernelThreadPool().ParallelFor(static_cast<int64_t>(views_.size()), 1, [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i) {
+        const int64_t r = i / kvh, g = i % kvh;
+        SelectGroups(q + (r * num_heads + g * heads) * d, heads, &views_[i].quant,
+                     group_tables_.data() + i * keep, &select_scratch_[i]);
+      }
+    });
   }
   if (iota_.size() < max_dense) {
     iota_.resize(max_dense);
@@ -467,15 +478,16 @@ void TokenListCache::Attend(int layer, absl::Span<const QueryRow> rows, const fl
   backend.CompressedAttention(q, static_cast<int64_t>(rows.size()), num_heads, kvh, d, views_.data(), scale, out);
 }
 
-void TokenListCache::SelectGroups(const float* q, int heads, kernels::QuantizedKvHead* view, int32_t* table) {
+void TokenListCache::SelectGroups(const float* q, int heads, kernels::QuantizedKvHead* view, int32_t* table,
+                                  SelectScratch* scratch) const {
   const int64_t keep = query_budget_ / kivi_.group, groups = view->tokens / kivi_.group;
   if (groups <= keep) return;
   const int d = layout_.head_dim;
   // Quest's bound summed over the heads, sum over h, c of max(q_hc * min_c, q_hc * (min_c +
   // levels * scale_c)), is sum over c of (sum_h q_hc) * min_c + levels * (sum_h max(q_hc, 0)) * scale_c.
   const float levels = static_cast<float>((1 << kivi_.bits) - 1);
-  group_query_.resize(2 * static_cast<size_t>(d));
-  float* a = group_query_.data();
+  scratch->query.resize(2 * static_cast<size_t>(d));
+  float* a = scratch->query.data();
   float* b = a + d;
   for (int c = 0; c < d; ++c) {
     float sum = 0.0f, pos = 0.0f;
@@ -486,8 +498,8 @@ void TokenListCache::SelectGroups(const float* q, int heads, kernels::QuantizedK
     a[c] = sum;
     b[c] = levels * pos;
   }
-  group_scores_.resize(static_cast<size_t>(groups));
-  float* score = group_scores_.data();
+  scratch->scores.resize(static_cast<size_t>(groups));
+  float* score = scratch->scores.data();
   for (int64_t i = 0; i < groups; ++i) {
     const float* mn = view->k_min + i * d;
     const float* sc = view->k_scale + i * d;
@@ -508,7 +520,7 @@ void TokenListCache::SelectGroups(const float* q, int heads, kernels::QuantizedK
     for (; c < d; ++c) sum += a[c] * mn[c] + b[c] * sc[c];
     score[i] = sum;
   }
-  HighestScores(score, groups, keep, &score_scratch_, table);
+  HighestScores(score, groups, keep, &scratch->order, table);
   view->tokens = static_cast<int32_t>(keep * kivi_.group);
   view->group_table = table;
 }

@@ -118,7 +118,12 @@ class TokenListCache final : public CompressedKvCache {
   // With a query budget: points `view` at the key groups the query heads q [heads, head_dim] of
   // its KV head would score highest, their stored indices written to `table` (room for the
   // budget's groups). Unchanged when the budget covers every quantized group.
-  void SelectGroups(const float* q, int heads, kernels::QuantizedKvHead* view, int32_t* table);
+  struct SelectScratch {
+    std::vector<float> query;  // per channel: the heads' sum and their positive parts' sum
+    std::vector<float> scores, order;
+  };
+  void SelectGroups(const float* q, int heads, kernels::QuantizedKvHead* view, int32_t* table,
+                    SelectScratch* scratch) const;
 
   const KvLayout layout_;
   const int num_heads_;
@@ -130,9 +135,7 @@ class TokenListCache final : public CompressedKvCache {
   std::vector<int32_t> iota_;                       // row indices 0..n for dense views
   std::vector<kernels::CompressedKvHead> views_;    // scratch for Attend
   std::vector<int32_t> group_tables_;               // scratch for Attend: selected key groups
-  std::vector<float> group_query_;  // per channel: the heads' sum and their positive parts' sum
-  std::vector<float> group_scores_;
-  std::vector<float> score_scratch_;
+  std::vector<SelectScratch> select_scratch_;       // scratch for Attend: one per view
 };
 
 }  // namespace vc
