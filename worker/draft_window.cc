@@ -11,9 +11,15 @@ double Blend(double average, double x) { return average == 0 ? x : 0.8 * average
 
 }  // namespace
 
-double DraftCostModel::draft_step() const { return draft_step_ > 0 ? draft_step_ : 1e-3; }
+double DraftCostModel::draft_step() const {
+  if (draft_step_ > 0) return draft_step_;
+  return first_step_ > 0 ? first_step_ : 1e-3;
+}
 
-void DraftCostModel::ObserveDraftStep(double s) { draft_step_ = Blend(draft_step_, s); }
+void DraftCostModel::ObserveDraftStep(double s, bool first) {
+  double& average = first ? first_step_ : draft_step_;
+  average = Blend(average, s);
+}
 
 void DraftCostModel::ObserveVerify(int rows, double s) {
   one_row_ = kObservationDecay * one_row_ + (rows == 1 ? 1 : 0);
@@ -66,12 +72,12 @@ int DraftWindow::Choose(const DraftCostModel& costs, double fetch_bytes, int rem
 }
 
 int DraftWindow::Best(const DraftCostModel& costs, double fetch_bytes, int lo, int cap) const {
-  const double a = acceptance(), f = costs.fetch(fetch_bytes), cd = costs.draft_step();
+  const double a = acceptance(), f = costs.fetch(fetch_bytes);
   int best = lo;
   double best_rate = -1;
   for (int k = lo; k <= cap; ++k) {
     const double tokens = (1 - std::pow(a, k + 1)) / (1 - a);
-    const double time = std::max(k * cd, f) + costs.verify(k + 1);
+    const double time = std::max(costs.drafts(k), f) + costs.verify(k + 1);
     if (tokens / time > best_rate) {
       best_rate = tokens / time;
       best = k;

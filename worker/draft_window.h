@@ -1,8 +1,13 @@
 // Chooses the draft window k of a sequence: an online estimate of its per-token acceptance rate
-// a and a cost model measured at run time (draft step c_d, verify pass of r rows
-// c_v(r) = v0 + v1 * r, fetch time f, which overlaps the drafting), maximizing expected verified
-// tokens per second:
-//   E[tokens](k) = (1 - a^(k+1)) / (1 - a),   T(k) = max(k * c_d, f) + c_v(k + 1).
+// a and a cost model measured at run time (the first draft step after a verify pass c_1, each
+// later one c_d, verify pass of r rows c_v(r) = v0 + v1 * r, fetch time f, which overlaps the
+// drafting), maximizing expected verified tokens per second:
+//   E[tokens](k) = (1 - a^(k+1)) / (1 - a),   T(k) = max(c_1 + (k - 1) * c_d, f) + c_v(k + 1).
+// The first step is timed apart: a verify pass streams the full KV through the caches, and the step
+// after it reads the weights and the compressed KV back from memory (on a 2-core CPU at 16K, about
+// 0.95 ms against 0.6-0.8). Averaged over all steps, that cost made short windows look dearer per
+// draft than long ones by the first step's share, and the shorter the windows chosen, the larger
+// that share.
 // k = 0 (no drafts: the pass decodes one token from the full KV) is a choice like any other; it
 // wins where a draft step plus a verify row cost more than the pass they save, as with the full KV
 // already in memory on a CPU, where every row of a pass costs its own arithmetic. Each choice
@@ -17,12 +22,17 @@ namespace vc {
 // Costs shared by the sequences of one engine. Not thread-safe.
 class DraftCostModel {
  public:
-  void ObserveDraftStep(double seconds);
+  // `first`: the first draft step since a verify pass.
+  void ObserveDraftStep(double seconds, bool first);
   void ObserveVerify(int rows, double seconds);
   void ObserveFetch(double bytes, double seconds);
 
-  // 1 ms until a draft step is timed.
+  // A draft step after the first of a window; 1 ms until one is timed.
   double draft_step() const;
+  // The first draft step of a window; draft_step() until one is timed.
+  double first_draft_step() const { return first_step_ > 0 ? first_step_ : draft_step(); }
+  // The time of a window of k draft steps.
+  double drafts(int k) const { return k <= 0 ? 0.0 : first_draft_step() + (k - 1) * draft_step(); }
   double verify(int rows) const;
   // Whether one-row passes are missing from the recent observations. A line fitted to multi-row
   // passes alone misjudges the one-row pass, the cost of not drafting, by its extrapolation.
@@ -30,7 +40,8 @@ class DraftCostModel {
   double fetch(double bytes) const { return bytes_per_second_ > 0 ? bytes / bytes_per_second_ : 0.0; }
 
  private:
-  double draft_step_ = 0;        // 0 until the first draft step
+  double draft_step_ = 0;        // 0 until a draft step after the first is timed
+  double first_step_ = 0;        // 0 until a first draft step is timed
   double bytes_per_second_ = 0;  // 0 until the first fetch
   // Least squares of verify time on rows, with a weak prior so one k alone still gives a slope,
   // each observation's weight decayed by kObservationDecay per later one.

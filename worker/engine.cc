@@ -431,7 +431,8 @@ absl::Status VeriCacheEngine::DraftStep(std::vector<Sequence*>& drafting) {
   const absl::Duration t0 = SteadyClock()->Now();
   VC_RETURN_IF_ERROR(model_.Forward(chunks, *compressed_, LogitsFor::kLastRows, &logits, &finite));
   const double dt = absl::ToDoubleSeconds(SteadyClock()->Now() - t0);
-  costs_.ObserveDraftStep(dt);
+  costs_.ObserveDraftStep(dt, verified_since_draft_);
+  verified_since_draft_ = false;
   const int vocab = model_.config().vocab_size;
   for (size_t i = 0; i < drafting.size(); ++i) {
     Sequence& s = *drafting[i];
@@ -511,6 +512,7 @@ absl::Status VeriCacheEngine::Verify(std::vector<Sequence*>& ready) {
   for (auto& f : feeds) rows_total += static_cast<int>(f.size());
   // Batched passes: a draft step and a verify pass each cost the whole batch this much time.
   costs_.ObserveVerify(rows_total / static_cast<int>(ready.size()), dt);
+  verified_since_draft_ = true;
 
   const int vocab = model_.config().vocab_size;
   // Every sequence's tokens go out first; the bookkeeping after (the tier, the compressed cache,

@@ -186,6 +186,7 @@ class VeriCacheEngine {
   std::unique_ptr<CompressedKvCache> compressed_;
   std::unique_ptr<PagedKvCache> staging_;
   DraftCostModel costs_;
+  bool verified_since_draft_ = true;  // the next draft step is the first since a verify pass
   RequestQueue<Sequence> requests_;
   // Compressed prefixes by the name of their last block; front of the list = most recent.
   absl::flat_hash_map<PrefixName, CachedPrefix> prefix_index_;
