@@ -24,6 +24,7 @@
 
 namespace {
 
+using vc::bench::Int;
 using vc::bench::Ints;
 
 int64_t WeightBytes(const vc::ModelConfig& c) {
@@ -42,7 +43,7 @@ int main(int argc, char** argv) {
                                               {"steps", "8"},
                                               {"json", ""}};
   if (!vc::bench::ParseFlags(argc, argv, &flags)) return 2;
-  const int steps = static_cast<int>(Ints(flags["steps"]).at(0));
+  const int steps = static_cast<int>(Int(flags, "steps"));
   const double bw = vc::bench::MeasureMemcpyBandwidth();
   std::cout << absl::StrFormat("memcpy bandwidth: %.2f GB/s, kernel threads: %d\n", bw / 1e9,
                                vc::kernels::KernelThreadPool().num_threads());
@@ -61,10 +62,10 @@ int main(int argc, char** argv) {
       return 1;
     }
     const vc::ModelConfig& c = (*model)->config();
-    for (int64_t want_ctx : Ints(flags["contexts"])) {
+    for (int64_t want_ctx : Ints(flags, "contexts")) {
       // The decoded token needs a position of its own inside the model's context.
       const int64_t ctx = std::min(want_ctx, c.max_position_embeddings - 1);
-      for (int64_t batch : Ints(flags["batches"])) {
+      for (int64_t batch : Ints(flags, "batches")) {
         const vc::KvLayout layout = (*model)->kv_layout(16);
         vc::PagedKvCache cache(layout, batch * ((ctx + 1) / 16 + 2));
         std::mt19937 rng(1);

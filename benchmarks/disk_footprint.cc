@@ -28,6 +28,7 @@
 
 namespace {
 
+using vc::bench::Int;
 using vc::bench::Ints;
 using vc::cachestore::BlockKey;
 using vc::cachestore::DiskTier;
@@ -55,9 +56,9 @@ int main(int argc, char** argv) {
                                               {"churn", "6"},           {"blob-file-mib", "256"}, {"memtable-mib", "64"}, {"reserve-mib", "256"},
                                               {"dir", "/var/tmp"},      {"json", ""}, {"hot-every", "0"}};
   if (!vc::bench::ParseFlags(argc, argv, &flags)) return 2;
-  const uint64_t capacity = static_cast<uint64_t>(Ints(flags["capacity-mib"]).at(0)) << 20;
-  const uint64_t block = static_cast<uint64_t>(Ints(flags["block-kib"]).at(0)) << 10;
-  const int64_t churn = Ints(flags["churn"]).at(0);
+  const uint64_t capacity = static_cast<uint64_t>(Int(flags, "capacity-mib")) << 20;
+  const uint64_t block = static_cast<uint64_t>(Int(flags, "block-kib")) << 10;
+  const int64_t churn = Int(flags, "churn");
   if (capacity == 0 || block == 0 || block > capacity || churn <= 0) {
     std::cerr << "need 0 < --block-kib <= --capacity-mib and --churn > 0\n";
     return 2;
@@ -70,9 +71,9 @@ int main(int argc, char** argv) {
   DiskTierOptions o;
   o.path = dir;
   o.capacity_bytes = capacity;
-  o.blob_file_bytes = static_cast<uint64_t>(Ints(flags["blob-file-mib"]).at(0)) << 20;
-  o.memtable_bytes = static_cast<uint64_t>(Ints(flags["memtable-mib"]).at(0)) << 20;
-  o.reserve_bytes = static_cast<uint64_t>(Ints(flags["reserve-mib"]).at(0)) << 20;
+  o.blob_file_bytes = static_cast<uint64_t>(Int(flags, "blob-file-mib")) << 20;
+  o.memtable_bytes = static_cast<uint64_t>(Int(flags, "memtable-mib")) << 20;
+  o.reserve_bytes = static_cast<uint64_t>(Int(flags, "reserve-mib")) << 20;
   auto tier = DiskTier::Open(o);
   if (!tier.ok()) {
     std::cerr << tier.status() << "\n";
@@ -87,7 +88,7 @@ int main(int argc, char** argv) {
   }
   const int64_t puts = static_cast<int64_t>(churn * capacity / block);
   uint64_t peak = 0;
-  const int64_t hot_every = Ints(flags["hot-every"]).at(0);
+  const int64_t hot_every = Int(flags, "hot-every");
   std::vector<BlockKey> hot;
   int64_t failed = 0, failed_run = 0;
   double held = 0;  // blocks stored, summed over the puts after the first budget's worth

@@ -11,7 +11,7 @@
 // token for token against (a); (c)'s agreement with (a) is reported.
 //
 //   engine_bench [--model DIR] [--corpus DIR] [--contexts 1024,4096,16384] [--batches 1,4]
-//                [--tokens 64] [--compressor SPEC] [--draft-window 0] [--link-ratios 0,60]
+//                [--tokens 64] [--compressor SPEC] [--draft-window 0|auto|k] [--link-ratios 0,60]
 //                [--modes full,offload,lossy,vericache,resident] [--budget-mib 0] [--rounds 1]
 //                [--json FILE]
 // With --rounds N > 1 the modes without a link (full, lossy, resident) run N times each, in rounds
@@ -43,6 +43,7 @@
 namespace vc {
 namespace {
 
+using bench::Int;
 using bench::Ints;
 
 // Deterministic held-out code: the corpus's .py files in sorted order, concatenated.
@@ -359,15 +360,16 @@ int main(int argc, char** argv) {
     std::cerr << s.message() << "\n";
     return 1;
   }
-  const int tokens = static_cast<int>(Ints(flags["tokens"]).at(0));
-  const int draft_window = static_cast<int>(Ints(flags["draft-window"]).at(0));
-  const int64_t round_count = std::max<int64_t>(1, Ints(flags["rounds"]).at(0));
+  const int tokens = static_cast<int>(Int(flags, "tokens"));
+  // 0 or auto: the adaptive window.
+  const int draft_window = flags["draft-window"] == "auto" ? 0 : static_cast<int>(Int(flags, "draft-window"));
+  const int64_t round_count = std::max<int64_t>(1, Int(flags, "rounds"));
   const double bw = bench::MeasureMemcpyBandwidth();
   std::cout << absl::StrFormat("memcpy bandwidth %.2f GB/s; compressor %s; draft window %s; %d tokens per sequence\n",
                                bw / 1e9, flags["compressor"], draft_window ? std::to_string(draft_window) : "auto",
                                tokens);
-  const std::vector<int64_t> contexts = Ints(flags["contexts"]);
-  const std::vector<int64_t> batches = Ints(flags["batches"]);
+  const std::vector<int64_t> contexts = Ints(flags, "contexts");
+  const std::vector<int64_t> batches = Ints(flags, "batches");
   const int64_t max_batch = *std::max_element(batches.begin(), batches.end());
   const std::string corpus = LoadCorpus(flags["corpus"], static_cast<size_t>(
       *std::max_element(contexts.begin(), contexts.end()) * (max_batch + 1)));
@@ -423,7 +425,7 @@ int main(int argc, char** argv) {
         std::cerr << "EXACTNESS FAILURE: a mode's output differs between rounds\n";
         return 3;
       }
-      for (int64_t ratio : Ints(flags["link-ratios"])) {
+      for (int64_t ratio : Ints(flags, "link-ratios")) {
         const double link = ratio > 0 ? bw / ratio : 0.0;
         std::vector<ModeResult> linked;
         if (modes.count("offload")) linked.push_back(RunOffload(m, master, bs, bp, tokens, link));
@@ -442,7 +444,7 @@ int main(int argc, char** argv) {
         }
         for (auto* r : rows) {
           const bool linked_mode = r->mode == "offload" || r->mode == "vericache";
-          if (!linked_mode && ratio != Ints(flags["link-ratios"]).front()) continue;  // print once
+          if (!linked_mode && ratio != Ints(flags, "link-ratios").front()) continue;  // print once
           const double tps = Rate(*r);
           std::string identical = "-";
           if (full != nullptr && r != full) {
@@ -473,9 +475,9 @@ int main(int argc, char** argv) {
   // A fixed worker memory budget for KV: the full-KV decoder fits as many sequences as their full
   // KV allows; VeriCache fits compressed copies plus staging for one sequence's full KV (the one
   // being verified), so its batch is larger. Both run at the same context with their own batch.
-  const int64_t budget = Ints(flags["budget-mib"]).at(0) << 20;
+  const int64_t budget = Int(flags, "budget-mib") << 20;
   if (budget > 0) {
-    const int64_t ctx = Ints(flags["budget-context"]).at(0);
+    const int64_t ctx = Int(flags, "budget-context");
     const KvLayout layout = m.kv_layout(16);
     const int64_t full_seq = (ctx + tokens + 16) * layout.bytes_per_token();
     // Compressed bytes per sequence, measured on one sequence built from real KV.
@@ -516,7 +518,7 @@ int main(int argc, char** argv) {
       std::vector<SeqId> sf(src.begin(), src.begin() + batch_full);
       ModeResult full = RunFull(m, master, sf, pf, tokens);
       const int64_t staging = full_seq / (layout.bytes_per_token() * 16) + 1;
-      for (int64_t ratio : Ints(flags["link-ratios"])) {
+      for (int64_t ratio : Ints(flags, "link-ratios")) {
         const double link = ratio > 0 ? bw / ratio : 0.0;
         ModeResult vcr =
             RunVeriCache(m, master, src, queries, prompts, tokens, flags["compressor"], draft_window, link, staging);

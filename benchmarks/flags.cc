@@ -1,5 +1,6 @@
 #include "benchmarks/flags.h"
 
+#include <cstdlib>
 #include <iostream>
 
 #include "absl/strings/numbers.h"
@@ -23,13 +24,43 @@ bool ParseFlags(int argc, char** argv, std::map<std::string, std::string>* flags
   return true;
 }
 
-std::vector<int64_t> Ints(absl::string_view list) {
+namespace {
+
+[[noreturn]] void BadFlag(const std::string& name, const std::string& value, absl::string_view want) {
+  std::cerr << "--" << name << " '" << value << "': expected " << want << "\n";
+  std::exit(2);
+}
+
+const std::string& Value(const std::map<std::string, std::string>& flags, const std::string& name) {
+  static const std::string kNone;
+  const auto it = flags.find(name);
+  return it == flags.end() ? kNone : it->second;
+}
+
+}  // namespace
+
+std::vector<int64_t> Ints(const std::map<std::string, std::string>& flags, const std::string& name) {
+  const std::string& list = Value(flags, name);
   std::vector<int64_t> out;
   for (absl::string_view p : absl::StrSplit(list, ',', absl::SkipEmpty())) {
     int64_t v;
-    if (absl::SimpleAtoi(p, &v)) out.push_back(v);
+    if (!absl::SimpleAtoi(p, &v)) BadFlag(name, list, "integers separated by commas");
+    out.push_back(v);
   }
+  if (out.empty()) BadFlag(name, list, "integers separated by commas");
   return out;
+}
+
+int64_t Int(const std::map<std::string, std::string>& flags, const std::string& name) {
+  int64_t v;
+  if (!absl::SimpleAtoi(Value(flags, name), &v)) BadFlag(name, Value(flags, name), "an integer");
+  return v;
+}
+
+double Double(const std::map<std::string, std::string>& flags, const std::string& name) {
+  double v;
+  if (!absl::SimpleAtod(Value(flags, name), &v)) BadFlag(name, Value(flags, name), "a number");
+  return v;
 }
 
 }  // namespace vc::bench

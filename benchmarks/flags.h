@@ -7,16 +7,18 @@
 #include <string>
 #include <vector>
 
-#include "absl/strings/string_view.h"
-
 namespace vc::bench {
 
 // Sets flags[name] for every --name value of the command line; `flags` holds the known names with
 // their defaults. False, with the reason on stderr, for an unknown name or one without a value.
 bool ParseFlags(int argc, char** argv, std::map<std::string, std::string>* flags);
 
-// The integers of a comma-separated list ("1,4,16"); parts that are not integers are skipped.
-std::vector<int64_t> Ints(absl::string_view list);
+// The integers of flag `name`, a comma-separated list ("1,4,16"). A part that is not an integer,
+// or a list without one, exits the program (status 2) with a line that names the flag.
+std::vector<int64_t> Ints(const std::map<std::string, std::string>& flags, const std::string& name);
+// Flag `name` as one integer, or as one number; anything else exits the program as Ints does.
+int64_t Int(const std::map<std::string, std::string>& flags, const std::string& name);
+double Double(const std::map<std::string, std::string>& flags, const std::string& name);
 
 }  // namespace vc::bench
 

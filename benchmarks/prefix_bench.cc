@@ -55,6 +55,9 @@
 namespace vc {
 namespace {
 
+using bench::Double;
+using bench::Int;
+
 // A trace request and its arrival after the window's first request, time-scaled.
 struct TraceRequest : cachestore::TraceRequest {
   double arrival_s = 0;
@@ -249,8 +252,6 @@ double Percentile(std::vector<double> v, double p) {
   return v[i];
 }
 
-int64_t Int(const std::map<std::string, std::string>& f, const std::string& k) { return std::stoll(f.at(k)); }
-
 absl::Status Main(std::map<std::string, std::string> flags) {
   VC_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, Model::Load(flags["model"]));
   VC_RETURN_IF_ERROR(model->tokenizer().CheckHandlesText("prefix_bench"));
@@ -259,8 +260,8 @@ absl::Status Main(std::map<std::string, std::string> flags) {
   const int64_t max_tokens_cap = Int(flags, "max-tokens");
   const int64_t max_prompt_tokens = Int(flags, "max-prompt-tokens");
   const int64_t check = Int(flags, "check");
-  const double time_scale = std::stod(flags["time-scale"]);
-  const double edit_at = std::stod(flags["edit-at"]);
+  const double time_scale = Double(flags, "time-scale");
+  const double edit_at = Double(flags, "edit-at");
   if (!(edit_at >= 0 && edit_at < 1)) return absl::InvalidArgumentError("--edit-at must be in [0, 1)");
   const int64_t context = model->config().max_position_embeddings;
   VC_ASSIGN_OR_RETURN(std::vector<TraceRequest> trace,

@@ -65,6 +65,7 @@
 namespace vc {
 namespace {
 
+using bench::Int;
 using bench::Ints;
 
 using BenchClock = std::chrono::steady_clock;
@@ -163,15 +164,15 @@ std::string KeyBytes(const cachestore::BlockKey& k) {
 }
 
 int Run(std::map<std::string, std::string> flags) {
-  const std::vector<int64_t> sizes = Ints(flags["sizes"]);
-  const std::vector<int64_t> thread_counts = Ints(flags["threads"]);
+  const std::vector<int64_t> sizes = Ints(flags, "sizes");
+  const std::vector<int64_t> thread_counts = Ints(flags, "threads");
   double seconds = 0;
   if (!absl::SimpleAtod(flags["seconds"], &seconds) || sizes.empty() || thread_counts.empty()) {
     std::cerr << "bad --sizes, --threads or --seconds\n";
     return 2;
   }
-  const int64_t working_set = Ints(flags["working-set-mib"]).at(0) << 20;
-  const int reps = static_cast<int>(std::max<int64_t>(1, Ints(flags["reps"]).at(0)));
+  const int64_t working_set = Int(flags, "working-set-mib") << 20;
+  const int reps = static_cast<int>(std::max<int64_t>(1, Int(flags, "reps")));
   absl::StatusOr<cachestore::UcxErrorMode> mode = cachestore::ParseUcxErrorMode(flags["ucx"]);
   if (!mode.ok()) {
     std::cerr << mode.status() << "\n";
@@ -266,10 +267,10 @@ int Run(std::map<std::string, std::string> flags) {
     cachestore::StoreClientOptions client_options{target, "bench-token", 30000, ""};
     client_options.lease_round_bytes = static_cast<size_t>(round_mib) << 20;
     if (flags["streaming-copy-mib"] != "") {
-      client_options.streaming_copy_bytes = static_cast<size_t>(Ints(flags["streaming-copy-mib"]).at(0)) << 20;
+      client_options.streaming_copy_bytes = static_cast<size_t>(Int(flags, "streaming-copy-mib")) << 20;
     }
     // The client's release_delay_ms; 0: every round's leases go back in a ReleaseLeases call.
-    if (flags["release-delay-ms"] != "") client_options.release_delay_ms = Ints(flags["release-delay-ms"]).at(0);
+    if (flags["release-delay-ms"] != "") client_options.release_delay_ms = Int(flags, "release-delay-ms");
     c.store = *cachestore::StoreClient::Create(client_options);
     absl::StatusOr<std::unique_ptr<cachestore::UcxReader>> r = cachestore::UcxReader::Create(*mode);
     if (!r.ok()) {
@@ -365,14 +366,14 @@ int Run(std::map<std::string, std::string> flags) {
     }
     const size_t actual = d.blocks[0].size();
     // Blocks per batched get: at most --batch and 16 MiB.
-    const int64_t max_batch = std::min<int64_t>(Ints(flags["batch"]).at(0), std::max<int64_t>(1, (int64_t{16} << 20) / size));
+    const int64_t max_batch = std::min<int64_t>(Int(flags, "batch"), std::max<int64_t>(1, (int64_t{16} << 20) / size));
     for (ThreadClient& c : clients) {
       c.buffer.assign(actual, '\0');
       c.batch_buffers.assign(max_batch, std::string(actual, '\0'));
       // Blocks of a streamed get: --stream-mib of them, at least one, at most the working set.
       c.stream_buffers.clear();
       if (want("get", "store-stream")) {
-        c.stream_buffers.assign(std::clamp<int64_t>((Ints(flags["stream-mib"]).at(0) << 20) / size, 1, n),
+        c.stream_buffers.assign(std::clamp<int64_t>((Int(flags, "stream-mib") << 20) / size, 1, n),
                                 std::string(actual, '\0'));
       }
     }
@@ -547,7 +548,7 @@ int Run(std::map<std::string, std::string> flags) {
                           {"crc32c", std::string(cachestore::Crc32cImplementation())},
                           {"hardware_threads", std::thread::hardware_concurrency()},
                           {"seconds_per_run", seconds}, {"runs_per_point", reps},
-                          {"stream_mib", Ints(flags["stream-mib"]).at(0)}, {"lease_round_mib", round_mib},
+                          {"stream_mib", Int(flags, "stream-mib")}, {"lease_round_mib", round_mib},
                           {"rows", rows}};
     std::ofstream(flags["json"]) << out.dump(1) << "\n";
   }
