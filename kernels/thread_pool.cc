@@ -2,8 +2,15 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <string>
+#include <system_error>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 
 namespace vc::kernels {
 namespace {
@@ -16,7 +23,15 @@ inline uint64_t Generation(uint64_t s) { return s >> 32; }
 }  // namespace
 
 ThreadPool::ThreadPool(int num_threads) {
-  for (int i = 1; i < std::max(1, num_threads); ++i) workers_.emplace_back([this] { WorkerLoop(); });
+  for (int i = 1; i < std::max(1, num_threads); ++i) {
+    try {
+      workers_.emplace_back([this] { WorkerLoop(); });
+    } catch (const std::system_error& e) {
+      std::fprintf(stderr, "kernel thread pool: %d of %d threads started (%s); running with those\n", i, num_threads,
+                   e.what());
+      break;
+    }
+  }
 }
 
 ThreadPool::~ThreadPool() {
@@ -92,12 +107,26 @@ void ThreadPool::WorkerLoop() {
   }
 }
 
+absl::StatusOr<int> KernelThreadsFromEnv() {
+  const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  const char* env = std::getenv("VC_THREADS");
+  if (env == nullptr) return cores;
+  int n = 0;
+  if (!absl::SimpleAtoi(env, &n) || n < 1 || n > kMaxKernelThreads) {
+    return absl::InvalidArgumentError(absl::StrCat("VC_THREADS='", absl::CHexEscape(env),
+                                                   "': expected a thread count from 1 to ", kMaxKernelThreads,
+                                                   " (unset: the number of cores, ", cores, ")"));
+  }
+  return n;
+}
+
 namespace {
 std::unique_ptr<ThreadPool>& PoolSlot() {
   static std::unique_ptr<ThreadPool>* slot = [] {
-    int n = static_cast<int>(std::thread::hardware_concurrency());
-    if (const char* env = std::getenv("VC_THREADS")) n = std::atoi(env);
-    return new std::unique_ptr<ThreadPool>(new ThreadPool(std::max(1, n)));
+    const absl::StatusOr<int> n = KernelThreadsFromEnv();
+    int threads = n.ok() ? *n : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+    if (!n.ok()) std::fprintf(stderr, "%s; using %d\n", std::string(n.status().message()).c_str(), threads);
+    return new std::unique_ptr<ThreadPool>(new ThreadPool(threads));
   }();
   return *slot;
 }

@@ -12,12 +12,15 @@
 #include <thread>
 #include <vector>
 
+#include "absl/status/statusor.h"
+
 namespace vc::kernels {
 
 // ParallelFor may be called from one thread at a time (calls are serialized by a mutex).
 class ThreadPool {
  public:
-  // `num_threads` counts the caller: 1 runs everything on the calling thread.
+  // `num_threads` counts the caller: 1 runs everything on the calling thread. Should the system
+  // refuse a thread, the pool runs with those it has (a line on stderr says so).
   explicit ThreadPool(int num_threads);
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
@@ -46,7 +49,15 @@ class ThreadPool {
   std::condition_variable wake_cv_;
 };
 
-// The process-wide pool the kernels use; its size is VC_THREADS or the number of cores.
+// The most threads VC_THREADS may ask for.
+inline constexpr int kMaxKernelThreads = 1024;
+
+// The thread count VC_THREADS asks for, or the number of cores when it is unset; InvalidArgument,
+// naming the variable, when it is not a whole number from 1 to kMaxKernelThreads.
+absl::StatusOr<int> KernelThreadsFromEnv();
+
+// The process-wide pool the kernels use, made on first use with KernelThreadsFromEnv() threads (the
+// number of cores, with a line on stderr, when VC_THREADS is bad).
 ThreadPool& KernelThreadPool();
 
 // Replaces the process-wide pool with one of `num_threads` threads. Must not race with running

@@ -1,9 +1,13 @@
 // Each reference kernel against a case computed by hand.
 #include <cmath>
+#include <cstdlib>
+#include <string>
+#include <thread>
 #include <vector>
 
 #include "gtest/gtest.h"
 #include "kernels/kernels.h"
+#include "kernels/thread_pool.h"
 
 namespace vc::kernels {
 namespace {
@@ -97,6 +101,25 @@ TEST(DType, Conversions) {
   EXPECT_TRUE(std::isinf(F16ToF32(F32ToF16(1e6f))));
   EXPECT_EQ(F32ToF16(65504.0f), 0x7bff);
   EXPECT_FALSE(ParseDType("I64").ok());
+}
+
+TEST(KernelThreads, VcThreadsIsACountOrANamedError) {
+  const char* before = std::getenv("VC_THREADS");
+  const std::string saved = before != nullptr ? before : "";
+  for (const char* bad : {"abc", "", "0", "-5", "1025", "99999999", "3000000000", "2x"}) {
+    setenv("VC_THREADS", bad, 1);
+    absl::StatusOr<int> n = KernelThreadsFromEnv();
+    ASSERT_FALSE(n.ok()) << bad;
+    EXPECT_EQ(n.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(n.status().message().find("VC_THREADS"), absl::string_view::npos) << n.status();
+  }
+  setenv("VC_THREADS", "3", 1);
+  EXPECT_EQ(KernelThreadsFromEnv().value(), 3);
+  setenv("VC_THREADS", "1024", 1);
+  EXPECT_EQ(KernelThreadsFromEnv().value(), 1024);
+  unsetenv("VC_THREADS");
+  EXPECT_EQ(KernelThreadsFromEnv().value(), std::max(1, static_cast<int>(std::thread::hardware_concurrency())));
+  if (before != nullptr) setenv("VC_THREADS", saved.c_str(), 1);
 }
 
 }  // namespace

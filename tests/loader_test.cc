@@ -3,8 +3,10 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <string>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
@@ -333,6 +335,21 @@ TEST(ModelLoad, GoodAndBadCheckpoints) {
   testing::TinyModelSpec spec;
   testing::WriteTinyModel(dir, spec);
   ASSERT_TRUE(Model::Load(dir).ok());
+
+  // A kernel thread count that is not one stops the load, named, before the kernels start.
+  {
+    const char* before = std::getenv("VC_THREADS");
+    const std::string saved = before != nullptr ? before : "";
+    setenv("VC_THREADS", "99999999", 1);
+    auto bad = Model::Load(dir);
+    EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(bad.status().message().find("VC_THREADS"), absl::string_view::npos) << bad.status();
+    if (before != nullptr) {
+      setenv("VC_THREADS", saved.c_str(), 1);
+    } else {
+      unsetenv("VC_THREADS");
+    }
+  }
 
   // A missing tensor.
   auto w = testing::TinyWeights(spec);

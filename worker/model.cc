@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "kernels/thread_pool.h"
 
 namespace vc {
 namespace {
@@ -57,6 +58,8 @@ void AddBias(const std::vector<float>& bias, int64_t n, float* y) {
 
 absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir,
                                                    const kernels::Backend* backend) {
+  // A bad VC_THREADS stops a worker here, at startup, rather than leaving the kernels to guess.
+  VC_RETURN_IF_ERROR(kernels::KernelThreadsFromEnv().status());
   std::unique_ptr<Model> m(new Model());
   m->backend_ = backend != nullptr ? backend : &kernels::DefaultBackend();
   VC_ASSIGN_OR_RETURN(m->config_, LoadModelConfig(dir));
