@@ -43,7 +43,9 @@ int main(int argc, char** argv) {
                                               {"steps", "8"},
                                               {"json", ""}};
   if (!vc::bench::ParseFlags(argc, argv, &flags)) return 2;
-  const int steps = static_cast<int>(Int(flags, "steps"));
+  const int steps = static_cast<int>(Int(flags, "steps", 1, 1 << 20));
+  const std::vector<int64_t> contexts = Ints(flags, "contexts", 1, 1 << 30);
+  const std::vector<int64_t> batches = Ints(flags, "batches", 1, 4096);
   const double bw = vc::bench::MeasureMemcpyBandwidth();
   std::cout << absl::StrFormat("memcpy bandwidth: %.2f GB/s, kernel threads: %d\n", bw / 1e9,
                                vc::kernels::KernelThreadPool().num_threads());
@@ -62,10 +64,10 @@ int main(int argc, char** argv) {
       return 1;
     }
     const vc::ModelConfig& c = (*model)->config();
-    for (int64_t want_ctx : Ints(flags, "contexts")) {
+    for (int64_t want_ctx : contexts) {
       // The decoded token needs a position of its own inside the model's context.
       const int64_t ctx = std::min(want_ctx, c.max_position_embeddings - 1);
-      for (int64_t batch : Ints(flags, "batches")) {
+      for (int64_t batch : batches) {
         const vc::KvLayout layout = (*model)->kv_layout(16);
         vc::PagedKvCache cache(layout, batch * ((ctx + 1) / 16 + 2));
         std::mt19937 rng(1);
@@ -73,7 +75,10 @@ int main(int argc, char** argv) {
         std::vector<vc::SeqId> seqs;
         for (int64_t b = 0; b < batch; ++b) {
           const vc::SeqId s = cache.NewSequence();
-          if (!cache.Reserve(s, ctx + 1).ok()) return 1;
+          if (absl::Status st = cache.Reserve(s, ctx + 1); !st.ok()) {
+            std::cerr << st << "\n";
+            return 1;
+          }
           for (int l = 0; l < c.num_layers; ++l) {
             for (int64_t p = 0; p < ctx; ++p) {
               float* k = cache.K(l, s, p);

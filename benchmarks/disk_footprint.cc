@@ -56,13 +56,18 @@ int main(int argc, char** argv) {
                                               {"churn", "6"},           {"blob-file-mib", "256"}, {"memtable-mib", "64"}, {"reserve-mib", "256"},
                                               {"dir", "/var/tmp"},      {"json", ""}, {"hot-every", "0"}};
   if (!vc::bench::ParseFlags(argc, argv, &flags)) return 2;
-  const uint64_t capacity = static_cast<uint64_t>(Int(flags, "capacity-mib")) << 20;
-  const uint64_t block = static_cast<uint64_t>(Int(flags, "block-kib")) << 10;
-  const int64_t churn = Int(flags, "churn");
-  if (capacity == 0 || block == 0 || block > capacity || churn <= 0) {
-    std::cerr << "need 0 < --block-kib <= --capacity-mib and --churn > 0\n";
+  // Every number is checked before the directory is made.
+  const uint64_t capacity = static_cast<uint64_t>(Int(flags, "capacity-mib", 1, vc::bench::kMaxMiB)) << 20;
+  const uint64_t block = static_cast<uint64_t>(Int(flags, "block-kib", 1, 1 << 20)) << 10;
+  const int64_t churn = Int(flags, "churn", 1, 1000);
+  if (block > capacity) {
+    std::cerr << "need --block-kib <= --capacity-mib\n";
     return 2;
   }
+  const uint64_t blob_file = static_cast<uint64_t>(Int(flags, "blob-file-mib", 1, 1 << 20)) << 20;
+  const uint64_t memtable = static_cast<uint64_t>(Int(flags, "memtable-mib", 1, 1 << 20)) << 20;
+  const uint64_t reserve = static_cast<uint64_t>(Int(flags, "reserve-mib", 0, vc::bench::kMaxMiB)) << 20;
+  const int64_t hot_every = Int(flags, "hot-every", 0, INT64_MAX);
   std::string dir = (std::filesystem::path(flags["dir"]) / "vericache-footprint-XXXXXX").string();
   if (::mkdtemp(dir.data()) == nullptr) {
     std::cerr << "cannot make a directory in " << flags["dir"] << "\n";
@@ -71,12 +76,14 @@ int main(int argc, char** argv) {
   DiskTierOptions o;
   o.path = dir;
   o.capacity_bytes = capacity;
-  o.blob_file_bytes = static_cast<uint64_t>(Int(flags, "blob-file-mib")) << 20;
-  o.memtable_bytes = static_cast<uint64_t>(Int(flags, "memtable-mib")) << 20;
-  o.reserve_bytes = static_cast<uint64_t>(Int(flags, "reserve-mib")) << 20;
+  o.blob_file_bytes = blob_file;
+  o.memtable_bytes = memtable;
+  o.reserve_bytes = reserve;
   auto tier = DiskTier::Open(o);
   if (!tier.ok()) {
     std::cerr << tier.status() << "\n";
+    std::error_code ec;
+    std::filesystem::remove_all(dir, ec);
     return 1;
   }
   // Incompressible payloads (RocksDB compresses nothing here, but a filesystem might).
@@ -88,7 +95,6 @@ int main(int argc, char** argv) {
   }
   const int64_t puts = static_cast<int64_t>(churn * capacity / block);
   uint64_t peak = 0;
-  const int64_t hot_every = Int(flags, "hot-every");
   std::vector<BlockKey> hot;
   int64_t failed = 0, failed_run = 0;
   double held = 0;  // blocks stored, summed over the puts after the first budget's worth

@@ -49,9 +49,12 @@ using bench::Ints;
 // Deterministic held-out code: the corpus's .py files in sorted order, concatenated.
 std::string LoadCorpus(const std::string& dir, size_t want) {
   std::vector<std::string> files;
-  for (const auto& e : std::filesystem::recursive_directory_iterator(
-           dir, std::filesystem::directory_options::skip_permission_denied)) {
-    if (e.is_regular_file() && e.path().extension() == ".py") files.push_back(e.path().string());
+  std::error_code ec;
+  for (std::filesystem::recursive_directory_iterator it(dir, std::filesystem::directory_options::skip_permission_denied,
+                                                         ec),
+       end;
+       !ec && it != end; it.increment(ec)) {
+    if (it->is_regular_file(ec) && it->path().extension() == ".py") files.push_back(it->path().string());
   }
   std::sort(files.begin(), files.end());
   std::string out;
@@ -360,21 +363,37 @@ int main(int argc, char** argv) {
     std::cerr << s.message() << "\n";
     return 1;
   }
-  const int tokens = static_cast<int>(Int(flags, "tokens"));
+  // Every number is checked before anything runs: a bad one exits naming it.
+  const int tokens = static_cast<int>(Int(flags, "tokens", 1, m.config().max_position_embeddings - 2));
   // 0 or auto: the adaptive window.
-  const int draft_window = flags["draft-window"] == "auto" ? 0 : static_cast<int>(Int(flags, "draft-window"));
-  const int64_t round_count = std::max<int64_t>(1, Int(flags, "rounds"));
+  const int draft_window =
+      flags["draft-window"] == "auto" ? 0 : static_cast<int>(Int(flags, "draft-window", 0, 64));
+  const int64_t round_count = Int(flags, "rounds", 1, 1000);
+  const std::vector<int64_t> contexts = Ints(flags, "contexts", 2, m.config().max_position_embeddings - tokens);
+  const std::vector<int64_t> batches = Ints(flags, "batches", 1, 1024);
+  Ints(flags, "link-ratios", 0, 1000000);
+  const int64_t budget = Int(flags, "budget-mib", 0, bench::kMaxMiB) << 20;
+  const int64_t budget_context = Int(flags, "budget-context", 2, m.config().max_position_embeddings - tokens);
+  std::set<std::string> modes;
+  for (absl::string_view s : absl::StrSplit(flags["modes"], ',')) {
+    if (s != "full" && s != "offload" && s != "lossy" && s != "vericache" && s != "resident") {
+      std::cerr << "--modes '" << flags["modes"] << "': expected some of full,offload,lossy,vericache,resident\n";
+      return 2;
+    }
+    modes.insert(std::string(s));
+  }
   const double bw = bench::MeasureMemcpyBandwidth();
   std::cout << absl::StrFormat("memcpy bandwidth %.2f GB/s; compressor %s; draft window %s; %d tokens per sequence\n",
                                bw / 1e9, flags["compressor"], draft_window ? std::to_string(draft_window) : "auto",
                                tokens);
-  const std::vector<int64_t> contexts = Ints(flags, "contexts");
-  const std::vector<int64_t> batches = Ints(flags, "batches");
   const int64_t max_batch = *std::max_element(batches.begin(), batches.end());
-  const std::string corpus = LoadCorpus(flags["corpus"], static_cast<size_t>(
-      *std::max_element(contexts.begin(), contexts.end()) * (max_batch + 1)));
-  std::set<std::string> modes;
-  for (absl::string_view s : absl::StrSplit(flags["modes"], ',')) modes.insert(std::string(s));
+  const int64_t max_context = std::max(*std::max_element(contexts.begin(), contexts.end()), budget > 0 ? budget_context : 0);
+  const std::string corpus = LoadCorpus(flags["corpus"], static_cast<size_t>(max_context * (max_batch + 1)));
+  if (static_cast<int64_t>(corpus.size()) < max_context) {
+    std::cerr << "--corpus " << flags["corpus"] << ": " << corpus.size() << " bytes of .py files, less than a context of "
+              << max_context << "\n";
+    return 2;
+  }
   auto probe = MakeCompressedKvCache(flags["compressor"], m.kv_layout(16), m.config().num_heads);
   if (!probe.ok()) {
     std::cerr << probe.status().message() << "\n";
@@ -402,7 +421,10 @@ int main(int argc, char** argv) {
     for (const auto& p : prompts) {
       const SeqId s = master.NewSequence();
       auto q = PrefillPrompt(m, p, s, master, query_window);
-      if (!q.ok()) return 1;
+      if (!q.ok()) {
+        std::cerr << q.status() << "\n";
+        return 1;
+      }
       src.push_back(s);
       queries.push_back(*std::move(q));
     }
@@ -475,9 +497,8 @@ int main(int argc, char** argv) {
   // A fixed worker memory budget for KV: the full-KV decoder fits as many sequences as their full
   // KV allows; VeriCache fits compressed copies plus staging for one sequence's full KV (the one
   // being verified), so its batch is larger. Both run at the same context with their own batch.
-  const int64_t budget = Int(flags, "budget-mib") << 20;
   if (budget > 0) {
-    const int64_t ctx = Int(flags, "budget-context");
+    const int64_t ctx = budget_context;
     const KvLayout layout = m.kv_layout(16);
     const int64_t full_seq = (ctx + tokens + 16) * layout.bytes_per_token();
     // Compressed bytes per sequence, measured on one sequence built from real KV.
@@ -485,9 +506,14 @@ int main(int argc, char** argv) {
     PagedKvCache one(layout, ctx / 16 + 2);
     const SeqId s0 = one.NewSequence();
     auto q0 = PrefillPrompt(m, prompt, s0, one, query_window);
-    if (!q0.ok()) return 1;
+    if (!q0.ok()) {
+      std::cerr << q0.status() << "\n";
+      return 1;
+    }
     const SeqId c0 = (*probe)->NewSequence();
-    if (!(*probe)->BuildFrom(c0, one, s0, static_cast<int64_t>(prompt.size()) - 1, RecordedQueries(*q0)).ok()) {
+    if (absl::Status st = (*probe)->BuildFrom(c0, one, s0, static_cast<int64_t>(prompt.size()) - 1, RecordedQueries(*q0));
+        !st.ok()) {
+      std::cerr << st << "\n";
       return 1;
     }
     const int64_t comp_seq = (*probe)->Bytes(c0) * (ctx + tokens) / ctx + 1;

@@ -253,20 +253,36 @@ double Percentile(std::vector<double> v, double p) {
 }
 
 absl::Status Main(std::map<std::string, std::string> flags) {
+  // Every number is checked before anything starts: a bad one exits naming it.
+  const int64_t n = Int(flags, "requests", 1, 1 << 20);
+  const int64_t block_tokens = Int(flags, "block-tokens", 1, 1 << 20);  // tokens per 512-token trace block
+  const int64_t max_tokens_cap = Int(flags, "max-tokens", 1, 1 << 20);
+  const int64_t max_prompt_tokens = Int(flags, "max-prompt-tokens", 1, 1 << 30);
+  const int64_t check = Int(flags, "check", 0, 1 << 20);
+  const double time_scale = Double(flags, "time-scale", 1e-6, 1e6);  // 0 would put arrivals at infinity
+  const double edit_at = Double(flags, "edit-at", 0, 1);
+  if (edit_at >= 1) return absl::InvalidArgumentError("--edit-at must be in [0, 1)");
+  Int(flags, "first", 0, INT32_MAX - (1 << 20));
+  Int(flags, "link-mb-per-s", 0, int64_t{1} << 40);
+  for (const char* f : {"keep-staged", "fresh-worker", "stored-compressed"}) Int(flags, f, 0, 1);
+  for (const char* f : {"shards", "replicas", "workers"}) Int(flags, f, 1, 1024);
+  Int(flags, "down-shards", 0, 1024);
+  for (absl::string_view m : absl::StrSplit(flags["modes"], ',')) {
+    if (m != "recompute" && m != "fetch" && m != "vericache") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--modes '", flags["modes"], "': expected some of recompute,fetch,vericache"));
+    }
+  }
   VC_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, Model::Load(flags["model"]));
   VC_RETURN_IF_ERROR(model->tokenizer().CheckHandlesText("prefix_bench"));
-  const int64_t n = Int(flags, "requests");
-  const int64_t block_tokens = Int(flags, "block-tokens");  // tokens per 512-token trace block
-  const int64_t max_tokens_cap = Int(flags, "max-tokens");
-  const int64_t max_prompt_tokens = Int(flags, "max-prompt-tokens");
-  const int64_t check = Int(flags, "check");
-  const double time_scale = Double(flags, "time-scale");
-  const double edit_at = Double(flags, "edit-at");
-  if (!(edit_at >= 0 && edit_at < 1)) return absl::InvalidArgumentError("--edit-at must be in [0, 1)");
   const int64_t context = model->config().max_position_embeddings;
   VC_ASSIGN_OR_RETURN(std::vector<TraceRequest> trace,
                       ReadTrace(flags["trace"], static_cast<int>(Int(flags, "first")), static_cast<int>(n), time_scale));
   VC_ASSIGN_OR_RETURN(std::string corpus, LoadCorpus(flags["corpus"]));
+  if (static_cast<int64_t>(corpus.size()) < block_tokens) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--block-tokens ", block_tokens, " is more than the corpus holds (", corpus.size(), " bytes)"));
+  }
 
   // Prompts: the request's hash blocks as corpus text, cut at its (scaled) input length.
   std::vector<Request> requests;

@@ -65,7 +65,9 @@
 namespace vc {
 namespace {
 
+using bench::Double;
 using bench::Int;
+using bench::kMaxMiB;
 using bench::Ints;
 
 using BenchClock = std::chrono::steady_clock;
@@ -164,15 +166,17 @@ std::string KeyBytes(const cachestore::BlockKey& k) {
 }
 
 int Run(std::map<std::string, std::string> flags) {
-  const std::vector<int64_t> sizes = Ints(flags, "sizes");
-  const std::vector<int64_t> thread_counts = Ints(flags, "threads");
-  double seconds = 0;
-  if (!absl::SimpleAtod(flags["seconds"], &seconds) || sizes.empty() || thread_counts.empty()) {
-    std::cerr << "bad --sizes, --threads or --seconds\n";
-    return 2;
-  }
-  const int64_t working_set = Int(flags, "working-set-mib") << 20;
-  const int reps = static_cast<int>(std::max<int64_t>(1, Int(flags, "reps")));
+  // Every number is checked before anything starts: a bad one exits naming it, leaving nothing behind.
+  const std::vector<int64_t> sizes = Ints(flags, "sizes", 4096, int64_t{1} << 30);
+  const std::vector<int64_t> thread_counts = Ints(flags, "threads", 1, 256);
+  const double seconds = Double(flags, "seconds", 1e-3, 1e6);
+  const int64_t working_set = Int(flags, "working-set-mib", 1, kMaxMiB) << 20;
+  const int reps = static_cast<int>(Int(flags, "reps", 1, 1000000));
+  Int(flags, "batch", 1, 1 << 20);
+  Int(flags, "stream-mib", 1, kMaxMiB);
+  if (flags["streaming-copy-mib"] != "") Int(flags, "streaming-copy-mib", 0, kMaxMiB);
+  if (flags["release-delay-ms"] != "") Int(flags, "release-delay-ms", 0, 3600 * 1000);
+  const int64_t round_mib = Int(flags, "lease-round-mib", 0, kMaxMiB);
   absl::StatusOr<cachestore::UcxErrorMode> mode = cachestore::ParseUcxErrorMode(flags["ucx"]);
   if (!mode.ok()) {
     std::cerr << mode.status() << "\n";
@@ -258,11 +262,6 @@ int Run(std::map<std::string, std::string> flags) {
   const std::string target = absl::StrFormat("127.0.0.1:%d", port);
 
   std::vector<ThreadClient> clients(max_threads);
-  int64_t round_mib = 0;
-  if (!absl::SimpleAtoi(flags["lease-round-mib"], &round_mib) || round_mib < 0) {
-    std::cerr << "bad --lease-round-mib\n";
-    return 2;
-  }
   for (ThreadClient& c : clients) {
     cachestore::StoreClientOptions client_options{target, "bench-token", 30000, ""};
     client_options.lease_round_bytes = static_cast<size_t>(round_mib) << 20;
