@@ -211,6 +211,13 @@ TEST_F(CliTest, WorkerRefusesABadStallGrace) {
                 {"-1", "later", "86400001"});
 }
 
+// A server's first line says where it listens: gRPC reports a unix socket's port as 1.
+TEST(ListeningOn, PortForTcpAddressForUnixSockets) {
+  EXPECT_EQ(ListeningOn("127.0.0.1:0", 40123), "port 40123");
+  EXPECT_EQ(ListeningOn("[::]:7070", 7070), "port 7070");
+  EXPECT_EQ(ListeningOn("unix:/run/vericache.sock", 1), "unix:/run/vericache.sock");
+}
+
 // srv: stores are counted once looked up (by the worker, at start); an empty name is refused here.
 TEST_F(CliTest, WorkerStoresFromDns) {
   std::ostringstream out, err;

@@ -8,6 +8,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/cord.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -82,6 +83,11 @@ absl::StatusOr<double> Args::Double(const std::string& name, double fallback) co
     return absl::InvalidArgumentError(absl::StrCat("--", name, " must be a finite number, got '", it->second, "'"));
   }
   return v;
+}
+
+std::string ListeningOn(absl::string_view listen, int port) {
+  if (absl::StartsWith(listen, "unix:") || absl::StartsWith(listen, "unix-abstract:")) return std::string(listen);
+  return absl::StrCat("port ", port);
 }
 
 std::string FormatBytes(double bytes) {

@@ -46,6 +46,10 @@ class Args {
 // `bytes` in B, KiB, MiB, ... (the largest unit it is one of), to 3 significant digits.
 std::string FormatBytes(double bytes);
 
+// Where a server listens, for its first line: "port N" for a TCP address, the address itself for a
+// unix socket (whose port gRPC reports as 1).
+std::string ListeningOn(absl::string_view listen, int port);
+
 // The bearer token on the first line of the file at `path` (whitespace around it dropped);
 // kInvalidArgument when there is none or it is not a valid token.
 absl::StatusOr<std::string> ReadBearerTokenFile(const std::string& path);

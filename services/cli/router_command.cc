@@ -101,7 +101,8 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
   VC_ASSIGN_OR_RETURN(o.credentials, ServerTls(a));
   VC_ASSIGN_OR_RETURN(const int64_t drain_seconds, a.Int("drain-seconds", 30, 0, 86400));
   VC_ASSIGN_OR_RETURN(std::unique_ptr<RouterServer> r, RouterServer::Start(o));
-  out << "vericache router listening on port " << r->port() << " (workers " << s.workers << ", policy " << s.policy
+  out << "vericache router listening on " << ListeningOn(o.listen, r->port()) << " (workers " << s.workers
+      << ", policy " << s.policy
       << (s.worker_tls_root_certs_pem.empty() ? "" : ", workers over TLS")
       << (o.credentials != nullptr ? ", clients over TLS" : "") << ")" << std::endl;
   if (r->metrics_port() != 0) {

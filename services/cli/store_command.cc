@@ -126,7 +126,8 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
   VC_ASSIGN_OR_RETURN(std::unique_ptr<StoreServer> running, StoreServer::Start(server));
   std::set<std::string> tenants;
   for (const auto& [token, tenant] : so.tokens) tenants.insert(tenant);
-  out << "vericache store listening on port " << running->port() << " (" << so.tokens.size() << " tokens of "
+  out << "vericache store listening on " << ListeningOn(server.listen, running->port()) << " (" << so.tokens.size()
+      << " tokens of "
       << tenants.size() << " tenants, RAM "
       << (ram >> 20) << " MiB, disk " << (disk >> 20) << " MiB at " << o.disk.path << ", UCX " << server.ucx
       << ", leases " << o.ram.lease_ttl_ms << " ms, "

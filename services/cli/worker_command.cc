@@ -172,7 +172,8 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
     VC_ASSIGN_OR_RETURN(o.store_tls_root_certs_pem, ReadSmallFile(a.Str("store-tls-ca"), "store TLS root certificates"));
   }
   VC_ASSIGN_OR_RETURN(std::unique_ptr<WorkerServer> w, WorkerServer::Start(o));
-  out << "vericache worker listening on port " << w->port() << " (model " << o.model_dir << ", kernels "
+  out << "vericache worker listening on " << ListeningOn(o.listen, w->port()) << " (model " << o.model_dir
+      << ", kernels "
       << w->model().backend().name() << ", compressor " << eo.compressor << ", store " << (o.store_target.empty() ? "none" : absl::StrJoin(w->store_shards(), ","))
       << (o.store_replicas > 1 ? absl::StrCat(" (", o.store_replicas, " replicas)") : "")
       << (o.store_tls_root_certs_pem.empty() ? "" : " over TLS") << ", UCX " << o.ucx
