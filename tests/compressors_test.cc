@@ -8,6 +8,7 @@
 
 #include "gtest/gtest.h"
 #include "kernels/kernels.h"
+#include "kernels/thread_pool.h"
 #include "tests/testing/tiny_model.h"
 #include "worker/compressed_cache.h"
 #include "worker/h2o_cache.h"
@@ -309,6 +310,26 @@ TEST_F(CompressorsTest, QuestOverKiviWithAFullBudgetIsKivi) {
   EXPECT_TRUE(BitwiseEqual(want, Feed(*all, 0, next)));
   EXPECT_FALSE(BitwiseEqual(want, Feed(*some, 0, next)));
   EXPECT_EQ(kivi->Bytes(0), some->Bytes(0));  // every token is stored either way
+}
+
+// The views' group selections run on the kernel threads, each with its own scratch: which thread
+// scores which view changes nothing.
+TEST_F(CompressorsTest, QuestOverKiviSelectsAlikeOnAnyThreadCount) {
+  const int64_t P = 120;
+  const auto tokens = Tokens(150, 16);
+  Prefilled pre = Prefill(tokens, P);
+  const absl::Span<const int32_t> next = absl::MakeConstSpan(tokens).subspan(P);
+  const int before = kernels::KernelThreadPool().num_threads();
+  std::vector<std::vector<float>> logits;
+  for (int threads : {1, 2, 3}) {
+    kernels::SetKernelThreadCount(threads);
+    auto some = Built("quest:budget=32+kivi:bits=4,group=8,residual=8", pre, P);
+    ASSERT_NE(some, nullptr);
+    logits.push_back(Feed(*some, 0, next));
+  }
+  kernels::SetKernelThreadCount(before);
+  EXPECT_TRUE(BitwiseEqual(logits[0], logits[1]));
+  EXPECT_TRUE(BitwiseEqual(logits[0], logits[2]));
 }
 
 TEST_F(CompressorsTest, SmallBudgetsDoChangeTheLogits) {
