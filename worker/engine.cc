@@ -431,7 +431,13 @@ absl::Status VeriCacheEngine::DraftStep(std::vector<Sequence*>& drafting) {
   const absl::Duration t0 = SteadyClock()->Now();
   VC_RETURN_IF_ERROR(model_.Forward(chunks, *compressed_, LogitsFor::kLastRows, &logits, &finite));
   const double dt = absl::ToDoubleSeconds(SteadyClock()->Now() - t0);
-  costs_.ObserveDraftStep(dt, verified_since_draft_);
+  // Timed as a window's first step only when it is every drafting sequence's first: with windows
+  // out of step, a step after a verify pass is also later steps' (their windows pay it more than
+  // once), and it goes into the later steps' average.
+  const bool first = verified_since_draft_ && std::all_of(drafting.begin(), drafting.end(), [](const Sequence* s) {
+                       return s->drafts.empty();
+                     });
+  costs_.ObserveDraftStep(dt, first);
   verified_since_draft_ = false;
   const int vocab = model_.config().vocab_size;
   for (size_t i = 0; i < drafting.size(); ++i) {
@@ -754,6 +760,7 @@ absl::StatusOr<std::vector<EngineResult>> VeriCacheEngine::Generate(absl::Span<c
   if (!Idle()) return absl::FailedPreconditionError("Generate while submitted requests are in flight");
   VC_ASSIGN_OR_RETURN(const int64_t biggest, SizeStaging(requests));
   costs_ = DraftCostModel();
+  verified_since_draft_ = true;
   if (staging_->num_blocks() < biggest) {
     return absl::ResourceExhaustedError(
         absl::StrCat("staging holds ", staging_->num_blocks(), " blocks; a sequence needs ", biggest));
