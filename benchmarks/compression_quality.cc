@@ -141,14 +141,10 @@ int main(int argc, char** argv) {
                                               {"methods", kDefaultMethods},
                                               {"json", ""}};
   if (!vc::bench::ParseFlags(argc, argv, &flags)) return 2;
-  int num_prompts = 0, tokens = 0;
-  int64_t min_ctx = 0, max_ctx = 0;
-  if (!absl::SimpleAtoi(flags["prompts"], &num_prompts) || !absl::SimpleAtoi(flags["tokens"], &tokens) ||
-      !absl::SimpleAtoi(flags["min_context"], &min_ctx) || !absl::SimpleAtoi(flags["max_context"], &max_ctx) ||
-      num_prompts < 1 || tokens < 1 || min_ctx < 2 || max_ctx < min_ctx) {
-    std::cerr << "--prompts and --tokens must be positive, 2 <= --min_context <= --max_context\n";
-    return 2;
-  }
+  const int num_prompts = static_cast<int>(vc::bench::Int(flags, "prompts", 1, 1 << 20));
+  const int tokens = static_cast<int>(vc::bench::Int(flags, "tokens", 1, 1 << 20));
+  const int64_t min_ctx = vc::bench::Int(flags, "min_context", 2, 1 << 30);
+  const int64_t max_ctx = vc::bench::Int(flags, "max_context", min_ctx, 1 << 30);
   auto model_or = vc::Model::Load(flags["model"]);
   if (!model_or.ok()) {
     std::cerr << model_or.status() << "\n";

@@ -49,13 +49,15 @@ using bench::Ints;
 // Deterministic held-out code: the corpus's .py files in sorted order, concatenated.
 std::string LoadCorpus(const std::string& dir, size_t want) {
   std::vector<std::string> files;
-  std::error_code ec;
+  std::error_code walk;
   for (std::filesystem::recursive_directory_iterator it(dir, std::filesystem::directory_options::skip_permission_denied,
-                                                         ec),
+                                                         walk),
        end;
-       !ec && it != end; it.increment(ec)) {
+       !walk && it != end; it.increment(walk)) {
+    std::error_code ec;  // an entry that cannot be looked at (a dangling link) is skipped
     if (it->is_regular_file(ec) && it->path().extension() == ".py") files.push_back(it->path().string());
   }
+  if (walk) std::cerr << "--corpus " << dir << ": " << walk.message() << " (using the files found before)\n";
   std::sort(files.begin(), files.end());
   std::string out;
   for (const auto& f : files) {
@@ -367,13 +369,14 @@ int main(int argc, char** argv) {
   const int tokens = static_cast<int>(Int(flags, "tokens", 1, m.config().max_position_embeddings - 2));
   // 0 or auto: the adaptive window.
   const int draft_window =
-      flags["draft-window"] == "auto" ? 0 : static_cast<int>(Int(flags, "draft-window", 0, 64));
+      flags["draft-window"] == "auto" ? 0 : static_cast<int>(Int(flags, "draft-window", 0, EngineOptions{}.max_draft_window));
   const int64_t round_count = Int(flags, "rounds", 1, 1000);
   const std::vector<int64_t> contexts = Ints(flags, "contexts", 2, m.config().max_position_embeddings - tokens);
   const std::vector<int64_t> batches = Ints(flags, "batches", 1, 1024);
   Ints(flags, "link-ratios", 0, 1000000);
   const int64_t budget = Int(flags, "budget-mib", 0, bench::kMaxMiB) << 20;
-  const int64_t budget_context = Int(flags, "budget-context", 2, m.config().max_position_embeddings - tokens);
+  const int64_t budget_context =
+      budget > 0 ? Int(flags, "budget-context", 2, m.config().max_position_embeddings - tokens) : 0;
   std::set<std::string> modes;
   for (absl::string_view s : absl::StrSplit(flags["modes"], ',')) {
     if (s != "full" && s != "offload" && s != "lossy" && s != "vericache" && s != "resident") {

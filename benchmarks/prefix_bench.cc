@@ -585,7 +585,7 @@ int main(int argc, char** argv) {
   const absl::Status s = vc::Main(flags);
   if (!s.ok()) {
     std::cerr << s << "\n";
-    return 1;
+    return absl::IsInvalidArgument(s) ? 2 : 1;
   }
   return 0;
 }

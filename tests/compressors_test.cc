@@ -324,10 +324,11 @@ TEST_F(CompressorsTest, QuestOverKiviSelectsAlikeOnAnyThreadCount) {
   for (int threads : {1, 2, 3}) {
     kernels::SetKernelThreadCount(threads);
     auto some = Built("quest:budget=32+kivi:bits=4,group=8,residual=8", pre, P);
-    ASSERT_NE(some, nullptr);
+    if (some == nullptr) break;
     logits.push_back(Feed(*some, 0, next));
   }
   kernels::SetKernelThreadCount(before);
+  ASSERT_EQ(logits.size(), 3u);
   EXPECT_TRUE(BitwiseEqual(logits[0], logits[1]));
   EXPECT_TRUE(BitwiseEqual(logits[0], logits[2]));
 }

@@ -4,10 +4,10 @@
 // drafting), maximizing expected verified tokens per second:
 //   E[tokens](k) = (1 - a^(k+1)) / (1 - a),   T(k) = max(c_1 + (k - 1) * c_d, f) + c_v(k + 1).
 // The first step is timed apart: a verify pass streams the full KV through the caches, and the step
-// after it reads the weights and the compressed KV back from memory (on a 2-core CPU at 16K, about
-// 0.95 ms against 0.6-0.8). Averaged over all steps, that cost made short windows look dearer per
-// draft than long ones by the first step's share, and the shorter the windows chosen, the larger
-// that share.
+// after it reads the weights and the compressed KV back from memory (on a 2-core CPU at 16K,
+// 0.95-1.08 ms against mostly 0.6-0.8). Averaged over all steps, that cost made short windows look
+// dearer per draft than long ones by the first step's share, and the shorter the windows chosen, the
+// larger that share.
 // k = 0 (no drafts: the pass decodes one token from the full KV) is a choice like any other; it
 // wins where a draft step plus a verify row cost more than the pass they save, as with the full KV
 // already in memory on a CPU, where every row of a pass costs its own arithmetic. Each choice

@@ -86,7 +86,7 @@ absl::StatusOr<double> Args::Double(const std::string& name, double fallback) co
 }
 
 std::string ListeningOn(absl::string_view listen, int port) {
-  if (absl::StartsWith(listen, "unix:") || absl::StartsWith(listen, "unix-abstract:")) return std::string(listen);
+  if (absl::StartsWith(listen, "unix:")) return std::string(listen);
   return absl::StrCat("port ", port);
 }
 
