@@ -1,16 +1,21 @@
 #include "kernels/thread_pool.h"
 
+#include <sched.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <system_error>
+#include <vector>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 
 namespace vc::kernels {
 namespace {
@@ -107,15 +112,50 @@ void ThreadPool::WorkerLoop() {
   }
 }
 
+int CoresOfCpuMax(absl::string_view cpu_max) {
+  const std::vector<absl::string_view> parts = absl::StrSplit(cpu_max, ' ', absl::SkipWhitespace());
+  int64_t quota = 0, period = 0;
+  if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &quota) || !absl::SimpleAtoi(parts[1], &period) || quota <= 0 ||
+      period <= 0) {
+    return 0;
+  }
+  return static_cast<int>(std::min<int64_t>((quota + period - 1) / period, kMaxKernelThreads));
+}
+
+namespace {
+
+// The first line of a small file, or "" when it cannot be read.
+std::string FirstLine(const char* path) {
+  std::ifstream in(path);
+  std::string line;
+  std::getline(in, line);
+  return line;
+}
+
+}  // namespace
+
+int UsableCores() {
+  int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0 && CPU_COUNT(&set) > 0) cores = CPU_COUNT(&set);
+  int quota = CoresOfCpuMax(FirstLine("/sys/fs/cgroup/cpu.max"));
+  if (quota == 0) {
+    quota = CoresOfCpuMax(absl::StrCat(FirstLine("/sys/fs/cgroup/cpu/cpu.cfs_quota_us"), " ",
+                                       FirstLine("/sys/fs/cgroup/cpu/cpu.cfs_period_us")));
+  }
+  return quota > 0 ? std::min(cores, quota) : cores;
+}
+
 absl::StatusOr<int> KernelThreadsFromEnv() {
-  const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  const int cores = UsableCores();
   const char* env = std::getenv("VC_THREADS");
   if (env == nullptr) return cores;
   int n = 0;
   if (!absl::SimpleAtoi(env, &n) || n < 1 || n > kMaxKernelThreads) {
     return absl::InvalidArgumentError(absl::StrCat("VC_THREADS='", absl::CHexEscape(env),
                                                    "': expected a thread count from 1 to ", kMaxKernelThreads,
-                                                   " (unset: the number of cores, ", cores, ")"));
+                                                   " (unset: the cores it may use, ", cores, ")"));
   }
   return n;
 }
@@ -124,7 +164,7 @@ namespace {
 std::unique_ptr<ThreadPool>& PoolSlot() {
   static std::unique_ptr<ThreadPool>* slot = [] {
     const absl::StatusOr<int> n = KernelThreadsFromEnv();
-    int threads = n.ok() ? *n : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+    const int threads = n.ok() ? *n : UsableCores();
     if (!n.ok()) std::fprintf(stderr, "%s; using %d\n", std::string(n.status().message()).c_str(), threads);
     return new std::unique_ptr<ThreadPool>(new ThreadPool(threads));
   }();

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace vc::kernels {
 
@@ -52,12 +53,22 @@ class ThreadPool {
 // The most threads VC_THREADS may ask for.
 inline constexpr int kMaxKernelThreads = 1024;
 
-// The thread count VC_THREADS asks for, or the number of cores when it is unset; InvalidArgument,
-// naming the variable, when it is not a whole number from 1 to kMaxKernelThreads.
+// The cores a cgroup v2 cpu.max line ("QUOTA PERIOD") allows, rounded up; 0 for no limit ("max
+// PERIOD") or a line that is not one.
+int CoresOfCpuMax(absl::string_view cpu_max);
+
+// The cores this process may run on: the CPUs of its affinity mask, or fewer when the CPU quota
+// under /sys/fs/cgroup (v2 cpu.max, or v1 cpu.cfs_quota_us over cpu.cfs_period_us; a container sees
+// its own cgroup there) allows fewer. In a container with a CPU limit on a large machine, that is
+// the limit, not the machine's cores.
+int UsableCores();
+
+// The thread count VC_THREADS asks for, or UsableCores() when it is unset; InvalidArgument, naming
+// the variable, when it is not a whole number from 1 to kMaxKernelThreads.
 absl::StatusOr<int> KernelThreadsFromEnv();
 
-// The process-wide pool the kernels use, made on first use with KernelThreadsFromEnv() threads (the
-// number of cores, with a line on stderr, when VC_THREADS is bad).
+// The process-wide pool the kernels use, made on first use with KernelThreadsFromEnv() threads
+// (UsableCores(), with a line on stderr, when VC_THREADS is bad).
 ThreadPool& KernelThreadPool();
 
 // Replaces the process-wide pool with one of `num_threads` threads. Must not race with running

@@ -119,8 +119,25 @@ TEST(KernelThreads, VcThreadsIsACountOrANamedError) {
   setenv("VC_THREADS", "1024", 1);
   EXPECT_EQ(KernelThreadsFromEnv().value_or(-1), 1024);
   unsetenv("VC_THREADS");
-  EXPECT_EQ(KernelThreadsFromEnv().value_or(-1), std::max(1, static_cast<int>(std::thread::hardware_concurrency())));
+  EXPECT_EQ(KernelThreadsFromEnv().value_or(-1), UsableCores());
   if (before != nullptr) setenv("VC_THREADS", saved.c_str(), 1);
+}
+
+// Unset, VC_THREADS means the cores the process may use: its affinity mask, or its cgroup's CPU
+// quota where that is less (a container limited to 4 CPUs on a 64-core node runs 4 threads).
+TEST(KernelThreads, TheDefaultIsTheCoresAProcessMayUse) {
+  EXPECT_EQ(CoresOfCpuMax("400000 100000"), 4);
+  EXPECT_EQ(CoresOfCpuMax("150000 100000"), 2);  // 1.5 CPUs: two threads, each busy part of the time
+  EXPECT_EQ(CoresOfCpuMax("50000 100000\n"), 1);
+  EXPECT_EQ(CoresOfCpuMax("max 100000"), 0);  // no limit
+  EXPECT_EQ(CoresOfCpuMax("-1 100000"), 0);   // cgroup v1's "no limit", as read
+  EXPECT_EQ(CoresOfCpuMax(""), 0);
+  EXPECT_EQ(CoresOfCpuMax("400000"), 0);
+  EXPECT_EQ(CoresOfCpuMax("400000 0"), 0);
+  EXPECT_EQ(CoresOfCpuMax("999999999999 1"), kMaxKernelThreads);
+  const int usable = UsableCores();
+  EXPECT_GE(usable, 1);
+  EXPECT_LE(usable, std::max(1, static_cast<int>(std::thread::hardware_concurrency())));
 }
 
 }  // namespace
