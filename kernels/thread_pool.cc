@@ -119,7 +119,7 @@ int CoresOfCpuMax(absl::string_view cpu_max) {
       period <= 0) {
     return 0;
   }
-  return static_cast<int>(std::min<int64_t>((quota + period - 1) / period, kMaxKernelThreads));
+  return static_cast<int>(std::min<int64_t>(quota / period + (quota % period != 0), kMaxKernelThreads));
 }
 
 namespace {

@@ -135,6 +135,7 @@ TEST(KernelThreads, TheDefaultIsTheCoresAProcessMayUse) {
   EXPECT_EQ(CoresOfCpuMax("400000"), 0);
   EXPECT_EQ(CoresOfCpuMax("400000 0"), 0);
   EXPECT_EQ(CoresOfCpuMax("999999999999 1"), kMaxKernelThreads);
+  EXPECT_EQ(CoresOfCpuMax("9223372036854775807 100000"), kMaxKernelThreads);
   const int usable = UsableCores();
   EXPECT_GE(usable, 1);
   EXPECT_LE(usable, std::max(1, static_cast<int>(std::thread::hardware_concurrency())));
