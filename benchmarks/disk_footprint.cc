@@ -12,8 +12,6 @@
 //   disk_footprint --capacity-mib 1024 --block-kib 1536 --churn 6 [--hot-every 100]
 //                  [--memtable-mib 64] [--blob-file-mib 256] [--reserve-mib 256] [--dir /var/tmp]
 //                  [--json out.json]
-#include <sys/stat.h>
-
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -24,12 +22,12 @@
 #include "absl/strings/str_format.h"
 #include "benchmarks/flags.h"
 #include "cachestore/tiers.h"
+#include "common/files.h"
 #include "nlohmann/json.hpp"
 
 namespace {
 
 using vc::bench::Int;
-using vc::bench::Ints;
 using vc::cachestore::BlockKey;
 using vc::cachestore::DiskTier;
 using vc::cachestore::DiskTierOptions;
@@ -38,14 +36,10 @@ using vc::cachestore::DiskTierOptions;
 // "blob", "sst", "log" (write-ahead) and "other" (RocksDB's own LOG files, MANIFEST, OPTIONS).
 std::map<std::string, uint64_t> ByKind(const std::string& dir) {
   std::map<std::string, uint64_t> out = {{"blob", 0}, {"sst", 0}, {"log", 0}, {"other", 0}};
-  std::error_code ec;
-  for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
-    struct stat st;
-    if (::stat(it->path().c_str(), &st) != 0 || !S_ISREG(st.st_mode)) continue;
-    const std::string ext = it->path().extension().string();
-    out[ext == ".blob" ? "blob" : ext == ".sst" ? "sst" : ext == ".log" ? "log" : "other"] +=
-        static_cast<uint64_t>(st.st_blocks) * 512;
-  }
+  vc::ForEachFileAllocation(dir, [&](const std::filesystem::path& path, uint64_t bytes) {
+    const std::string ext = path.extension().string();
+    out[ext == ".blob" ? "blob" : ext == ".sst" ? "sst" : ext == ".log" ? "log" : "other"] += bytes;
+  });
   return out;
 }
 

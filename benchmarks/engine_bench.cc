@@ -373,7 +373,7 @@ int main(int argc, char** argv) {
   const int64_t round_count = Int(flags, "rounds", 1, 1000);
   const std::vector<int64_t> contexts = Ints(flags, "contexts", 2, m.config().max_position_embeddings - tokens);
   const std::vector<int64_t> batches = Ints(flags, "batches", 1, 1024);
-  Ints(flags, "link-ratios", 0, 1000000);
+  const std::vector<int64_t> link_ratios = Ints(flags, "link-ratios", 0, 1000000);
   const int64_t budget = Int(flags, "budget-mib", 0, bench::kMaxMiB) << 20;
   const int64_t budget_context =
       budget > 0 ? Int(flags, "budget-context", 2, m.config().max_position_embeddings - tokens) : 0;
@@ -450,7 +450,7 @@ int main(int argc, char** argv) {
         std::cerr << "EXACTNESS FAILURE: a mode's output differs between rounds\n";
         return 3;
       }
-      for (int64_t ratio : Ints(flags, "link-ratios")) {
+      for (int64_t ratio : link_ratios) {
         const double link = ratio > 0 ? bw / ratio : 0.0;
         std::vector<ModeResult> linked;
         if (modes.count("offload")) linked.push_back(RunOffload(m, master, bs, bp, tokens, link));
@@ -469,7 +469,7 @@ int main(int argc, char** argv) {
         }
         for (auto* r : rows) {
           const bool linked_mode = r->mode == "offload" || r->mode == "vericache";
-          if (!linked_mode && ratio != Ints(flags, "link-ratios").front()) continue;  // print once
+          if (!linked_mode && ratio != link_ratios.front()) continue;  // print once
           const double tps = Rate(*r);
           std::string identical = "-";
           if (full != nullptr && r != full) {
@@ -547,7 +547,7 @@ int main(int argc, char** argv) {
       std::vector<SeqId> sf(src.begin(), src.begin() + batch_full);
       ModeResult full = RunFull(m, master, sf, pf, tokens);
       const int64_t staging = full_seq / (layout.bytes_per_token() * 16) + 1;
-      for (int64_t ratio : Ints(flags, "link-ratios")) {
+      for (int64_t ratio : link_ratios) {
         const double link = ratio > 0 ? bw / ratio : 0.0;
         ModeResult vcr =
             RunVeriCache(m, master, src, queries, prompts, tokens, flags["compressor"], draft_window, link, staging);

@@ -262,11 +262,20 @@ absl::Status Main(std::map<std::string, std::string> flags) {
   const double time_scale = Double(flags, "time-scale", 1e-6, 1e6);  // 0 would put arrivals at infinity
   const double edit_at = Double(flags, "edit-at", 0, 1);
   if (edit_at >= 1) return absl::InvalidArgumentError("--edit-at must be in [0, 1)");
-  Int(flags, "first", 0, INT32_MAX - (1 << 20));
-  Int(flags, "link-mb-per-s", 0, int64_t{1} << 40);
-  for (const char* f : {"keep-staged", "fresh-worker", "stored-compressed"}) Int(flags, f, 0, 1);
-  for (const char* f : {"shards", "replicas", "workers"}) Int(flags, f, 1, 1024);
-  Int(flags, "down-shards", 0, 1024);
+  const int64_t first = Int(flags, "first", 0, INT32_MAX - (1 << 20));
+  const int64_t link_mb_per_s = Int(flags, "link-mb-per-s", 0, int64_t{1} << 40);
+  const bool keep_staged = Int(flags, "keep-staged", 0, 1) != 0;
+  const bool fresh_worker = Int(flags, "fresh-worker", 0, 1) != 0;
+  const bool stored_compressed = Int(flags, "stored-compressed", 0, 1) != 0;
+  StoreSetup setup;
+  setup.shards = static_cast<int>(Int(flags, "shards", 1, 1024));
+  setup.replicas = static_cast<int>(Int(flags, "replicas", 1, setup.shards));
+  setup.down = static_cast<int>(Int(flags, "down-shards", 0, setup.shards - 1));
+  setup.workers = static_cast<int>(Int(flags, "workers", 1, kMaxRouterWorkers));
+  setup.policy = flags["router-policy"];
+  if (setup.workers > 1 && fresh_worker) {
+    return absl::InvalidArgumentError("--fresh-worker 1 needs --workers 1");
+  }
   for (absl::string_view m : absl::StrSplit(flags["modes"], ',')) {
     if (m != "recompute" && m != "fetch" && m != "vericache") {
       return absl::InvalidArgumentError(
@@ -277,7 +286,7 @@ absl::Status Main(std::map<std::string, std::string> flags) {
   VC_RETURN_IF_ERROR(model->tokenizer().CheckHandlesText("prefix_bench"));
   const int64_t context = model->config().max_position_embeddings;
   VC_ASSIGN_OR_RETURN(std::vector<TraceRequest> trace,
-                      ReadTrace(flags["trace"], static_cast<int>(Int(flags, "first")), static_cast<int>(n), time_scale));
+                      ReadTrace(flags["trace"], static_cast<int>(first), static_cast<int>(n), time_scale));
   VC_ASSIGN_OR_RETURN(std::string corpus, LoadCorpus(flags["corpus"]));
   if (static_cast<int64_t>(corpus.size()) < block_tokens) {
     return absl::InvalidArgumentError(
@@ -335,9 +344,9 @@ absl::Status Main(std::map<std::string, std::string> flags) {
   wo.model_dir = flags["model"];
   wo.ucx = flags["ucx"];
   // A paced link for every full-KV read (store prefix and the worker's host copy); 0: loopback.
-  wo.fetch_bytes_per_second = 1e6 * static_cast<double>(Int(flags, "link-mb-per-s"));
-  wo.service.engine.keep_staged = Int(flags, "keep-staged") != 0;
-  wo.service.engine.stored_compressed_prefixes = Int(flags, "stored-compressed") != 0;
+  wo.fetch_bytes_per_second = 1e6 * static_cast<double>(link_mb_per_s);
+  wo.service.engine.keep_staged = keep_staged;
+  wo.service.engine.stored_compressed_prefixes = stored_compressed;
   wo.full_kv_bytes = budget;
   wo.staging_bytes = budget;
   wo.prefix_cache_bytes = kv_bytes_per_token * prompt_tokens;  // the compressed copies take ~1/5 of it
@@ -350,7 +359,7 @@ absl::Status Main(std::map<std::string, std::string> flags) {
       "%d distinct hash ids, %d of them used by more than one request\n"
       "arrivals over %.2f s (trace time / %.1f); outputs min(output_length, %d) tokens, ignore_eos\n"
       "KV %d bytes/token; worker budget: full KV %.1f MiB, staging %.1f MiB, prefix cache %.1f MiB; UCX %s\n",
-      flags["trace"], Int(flags, "first"), Int(flags, "first") + n - 1, block_tokens, context, capped, max_prompt_tokens, prompt_tokens,
+      flags["trace"], first, first + n - 1, block_tokens, context, capped, max_prompt_tokens, prompt_tokens,
       static_cast<double>(prompt_tokens) / static_cast<double>(requests.size()), max_prompt, prefix_tokens,
       id_uses.size(), shared_ids, requests.back().trace.arrival_s, time_scale, max_tokens_cap, kv_bytes_per_token,
       budget / 1048576.0, budget / 1048576.0, wo.prefix_cache_bytes / 1048576.0, wo.ucx);
@@ -379,21 +388,6 @@ absl::Status Main(std::map<std::string, std::string> flags) {
     }
   } cleanup{tmpl};
 
-  StoreSetup setup;
-  setup.shards = static_cast<int>(Int(flags, "shards"));
-  setup.replicas = static_cast<int>(Int(flags, "replicas"));
-  setup.down = static_cast<int>(Int(flags, "down-shards"));
-  setup.workers = static_cast<int>(Int(flags, "workers"));
-  setup.policy = flags["router-policy"];
-  if (setup.workers < 1 || setup.workers > kMaxRouterWorkers ||
-      (setup.workers > 1 && Int(flags, "fresh-worker") != 0)) {
-    return absl::InvalidArgumentError(absl::StrCat("need 1 <= --workers <= ", kMaxRouterWorkers,
-                                                   ", and --fresh-worker 0 with several workers"));
-  }
-  if (setup.shards < 1 || setup.replicas < 1 || setup.replicas > setup.shards || setup.down < 0 ||
-      setup.down >= setup.shards) {
-    return absl::InvalidArgumentError("need 1 <= --replicas <= --shards and 0 <= --down-shards < --shards");
-  }
   const std::vector<Mode> modes = {{"recompute", false, vericache::v1::MODE_FULL},
                                    {"fetch", true, vericache::v1::MODE_FULL},
                                    {"vericache", true, vericache::v1::MODE_VERICACHE}};
@@ -403,7 +397,7 @@ absl::Status Main(std::map<std::string, std::string> flags) {
   for (const Mode& m : modes) {
     if (!wanted.count(m.name)) continue;
     std::cout << "running " << m.name << "..." << std::endl;
-    VC_ASSIGN_OR_RETURN(ModeRun r, RunMode(m, requests, wo, tmpl, Int(flags, "fresh-worker") != 0, setup));
+    VC_ASSIGN_OR_RETURN(ModeRun r, RunMode(m, requests, wo, tmpl, fresh_worker, setup));
     runs.push_back(std::move(r));
   }
 
@@ -517,7 +511,7 @@ absl::Status Main(std::map<std::string, std::string> flags) {
   std::cout << "\n" << md.str();
 
   nlohmann::json all = {{"trace", flags["trace"]},
-                        {"first", Int(flags, "first")},
+                        {"first", first},
                         {"requests", n},
                         {"block_tokens", block_tokens},
                         {"max_prompt_tokens", max_prompt_tokens},
@@ -527,7 +521,7 @@ absl::Status Main(std::map<std::string, std::string> flags) {
                         {"ucx", wo.ucx},
                         {"link_bytes_per_second", wo.fetch_bytes_per_second},
                         {"keep_staged", wo.service.engine.keep_staged},
-                        {"fresh_worker", Int(flags, "fresh-worker") != 0},
+                        {"fresh_worker", fresh_worker},
                         {"store_shards", setup.shards},
                         {"store_replicas", setup.replicas},
                         {"store_shards_down", setup.down},

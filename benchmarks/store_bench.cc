@@ -172,10 +172,12 @@ int Run(std::map<std::string, std::string> flags) {
   const double seconds = Double(flags, "seconds", 1e-3, 1e6);
   const int64_t working_set = Int(flags, "working-set-mib", 1, kMaxMiB) << 20;
   const int reps = static_cast<int>(Int(flags, "reps", 1, 1000000));
-  Int(flags, "batch", 1, 1 << 20);
-  Int(flags, "stream-mib", 1, kMaxMiB);
-  if (flags["streaming-copy-mib"] != "") Int(flags, "streaming-copy-mib", 0, kMaxMiB);
-  if (flags["release-delay-ms"] != "") Int(flags, "release-delay-ms", 0, 3600 * 1000);
+  const int64_t batch = Int(flags, "batch", 1, 1 << 20);
+  const int64_t stream_mib = Int(flags, "stream-mib", 1, kMaxMiB);
+  // Unset: the client's defaults.
+  const int64_t streaming_copy_mib =
+      flags["streaming-copy-mib"] != "" ? Int(flags, "streaming-copy-mib", 0, kMaxMiB) : -1;
+  const int64_t release_delay_ms = flags["release-delay-ms"] != "" ? Int(flags, "release-delay-ms", 0, 3600 * 1000) : -1;
   const int64_t round_mib = Int(flags, "lease-round-mib", 0, kMaxMiB);
   absl::StatusOr<cachestore::UcxErrorMode> mode = cachestore::ParseUcxErrorMode(flags["ucx"]);
   if (!mode.ok()) {
@@ -265,11 +267,9 @@ int Run(std::map<std::string, std::string> flags) {
   for (ThreadClient& c : clients) {
     cachestore::StoreClientOptions client_options{target, "bench-token", 30000, ""};
     client_options.lease_round_bytes = static_cast<size_t>(round_mib) << 20;
-    if (flags["streaming-copy-mib"] != "") {
-      client_options.streaming_copy_bytes = static_cast<size_t>(Int(flags, "streaming-copy-mib")) << 20;
-    }
+    if (streaming_copy_mib >= 0) client_options.streaming_copy_bytes = static_cast<size_t>(streaming_copy_mib) << 20;
     // The client's release_delay_ms; 0: every round's leases go back in a ReleaseLeases call.
-    if (flags["release-delay-ms"] != "") client_options.release_delay_ms = Int(flags, "release-delay-ms");
+    if (release_delay_ms >= 0) client_options.release_delay_ms = release_delay_ms;
     c.store = *cachestore::StoreClient::Create(client_options);
     absl::StatusOr<std::unique_ptr<cachestore::UcxReader>> r = cachestore::UcxReader::Create(*mode);
     if (!r.ok()) {
@@ -365,14 +365,14 @@ int Run(std::map<std::string, std::string> flags) {
     }
     const size_t actual = d.blocks[0].size();
     // Blocks per batched get: at most --batch and 16 MiB.
-    const int64_t max_batch = std::min<int64_t>(Int(flags, "batch"), std::max<int64_t>(1, (int64_t{16} << 20) / size));
+    const int64_t max_batch = std::min<int64_t>(batch, std::max<int64_t>(1, (int64_t{16} << 20) / size));
     for (ThreadClient& c : clients) {
       c.buffer.assign(actual, '\0');
       c.batch_buffers.assign(max_batch, std::string(actual, '\0'));
       // Blocks of a streamed get: --stream-mib of them, at least one, at most the working set.
       c.stream_buffers.clear();
       if (want("get", "store-stream")) {
-        c.stream_buffers.assign(std::clamp<int64_t>((Int(flags, "stream-mib") << 20) / size, 1, n),
+        c.stream_buffers.assign(std::clamp<int64_t>((stream_mib << 20) / size, 1, n),
                                 std::string(actual, '\0'));
       }
     }
@@ -547,7 +547,7 @@ int Run(std::map<std::string, std::string> flags) {
                           {"crc32c", std::string(cachestore::Crc32cImplementation())},
                           {"hardware_threads", std::thread::hardware_concurrency()},
                           {"seconds_per_run", seconds}, {"runs_per_point", reps},
-                          {"stream_mib", Int(flags, "stream-mib")}, {"lease_round_mib", round_mib},
+                          {"stream_mib", stream_mib}, {"lease_round_mib", round_mib},
                           {"rows", rows}};
     std::ofstream(flags["json"]) << out.dump(1) << "\n";
   }

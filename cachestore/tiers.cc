@@ -3,7 +3,6 @@
 #include <rocksdb/db.h>
 #include <rocksdb/options.h>
 #include <rocksdb/write_batch.h>
-#include <sys/stat.h>
 #include <sys/statvfs.h>
 
 #include <algorithm>
@@ -15,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "cachestore/block_format.h"
+#include "common/files.h"
 
 namespace vc::cachestore {
 namespace {
@@ -709,15 +709,11 @@ uint64_t DiskTier::used_bytes() const {
 }
 
 uint64_t DiskTier::footprint_bytes() const {
+  // Space allocated, not the files' sizes: RocksDB preallocates its logs past what they hold.
   uint64_t total = 0;
-  std::error_code ec;
-  for (std::filesystem::directory_iterator it(options_.path, ec), end; !ec && it != end; it.increment(ec)) {
-    // Space allocated, not the files' sizes: RocksDB preallocates its logs past what they hold.
-    // A file RocksDB deletes between the listing and the stat is no longer there to count.
-    struct stat st;
-    if (::stat(it->path().c_str(), &st) == 0 && S_ISREG(st.st_mode)) total += static_cast<uint64_t>(st.st_blocks) * 512;
-  }
-  return ec ? 0 : total;
+  const bool listed =
+      ForEachFileAllocation(options_.path, [&](const std::filesystem::path&, uint64_t bytes) { total += bytes; });
+  return listed ? total : 0;
 }
 
 size_t DiskTier::blocks() const {

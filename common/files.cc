@@ -87,4 +87,16 @@ absl::Status CheckJsonText(absl::string_view json, int max_depth) {
   return absl::OkStatus();
 }
 
+bool ForEachFileAllocation(const std::string& dir,
+                           const std::function<void(const std::filesystem::path&, uint64_t)>& fn) {
+  std::error_code ec;
+  for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    struct stat st;
+    if (::stat(it->path().c_str(), &st) == 0 && S_ISREG(st.st_mode)) {
+      fn(it->path(), static_cast<uint64_t>(st.st_blocks) * 512);
+    }
+  }
+  return !ec;
+}
+
 }  // namespace vc

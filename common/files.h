@@ -1,11 +1,13 @@
 // Reading the small files that configure a process (model configs, token lists, prompts) without
 // trusting them: only regular files (a FIFO or a device would block or never end), only up to a
 // stated size, and JSON only up to a stated nesting depth (a parser builds one node per level, so
-// a few megabytes of brackets would cost gigabytes).
+// a few megabytes of brackets would cost gigabytes). And what a directory's files take on disk.
 #ifndef VC_COMMON_FILES_H_
 #define VC_COMMON_FILES_H_
 
 #include <cstdint>
+#include <filesystem>
+#include <functional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -27,6 +29,12 @@ absl::StatusOr<std::string> ReadFileLimited(const std::string& path, uint64_t ma
 // arrays and objects nested deeper than `max_depth` (only brackets outside strings count). The
 // text need not be valid JSON otherwise (the parser says so afterwards).
 absl::Status CheckJsonText(absl::string_view json, int max_depth);
+
+// fn(path, bytes) for each regular file directly in `dir`, with the space allocated to it (st_blocks:
+// a file preallocated past its size counts whole). A file deleted between the listing and the look
+// is skipped. False when `dir` could not be listed to the end.
+bool ForEachFileAllocation(const std::string& dir,
+                           const std::function<void(const std::filesystem::path&, uint64_t)>& fn);
 
 }  // namespace vc
 

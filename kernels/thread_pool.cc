@@ -6,7 +6,6 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <memory>
 #include <string>
 #include <system_error>
@@ -16,6 +15,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/files.h"
 
 namespace vc::kernels {
 namespace {
@@ -124,13 +124,8 @@ int CoresOfCpuMax(absl::string_view cpu_max) {
 
 namespace {
 
-// The first line of a small file, or "" when it cannot be read.
-std::string FirstLine(const char* path) {
-  std::ifstream in(path);
-  std::string line;
-  std::getline(in, line);
-  return line;
-}
+// A cgroup file's text, or "" when there is none.
+std::string CgroupFile(const char* path) { return ReadFileLimited(path, 4096, "cgroup file").value_or(""); }
 
 }  // namespace
 
@@ -139,23 +134,22 @@ int UsableCores() {
   cpu_set_t set;
   CPU_ZERO(&set);
   if (sched_getaffinity(0, sizeof(set), &set) == 0 && CPU_COUNT(&set) > 0) cores = CPU_COUNT(&set);
-  int quota = CoresOfCpuMax(FirstLine("/sys/fs/cgroup/cpu.max"));
+  int quota = CoresOfCpuMax(CgroupFile("/sys/fs/cgroup/cpu.max"));
   if (quota == 0) {
-    quota = CoresOfCpuMax(absl::StrCat(FirstLine("/sys/fs/cgroup/cpu/cpu.cfs_quota_us"), " ",
-                                       FirstLine("/sys/fs/cgroup/cpu/cpu.cfs_period_us")));
+    quota = CoresOfCpuMax(absl::StrCat(CgroupFile("/sys/fs/cgroup/cpu/cpu.cfs_quota_us"), " ",
+                                       CgroupFile("/sys/fs/cgroup/cpu/cpu.cfs_period_us")));
   }
   return quota > 0 ? std::min(cores, quota) : cores;
 }
 
 absl::StatusOr<int> KernelThreadsFromEnv() {
-  const int cores = UsableCores();
   const char* env = std::getenv("VC_THREADS");
-  if (env == nullptr) return cores;
+  if (env == nullptr) return UsableCores();
   int n = 0;
   if (!absl::SimpleAtoi(env, &n) || n < 1 || n > kMaxKernelThreads) {
     return absl::InvalidArgumentError(absl::StrCat("VC_THREADS='", absl::CHexEscape(env),
                                                    "': expected a thread count from 1 to ", kMaxKernelThreads,
-                                                   " (unset: the cores it may use, ", cores, ")"));
+                                                   " (unset: the cores it may use, ", UsableCores(), ")"));
   }
   return n;
 }
