@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "tests/testing/held_lookups.h"
 #include "tests/testing/memory_prefix_store.h"
 #include "tests/testing/next_turn.h"
 #include "tests/testing/tiny_model.h"
@@ -154,6 +155,41 @@ TEST_F(EngineExactness, EveryCompressorWindowAndSampling) {
       }
     }
   }
+}
+
+// Every emitted token is an accepted draft or a verify pass's own token, also when the output
+// ends at an end of sequence that was itself an accepted draft: the drafts after it are never sent
+// and not counted as accepted (that pass's own token is not sent either).
+TEST_F(EngineExactness, DraftsAcceptedPastAnEndOfSequenceAreNotCounted) {
+  std::vector<std::vector<int32_t>> prompts;
+  for (uint32_t i = 0; i < 8; ++i) prompts.push_back(RandomPrompt(5 + 3 * i, 40 + i));
+  GenerateOptions o;
+  o.max_tokens = 400;
+  o.stop_at_eos = true;
+  o.sampling = {3.0f, 0, 1.0f, 5};  // near uniform: an end of sequence comes, at a random place
+  EngineOptions eo;
+  eo.compressor = "none";  // every draft is accepted: an end of sequence lands inside a window
+  eo.draft_window = 8;
+  HostKvTier tier(model_->kv_layout(eo.block_size), 0);
+  auto engine = VeriCacheEngine::Create(*model_, &tier, eo);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  std::vector<EngineRequest> reqs;
+  for (const auto& p : prompts) reqs.push_back(MakeRequest(p, o));
+  auto got = (*engine)->Generate(reqs);
+  ASSERT_TRUE(got.ok()) << got.status();
+  ExpectSameAsFull(*model_, prompts, o, eo, *got, nullptr);
+  int ended_inside_a_window = 0;
+  for (size_t i = 0; i < got->size(); ++i) {
+    const EngineStats& st = (*got)[i].stats;
+    SCOPED_TRACE(absl::StrCat("prompt ", i, ": ", st.emitted, " emitted, ", st.accepted_drafts, " accepted, ",
+                              st.verifies, " verifies"));
+    EXPECT_EQ(st.emitted, static_cast<int64_t>((*got)[i].tokens.size()));
+    const int64_t unsent = st.accepted_drafts + st.verifies - st.emitted;  // own tokens not sent
+    EXPECT_GE(unsent, 0);
+    EXPECT_LE(unsent, 1);
+    ended_inside_a_window += unsent == 1;
+  }
+  EXPECT_GT(ended_inside_a_window, 0) << "no output ended at an accepted draft: the test shows nothing";
 }
 
 // The lossy baseline decodes from the compressed cache alone: with a compressor that keeps every
@@ -357,6 +393,30 @@ TEST_F(EngineExactness, PrefixRecomputedUnderATightHostTierHasItsRoom) {
     EXPECT_GT(out[i].stats.recomputed_tokens, 0) << i;
   }
   EXPECT_EQ(tier.reserved_bytes(), 0);
+}
+
+// A store lookup (a call to another server, up to its timeout when that server hangs) runs off the
+// engine's thread: a request whose lookup has not come back waits in the queue while the batch in
+// flight goes on, and is admitted, exact, once it does.
+TEST_F(EngineExactness, AHangingStoreLookupHoldsUpOnlyItsOwnRequest) {
+  GenerateOptions o;
+  EngineOptions eo;
+  TierTestOptions(40, &o, &eo);
+  o.max_tokens = 40;
+  HostKvTier tier(model_->kv_layout(16), 0);
+  testing::MemoryPrefixStore store(16);
+  auto engine = VeriCacheEngine::Create(*model_, &tier, eo, &store);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  const std::vector<int32_t> a = RandomPrompt(40, 500), b = RandomPrompt(40, 501);
+  const testing::HeldLookupRun run = testing::RunWithLookupsHeld(**engine, store, MakeRequest(a, o), MakeRequest(b, o));
+  ASSERT_TRUE(run.step.ok()) << run.step;
+  ASSERT_TRUE(run.idle);
+  ASSERT_TRUE(run.first_status.ok()) << run.first_status;
+  ASSERT_TRUE(run.second_status.ok()) << run.second_status;
+  EXPECT_TRUE(run.first_ended_while_held) << "the batch waited for another request's store lookup";
+  EXPECT_EQ(run.first_tokens, GenerateFull(*model_, a, o)->tokens);
+  EXPECT_EQ(run.second_tokens, GenerateFull(*model_, b, o)->tokens);
+  EXPECT_EQ(store.lookups, 2);
 }
 
 TEST_F(EngineExactness, PromptPassesAfterAStoredPrefixRunOneAtATime) {

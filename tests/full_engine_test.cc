@@ -13,6 +13,7 @@
 
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/held_lookups.h"
 #include "tests/testing/memory_prefix_store.h"
 #include "tests/testing/next_turn.h"
 #include "tests/testing/tiny_model.h"
@@ -400,6 +401,26 @@ TEST_F(FullEngineTest, PrefixStoreReadsPublishesAndRecomputes) {
     EXPECT_EQ(store.published - published, republished);
     EXPECT_EQ(engine->free_blocks(), 64);
   }
+}
+
+// A store lookup (a call to another server, up to its timeout when that server hangs) runs off the
+// engine's thread: a request whose lookup has not come back waits in the queue while the batch in
+// flight goes on.
+TEST_F(FullEngineTest, AHangingStoreLookupHoldsUpOnlyItsOwnRequest) {
+  MemoryPrefixStore store(16);
+  auto engine = Engine(64, 4, &store);
+  ASSERT_NE(engine, nullptr);
+  const EngineRequest a = MakeRequest(RandomPrompt(40, 500), Options(40, 0.0f, 0));
+  const EngineRequest b = MakeRequest(RandomPrompt(40, 501), Options(40, 0.0f, 0));
+  const testing::HeldLookupRun run = testing::RunWithLookupsHeld(*engine, store, a, b);
+  ASSERT_TRUE(run.step.ok()) << run.step;
+  ASSERT_TRUE(run.idle);
+  ASSERT_TRUE(run.first_status.ok()) << run.first_status;
+  ASSERT_TRUE(run.second_status.ok()) << run.second_status;
+  EXPECT_TRUE(run.first_ended_while_held) << "the batch waited for another request's store lookup";
+  EXPECT_EQ(run.first_tokens, Reference(*model_, a));
+  EXPECT_EQ(run.second_tokens, Reference(*model_, b));
+  EXPECT_EQ(store.lookups, 2);
 }
 
 // A request cancelled mid-generation (a stop sequence is a cancel) shares the blocks its output

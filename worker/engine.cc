@@ -27,6 +27,7 @@ struct VeriCacheEngine::Sequence : QueuedRequest {
   // The compressed variants' names (empty when the compressor has none) and those to share.
   std::vector<PrefixName> cnames;
   int cpublish_from = -1;
+  std::shared_ptr<const PrefixLookups::Lookup> lookup;  // of names and cnames, once started
   int generated = 0;
   int k = -1;  // current window; -1 between windows
   int first_window = -1;  // >= 0: the first window's size, chosen at admission
@@ -45,13 +46,18 @@ struct VeriCacheEngine::Sequence : QueuedRequest {
     publish_from = -1;
     cnames.clear();
     cpublish_from = -1;
+    lookup.reset();  // asked again when next tried: the store may have changed meanwhile
     first_window = -1;
   }
 };
 
 VeriCacheEngine::VeriCacheEngine(const Model& model, FullKvTier* tier, const EngineOptions& options,
                                  PrefixStore* prefixes)
-    : model_(model), tier_(tier), prefixes_(prefixes), options_(options) {}
+    : model_(model),
+      tier_(tier),
+      prefixes_(prefixes),
+      options_(options),
+      lookups_(prefixes != nullptr ? std::make_unique<PrefixLookups>(prefixes) : nullptr) {}
 
 VeriCacheEngine::~VeriCacheEngine() {
   // Fetches in flight write into staging: let them land before it goes.
@@ -156,6 +162,21 @@ bool VeriCacheEngine::UsesStore(const Sequence& s) const {
          s.request.prefilled.cache == nullptr;
 }
 
+bool VeriCacheEngine::LookupDone(Sequence& s, bool wait) {
+  if (!UsesStore(s)) return true;
+  if (s.lookup != nullptr && PrefixLookups::Stale(*s.lookup)) s.lookup.reset();  // waited long since
+  if (s.lookup == nullptr) {
+    const auto prompt = absl::MakeConstSpan(s.tokens).first(static_cast<size_t>(s.v() - 1));
+    s.names = prefixes_->Names(s.request.tenant, prompt);
+    if (options_.stored_compressed_prefixes && !s.names.empty()) {
+      s.cnames = prefixes_->CompressedNames(s.request.tenant, prompt, compressed_->block_codec());
+    }
+    s.lookup = lookups_->Start(s.names, s.cnames);
+  }
+  if (wait) s.lookup->Wait();
+  return s.lookup->done();
+}
+
 void VeriCacheEngine::ShareOutput(Sequence& s, int64_t end, SeqId seq) {
   if (!UsesStore(s) || !options_.publish_outputs) return;
   s.result.stats.published_blocks +=
@@ -194,14 +215,9 @@ absl::Status VeriCacheEngine::AdmitWithPrefix(Sequence& s, bool* admitted) {
   *admitted = false;
   const int64_t n = s.v() - 1;
   const int bt = prefixes_->block_tokens();
-  s.names = prefixes_->Names(s.request.tenant, absl::MakeConstSpan(s.tokens).subspan(0, n));
   if (s.names.empty()) return absl::OkStatus();
-  if (options_.stored_compressed_prefixes) {
-    s.cnames = prefixes_->CompressedNames(s.request.tenant, absl::MakeConstSpan(s.tokens).subspan(0, n),
-                                          compressed_->block_codec());
-    s.cpublish_from = 0;
-  }
-  const int hit = prefixes_->Lookup(s.names, /*read_follows=*/true);
+  if (options_.stored_compressed_prefixes) s.cpublish_from = 0;
+  const int hit = s.lookup->hit;  // LookupDone(s) came back true
   if (hit == 0) return absl::OkStatus();  // the cold path prefills and then publishes
   const int64_t p = int64_t{hit} * bt;
   VC_RETURN_IF_ERROR(tier_->AttachPrefix(s.key, p, [this, names = std::vector<PrefixName>(s.names.begin(),
@@ -242,7 +258,7 @@ absl::Status VeriCacheEngine::AdmitWithPrefix(Sequence& s, bool* admitted) {
   SeqId stored = -1;
   int64_t stored_len = 0;
   if (!s.cnames.empty()) {
-    const int chit = prefixes_->Lookup(s.cnames, /*read_follows=*/false);  // read only where drafting pays
+    const int chit = s.lookup->chit;  // read only where drafting pays
     s.cpublish_from = chit;
     if (chit > local && worth_drafting(int64_t{chit} * bt)) {
       stored = compressed_->NewSequence();
@@ -557,7 +573,6 @@ absl::Status VeriCacheEngine::Verify(std::vector<Sequence*>& ready) {
     EngineStats& st = s.result.stats;
     st.verify_seconds += dt / ready.size();
     st.verifies++;
-    st.accepted_drafts += accepted;
     if (k > 0) s.window.Observe(k, accepted);
     size_t emitted = 0;
     for (int32_t t : emit) {
@@ -571,6 +586,8 @@ absl::Status VeriCacheEngine::Verify(std::vector<Sequence*>& ready) {
         break;
       }
     }
+    // Accepted drafts past the end of the output (an end of sequence among them) are never sent.
+    st.accepted_drafts += std::min<int64_t>(accepted, static_cast<int64_t>(emitted));
     overflowed[i] = next < 0;
     if (next < 0 && !s.done) {
       // The row of the next token overflowed: the sequence ends there with the error decoding
@@ -650,6 +667,8 @@ absl::Status VeriCacheEngine::Step() {
   // A request that does not fit yet (its memory is taken by the batch) waits; a step tries 4 such
   // at most, since each try may ask the store for its prefix.
   requests_.AdmitInOrder(static_cast<size_t>(options_.max_batch), /*max_waiting_tried=*/4, [&](Sequence& s) {
+    // Nothing in flight to hold up: wait for the store's answer here rather than step idly.
+    if (!LookupDone(s, /*wait=*/active.empty())) return Admission::kWait;
     absl::Status st = Admit(s);
     if (st.ok()) return Admission::kAdmitted;
     Release(s);

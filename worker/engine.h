@@ -42,6 +42,7 @@
 #include "worker/full_decoder.h"
 #include "worker/full_kv_tier.h"
 #include "worker/model.h"
+#include "worker/prefix_lookups.h"
 #include "worker/prefix_store.h"
 #include "worker/requests.h"
 
@@ -171,6 +172,9 @@ class VeriCacheEngine {
   bool LandFetch(Sequence& s, SeqId seq);
   // Whether `s` is admitted through the PrefixStore (and so shares its blocks).
   bool UsesStore(const Sequence& s) const;
+  // Whether the store has answered the lookup of s's prompt (true at once without a store), which
+  // the first call starts (off this thread); `wait`: waits for the answer.
+  bool LookupDone(Sequence& s, bool wait);
   void CachePrefix(absl::Span<const PrefixName> names, SeqId staging_seq);
   void Release(Sequence& s);
 
@@ -178,6 +182,7 @@ class VeriCacheEngine {
   FullKvTier* const tier_;
   PrefixStore* const prefixes_;
   const EngineOptions options_;
+  std::unique_ptr<PrefixLookups> lookups_;  // with a PrefixStore
   std::string spec_;
   int64_t max_rollback_ = 0;
   int max_k_ = 1;

@@ -22,6 +22,7 @@ struct FullKvEngine::Sequence : QueuedRequest {
   int64_t prompt_len = 0;
   std::vector<PrefixName> names;  // of the prompt's full blocks, with a PrefixStore
   int publish_from = -1;          // blocks [publish_from, names.size()) to publish; -1: none
+  std::shared_ptr<const PrefixLookups::Lookup> lookup;  // of names, once started
   int generated = 0;
 };
 
@@ -29,7 +30,8 @@ FullKvEngine::FullKvEngine(const Model& model, const FullEngineOptions& options,
     : model_(model),
       prefixes_(prefixes),
       options_(options),
-      cache_(model.kv_layout(options.block_size), options.kv_blocks) {}
+      cache_(model.kv_layout(options.block_size), options.kv_blocks),
+      lookups_(prefixes != nullptr && options.fetch_prefix ? std::make_unique<PrefixLookups>(prefixes) : nullptr) {}
 
 FullKvEngine::~FullKvEngine() = default;
 
@@ -86,12 +88,22 @@ void FullKvEngine::Leave(Sequence& s) {
   s.seq = -1;
 }
 
+bool FullKvEngine::LookupDone(Sequence& s, bool wait) {
+  if (!UsesStore(s)) return true;
+  if (s.lookup != nullptr && PrefixLookups::Stale(*s.lookup)) s.lookup.reset();  // waited long since
+  if (s.lookup == nullptr) {
+    const int64_t n = s.prompt_len - 1;  // the last prompt token is always computed: it yields logits
+    s.names = prefixes_->Names(s.request.tenant, absl::MakeConstSpan(s.tokens).first(static_cast<size_t>(n)));
+    s.lookup = lookups_->Start(s.names, {});
+  }
+  if (wait) s.lookup->Wait();
+  return s.lookup->done();
+}
+
 void FullKvEngine::FetchPrefix(Sequence& s) {
-  const int64_t n = s.prompt_len - 1;  // the last prompt token is always computed: it yields logits
-  s.names = prefixes_->Names(s.request.tenant, absl::MakeConstSpan(s.tokens).first(static_cast<size_t>(n)));
   if (s.names.empty()) return;
   s.publish_from = 0;
-  const int hit = std::clamp(prefixes_->Lookup(s.names, /*read_follows=*/true), 0, static_cast<int>(s.names.size()));
+  const int hit = s.lookup->hit;  // LookupDone(s) came back true
   if (hit == 0) return;
   const int64_t p = int64_t{hit} * prefixes_->block_tokens();
   EngineStats& st = s.result.stats;
@@ -205,7 +217,12 @@ absl::Status FullKvEngine::Step() {
       });
   auto& active = requests_.active;
   requests_.AdmitInOrder(static_cast<size_t>(options_.max_batch), INT_MAX, [&](Sequence& s) {
-    if (cache_.free_blocks() < BlocksFor(s.request)) return Admission::kWait;
+    if (cache_.free_blocks() < BlocksFor(s.request)) {
+      s.lookup.reset();  // asked again once it fits: the store may have changed meanwhile
+      return Admission::kWait;
+    }
+    // Nothing in flight to hold up: wait for the store's answer here rather than step idly.
+    if (!LookupDone(s, /*wait=*/active.empty())) return Admission::kWait;
     Admit(s);
     return Admission::kAdmitted;
   });

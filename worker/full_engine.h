@@ -31,6 +31,7 @@
 #include "worker/requests.h"
 #include "worker/kv_cache.h"
 #include "worker/model.h"
+#include "worker/prefix_lookups.h"
 #include "worker/prefix_store.h"
 
 namespace vc {
@@ -98,6 +99,10 @@ class FullKvEngine {
   // Reserves the sequence's KV and brings in what need not be computed: the request's own
   // prefilled K/V, or a stored prefix.
   void Admit(Sequence& s);
+  // Whether the store has answered the lookup of s's prompt (true at once when s does not use the
+  // store), which the first call starts (off this thread); `wait`: waits for the answer.
+  bool LookupDone(Sequence& s, bool wait);
+  // Reads the stored prefix that s's lookup found into its sequence (on this thread).
   void FetchPrefix(Sequence& s);
   absl::Status Pass();
   // After the pass that completed the prompt of `s`: shares the blocks the store lacked.
@@ -116,6 +121,7 @@ class FullKvEngine {
   const FullEngineOptions options_;
 
   PagedKvCache cache_;
+  std::unique_ptr<PrefixLookups> lookups_;  // with a PrefixStore and fetch_prefix
   RequestQueue<Sequence> requests_;
 };
 

@@ -28,7 +28,7 @@ struct PromptQueries;  // worker/compressed_cache.h
 struct EngineStats {
   int64_t prompt_tokens = 0;
   int64_t drafted = 0;
-  int64_t accepted_drafts = 0;
+  int64_t accepted_drafts = 0;  // accepted and emitted (none past the end of the output)
   int64_t verifies = 0;
   int64_t emitted = 0;
   int64_t bytes_fetched = 0;

@@ -1,11 +1,16 @@
 // A PrefixStore in memory for engine tests: full KV of prefix blocks named by a chained hash of
-// their tokens, with switches that make reads fail or deliver corrupt K/V.
+// their tokens, with switches that make reads fail or deliver corrupt K/V, or hold lookups.
+// Thread-safe, as a PrefixStore must be (engines look up and read on threads of their own).
 #ifndef VC_TESTS_TESTING_MEMORY_PREFIX_STORE_H_
 #define VC_TESTS_TESTING_MEMORY_PREFIX_STORE_H_
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <map>
+#include <mutex>
+#include <thread>
 #include <vector>
 
 #include "worker/prefix_store.h"
@@ -41,12 +46,15 @@ class MemoryPrefixStore final : public PrefixStore {
     return x ^ (x >> 31);
   }
   int Lookup(absl::Span<const PrefixName> names, bool /*read_follows*/) override {
+    while (hold_lookups) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    std::lock_guard<std::mutex> l(mu_);
     ++lookups;
     int n = 0;
     while (n < static_cast<int>(names.size()) && blocks_.count(names[n])) ++n;
     return n;
   }
   absl::Status Read(absl::Span<const PrefixName> names, const PagedDest& dest) override {
+    std::lock_guard<std::mutex> l(mu_);
     ++reads;
     for (size_t b = 0; b < names.size(); ++b) {
       auto it = blocks_.find(names[b]);
@@ -69,6 +77,7 @@ class MemoryPrefixStore final : public PrefixStore {
     return absl::OkStatus();
   }
   void Publish(absl::Span<const PrefixName> names, int from, int to, const PagedKvCache& cache, SeqId seq) override {
+    std::lock_guard<std::mutex> l(mu_);
     const KvLayout& layout = cache.layout();
     const int64_t kvd = int64_t{layout.num_kv_heads} * layout.head_dim;
     for (int b = from; b < to; ++b) {
@@ -88,18 +97,23 @@ class MemoryPrefixStore final : public PrefixStore {
     }
   }
 
-  bool fail_reads = false;
-  bool corrupt_reads = false;
-  int lookups = 0;
-  int reads = 0;
-  int published = 0;
-  size_t size() const { return blocks_.size(); }
+  std::atomic<bool> fail_reads = false;
+  std::atomic<bool> corrupt_reads = false;
+  std::atomic<bool> hold_lookups = false;  // lookups wait while it is set
+  std::atomic<int> lookups = 0;
+  std::atomic<int> reads = 0;
+  std::atomic<int> published = 0;
+  size_t size() const {
+    std::lock_guard<std::mutex> l(mu_);
+    return blocks_.size();
+  }
 
  private:
   struct Block {
     std::vector<float> k, v;  // [layers, block_tokens, num_kv_heads * head_dim]
   };
   const int block_tokens_;
+  mutable std::mutex mu_;
   std::map<PrefixName, Block> blocks_;
 };
 
