@@ -27,10 +27,12 @@ constexpr char kUsage[] =
     "  starts a cache store (RocksDB in a temporary directory) and a worker in this process, then\n"
     "  sends requests that share a code prefix (the first --prefix-bytes of --prefix-file, as an IDE\n"
     "  sends a file it edits): the first computes the prefix and publishes its KV; the others draft\n"
-    "  from the worker's compressed copy while the full KV streams in from the store over UCX. Every\n"
-    "  output is checked token for token against sequential full-KV decoding. The default prefix\n"
-    "  (1800 bytes) stays within the 2048-token context the test model was trained at; it runs at\n"
-    "  longer ones, but writes worse code there.\n";
+    "  from the worker's compressed copy while the full KV streams in from the store over UCX. The\n"
+    "  set runs twice, the others in MODE_FULL (fetch the full prefix, then decode) the first time\n"
+    "  and in VeriCache mode the second, each time as a tenant of its own, so that neither finds what\n"
+    "  the other published. Every output is checked token for token against sequential full-KV decoding. The\n"
+    "  default prefix (1800 bytes) stays within the 2048-token context the test model was trained\n"
+    "  at; it runs at longer ones, but writes worse code there.\n";
 
 // What each request asks for after the shared file.
 constexpr const char* kSuffixes[] = {
@@ -47,6 +49,10 @@ absl::StatusOr<std::string> SharedPrefix(const std::string& path, int64_t bytes)
   if (nl != std::string::npos && nl > 0) text.resize(nl);
   return text;
 }
+
+// The worker's two client tenants: one for each mode's pass.
+constexpr char kFullToken[] = "demo-full";
+constexpr char kVeriCacheToken[] = "demo-vericache";
 
 struct Row {
   std::string name;
@@ -92,6 +98,7 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
   wo.store_token = "demo-token";
   wo.ucx = so.ucx;
   wo.service.engine.compressor = a.Str("compressor", wo.service.engine.compressor);
+  wo.service.client_tokens = {{kFullToken, "full"}, {kVeriCacheToken, "vericache"}};
   VC_ASSIGN_OR_RETURN(std::unique_ptr<WorkerServer> worker, WorkerServer::Start(wo));
   const Model& model = worker->model();
   auto stub = InferenceStub(worker->target());
@@ -102,7 +109,8 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
       << ") and a worker (port " << worker->port() << ", kernels " << model.backend().name() << ", compressor "
       << wo.service.engine.compressor << ") in this process.\n"
       << prompts.size() << " requests share the first " << prefix.size() << " bytes of "
-      << a.Str("prefix-file", "models/train.py") << "; " << max_tokens << " tokens each, greedy.\n\n";
+      << a.Str("prefix-file", "models/train.py") << "; " << max_tokens
+      << " tokens each, greedy; sent once per mode, each mode a tenant of its own.\n\n";
 
   // The reference: sequential full-KV decoding, prefix recomputed for each request.
   GenerateOptions o;
@@ -119,27 +127,32 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
     want.push_back(std::move(g));
   }
 
-  auto request = [&](size_t i, vericache::v1::Mode mode) {
+  auto request = [&](const std::string& token, size_t i, vericache::v1::Mode mode) {
     vericache::v1::GenerateRequest req;
     req.mutable_token_ids()->mutable_ids()->Add(prompts[i].begin(), prompts[i].end());
     req.set_max_tokens(static_cast<uint32_t>(max_tokens));
     req.set_mode(mode);
-    return CallGenerate(*stub, req);
+    return CallGenerate(*stub, req, token);
   };
   // Request 1 finds nothing in the store: the worker computes the prefix and publishes its blocks.
-  GenerateReply first = request(0, vericache::v1::MODE_VERICACHE);
-  VC_RETURN_IF_ERROR(first.status);
-  worker->prefixes()->Flush();
-  out << "--- request 1 (cold: prefix computed, " << first.stats.prompt_tokens() / wo.block_tokens
-      << " blocks published to the store)\n..." << kSuffixes[0] + 2 << first.text << "\n["
-      << (first.tokens == want[0].tokens ? "IDENTICAL to" : "DIFFERS from") << " full-KV decoding]\n\n";
+  auto cold = [&](const std::string& token) -> absl::StatusOr<GenerateReply> {
+    GenerateReply r = request(token, 0, vericache::v1::MODE_VERICACHE);
+    VC_RETURN_IF_ERROR(r.status);
+    worker->prefixes()->Flush();
+    return r;
+  };
 
   // The others arrive together, in both modes: MODE_FULL reads the prefix from the store into
   // worker memory before decoding; VeriCache drafts from the compressed prefix while it streams.
-  auto run_all = [&](vericache::v1::Mode mode, Row* row, std::vector<GenerateReply>* replies) {
+  // Each mode runs as a tenant of its own, after its own request 1, so that both start from the
+  // same store and worker state: neither finds blocks the other's requests published.
+  auto run_all = [&](const std::string& token, vericache::v1::Mode mode, Row* row,
+                     std::vector<GenerateReply>* replies) {
     std::vector<std::future<GenerateReply>> calls;
     const absl::Time t0 = absl::Now();
-    for (size_t i = 1; i < prompts.size(); ++i) calls.push_back(std::async(std::launch::async, request, i, mode));
+    for (size_t i = 1; i < prompts.size(); ++i) {
+      calls.push_back(std::async(std::launch::async, request, token, i, mode));
+    }
     for (auto& c : calls) replies->push_back(c.get());
     row->total = absl::ToDoubleSeconds(absl::Now() - t0);
     for (size_t i = 0; i < replies->size(); ++i) {
@@ -153,8 +166,13 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
   Row full{"fetch the full prefix from the store, then decode"};
   Row vc{"VeriCache: draft from the compressed prefix, verify"};
   std::vector<GenerateReply> full_replies, vc_replies;
-  run_all(vericache::v1::MODE_FULL, &full, &full_replies);
-  run_all(vericache::v1::MODE_VERICACHE, &vc, &vc_replies);
+  VC_ASSIGN_OR_RETURN(const GenerateReply full_first, cold(kFullToken));
+  run_all(kFullToken, vericache::v1::MODE_FULL, &full, &full_replies);
+  VC_ASSIGN_OR_RETURN(const GenerateReply first, cold(kVeriCacheToken));
+  out << "--- request 1 (cold: prefix computed, " << first.stats.prompt_tokens() / wo.block_tokens
+      << " blocks published to the store)\n..." << kSuffixes[0] + 2 << first.text << "\n["
+      << (first.tokens == want[0].tokens ? "IDENTICAL to" : "DIFFERS from") << " full-KV decoding]\n\n";
+  run_all(kVeriCacheToken, vericache::v1::MODE_VERICACHE, &vc, &vc_replies);
   for (size_t i = 0; i < vc_replies.size(); ++i) {
     const GenerateReply& r = vc_replies[i];
     VC_RETURN_IF_ERROR(r.status);
@@ -188,7 +206,7 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
     out << absl::StrFormat("%-52s %10.1f %12.0f %7d/%d\n", r->name, 1e3 * r->ttft / r->requests, r->tokens / r->total,
                            r->identical, r->requests);
   }
-  const bool all_same = first.tokens == want[0].tokens && vc.identical == vc.requests && full.identical == full.requests;
+  const bool all_same = first.tokens == want[0].tokens && full_first.tokens == want[0].tokens && vc.identical == vc.requests && full.identical == full.requests;
   out << (all_same ? "\nevery output is identical to full-KV decoding\n" : "\nOUTPUTS DIFFER from full-KV decoding\n");
   if (!all_same) return absl::InternalError("an output differs from full-KV decoding");
   return absl::OkStatus();
