@@ -180,6 +180,8 @@ TEST_F(CliTest, StoreRefusesBadTierFlags) {
   ExpectRefused(RunStoreCommand, store, "--ram-slot-bytes",
                 {"100", "0", "-64", "2147483648"});  // the last: past the 1 GiB of RAM
   ExpectRefused(RunStoreCommand, store, "--disk-failure-grace-ms", {"-1", "soon", "86400001"});
+  // A lease shorter than a reader can trust a read for without asking afterwards.
+  ExpectRefused(RunStoreCommand, store, "--lease-ttl-ms", {"5", "1999", "0", "86400001"});
 }
 
 TEST_F(CliTest, WorkerRefusesMoreReplicasThanStores) {

@@ -678,16 +678,16 @@ void StorePrefixes::PublishLoop(size_t s) {
   }
 }
 
-void StorePrefixes::Flush() {
+bool StorePrefixes::Flush(absl::Duration timeout) {
   absl::MutexLock l(&mu_);
-  mu_.Await(absl::Condition(
+  return mu_.AwaitWithTimeout(absl::Condition(
       +[](StorePrefixes* p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->mu_) {
         for (const Outbox& o : p->outboxes_) {
           if (!o.puts.empty() || o.in_progress > 0) return false;
         }
         return true;
       },
-      this));
+      this), timeout);
 }
 
 StorePrefixStats StorePrefixes::stats() const {

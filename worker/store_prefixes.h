@@ -92,8 +92,9 @@ class StorePrefixes final : public PrefixStore {
   void PublishCompressed(absl::Span<const PrefixName> names, int from, int to, const CompressedKvCache& codec,
                          const PagedKvCache& full, SeqId seq) override;
 
-  // Waits until every block published so far has been put (or failed).
-  void Flush();
+  // Waits until every block published so far has been put (or failed), for up to `timeout`;
+  // whether they all were.
+  bool Flush(absl::Duration timeout = absl::InfiniteDuration());
   // The shards (indexes into the options' list) that hold the block of this name, best first:
   // options.replicas of them.
   absl::InlinedVector<size_t, 4> ShardsOf(const PrefixName& name) const;

@@ -34,7 +34,8 @@ constexpr char kUsage[] =
     "                   more than one tenant does not start with --ucx on (use --ucx off, or a store\n"
     "                   per tenant, where tenants must not read each other's blocks)\n"
     "  --lease-ttl-ms N how long a remote read's lease pins its block if the reader never releases\n"
-    "                   it (default 30000); a read outlasting its lease is discarded by the client\n"
+    "                   it (default 30000, at least 2000); a read outlasting its lease is discarded\n"
+    "                   by the client\n"
     "  --lease-bytes-per-tenant N\n"
     "                   RAM one tenant's live leases may pin (default half of --ram-bytes; 0: no\n"
     "                   cap); past it its blocks are served inline over gRPC\n"
@@ -98,7 +99,10 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
   cachestore::StoreOptions o;
   VC_ASSIGN_OR_RETURN(int64_t ram, a.Int("ram-bytes", int64_t{1} << 30, 1 << 20, int64_t{1} << 40));
   VC_ASSIGN_OR_RETURN(int64_t disk, a.Int("disk-bytes", int64_t{16} << 30, 1 << 20, int64_t{1} << 50));
-  VC_ASSIGN_OR_RETURN(o.ram.lease_ttl_ms, a.Int("lease-ttl-ms", o.ram.lease_ttl_ms, 1, int64_t{24} * 3600 * 1000));
+  // Under 2 s a reader could trust no read it made without asking the store afterwards whether its
+  // lease was still live (StoreClient::LeaseTrustWindow), and reads slower than the lease would all
+  // be thrown away: every stored prefix recomputed while the store counts hits.
+  VC_ASSIGN_OR_RETURN(o.ram.lease_ttl_ms, a.Int("lease-ttl-ms", o.ram.lease_ttl_ms, 2000, int64_t{24} * 3600 * 1000));
   o.ram.capacity_bytes = static_cast<uint64_t>(ram);
   VC_ASSIGN_OR_RETURN(int64_t lease_cap, a.Int("lease-bytes-per-tenant", ram / 2, 0, ram));
   o.ram.max_leased_bytes_per_owner = static_cast<uint64_t>(lease_cap);

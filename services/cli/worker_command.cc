@@ -190,6 +190,11 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
     watch.join();
   });
   out << (drained ? "drained: shutting down" : "shutting down with requests cancelled") << std::endl;
+  // Blocks the last requests published (their prompts and outputs, for the next turn) are still
+  // being put: they are given a little longer (deploy/k8s leaves 15 s of its grace period).
+  if (w->prefixes() != nullptr && !w->prefixes()->Flush(absl::Seconds(10))) {
+    out << "blocks still being put to the store after 10 s were dropped" << std::endl;
+  }
   return absl::OkStatus();
 }
 
