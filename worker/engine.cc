@@ -28,6 +28,9 @@ struct VeriCacheEngine::Sequence : QueuedRequest {
   std::vector<PrefixName> cnames;
   int cpublish_from = -1;
   std::shared_ptr<const PrefixLookups::Lookup> lookup;  // of names and cnames, once started
+  // The compressed cache holds positions of the prompt computed from compressed KV (drafting began
+  // from a shorter compressed prefix): the first verify pass rebuilds it from the exact K/V.
+  bool approximate_prompt = false;
   int generated = 0;
   int k = -1;  // current window; -1 between windows
   int first_window = -1;  // >= 0: the first window's size, chosen at admission
@@ -48,6 +51,7 @@ struct VeriCacheEngine::Sequence : QueuedRequest {
     cpublish_from = -1;
     lookup.reset();  // asked again when next tried: the store may have changed meanwhile
     first_window = -1;
+    approximate_prompt = false;
   }
 };
 
@@ -302,6 +306,7 @@ absl::Status VeriCacheEngine::AdmitWithPrefix(Sequence& s, bool* admitted) {
     }
     VC_RETURN_IF_ERROR(model_.Prefill(absl::MakeConstSpan(s.tokens).subspan(have, n - have), s.cseq,
                                       s.request.options.prefill_chunk, *compressed_, nullptr));
+    s.approximate_prompt = have < n;
   }
   if (cut >= 0) compressed_->FreeSequence(cut);  // not drafted from
   *admitted = true;
@@ -616,10 +621,12 @@ absl::Status VeriCacheEngine::Verify(std::vector<Sequence*>& ready) {
       // Positions [full_len, v + accepted) were fed with verified tokens: their K/V is exact.
       const int64_t keep_end = v + accepted;
       VC_RETURN_IF_ERROR(tier_->Append(s.key, *staging_, s.sseq, s.full_len, keep_end));
-      if (s.full_len < v - 1 || compressed_->Length(s.cseq) < v - 1) {
+      if (s.full_len < v - 1 || s.approximate_prompt || compressed_->Length(s.cseq) < v - 1) {
         // The compressed cache ran ahead of the exact K/V by more than a draft window (the rest
-        // of a prompt after a stored prefix), or was never filled: rebuild it from the exact K/V.
+        // of a prompt after a stored prefix; also where the store held all of it), or was never
+        // filled: rebuild it from the exact K/V.
         VC_RETURN_IF_ERROR(Rebuild(s, keep_end));
+        s.approximate_prompt = false;
       } else {
         VC_RETURN_IF_ERROR(compressed_->Truncate(s.cseq, v - 1));
         VC_RETURN_IF_ERROR(AppendExact(s, v - 1, keep_end));
