@@ -512,9 +512,13 @@ absl::Status VeriCacheEngine::Recompute(Sequence& s) {
   // The prefix is now held here too, in the room the sequence reserved for it at admission.
   tier_->Clear(s.key);
   VC_RETURN_IF_ERROR(tier_->Append(s.key, *staging_, s.sseq, 0, s.full_len));
-  s.result.stats.recomputed_tokens += s.full_len;
+  // The positions the store was to deliver now count as recomputed (prompt positions by where
+  // their K/V came from: at a later window, full_len also holds positions computed here before).
+  s.result.stats.recomputed_tokens += s.result.stats.prefix_store_tokens;
   s.result.stats.prefix_store_tokens = 0;
-  if (s.publish_from > 0) s.publish_from = 0;  // the store's copy may be gone (a corrupt block is deleted)
+  // The store's copy may be gone (a corrupt block is deleted): the next pass shares the prompt's
+  // blocks again, also when they were shared after an earlier pass (a read at a later window failed).
+  s.publish_from = 0;
   return absl::OkStatus();
 }
 
