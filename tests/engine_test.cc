@@ -9,7 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
-#include "tests/testing/held_lookups.h"
+#include "tests/testing/held_store.h"
 #include "tests/testing/memory_prefix_store.h"
 #include "tests/testing/next_turn.h"
 #include "tests/testing/tiny_model.h"
@@ -408,7 +408,7 @@ TEST_F(EngineExactness, AHangingStoreLookupHoldsUpOnlyItsOwnRequest) {
   auto engine = VeriCacheEngine::Create(*model_, &tier, eo, &store);
   ASSERT_TRUE(engine.ok()) << engine.status();
   const std::vector<int32_t> a = RandomPrompt(40, 500), b = RandomPrompt(40, 501);
-  const testing::HeldLookupRun run = testing::RunWithLookupsHeld(**engine, store, MakeRequest(a, o), MakeRequest(b, o));
+  const testing::HeldStoreRun run = testing::RunWithStoreHeld(**engine, store.hold_lookups, MakeRequest(a, o), MakeRequest(b, o));
   ASSERT_TRUE(run.step.ok()) << run.step;
   ASSERT_TRUE(run.idle);
   ASSERT_TRUE(run.first_status.ok()) << run.first_status;

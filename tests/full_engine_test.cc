@@ -13,7 +13,7 @@
 
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
-#include "tests/testing/held_lookups.h"
+#include "tests/testing/held_store.h"
 #include "tests/testing/memory_prefix_store.h"
 #include "tests/testing/next_turn.h"
 #include "tests/testing/tiny_model.h"
@@ -412,7 +412,7 @@ TEST_F(FullEngineTest, AHangingStoreLookupHoldsUpOnlyItsOwnRequest) {
   ASSERT_NE(engine, nullptr);
   const EngineRequest a = MakeRequest(RandomPrompt(40, 500), Options(40, 0.0f, 0));
   const EngineRequest b = MakeRequest(RandomPrompt(40, 501), Options(40, 0.0f, 0));
-  const testing::HeldLookupRun run = testing::RunWithLookupsHeld(*engine, store, a, b);
+  const testing::HeldStoreRun run = testing::RunWithStoreHeld(*engine, store.hold_lookups, a, b);
   ASSERT_TRUE(run.step.ok()) << run.step;
   ASSERT_TRUE(run.idle);
   ASSERT_TRUE(run.first_status.ok()) << run.first_status;
@@ -421,6 +421,27 @@ TEST_F(FullEngineTest, AHangingStoreLookupHoldsUpOnlyItsOwnRequest) {
   EXPECT_EQ(run.first_tokens, Reference(*model_, a));
   EXPECT_EQ(run.second_tokens, Reference(*model_, b));
   EXPECT_EQ(store.lookups, 2);
+}
+
+// The read of a stored prefix runs off the engine's thread too (a read takes as long as the link, or
+// the store's timeout): the sequence joins the batch once its blocks have arrived, and reads them.
+TEST_F(FullEngineTest, AHangingStoreReadHoldsUpOnlyItsOwnRequest) {
+  MemoryPrefixStore store(16);
+  auto engine = Engine(64, 4, &store);
+  ASSERT_NE(engine, nullptr);
+  const EngineRequest a = MakeRequest(RandomPrompt(40, 500), Options(40, 0.0f, 0));
+  const EngineRequest b = MakeRequest(RandomPrompt(40, 501), Options(40, 0.0f, 0));
+  auto warm = engine->Generate({b});  // publishes b's blocks
+  ASSERT_TRUE(warm.ok()) << warm.status();
+  const testing::HeldStoreRun run = testing::RunWithStoreHeld(*engine, store.hold_reads, a, b);
+  ASSERT_TRUE(run.step.ok()) << run.step;
+  ASSERT_TRUE(run.idle);
+  ASSERT_TRUE(run.first_status.ok()) << run.first_status;
+  ASSERT_TRUE(run.second_status.ok()) << run.second_status;
+  EXPECT_TRUE(run.first_ended_while_held) << "the batch waited for another request's store read";
+  EXPECT_EQ(run.first_tokens, Reference(*model_, a));
+  EXPECT_EQ(run.second_tokens, Reference(*model_, b));
+  EXPECT_EQ(store.reads, 1);
 }
 
 // A request cancelled mid-generation (a stop sequence is a cancel) shares the blocks its output

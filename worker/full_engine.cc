@@ -1,7 +1,9 @@
 #include "worker/full_engine.h"
 
 #include <algorithm>
+#include <chrono>
 #include <climits>
+#include <future>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -23,6 +25,10 @@ struct FullKvEngine::Sequence : QueuedRequest {
   std::vector<PrefixName> names;  // of the prompt's full blocks, with a PrefixStore
   int publish_from = -1;          // blocks [publish_from, names.size()) to publish; -1: none
   std::shared_ptr<const PrefixLookups::Lookup> lookup;  // of names, once started
+  // The stored prefix's blocks being read into seq (positions [0, read_blocks * block_tokens)),
+  // off this thread: the sequence joins passes once the read has landed.
+  std::future<absl::Status> read;
+  int read_blocks = 0;
   int generated = 0;
 };
 
@@ -84,6 +90,7 @@ FullKvEngine::RequestId FullKvEngine::Submit(EngineRequest request, DoneCallback
 void FullKvEngine::Cancel(RequestId id) { requests_.Cancel(id); }
 
 void FullKvEngine::Leave(Sequence& s) {
+  if (s.read.valid()) s.read.wait();  // it writes into the sequence's blocks
   if (s.seq >= 0) cache_.FreeSequence(s.seq);
   s.seq = -1;
 }
@@ -105,9 +112,17 @@ void FullKvEngine::FetchPrefix(Sequence& s) {
   s.publish_from = 0;
   const int hit = s.lookup->hit;  // LookupDone(s) came back true
   if (hit == 0) return;
-  const int64_t p = int64_t{hit} * prefixes_->block_tokens();
+  // A read takes as long as the link does (or the store's timeout): on a thread of its own, so
+  // that the batch in flight goes on meanwhile.
+  s.read_blocks = hit;
+  s.read = std::async(std::launch::async, [this, names = std::vector<PrefixName>(s.names.begin(), s.names.begin() + hit),
+                                           dest = PagedDest::Of(cache_, s.seq)] { return prefixes_->Read(names, dest); });
+}
+
+void FullKvEngine::LandRead(Sequence& s) {
+  const absl::Status read = s.read.get();
+  const int64_t p = int64_t{s.read_blocks} * prefixes_->block_tokens();
   EngineStats& st = s.result.stats;
-  absl::Status read = prefixes_->Read(absl::MakeConstSpan(s.names).first(hit), PagedDest::Of(cache_, s.seq));
   if (!read.ok()) {
     // Whatever the read left in the blocks is overwritten by the prefill, which starts at 0.
     st.recomputed_tokens = p;
@@ -116,7 +131,7 @@ void FullKvEngine::FetchPrefix(Sequence& s) {
   cache_.Commit(s.seq, p);
   st.prefix_store_tokens = p;
   st.bytes_fetched = p * cache_.layout().bytes_per_token();
-  s.publish_from = hit;
+  s.publish_from = s.read_blocks;
 }
 
 void FullKvEngine::Admit(Sequence& s) {
@@ -161,9 +176,14 @@ void FullKvEngine::ShareOutput(Sequence& s) {
 }
 
 absl::Status FullKvEngine::Pass() {
+  std::vector<Sequence*> ready;
+  for (auto& sp : requests_.active) {
+    if (!sp->read.valid()) ready.push_back(sp.get());
+  }
+  if (ready.empty()) return absl::OkStatus();
   std::vector<SequenceChunk> chunks;
   std::vector<bool> prefilling;
-  for (auto& sp : requests_.active) {
+  for (Sequence* sp : ready) {
     Sequence& s = *sp;
     const int64_t len = cache_.Length(s.seq);
     const bool in_prompt = len < s.prompt_len;
@@ -177,8 +197,8 @@ absl::Status FullKvEngine::Pass() {
   VC_RETURN_IF_ERROR(model_.Forward(chunks, cache_, LogitsFor::kLastRows, &logits, &finite));
 
   const int vocab = model_.config().vocab_size;
-  for (size_t i = 0; i < requests_.active.size(); ++i) {
-    Sequence& s = *requests_.active[i];
+  for (size_t i = 0; i < ready.size(); ++i) {
+    Sequence& s = *ready[i];
     const int64_t position = cache_.Length(s.seq);
     if (position < static_cast<int64_t>(s.tokens.size())) continue;  // more of the prompt to go
     if (!finite[i]) {
@@ -226,6 +246,17 @@ absl::Status FullKvEngine::Step() {
     Admit(s);
     return Admission::kAdmitted;
   });
+  // Stored prefixes that have arrived join the pass; with nothing else to run, the first to come.
+  bool any_ready = false;
+  for (auto& sp : active) any_ready |= !sp->read.valid();
+  for (auto& sp : active) {
+    if (!sp->read.valid()) continue;
+    if (!any_ready) {
+      sp->read.wait();
+      any_ready = true;
+    }
+    if (sp->read.wait_for(std::chrono::seconds(0)) == std::future_status::ready) LandRead(*sp);
+  }
   const absl::Status status = active.empty() ? absl::OkStatus() : Pass();
   for (auto& e : requests_.TakeFinished(status, [&](Sequence& s) { Leave(s); })) ended.push_back(std::move(e));
   RequestQueue<Sequence>::TellAll(ended);

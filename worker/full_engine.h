@@ -72,8 +72,9 @@ class FullKvEngine {
   // One scheduling step: ends cancelled and expired requests, fails queued requests that are
   // invalid (kInvalidArgument) or that the pool could never hold (kResourceExhausted), admits
   // queued ones in order while max_batch and the pool allow (one waiting for room is passed by 8
-  // later ones that fit, at most), then runs one batched pass over every
-  // sequence in flight. An error is the engine's own (a failed pass); every request in flight has
+  // later ones that fit, at most), then runs one batched pass over every sequence in flight whose
+  // stored prefix, if it reads one, has arrived (waiting for the first to arrive when no other
+  // sequence can run; store lookups and reads run on threads of their own). An error is the engine's own (a failed pass); every request in flight has
   // been ended with it.
   absl::Status Step();
   bool Idle() const { return requests_.Idle(); }
@@ -102,8 +103,10 @@ class FullKvEngine {
   // Whether the store has answered the lookup of s's prompt (true at once when s does not use the
   // store), which the first call starts (off this thread); `wait`: waits for the answer.
   bool LookupDone(Sequence& s, bool wait);
-  // Reads the stored prefix that s's lookup found into its sequence (on this thread).
+  // Starts reading the stored prefix that s's lookup found into its sequence (off this thread).
   void FetchPrefix(Sequence& s);
+  // Once s.read is done: commits what it brought, or counts it as to be recomputed.
+  void LandRead(Sequence& s);
   absl::Status Pass();
   // After the pass that completed the prompt of `s`: shares the blocks the store lacked.
   void PromptDone(Sequence& s);

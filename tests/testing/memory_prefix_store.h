@@ -1,5 +1,5 @@
 // A PrefixStore in memory for engine tests: full KV of prefix blocks named by a chained hash of
-// their tokens, with switches that make reads fail or deliver corrupt K/V, or hold lookups.
+// their tokens, with switches that make reads fail or deliver corrupt K/V, or hold lookups or reads.
 // Thread-safe, as a PrefixStore must be (engines look up and read on threads of their own).
 #ifndef VC_TESTS_TESTING_MEMORY_PREFIX_STORE_H_
 #define VC_TESTS_TESTING_MEMORY_PREFIX_STORE_H_
@@ -54,6 +54,7 @@ class MemoryPrefixStore final : public PrefixStore {
     return n;
   }
   absl::Status Read(absl::Span<const PrefixName> names, const PagedDest& dest) override {
+    while (hold_reads) std::this_thread::sleep_for(std::chrono::milliseconds(1));
     std::lock_guard<std::mutex> l(mu_);
     ++reads;
     for (size_t b = 0; b < names.size(); ++b) {
@@ -100,6 +101,7 @@ class MemoryPrefixStore final : public PrefixStore {
   std::atomic<bool> fail_reads = false;
   std::atomic<bool> corrupt_reads = false;
   std::atomic<bool> hold_lookups = false;  // lookups wait while it is set
+  std::atomic<bool> hold_reads = false;    // reads wait while it is set
   std::atomic<int> lookups = 0;
   std::atomic<int> reads = 0;
   std::atomic<int> published = 0;
