@@ -22,8 +22,13 @@ std::shared_ptr<const PrefixLookups::Lookup> PrefixLookups::Start(std::vector<Pr
   auto lookup = std::make_shared<Lookup>();
   lookup->names = std::move(names);
   lookup->cnames = std::move(cnames);
-  absl::MutexLock l(&mu_);
-  queue_.push_back(lookup);
+  bool idle;
+  {
+    absl::MutexLock l(&mu_);
+    idle = !busy_ && queue_.empty();
+    queue_.push_back(lookup);
+  }
+  if (idle) lookup->done_.WaitForNotificationWithTimeout(kGrace);
   return lookup;
 }
 
@@ -42,6 +47,7 @@ void PrefixLookups::Loop() {
       if (stop_) return;
       lookup = std::move(queue_.front());
       queue_.pop_front();
+      busy_ = true;
     }
     // The only reference left is this one: its request is gone (cancelled, or refused).
     if (lookup.use_count() > 1) {
@@ -53,6 +59,10 @@ void PrefixLookups::Loop() {
       }
     }
     lookup->answered = SteadyClock()->Now();
+    {
+      absl::MutexLock l(&mu_);
+      busy_ = false;
+    }
     lookup->done_.Notify();
   }
 }

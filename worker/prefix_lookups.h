@@ -41,8 +41,12 @@ class PrefixLookups {
   // Waits for the lookup in progress; the others are not made (nobody waits for them any more).
   ~PrefixLookups();
 
-  // Queues a lookup. Dropping every reference to it before it starts skips it.
+  // Queues a lookup. Dropping every reference to it before it starts skips it. When no other
+  // lookup is queued or under way, waits up to kGrace for the answer: a store that answers at once
+  // (within a cluster, a fraction of a millisecond) has the request admitted in the same step, not
+  // a batch pass later.
   std::shared_ptr<const Lookup> Start(std::vector<PrefixName> names, std::vector<PrefixName> cnames);
+  static constexpr absl::Duration kGrace = absl::Milliseconds(5);
 
   // Whether an answer is too old to admit a request on: other workers, and this one, publish
   // blocks all the time. An engine asks again for a request that waited this long after it.
@@ -55,6 +59,7 @@ class PrefixLookups {
   PrefixStore* const store_;
   absl::Mutex mu_;
   std::deque<std::shared_ptr<Lookup>> queue_ ABSL_GUARDED_BY(mu_);
+  bool busy_ ABSL_GUARDED_BY(mu_) = false;  // a lookup is under way
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;
 };
