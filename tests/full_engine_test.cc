@@ -403,45 +403,26 @@ TEST_F(FullEngineTest, PrefixStoreReadsPublishesAndRecomputes) {
   }
 }
 
-// A store lookup (a call to another server, up to its timeout when that server hangs) runs off the
-// engine's thread: a request whose lookup has not come back waits in the queue while the batch in
+// Store lookups and reads (calls to another server, up to its timeout when that server hangs) run
+// off the engine's thread: a request whose lookup has not come back waits in the queue, and one
+// whose stored prefix is still being read joins the batch once it has arrived, while the batch in
 // flight goes on.
-TEST_F(FullEngineTest, AHangingStoreLookupHoldsUpOnlyItsOwnRequest) {
-  MemoryPrefixStore store(16);
-  auto engine = Engine(64, 4, &store);
-  ASSERT_NE(engine, nullptr);
-  const EngineRequest a = MakeRequest(RandomPrompt(40, 500), Options(40, 0.0f, 0));
-  const EngineRequest b = MakeRequest(RandomPrompt(40, 501), Options(40, 0.0f, 0));
-  const testing::HeldStoreRun run = testing::RunWithStoreHeld(*engine, store.hold_lookups, a, b);
-  ASSERT_TRUE(run.step.ok()) << run.step;
-  ASSERT_TRUE(run.idle);
-  ASSERT_TRUE(run.first_status.ok()) << run.first_status;
-  ASSERT_TRUE(run.second_status.ok()) << run.second_status;
-  EXPECT_TRUE(run.first_ended_while_held) << "the batch waited for another request's store lookup";
-  EXPECT_EQ(run.first_tokens, Reference(*model_, a));
-  EXPECT_EQ(run.second_tokens, Reference(*model_, b));
-  EXPECT_EQ(store.lookups, 2);
-}
-
-// The read of a stored prefix runs off the engine's thread too (a read takes as long as the link, or
-// the store's timeout): the sequence joins the batch once its blocks have arrived, and reads them.
-TEST_F(FullEngineTest, AHangingStoreReadHoldsUpOnlyItsOwnRequest) {
-  MemoryPrefixStore store(16);
-  auto engine = Engine(64, 4, &store);
-  ASSERT_NE(engine, nullptr);
-  const EngineRequest a = MakeRequest(RandomPrompt(40, 500), Options(40, 0.0f, 0));
-  const EngineRequest b = MakeRequest(RandomPrompt(40, 501), Options(40, 0.0f, 0));
-  auto warm = engine->Generate({b});  // publishes b's blocks
-  ASSERT_TRUE(warm.ok()) << warm.status();
-  const testing::HeldStoreRun run = testing::RunWithStoreHeld(*engine, store.hold_reads, a, b);
-  ASSERT_TRUE(run.step.ok()) << run.step;
-  ASSERT_TRUE(run.idle);
-  ASSERT_TRUE(run.first_status.ok()) << run.first_status;
-  ASSERT_TRUE(run.second_status.ok()) << run.second_status;
-  EXPECT_TRUE(run.first_ended_while_held) << "the batch waited for another request's store read";
-  EXPECT_EQ(run.first_tokens, Reference(*model_, a));
-  EXPECT_EQ(run.second_tokens, Reference(*model_, b));
-  EXPECT_EQ(store.reads, 1);
+TEST_F(FullEngineTest, AHangingStoreLookupOrReadHoldsUpOnlyItsOwnRequest) {
+  for (const bool reads : {false, true}) {
+    SCOPED_TRACE(reads ? "reads held" : "lookups held");
+    MemoryPrefixStore store(16);
+    auto engine = Engine(64, 4, &store);
+    ASSERT_NE(engine, nullptr);
+    const EngineRequest a = MakeRequest(RandomPrompt(40, 500), Options(40, 0.0f, 0));
+    const EngineRequest b = MakeRequest(RandomPrompt(40, 501), Options(40, 0.0f, 0));
+    if (reads) ASSERT_TRUE(engine->Generate({b}).ok());  // publishes b's blocks, for it to read
+    const int lookups = store.lookups;
+    const testing::HeldStoreRun run =
+        testing::RunWithStoreHeld(*engine, reads ? store.hold_reads : store.hold_lookups, a, b);
+    testing::ExpectOnlyTheSecondWaited(run, Reference(*model_, a), Reference(*model_, b));
+    EXPECT_EQ(store.lookups - lookups, 2);
+    EXPECT_EQ(store.reads, reads ? 1 : 0);
+  }
 }
 
 // A request cancelled mid-generation (a stop sequence is a cancel) shares the blocks its output

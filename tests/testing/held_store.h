@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "gtest/gtest.h"
 #include "tests/testing/memory_prefix_store.h"
 #include "worker/requests.h"
 
@@ -55,6 +56,19 @@ HeldStoreRun RunWithStoreHeld(Engine& engine, std::atomic<bool>& hold, EngineReq
   first_done = true;  // lets the releaser go whatever happened
   releaser.join();
   return run;
+}
+
+// What such a run must show: both requests ended well with the tokens they should have, the first
+// while the second's call to the store hung.
+inline void ExpectOnlyTheSecondWaited(const HeldStoreRun& run, const std::vector<int32_t>& want_first,
+                                      const std::vector<int32_t>& want_second) {
+  ASSERT_TRUE(run.step.ok()) << run.step;
+  ASSERT_TRUE(run.idle);
+  ASSERT_TRUE(run.first_status.ok()) << run.first_status;
+  ASSERT_TRUE(run.second_status.ok()) << run.second_status;
+  EXPECT_TRUE(run.first_ended_while_held) << "the batch waited for another request's call to the store";
+  EXPECT_EQ(run.first_tokens, want_first);
+  EXPECT_EQ(run.second_tokens, want_second);
 }
 
 }  // namespace vc::testing
