@@ -95,10 +95,11 @@ std::unique_ptr<grpc::Server> Listen(const std::string& address, std::shared_ptr
   b.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 500);
   for (const auto& [name, value] : KeepaliveArgs(keepalive_ms)) b.AddChannelArgument(name, value);
   b.AddListeningPort(address, creds != nullptr ? creds : grpc::InsecureServerCredentials(), port);
-  // What gRPC may buffer for calls not yet handed over (a message is read whole before its token or
-  // anything in it is checked): four of the largest messages. Past it, calls are refused
-  // (RESOURCE_EXHAUSTED) instead of each holding its message: twelve clients sending 30 MB prompts
-  // at once took a worker from 0.8 to 1.3 GB without it, to 1.1 GB with it.
+  // What gRPC may hold for this server's calls, messages read (whole, before their token or
+  // anything in them is checked) and answers being sent alike: four of the largest messages.
+  // Past it, calls are refused (RESOURCE_EXHAUSTED) instead of each holding its message: twelve
+  // clients sending 30 MB prompts at once took a worker from 0.8 to 1.3 GB without it, to 1.1 GB
+  // with it. (A store's is 1 GiB, shared by the blocks it answers inline, without UCX.)
   grpc::ResourceQuota quota("vericache-server");
   quota.Resize(static_cast<size_t>(4) * static_cast<size_t>(max_message_bytes));
   b.SetResourceQuota(quota);

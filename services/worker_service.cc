@@ -80,13 +80,15 @@ class Scheduler {
   struct Driver {
     std::function<int64_t(EngineRequest, VeriCacheEngine::DoneCallback)> submit;
     std::function<void(int64_t)> cancel;
-    std::function<absl::Status()> step;
+    std::function<absl::Status(bool may_wait)> step;
     std::function<bool()> idle;
+    std::function<size_t()> active;  // sequences in flight
   };
   template <typename E>
   static Driver Drive(E* e) {
     return Driver{[e](EngineRequest r, VeriCacheEngine::DoneCallback cb) { return e->Submit(std::move(r), std::move(cb)); },
-                  [e](int64_t id) { e->Cancel(id); }, [e] { return e->Step(); }, [e] { return e->Idle(); }};
+                  [e](int64_t id) { e->Cancel(id); }, [e](bool may_wait) { return e->Step(may_wait); },
+                  [e] { return e->Idle(); }, [e] { return e->active(); }};
   }
 
   // Takes the engines (`full` may be null) and starts the scheduler thread.
@@ -236,7 +238,12 @@ class Scheduler {
       }
       if (before_steps_) before_steps_();
       for (Driver& d : drivers_) {
-        if (!d.idle()) d.step().IgnoreError();  // a failed pass has ended its requests with the error
+        if (d.idle()) continue;
+        // An engine with nothing of its own to run waits for the store only while the other has
+        // nothing in flight either: one engine's wait must not hold up the other's batch.
+        const bool others_quiet = std::all_of(drivers_.begin(), drivers_.end(),
+                                              [&](const Driver& o) { return &o == &d || o.active() == 0; });
+        d.step(others_quiet).IgnoreError();  // a failed pass has ended its requests with the error
       }
       std::erase_if(live, [](const Live& x) { return x.stream.use_count() == 1; });
     }

@@ -415,7 +415,9 @@ TEST_F(FullEngineTest, AHangingStoreLookupOrReadHoldsUpOnlyItsOwnRequest) {
     ASSERT_NE(engine, nullptr);
     const EngineRequest a = MakeRequest(RandomPrompt(40, 500), Options(40, 0.0f, 0));
     const EngineRequest b = MakeRequest(RandomPrompt(40, 501), Options(40, 0.0f, 0));
-    if (reads) ASSERT_TRUE(engine->Generate({b}).ok());  // publishes b's blocks, for it to read
+    if (reads) {
+      ASSERT_TRUE(engine->Generate({b}).ok());  // publishes b's blocks, for it to read
+    }
     const int lookups = store.lookups;
     const testing::HeldStoreRun run =
         testing::RunWithStoreHeld(*engine, reads ? store.hold_reads : store.hold_lookups, a, b);

@@ -45,11 +45,10 @@ struct VeriCacheEngine::Sequence : QueuedRequest {
     result.stats = EngineStats{};
     result.stats.prompt_tokens = request.prompt_tokens();
     full_len = 0;
-    names.clear();
     publish_from = -1;
-    cnames.clear();
     cpublish_from = -1;
-    lookup.reset();  // asked again when next tried: the store may have changed meanwhile
+    // names, cnames and their lookup stay: asked again once the answer is stale
+    // (PrefixLookups::Stale), not at every try of a request that waits for room.
     first_window = -1;
     approximate_prompt = false;
   }
@@ -177,7 +176,7 @@ bool VeriCacheEngine::LookupDone(Sequence& s, bool wait) {
     }
     s.lookup = lookups_->Start(s.names, s.cnames);
   }
-  if (wait) s.lookup->Wait();
+  if (wait) s.lookup->WaitFor(PrefixLookups::kIdleWait);
   return s.lookup->done();
 }
 
@@ -651,7 +650,7 @@ absl::Status VeriCacheEngine::Verify(std::vector<Sequence*>& ready) {
   return absl::OkStatus();
 }
 
-absl::Status VeriCacheEngine::Step() {
+absl::Status VeriCacheEngine::Step(bool may_wait) {
   if (staging_ == nullptr) return absl::FailedPreconditionError("the engine has no staging memory (staging_blocks)");
   std::vector<RequestQueue<Sequence>::Ended> ended = requests_.TakeEnded(
       absl::Now(),
@@ -678,8 +677,8 @@ absl::Status VeriCacheEngine::Step() {
   // A request that does not fit yet (its memory is taken by the batch) waits; a step tries 4 such
   // at most, since each try may ask the store for its prefix.
   requests_.AdmitInOrder(static_cast<size_t>(options_.max_batch), /*max_waiting_tried=*/4, [&](Sequence& s) {
-    // Nothing in flight to hold up: wait for the store's answer here rather than step idly.
-    if (!LookupDone(s, /*wait=*/active.empty())) return Admission::kWait;
+    // Nothing in flight to hold up: wait a while for the store's answer rather than step idly.
+    if (!LookupDone(s, /*wait=*/may_wait && active.empty())) return Admission::kWait;
     absl::Status st = Admit(s);
     if (st.ok()) return Admission::kAdmitted;
     Release(s);
@@ -740,7 +739,7 @@ absl::Status VeriCacheEngine::Step() {
     }
     if (status.ok() && !drafting.empty()) status = DraftStep(drafting);
     if (ready.empty() && drafting.empty()) {
-      if (!waiting.empty()) {
+      if (!waiting.empty() && may_wait) {
         const absl::Duration t0 = SteadyClock()->Now();
         waiting.front()->fetch->Wait().IgnoreError();  // Verify looks at the outcome
         waiting.front()->result.stats.fetch_wait_seconds += absl::ToDoubleSeconds(SteadyClock()->Now() - t0);

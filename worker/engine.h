@@ -96,8 +96,11 @@ class VeriCacheEngine {
   // One scheduling step: ends cancelled and expired requests, admits queued ones while there is
   // room, then runs the batched verify pass of the sequences ready for one and the batched draft
   // step of those drafting (or, with neither, waits for a fetch). An error is the engine's own (a
-  // failed pass); every request in flight has been ended with it.
-  absl::Status Step();
+  // failed pass); every request in flight has been ended with it. `may_wait`: with nothing of its
+  // own to run, the step may wait for a fetch, or (up to PrefixLookups::kIdleWait) for the store's
+  // answer about a queued request; a caller that drives other work on the same thread passes false
+  // while that work is in flight.
+  absl::Status Step(bool may_wait = true);
   bool Idle() const { return requests_.Idle(); }
   size_t queued() const { return requests_.pending.size(); }
   size_t active() const { return requests_.active.size(); }

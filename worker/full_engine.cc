@@ -90,7 +90,12 @@ FullKvEngine::RequestId FullKvEngine::Submit(EngineRequest request, DoneCallback
 void FullKvEngine::Cancel(RequestId id) { requests_.Cancel(id); }
 
 void FullKvEngine::Leave(Sequence& s) {
-  if (s.read.valid()) s.read.wait();  // it writes into the sequence's blocks
+  if (s.read.valid() && s.read.wait_for(std::chrono::seconds(0)) != std::future_status::ready) {
+    // It still writes into the sequence's blocks: they are freed once it has landed.
+    reading_.push_back({s.seq, std::move(s.read)});
+    s.seq = -1;
+    return;
+  }
   if (s.seq >= 0) cache_.FreeSequence(s.seq);
   s.seq = -1;
 }
@@ -103,7 +108,7 @@ bool FullKvEngine::LookupDone(Sequence& s, bool wait) {
     s.names = prefixes_->Names(s.request.tenant, absl::MakeConstSpan(s.tokens).first(static_cast<size_t>(n)));
     s.lookup = lookups_->Start(s.names, {});
   }
-  if (wait) s.lookup->Wait();
+  if (wait) s.lookup->WaitFor(PrefixLookups::kIdleWait);
   return s.lookup->done();
 }
 
@@ -119,8 +124,15 @@ void FullKvEngine::FetchPrefix(Sequence& s) {
                                            dest = PagedDest::Of(cache_, s.seq)] { return prefixes_->Read(names, dest); });
   // One that lands at once (over shared memory, 8K tokens' blocks take a few milliseconds) joins
   // this step's pass rather than the next.
-  constexpr auto kGrace = std::chrono::milliseconds(20);
-  if (s.read.wait_for(kGrace) == std::future_status::ready) LandRead(s);
+  if (s.read.wait_for(absl::ToChronoMilliseconds(PrefixLookups::kGrace)) == std::future_status::ready) LandRead(s);
+}
+
+void FullKvEngine::ReleaseReadsLanded() {
+  std::erase_if(reading_, [&](Reading& r) {
+    if (r.read.wait_for(std::chrono::seconds(0)) != std::future_status::ready) return false;
+    cache_.FreeSequence(r.seq);
+    return true;
+  });
 }
 
 void FullKvEngine::LandRead(Sequence& s) {
@@ -228,7 +240,7 @@ absl::Status FullKvEngine::Pass() {
   return absl::OkStatus();
 }
 
-absl::Status FullKvEngine::Step() {
+absl::Status FullKvEngine::Step(bool may_wait) {
   // Requests that end are told only at the end of the step; what they held is freed at once, so
   // that admission below can use it.
   std::vector<RequestQueue<Sequence>::Ended> ended = requests_.TakeEnded(
@@ -246,21 +258,23 @@ absl::Status FullKvEngine::Step() {
       return Admission::kWait;
     }
     // Nothing in flight to hold up: wait for the store's answer here rather than step idly.
-    if (!LookupDone(s, /*wait=*/active.empty())) return Admission::kWait;
+    if (!LookupDone(s, /*wait=*/may_wait && active.empty())) return Admission::kWait;
     Admit(s);
     return Admission::kAdmitted;
   });
-  // Stored prefixes that have arrived join the pass; with nothing else to run, the first to come.
+  // Stored prefixes that have arrived join the pass; with nothing else to run, the first to come
+  // is waited for a while.
   bool any_ready = false;
   for (auto& sp : active) any_ready |= !sp->read.valid();
   for (auto& sp : active) {
     if (!sp->read.valid()) continue;
-    if (!any_ready) {
-      sp->read.wait();
+    if (!any_ready && may_wait) {
+      sp->read.wait_for(absl::ToChronoMilliseconds(PrefixLookups::kIdleWait));
       any_ready = true;
     }
     if (sp->read.wait_for(std::chrono::seconds(0)) == std::future_status::ready) LandRead(*sp);
   }
+  ReleaseReadsLanded();
   const absl::Status status = active.empty() ? absl::OkStatus() : Pass();
   for (auto& e : requests_.TakeFinished(status, [&](Sequence& s) { Leave(s); })) ended.push_back(std::move(e));
   RequestQueue<Sequence>::TellAll(ended);

@@ -23,6 +23,7 @@
 #define VC_WORKER_FULL_ENGINE_H_
 
 #include <cstdint>
+#include <future>
 #include <memory>
 #include <vector>
 
@@ -76,7 +77,8 @@ class FullKvEngine {
   // stored prefix, if it reads one, has arrived (waiting for the first to arrive when no other
   // sequence can run; store lookups and reads run on threads of their own). An error is the engine's own (a failed pass); every request in flight has
   // been ended with it.
-  absl::Status Step();
+  // `may_wait`: as VeriCacheEngine::Step's (here also for a stored prefix being read).
+  absl::Status Step(bool may_wait = true);
   bool Idle() const { return requests_.Idle(); }
   size_t queued() const { return requests_.pending.size(); }
   size_t active() const { return requests_.active.size(); }
@@ -107,6 +109,8 @@ class FullKvEngine {
   void FetchPrefix(Sequence& s);
   // Once s.read is done: commits what it brought, or counts it as to be recomputed.
   void LandRead(Sequence& s);
+  // Frees the blocks of sequences that left while their reads were under way, once those landed.
+  void ReleaseReadsLanded();
   absl::Status Pass();
   // After the pass that completed the prompt of `s`: shares the blocks the store lacked.
   void PromptDone(Sequence& s);
@@ -124,6 +128,12 @@ class FullKvEngine {
   const FullEngineOptions options_;
 
   PagedKvCache cache_;
+  // Reads still writing into the blocks of sequences that left (cancelled, past their deadline).
+  struct Reading {
+    SeqId seq;
+    std::future<absl::Status> read;
+  };
+  std::vector<Reading> reading_;
   std::unique_ptr<PrefixLookups> lookups_;  // with a PrefixStore and fetch_prefix
   RequestQueue<Sequence> requests_;
 };

@@ -29,7 +29,8 @@ class PrefixLookups {
     int hit = 0, chit = 0;
     absl::Duration answered;  // SteadyClock() time of the answer
     bool done() const { return done_.HasBeenNotified(); }
-    void Wait() const { done_.WaitForNotification(); }
+    // Waits up to `timeout` for the answer; whether it came.
+    bool WaitFor(absl::Duration timeout) const { return done_.WaitForNotificationWithTimeout(timeout); }
 
    private:
     friend class PrefixLookups;
@@ -47,6 +48,9 @@ class PrefixLookups {
   // a batch pass later.
   std::shared_ptr<const Lookup> Start(std::vector<PrefixName> names, std::vector<PrefixName> cnames);
   static constexpr absl::Duration kGrace = absl::Milliseconds(5);
+  // The longest an engine with nothing else to run waits for an answer in one step: its caller's
+  // loop then comes round (new requests, cancels) and steps it again.
+  static constexpr absl::Duration kIdleWait = absl::Milliseconds(50);
 
   // Whether an answer is too old to admit a request on: other workers, and this one, publish
   // blocks all the time. An engine asks again for a request that waited this long after it.

@@ -99,9 +99,10 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
   cachestore::StoreOptions o;
   VC_ASSIGN_OR_RETURN(int64_t ram, a.Int("ram-bytes", int64_t{1} << 30, 1 << 20, int64_t{1} << 40));
   VC_ASSIGN_OR_RETURN(int64_t disk, a.Int("disk-bytes", int64_t{16} << 30, 1 << 20, int64_t{1} << 50));
-  // Under 2 s a reader could trust no read it made without asking the store afterwards whether its
-  // lease was still live (StoreClient::LeaseTrustWindow), and reads slower than the lease would all
-  // be thrown away: every stored prefix recomputed while the store counts hits.
+  // A reader trusts a read without asking the store afterwards whether its lease was still live
+  // only within the lease less a fifth of it, at least 1 s (StoreClient::LeaseTrustWindow): under
+  // 2 s that is under 1 s, at 1 s or less nothing, and reads slower than the lease are all thrown
+  // away (at 5 ms every stored prefix was recomputed while the store counted hits).
   VC_ASSIGN_OR_RETURN(o.ram.lease_ttl_ms, a.Int("lease-ttl-ms", o.ram.lease_ttl_ms, 2000, int64_t{24} * 3600 * 1000));
   o.ram.capacity_bytes = static_cast<uint64_t>(ram);
   VC_ASSIGN_OR_RETURN(int64_t lease_cap, a.Int("lease-bytes-per-tenant", ram / 2, 0, ram));
