@@ -743,6 +743,10 @@ absl::Status VeriCacheEngine::Step(bool may_wait) {
         const absl::Duration t0 = SteadyClock()->Now();
         waiting.front()->fetch->Wait().IgnoreError();  // Verify looks at the outcome
         waiting.front()->result.stats.fetch_wait_seconds += absl::ToDoubleSeconds(SteadyClock()->Now() - t0);
+      } else if (!waiting.empty()) {
+        // Not to hold up the caller's other work, and not to come straight back either (its other
+        // work may be waiting on a store too): a moment.
+        absl::SleepFor(PrefixLookups::kPoll);
       } else if (!stuck.empty() && !EvictResident(nullptr)) {
         // (An eviction makes room for the stuck ones at the next step.) Nothing holds staging
         // now, so this one can never fit: end it alone.

@@ -268,8 +268,9 @@ absl::Status FullKvEngine::Step(bool may_wait) {
   for (auto& sp : active) any_ready |= !sp->read.valid();
   for (auto& sp : active) {
     if (!sp->read.valid()) continue;
-    if (!any_ready && may_wait) {
-      sp->read.wait_for(absl::ToChronoMilliseconds(PrefixLookups::kIdleWait));
+    if (!any_ready) {
+      // Without may_wait, a moment (see VeriCacheEngine::Step).
+      sp->read.wait_for(absl::ToChronoMilliseconds(may_wait ? PrefixLookups::kIdleWait : PrefixLookups::kPoll));
       any_ready = true;
     }
     if (sp->read.wait_for(std::chrono::seconds(0)) == std::future_status::ready) LandRead(*sp);

@@ -51,6 +51,9 @@ class PrefixLookups {
   // The longest an engine with nothing else to run waits for an answer in one step: its caller's
   // loop then comes round (new requests, cancels) and steps it again.
   static constexpr absl::Duration kIdleWait = absl::Milliseconds(50);
+  // How long an engine that may not wait, and has nothing to run but sequences waiting on the
+  // store, pauses in a step: its caller's loop does not spin while everything waits on the store.
+  static constexpr absl::Duration kPoll = absl::Milliseconds(1);
 
   // Whether an answer is too old to admit a request on: other workers, and this one, publish
   // blocks all the time. An engine asks again for a request that waited this long after it.
