@@ -262,18 +262,15 @@ absl::Status FullKvEngine::Step(bool may_wait) {
     Admit(s);
     return Admission::kAdmitted;
   });
-  // Stored prefixes that have arrived join the pass; with nothing else to run, the first to come
-  // is waited for a while.
-  bool any_ready = false;
-  for (auto& sp : active) any_ready |= !sp->read.valid();
+  // Stored prefixes that have arrived join the pass. With nothing else to run, the first still
+  // being read is waited for a while (without may_wait, a moment: see VeriCacheEngine::Step).
+  const auto reading = [](const auto& sp) { return sp->read.valid(); };
+  if (std::all_of(active.begin(), active.end(), reading) && !active.empty()) {
+    active.front()->read.wait_for(
+        absl::ToChronoMilliseconds(may_wait ? PrefixLookups::kIdleWait : PrefixLookups::kPoll));
+  }
   for (auto& sp : active) {
-    if (!sp->read.valid()) continue;
-    if (!any_ready) {
-      // Without may_wait, a moment (see VeriCacheEngine::Step).
-      sp->read.wait_for(absl::ToChronoMilliseconds(may_wait ? PrefixLookups::kIdleWait : PrefixLookups::kPoll));
-      any_ready = true;
-    }
-    if (sp->read.wait_for(std::chrono::seconds(0)) == std::future_status::ready) LandRead(*sp);
+    if (reading(sp) && sp->read.wait_for(std::chrono::seconds(0)) == std::future_status::ready) LandRead(*sp);
   }
   ReleaseReadsLanded();
   const absl::Status status = active.empty() ? absl::OkStatus() : Pass();
