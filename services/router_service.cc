@@ -204,6 +204,7 @@ struct RouterService::Upstream {
   std::unique_ptr<vericache::v1::Inference::Stub> stub;
   std::atomic<int> in_flight{0};
   std::atomic<uint64_t> routed{0}, failures{0};
+  std::atomic<uint64_t> busy{0};  // calls it refused as full (RESOURCE_EXHAUSTED): not failures
   std::atomic<bool> serving{false};
   std::atomic<bool> removed{false};
   std::atomic<bool> takes_generated_ids{false};  // from its ModelInfo: it can take a call moved mid-stream
@@ -607,7 +608,7 @@ grpc::Status RouterService::Generate(grpc::ServerContext* ctx, const GenerateReq
       if (client_gone) return grpc::Status(grpc::StatusCode::CANCELLED, "the client stopped reading");
       return s;
     }
-    w.failures++;
+    (s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED ? w.busy : w.failures)++;
     // Down or draining: no more calls until a health check says it serves again (one that began
     // after this: see Apply).
     if (s.error_code() == grpc::StatusCode::UNAVAILABLE) {
@@ -702,6 +703,7 @@ void RouterService::CurrentStats(vericache::v1::RouterStats* s) {
     ws->set_requests_in_flight(static_cast<uint32_t>(std::max(0, w->in_flight.load())));
     ws->set_requests_routed(w->routed);
     ws->set_failures(w->failures);
+    ws->set_busy(w->busy);
     ws->set_state(w->state);
   }
 }

@@ -147,6 +147,16 @@ class Scheduler {
     for (auto& [req, engine, stream] : inbox_) stream->Done(absl::UnavailableError("the worker is shutting down"), {});
   }
 
+  // Counts a request that ended without reaching an engine (a call moved on past its end of
+  // sequence): ended, with `stats` summed.
+  void CountEnded(const std::string& tenant, const EngineStats& stats) {
+    absl::MutexLock l(&mu_);
+    for (Totals* t : {&totals_, &tenants_[tenant]}) {
+      t->ended++;
+      Add(stats, &t->sum);
+    }
+  }
+
   // kResourceExhausted when max_requests are queued or in flight, or max_requests_per_tenant of
   // the request's tenant.
   absl::Status Enqueue(EngineRequest request, int engine, std::shared_ptr<RequestStream> stream) {
@@ -481,9 +491,11 @@ grpc::Status WorkerService::Generate(grpc::ServerContext* ctx, const v1::Generat
   // Output that ended with the end of sequence, all of it sent before its worker failed: done.
   if (!req->ignore_eos() && req->generated_ids_size() > 0 &&
       model_.tokenizer().IsEos(req->generated_ids(req->generated_ids_size() - 1))) {
+    EngineStats none;
+    none.prompt_tokens = parsed->prompt_tokens();
+    scheduler_->CountEnded(parsed->tenant, none);
     v1::GenerateResponse last;
-    last.mutable_stats()->set_mode(mode);
-    last.mutable_stats()->set_prompt_tokens(static_cast<uint32_t>(parsed->prompt_tokens()));
+    FillStats(none, mode, last.mutable_stats());
     watchdog_->Write(ctx, [&] { return writer->Write(last); });
     return grpc::Status::OK;
   }

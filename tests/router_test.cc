@@ -126,6 +126,51 @@ TEST(RouterOfFakeWorkers, AnOutputThatEndedIsOkWhateverFollows) {
   EXPECT_EQ(r.tokens, (std::vector<int32_t>{5, 6}));
 }
 
+// A worker of checkpoint "f" that refuses every call as full, as one at its request limit does.
+class AlwaysFull final : public v1::Inference::Service {
+ public:
+  grpc::Status Generate(grpc::ServerContext*, const v1::GenerateRequest*,
+                        grpc::ServerWriter<v1::GenerateResponse>*) override {
+    return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, "the worker holds 4 requests, its limit");
+  }
+  grpc::Status GetModelInfo(grpc::ServerContext*, const v1::GetModelInfoRequest*, v1::ModelInfo* info) override {
+    info->set_fingerprint_hex("f");
+    info->set_numerics("avx2");
+    info->set_takes_generated_ids(true);
+    return grpc::Status::OK;
+  }
+};
+
+// A full worker is busy, not failing: each call it refuses goes to the next worker, is counted as
+// refused as full, and leaves it serving.
+TEST(RouterOfFakeWorkers, AFullWorkerIsBusyNotFailing) {
+  AlwaysFull full_service;
+  EndsThenFails serving_service;
+  FakeWorker full(&full_service), serving(&serving_service);
+  RouterServerOptions o;
+  o.service.workers = full.target() + "," + serving.target();
+  o.service.policy = "round-robin";
+  o.service.health_interval_ms = 50;
+  auto router = RouterServer::Start(o);
+  ASSERT_TRUE(router.ok()) << router.status();
+  ASSERT_TRUE((*router)->service().WaitServing(2, absl::Seconds(20)));
+  auto stub = InferenceStub((*router)->target());
+  for (int i = 0; i < 4; ++i) {
+    const GenerateReply r = CallGenerate(*stub, testing::IdsRequest(10, 8), "");
+    EXPECT_TRUE(r.status.ok()) << r.status;
+    EXPECT_EQ(r.tokens, (std::vector<int32_t>{5, 6}));
+  }
+  v1::RouterStats s;
+  (*router)->service().CurrentStats(&s);
+  ASSERT_EQ(s.workers_size(), 2);
+  EXPECT_GE(s.workers(0).busy(), 1u) << s.DebugString();
+  EXPECT_EQ(s.workers(0).failures(), 0u) << s.DebugString();
+  EXPECT_EQ(s.workers(0).serving(), 1u);
+  EXPECT_EQ(s.retries(), s.workers(0).busy());
+  EXPECT_EQ(s.workers(1).requests_routed(), 4u);
+  EXPECT_EQ(s.workers(1).busy(), 0u);
+}
+
 // During an upgrade, workers that report no numerics (older than the field) serve beside those that
 // do, whichever the router pinned. A worker of other numerics than those pinned is kept out; with
 // none pinned (an older worker's model was), every worker of the checkpoint serves.

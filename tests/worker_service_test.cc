@@ -631,11 +631,17 @@ TEST_F(WorkerServiceTest, ARequestResumedAfterItsFirstTokensGivesTheRest) {
   at_eos.set_ignore_eos(false);
   at_eos.add_generated_ids(65);
   at_eos.add_generated_ids(257);
+  const v1::WorkerStats before = WorkerStats(*stub, "");
   GenerateReply ended = CallGenerate(*stub, at_eos);
   ASSERT_TRUE(ended.status.ok()) << ended.status;
   EXPECT_TRUE(ended.tokens.empty());
   EXPECT_EQ(ended.stats.generated_tokens(), 0u);
   EXPECT_EQ(ended.stats.prompt_tokens(), p.size());
+  // It has ended well, and the worker's totals say so.
+  const v1::WorkerStats after = WorkerStats(*stub, "");
+  EXPECT_EQ(after.requests_ended(), before.requests_ended() + 1);
+  EXPECT_EQ(after.prompt_tokens(), before.prompt_tokens() + p.size());
+  EXPECT_EQ(after.generated_tokens(), before.generated_tokens());
   at_eos.set_ignore_eos(true);
   ended = CallGenerate(*stub, at_eos);
   ASSERT_TRUE(ended.status.ok()) << ended.status;

@@ -128,8 +128,9 @@ void PrintRouter(const std::string& target, const v1::RouterStats& s, std::ostre
                          "passed to a less busy one; %d blocks remembered\n",
                          s.prefix_routed(), s.prefix_blocks_matched(), s.load_spills(), s.affinity_blocks());
   for (const v1::RouterWorkerStats& w : s.workers()) {
-    out << absl::StrFormat("  worker %s: %s; %d in flight, %d routed, %d failures\n", w.target(), w.state(),
-                           w.requests_in_flight(), w.requests_routed(), w.failures());
+    out << absl::StrFormat("  worker %s: %s; %d in flight, %d routed, %d failures, %d refused as full\n",
+                           w.target(), w.state(), w.requests_in_flight(), w.requests_routed(), w.failures(),
+                           w.busy());
   }
 }
 
