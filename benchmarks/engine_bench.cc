@@ -369,7 +369,7 @@ int main(int argc, char** argv) {
   const int tokens = static_cast<int>(Int(flags, "tokens", 1, m.config().max_position_embeddings - 2));
   // 0 or auto: the adaptive window.
   const int draft_window =
-      flags["draft-window"] == "auto" ? 0 : static_cast<int>(Int(flags, "draft-window", 0, EngineOptions{}.max_draft_window));
+      flags["draft-window"] == "auto" ? 0 : static_cast<int>(Int(flags, "draft-window", 0, 64));
   const int64_t round_count = Int(flags, "rounds", 1, 1000);
   const std::vector<int64_t> contexts = Ints(flags, "contexts", 2, m.config().max_position_embeddings - tokens);
   const std::vector<int64_t> batches = Ints(flags, "batches", 1, 1024);

@@ -157,6 +157,22 @@ TEST_F(EngineExactness, EveryCompressorWindowAndSampling) {
   }
 }
 
+// A fixed window past the adaptive one's cap (16) is the window that runs, exactly.
+TEST_F(EngineExactness, AFixedWindowPastTheAdaptiveCapRuns) {
+  const std::vector<std::vector<int32_t>> prompts = {RandomPrompt(40, 21)};
+  GenerateOptions o;
+  o.max_tokens = 120;
+  o.stop_at_eos = false;
+  EngineOptions eo;
+  eo.compressor = "none";  // every draft is accepted: each window is a whole one
+  eo.draft_window = 24;
+  EngineStats total;
+  ExpectExact(*model_, prompts, o, eo, &total);
+  // 120 tokens in windows of 24 drafts and the pass's own token: 24 drafts a pass but the last.
+  EXPECT_EQ(total.verifies, 5) << total.drafted;
+  EXPECT_EQ(total.drafted, 4 * 24 + 19);  // the last: 20 tokens left, 19 drafts and its own
+}
+
 // Every emitted token is an accepted draft or a verify pass's own token, also when the output
 // ends at an end of sequence that was itself an accepted draft: the drafts after it are never sent
 // and not counted as accepted (that pass's own token is not sent either).

@@ -84,7 +84,10 @@ absl::StatusOr<std::unique_ptr<VeriCacheEngine>> VeriCacheEngine::Create(const M
   if (e->max_rollback_ < 1) {
     return absl::InvalidArgumentError(absl::StrCat("compressor ", e->spec_, " cannot roll back a single draft"));
   }
-  e->max_k_ = static_cast<int>(std::min<int64_t>(options.max_draft_window, e->max_rollback_));
+  // A fixed window past the adaptive one's cap raises it: asked for, it is what runs.
+  const int cap = options.draft_window > 0 ? std::max(options.max_draft_window, options.draft_window)
+                                           : options.max_draft_window;
+  e->max_k_ = static_cast<int>(std::min<int64_t>(cap, e->max_rollback_));
   e->bytes_per_token_ = layout.bytes_per_token();
   if (options.staging_blocks > 0) e->staging_ = std::make_unique<PagedKvCache>(layout, options.staging_blocks);
   return e;

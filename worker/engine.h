@@ -51,7 +51,8 @@ namespace vc {
 struct EngineOptions {
   std::string compressor = "kivi:bits=4,group=32,residual=32";
   int draft_window = 0;       // fixed k when > 0; 0 adapts per sequence
-  int max_draft_window = 16;  // capped by the compressor's MaxRollback
+  int max_draft_window = 16;  // the adaptive window's cap (a larger fixed k raises it); both capped
+                              // by the compressor's MaxRollback
   int block_size = 16;
   // Staging blocks for full KV being prefilled or verified. 0: Generate sizes it for every
   // sequence of the call at once; Submit needs it set.
