@@ -8,6 +8,7 @@
 #include "common/status_macros.h"
 #include "worker/draft_window.h"
 #include "worker/lossy_decoder.h"
+#include "worker/query_recorder.h"
 
 namespace vc {
 
@@ -38,6 +39,13 @@ struct VeriCacheEngine::Sequence : QueuedRequest {
   std::shared_ptr<FetchHandle> fetch;
   absl::Duration fetch_start;  // SteadyClock() time
   DraftWindow window{0, 1};
+  // A prompt with nothing stored is prefilled into staging (`pseq`) a chunk a step, so that the
+  // batch in flight streams on meanwhile: [0, prefilled) of its [0, v() - 1) are done. `recorder`
+  // keeps the last queries for a compressor that chooses by them.
+  SeqId pseq = -1;
+  int64_t prefilled = 0;
+  std::unique_ptr<QueryRecorder> recorder;
+  bool prefilling() const { return pseq >= 0; }
   int64_t v() const { return static_cast<int64_t>(tokens.size()); }
 
   // After a failed admission and Release: back to the state Submit left, to be admitted again.
@@ -107,6 +115,10 @@ void VeriCacheEngine::Release(Sequence& s) {
   if (s.fetch != nullptr) s.fetch->Wait().IgnoreError();  // it writes into staging
   s.fetch.reset();
   DropStaging(s);
+  s.recorder.reset();
+  if (s.pseq >= 0) staging_->FreeSequence(s.pseq);
+  s.pseq = -1;
+  s.prefilled = 0;
   if (s.cseq >= 0) {
     s.result.stats.compressed_bytes = compressed_->Bytes(s.cseq);
     compressed_->FreeSequence(s.cseq);
@@ -349,6 +361,11 @@ absl::Status VeriCacheEngine::Admit(Sequence& s) {
       return absl::OkStatus();
     }
   }
+  // One prompt at a time is prefilled (each holds staging for all of it until it is done): the
+  // first comes soonest, and the others' staging is not taken while they wait their turn.
+  for (const auto& o : requests_.active) {
+    if (o->prefilling()) return absl::ResourceExhaustedError("another prompt is being prefilled");
+  }
   const SeqId tmp = staging_->NewSequence();
   absl::Status reserved = ReserveStaging(tmp, n + 1, nullptr);
   if (!reserved.ok()) {
@@ -356,13 +373,42 @@ absl::Status VeriCacheEngine::Admit(Sequence& s) {
     return reserved;
   }
   s.cseq = compressed_->NewSequence();
-  absl::Status status = PrefillAndCompress(model_, s.tokens, n, s.request.options.prefill_chunk,
-                                           *staging_, tmp, *compressed_, s.cseq);
-  if (status.ok()) status = tier_->Append(s.key, *staging_, tmp, 0, n);
-  if (status.ok() && prefixes_ != nullptr) SharePrefix(s, 0, tmp);
-  staging_->FreeSequence(tmp);
-  s.full_len = n;
+  s.pseq = tmp;
+  s.prefilled = 0;
+  const int64_t window = std::min(n, compressed_->prompt_query_window());
+  if (window > 0) s.recorder = std::make_unique<QueryRecorder>(*staging_, tmp, n, window, model_.config().num_layers);
   st.prefill_seconds = absl::ToDoubleSeconds(SteadyClock()->Now() - t0);
+  return absl::OkStatus();  // PrefillChunk goes on with it, a chunk a step
+}
+
+absl::Status VeriCacheEngine::PrefillChunk(Sequence& s) {
+  const absl::Duration t0 = SteadyClock()->Now();
+  const int64_t n = s.v() - 1;
+  const int64_t end = std::min<int64_t>(n, s.prefilled + s.request.options.prefill_chunk);
+  if (end > s.prefilled) {
+    AttentionCache& cache = s.recorder != nullptr ? static_cast<AttentionCache&>(*s.recorder) : *staging_;
+    VC_RETURN_IF_ERROR(model_.Prefill(
+        absl::MakeConstSpan(s.tokens).subspan(static_cast<size_t>(s.prefilled), static_cast<size_t>(end - s.prefilled)),
+        s.pseq, s.request.options.prefill_chunk, cache, nullptr));
+    s.prefilled = end;
+  }
+  absl::Status status;
+  if (end == n) {
+    PromptQueries queries;
+    if (s.recorder != nullptr) {
+      absl::StatusOr<PromptQueries> taken = s.recorder->Take();
+      if (taken.ok()) queries = *std::move(taken);
+      status = taken.status();
+    }
+    if (status.ok()) status = compressed_->BuildFrom(s.cseq, *staging_, s.pseq, n, RecordedQueries(queries));
+    if (status.ok()) status = tier_->Append(s.key, *staging_, s.pseq, 0, n);
+    if (status.ok() && prefixes_ != nullptr) SharePrefix(s, 0, s.pseq);
+    s.recorder.reset();
+    staging_->FreeSequence(s.pseq);
+    s.pseq = -1;
+    s.full_len = n;
+  }
+  s.result.stats.prefill_seconds += absl::ToDoubleSeconds(SteadyClock()->Now() - t0);
   return status;
 }
 
@@ -693,14 +739,30 @@ absl::Status VeriCacheEngine::Step(bool may_wait) {
     return Admission::kRefused;
   });
 
+  // A chunk of the prompt being prefilled (one at a time, see Admit): a long prompt holds up the
+  // batch in flight a chunk a step, not all of its prefill at once. A failed chunk ends its
+  // sequence alone.
+  bool prefilling = false;
+  for (auto& sp : active) {
+    if (!sp->prefilling()) continue;
+    if (absl::Status st = PrefillChunk(*sp); !st.ok()) {
+      sp->failed = std::move(st);
+      sp->done = true;
+    }
+    prefilling = sp->prefilling();
+    break;
+  }
+
   // Sequences still waiting for their first token claim staging first (time to first token).
   std::vector<Sequence*> order;
-  for (auto& sp : active) order.push_back(sp.get());
+  for (auto& sp : active) {
+    if (!sp->prefilling() && !sp->done) order.push_back(sp.get());
+  }
   std::stable_partition(order.begin(), order.end(), [](const Sequence* s) { return s->generated == 0; });
   std::vector<Sequence*> drafting, ready, waiting, stuck;
   absl::Status status;
   int64_t blocks_for_all = 0;
-  for (Sequence* s : order) blocks_for_all += StagingBlocks(s->request);
+  for (auto& sp : active) blocks_for_all += StagingBlocks(sp->request);
   for (Sequence* s : order) {
     absl::Status st = StartWindow(*s, blocks_for_all <= staging_->num_blocks());
     if (!st.ok() && !absl::IsResourceExhausted(st)) {
@@ -741,7 +803,7 @@ absl::Status VeriCacheEngine::Step(bool may_wait) {
       status = Verify(ready);
     }
     if (status.ok() && !drafting.empty()) status = DraftStep(drafting);
-    if (ready.empty() && drafting.empty()) {
+    if (ready.empty() && drafting.empty() && !prefilling) {
       if (!waiting.empty() && may_wait) {
         const absl::Duration t0 = SteadyClock()->Now();
         waiting.front()->fetch->Wait().IgnoreError();  // Verify looks at the outcome

@@ -133,6 +133,10 @@ class VeriCacheEngine {
   VeriCacheEngine(const Model& model, FullKvTier* tier, const EngineOptions& options, PrefixStore* prefixes);
   absl::Status Admit(Sequence& s);
   absl::Status AdmitWithPrefix(Sequence& s, bool* admitted);
+  // Prefills the next chunk of a prompt admitted with nothing stored (s.prefilling()); after the
+  // last, builds its compressed cache, writes its full KV to the tier, shares its prefix and frees
+  // its staging.
+  absl::Status PrefillChunk(Sequence& s);
   absl::Status DraftStep(std::vector<Sequence*>& drafting);
   // `staging_for_all`: staging holds every active sequence at once, so a resident one keeps its
   // full KV until its pass (else it is costed as fetching: another sequence may take the room).
