@@ -410,6 +410,13 @@ void RouterService::Apply(const std::vector<Probe>& probes) {
     if (serving && w.downs.load() != p.downs) w.serving = false;
   }
   if (changed) changed_.notify_all();
+  if (on_serving_count_) on_serving_count_(static_cast<int>(ServingWorkers().size()));
+}
+
+void RouterService::OnServingCount(std::function<void(int)> f) {
+  std::lock_guard<std::mutex> l(mu_);
+  on_serving_count_ = std::move(f);
+  on_serving_count_(static_cast<int>(ServingWorkers().size()));
 }
 
 void RouterService::CheckLoop() {

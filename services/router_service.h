@@ -26,6 +26,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <memory>
+#include <functional>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -127,6 +128,9 @@ class RouterService final : public vericache::v1::Inference::Service {
   void CurrentStats(vericache::v1::RouterStats* stats);
   // Waits until `n` workers are serving, up to `timeout`; whether they are.
   bool WaitServing(int n, absl::Duration timeout);
+  // Calls `f` with the number of workers serving now, and again after every round of health
+  // checks (from the checking thread, with the router's lock held: `f` must not call back).
+  void OnServingCount(std::function<void(int)> f);
 
  private:
   struct Upstream;
@@ -168,6 +172,7 @@ class RouterService final : public vericache::v1::Inference::Service {
 
   std::mutex mu_;
   std::condition_variable changed_;  // a worker's serving state changed, or stop_
+  std::function<void(int)> on_serving_count_;  // under mu_
   std::vector<std::shared_ptr<Upstream>> workers_;
   uint64_t free_slots_ = ~uint64_t{0};
   AffinityTable table_;

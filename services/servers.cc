@@ -353,17 +353,34 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(RouterServerOp
   r->server_ = Listen(options.listen, options.credentials, {r->service_.get(), r->stats_.get()},
                      kMaxInferenceMessageBytes, options.keepalive_ms, &r->port_);
   if (r->server_ == nullptr || r->port_ == 0) return CannotListen(options.listen, options.credentials != nullptr);
+  r->service_->OnServingCount([p = r.get()](int n) { p->SetHealth(n, false); });
   VC_ASSIGN_OR_RETURN(r->metrics_, StartMetrics<vericache::v1::RouterStats>(
                                      options.metrics_listen, r->service_.get(), "vericache_router"));
   return r;
 }
 
+void RouterServer::SetHealth(int serving_workers, bool draining) {
+  std::lock_guard<std::mutex> l(health_mu_);
+  serving_workers_ = serving_workers;
+  draining_ = draining_ || draining;
+  if (grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService()) {
+    health->SetServingStatus("", serving_workers_ > 0 && !draining_);
+  }
+}
+
 void RouterServer::StopAdmitting() {
-  if (grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService()) health->SetServingStatus(false);
+  int n = 0;
+  {
+    std::lock_guard<std::mutex> l(health_mu_);
+    n = serving_workers_;
+  }
+  SetHealth(n, true);
 }
 
 RouterServer::~RouterServer() {
   metrics_.reset();
+  // No more health updates from the checking thread into a server that is going.
+  if (service_ != nullptr) service_->OnServingCount([](int) {});
   if (server_ != nullptr) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   service_.reset();
 }

@@ -224,6 +224,8 @@ class RouterServer {
   std::string target() const { return absl::StrCat("127.0.0.1:", port_); }
   RouterService& service() { return *service_; }
   int metrics_port() const { return metrics_ != nullptr ? metrics_->port() : 0; }
+  // Its health (service "") is SERVING while some worker serves and it is not draining: a router
+  // that could only answer UNAVAILABLE is not ready for calls.
   // As WorkerServer's: NOT_SERVING first, then the server's stop with calls in flight let run
   // until `deadline`.
   void StopAdmitting();
@@ -231,6 +233,10 @@ class RouterServer {
 
  private:
   RouterServer() = default;
+  void SetHealth(int serving_workers, bool draining);
+  std::mutex health_mu_;
+  int serving_workers_ = 0;  // under health_mu_
+  bool draining_ = false;    // under health_mu_
   std::unique_ptr<RouterService> service_;
   std::unique_ptr<RouterStatsService> stats_;
   std::unique_ptr<grpc::Server> server_;

@@ -575,4 +575,24 @@ TEST(Failover, AWorkerThatGoesMidStreamHandsItsCallOnExactly) {
 }
 
 }  // namespace
+// SIGTERM to a router with --unready-seconds: it reports NOT_SERVING at once, for load balancers
+// to stop sending, but serves new calls until those seconds are over; then it closes and exits.
+TEST(RouterDrain, AnUnreadyRouterServesOnUntilItsPortCloses) {
+  const int worker_port = FreePort(20), router_port = FreePort(21);
+  auto worker = StartWorkerWith(worker_port, {});
+  auto router = StartRouter(router_port, {worker_port}, {"--unready-seconds", "3", "--drain-seconds", "10"});
+  const std::string target = absl::StrCat("127.0.0.1:", router_port);
+  EXPECT_EQ(testing::HealthStatus(target), 1);
+  const auto signalled = std::chrono::steady_clock::now();
+  router->Signal(SIGTERM);
+  EXPECT_TRUE(testing::Eventually([&] { return testing::HealthStatus(target) == 2; }, absl::Seconds(2)));
+  const GenerateReply r = CallGenerate(*InferenceStub(target), testing::IdsRequest(20, 4), "", absl::Seconds(10));
+  EXPECT_TRUE(r.status.ok()) << r.status;
+  EXPECT_EQ(r.tokens.size(), 4u);
+  EXPECT_LT(std::chrono::steady_clock::now() - signalled, std::chrono::seconds(3)) << "the call came after the window";
+  EXPECT_TRUE(router->WaitExit(std::chrono::seconds(20)));
+  EXPECT_GE(std::chrono::steady_clock::now() - signalled, std::chrono::seconds(3));
+  EXPECT_EQ(testing::HealthStatus(target), -1);
+}
+
 }  // namespace vc

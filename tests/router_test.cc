@@ -171,6 +171,31 @@ TEST(RouterOfFakeWorkers, AFullWorkerIsBusyNotFailing) {
   EXPECT_EQ(s.workers(1).busy(), 0u);
 }
 
+// The router is ready (health SERVING) only while some worker serves: before its first health
+// round finds one, after its workers are gone, and once it drains, it is not.
+TEST(RouterOfFakeWorkers, TheRouterIsReadyOnlyWhileAWorkerServes) {
+  EndsThenFails service;
+  auto worker = std::make_unique<FakeWorker>(&service);
+  RouterServerOptions o;
+  o.service.workers = worker->target();
+  o.service.health_interval_ms = 50;
+  auto router = RouterServer::Start(o);
+  ASSERT_TRUE(router.ok()) << router.status();
+  const std::string target = (*router)->target();
+  EXPECT_TRUE(testing::Eventually([&] { return testing::HealthStatus(target) == 1; })) << testing::HealthStatus(target);
+  worker.reset();
+  EXPECT_TRUE(testing::Eventually([&] { return testing::HealthStatus(target) == 2; })) << testing::HealthStatus(target);
+  worker = std::make_unique<FakeWorker>(&service);  // another port: a router of it
+  o.service.workers = worker->target();
+  auto second = RouterServer::Start(o);
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_TRUE(testing::Eventually([&] { return testing::HealthStatus((*second)->target()) == 1; }));
+  (*second)->StopAdmitting();
+  EXPECT_EQ(testing::HealthStatus((*second)->target()), 2);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // health rounds do not undo a drain
+  EXPECT_EQ(testing::HealthStatus((*second)->target()), 2);
+}
+
 // During an upgrade, workers that report no numerics (older than the field) serve beside those that
 // do, whichever the router pinned. A worker of other numerics than those pinned is kept out; with
 // none pinned (an older worker's model was), every worker of the checkpoint serves.

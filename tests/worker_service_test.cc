@@ -1449,8 +1449,9 @@ TEST_F(WorkerServiceTest, AStalledSchedulerIsNotLive) {
   EXPECT_EQ(serving(), 2);  // draining
 }
 
-// A long prefill is one engine step of many forward passes: the loop does not come round, but the
-// passes are progress, so a worker busy with one stays live past the stall grace. (The grace is
+// A worker busy with a long prefill stays live past the stall grace: the loop comes round between
+// its chunks, and each forward pass counts as progress too (a step may run many, as one that
+// recomputes a prefix the store failed to deliver does). (The grace is
 // several passes long: with another test on the other core, a pass of 512 rows near 12K positions
 // took over 1.5 s here.)
 TEST_F(WorkerServiceTest, ALongPrefillIsNotAStall) {

@@ -16,7 +16,7 @@ constexpr char kUsage[] =
     "                        [--client-write-timeout-ms N] [--keepalive-ms N]\n"
     "                        [--model-fingerprint HEX] [--worker-token-file FILE] [--worker-tls-ca PEM]\n"
     "                        [--tls-cert PEM --tls-key PEM]\n"
-    "                        [--metrics-listen HOST:PORT] [--drain-seconds N]\n"
+    "                        [--metrics-listen HOST:PORT] [--drain-seconds N] [--unready-seconds N]\n"
     "  One Inference endpoint for clients in front of several workers: each Generate call goes to\n"
     "  one worker, and is moved to another if the worker refuses it before sending a token.\n"
     "  --workers LIST          the workers; srv:NAME stands for the targets of NAME's DNS SRV records\n"
@@ -52,6 +52,11 @@ constexpr char kUsage[] =
     "                          http://HOST:PORT/metrics, plain HTTP without authentication\n"
     "  --drain-seconds N       on SIGTERM or SIGINT, report NOT_SERVING and let calls in flight finish\n"
     "                          for up to N seconds (default 30; a second signal stops at once)\n"
+    "  --unready-seconds N     of those, the first N (default 0) go on serving new calls too, with\n"
+    "                          NOT_SERVING reported, so that load balancers (a Service's endpoints)\n"
+    "                          stop sending before the port closes; give it the readiness probe's\n"
+    "                          period and some\n"
+    "  The router's health is SERVING while some worker serves and it is not draining.\n"
     "  Clients' authorization metadata goes to the workers, which authenticate them. GetStats sums\n"
     "  the serving workers' stats; GetRouterStats (vericache stats --router) gives the router's.\n";
 
@@ -62,7 +67,8 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
                           {"listen", "workers", "policy", "balance-slack", "affinity-blocks", "block-tokens",
                            "text-block-bytes", "health-interval-ms", "refresh-seconds", "worker-timeout-ms",
                            "client-write-timeout-ms", "keepalive-ms", "worker-tls-ca", "model-fingerprint",
-                           "worker-token-file", "tls-cert", "tls-key", "metrics-listen", "drain-seconds"},
+                           "worker-token-file", "tls-cert", "tls-key", "metrics-listen", "drain-seconds",
+                           "unready-seconds"},
                           {}));
   for (const char* req : {"listen", "workers"}) {
     if (!a.Has(req)) return absl::InvalidArgumentError(absl::StrCat("--", req, " is required"));
@@ -100,6 +106,11 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
   }
   VC_ASSIGN_OR_RETURN(o.credentials, ServerTls(a));
   VC_ASSIGN_OR_RETURN(const int64_t drain_seconds, a.Int("drain-seconds", 30, 0, 86400));
+  VC_ASSIGN_OR_RETURN(const int64_t unready_seconds, a.Int("unready-seconds", 0, 0, 86400));
+  if (unready_seconds > drain_seconds) {
+    return absl::InvalidArgumentError(absl::StrCat("--unready-seconds ", unready_seconds,
+                                                   " is longer than --drain-seconds ", drain_seconds));
+  }
   VC_ASSIGN_OR_RETURN(std::unique_ptr<RouterServer> r, RouterServer::Start(o));
   out << "vericache router listening on " << ListeningOn(o.listen, r->port()) << " (workers " << s.workers
       << ", policy " << s.policy
@@ -108,7 +119,13 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
   if (r->metrics_port() != 0) {
     out << "metrics at http://" << o.metrics_listen << "/metrics (port " << r->metrics_port() << ")" << std::endl;
   }
-  WaitAndDrain(sigs, drain_seconds, out, [&] { r->StopAdmitting(); }, [&](absl::Time t) { r->Shutdown(t); });
+  WaitAndDrain(sigs, drain_seconds, out, [&] { r->StopAdmitting(); }, [&](absl::Time t) {
+    if (unready_seconds > 0) {
+      out << "serving on, unready, for " << unready_seconds << " s" << std::endl;
+      absl::SleepFor(absl::Seconds(unready_seconds));
+    }
+    r->Shutdown(t);
+  });
   out << "shutting down" << std::endl;
   return absl::OkStatus();
 }
