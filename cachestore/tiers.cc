@@ -1,23 +1,82 @@
 #include "cachestore/tiers.h"
 
 #include <rocksdb/db.h>
+#include <rocksdb/env.h>
 #include <rocksdb/options.h>
 #include <rocksdb/write_batch.h>
 #include <sys/statvfs.h>
 
 #include <algorithm>
+#include <cstdarg>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <mutex>
 #include <random>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "cachestore/block_format.h"
 #include "common/files.h"
 
 namespace vc::cachestore {
 namespace {
+
+// RocksDB's info log: the LOG file in the data directory, rolled at 16 MiB with four old ones kept
+// (LOG.old.1 the newest), as RocksDB's own would be, but written with plain stdio that drops a line
+// it cannot write. RocksDB's own writer asserts on a write after a failed one: on a full disk,
+// Debian's RocksDB (built with assertions) would abort the store at open, at shutdown, or seconds
+// after puts began to fail. Without a LOG (it cannot be created), warnings and worse go to stderr.
+class InfoLog final : public rocksdb::Logger {
+ public:
+  static constexpr long kRollBytes = long{16} << 20;
+  static constexpr int kOld = 4;
+
+  explicit InfoLog(std::string path) : rocksdb::Logger(rocksdb::InfoLogLevel::INFO_LEVEL), path_(std::move(path)) {
+    Roll();
+    if (file_ == nullptr) SetInfoLogLevel(rocksdb::InfoLogLevel::WARN_LEVEL);
+  }
+  ~InfoLog() override {
+    if (file_ != nullptr) std::fclose(file_);
+  }
+
+  using rocksdb::Logger::Logv;
+  void Logv(const char* format, va_list ap) override {
+    char line[2048];
+    const int n = std::vsnprintf(line, sizeof(line), format, ap);
+    for (size_t end = std::min(sizeof(line) - 1, static_cast<size_t>(std::max(n, 0))); end > 0 && line[end - 1] == '\n';) {
+      line[--end] = '\0';
+    }
+    std::lock_guard<std::mutex> l(mu_);
+    if (file_ == nullptr) {
+      std::fprintf(stderr, "rocksdb: %s\n", line);
+      return;
+    }
+    const absl::Time now = absl::Now();
+    std::fprintf(file_, "%s %s\n", absl::FormatTime("%Y/%m/%d-%H:%M:%E6S", now, absl::UTCTimeZone()).c_str(), line);
+    std::fflush(file_);  // a failed write or flush loses this line only
+    if (std::ftell(file_) >= kRollBytes) Roll();
+  }
+
+ private:
+  // Moves LOG to LOG.old.1 (and each old one up, the oldest out) and starts a new LOG.
+  void Roll() {
+    if (file_ != nullptr) std::fclose(file_);
+    std::error_code ec;
+    std::filesystem::remove(absl::StrCat(path_, ".old.", kOld), ec);
+    for (int i = kOld - 1; i >= 1; --i) {
+      std::filesystem::rename(absl::StrCat(path_, ".old.", i), absl::StrCat(path_, ".old.", i + 1), ec);
+    }
+    std::filesystem::rename(path_, path_ + ".old.1", ec);
+    file_ = std::fopen(path_.c_str(), "ae");
+  }
+
+  const std::string path_;
+  std::mutex mu_;
+  std::FILE* file_ = nullptr;
+};
 
 rocksdb::Slice KeySlice(const BlockKey& k) {
   return rocksdb::Slice(reinterpret_cast<const char*>(k.bytes.data()), k.bytes.size());
@@ -429,10 +488,10 @@ absl::StatusOr<std::unique_ptr<DiskTier>> DiskTier::Open(const DiskTierOptions& 
   // The small sizes family would hold back the deletion of every log file until it flushes; logs
   // past two memtables make it flush.
   db_options.max_total_wal_size = 2 * options.memtable_bytes;
-  // RocksDB's own LOG grows for as long as the store runs, and each restart keeps the old one:
-  // rolled at 16 MiB, four kept.
-  db_options.max_log_file_size = size_t{16} << 20;
-  db_options.keep_log_file_num = 4;
+  // (RocksDB opens no logger of its own when given one; the directory must exist for this one.)
+  std::error_code ec;
+  std::filesystem::create_directories(options.path, ec);
+  db_options.info_log = std::make_shared<InfoLog>(options.path + "/LOG");
   if (options.env != nullptr) db_options.env = options.env;
   rocksdb::ColumnFamilyOptions blocks;
   blocks.enable_blob_files = true;

@@ -1,8 +1,10 @@
 // The RAM and disk tiers: budgets, LRU eviction, leases and their expiry, persistence across
 // reopen; and what the store's reads do to the disk tier's eviction order.
+#include <sys/resource.h>
 #include <sys/statvfs.h>
 
 #include <atomic>
+#include <csignal>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -565,6 +567,44 @@ struct FailingTier {
   testing::FailingDisk disk;
   DiskTierOptions options;
 };
+
+// A disk already full when the tier opens: a clear error; once it has room, the tier opens.
+TEST(DiskTier, ADiskFullAtOpenIsAnError) {
+  FailingTier f("disk_tier_full");
+  f.disk.fs->fault = testing::FailingFileSystem::Fault::kNoSpace;
+  for (int i = 0; i < 2; ++i) {  // the second open finds what the first left
+    const auto t = DiskTier::Open(f.options);
+    ASSERT_FALSE(t.ok());
+    EXPECT_EQ(t.status().code(), absl::StatusCode::kUnavailable) << t.status();
+    EXPECT_NE(t.status().message().find("the disk is full"), std::string::npos) << t.status();
+  }
+  f.disk.fs->fault = testing::FailingFileSystem::Fault::kNone;
+  auto t = DiskTier::Open(f.options);
+  ASSERT_TRUE(t.ok()) << t.status();
+  ASSERT_TRUE((*t)->Put(Key(1), Block(1)).ok());
+  EXPECT_EQ(*(*t)->Get(Key(1)), Block(1));
+}
+
+// Writes that fail under RocksDB's info log (here past a file size limit, as on a full disk) do not
+// abort the process: RocksDB's own log writer asserts on a write after a failed one, and Debian's
+// RocksDB keeps its assertions. The tier opens or fails, puts, and closes.
+TEST(DiskTierDeathTest, WritesFailingUnderTheInfoLogAreNoAbort) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  const std::string dir = vc::testing::TempDir("disk_tier_fsize");
+  const auto open_put_close = [&] {
+    std::signal(SIGXFSZ, SIG_IGN);  // a write past the limit fails with EFBIG instead
+    rlimit limit;
+    limit.rlim_cur = limit.rlim_max = 4096;
+    setrlimit(RLIMIT_FSIZE, &limit);
+    {
+      DiskTierOptions o{dir, 1 << 20, false};
+      auto t = DiskTier::Open(o);
+      for (int i = 0; t.ok() && i < 4; ++i) (*t)->Put(Key(i), Block(i, 1000)).IgnoreError();
+    }
+    std::_Exit(0);
+  };
+  EXPECT_EXIT(open_put_close(), ::testing::ExitedWithCode(0), "");
+}
 
 // A disk that fills up fails puts, and the tier counts them; reads go on. Once it has room again,
 // RocksDB takes writes again by itself (it polls for room), and puts succeed with no restart.
