@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <string>
 
+#include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "common/dtype.h"
 
@@ -149,6 +150,11 @@ const Backend& ReferenceBackend();
 // The backend used by default: the VC_KERNELS environment variable names one ("reference", ...);
 // otherwise the fastest this machine supports.
 const Backend& DefaultBackend();
+
+// kInvalidArgument when VC_KERNELS names no backend this machine has (DefaultBackend would fall
+// back to the default with a warning): a worker stops at startup rather than run on other kernels
+// than it was told to.
+absl::Status CheckKernelsFromEnv();
 
 }  // namespace vc::kernels
 

@@ -1,5 +1,11 @@
 #include <cstdlib>
 #include <iostream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 
 #include "kernels/backends.h"
 
@@ -50,6 +56,16 @@ const Backend* BackendByName(absl::string_view name) {
     if (b != nullptr && b->name() == name) return b;
   }
   return nullptr;
+}
+
+absl::Status CheckKernelsFromEnv() {
+  const char* want = std::getenv("VC_KERNELS");
+  if (want == nullptr || *want == '\0' || BackendByName(want) != nullptr) return absl::OkStatus();
+  std::vector<std::string> names;
+  for (const Backend* b : AvailableBackends()) names.emplace_back(b->name());
+  return absl::InvalidArgumentError(absl::StrCat("VC_KERNELS='", absl::CHexEscape(want),
+                                                 "' names no kernels available here (available: ",
+                                                 absl::StrJoin(names, ", "), ")"));
 }
 
 const Backend& DefaultBackend() {

@@ -242,7 +242,9 @@ absl::StatusOr<std::unique_ptr<RouterService>> RouterService::Create(RouterServi
   if (targets.ok() && !from_dns) {
     std::vector<std::string> distinct = *targets;
     std::sort(distinct.begin(), distinct.end());
-    distinct.erase(std::unique(distinct.begin(), distinct.end()), distinct.end());
+    if (auto twice = std::adjacent_find(distinct.begin(), distinct.end()); twice != distinct.end()) {
+      return absl::InvalidArgumentError(absl::StrCat("the worker ", *twice, " is listed twice"));
+    }
     if (distinct.size() > static_cast<size_t>(kMaxRouterWorkers)) {
       return absl::InvalidArgumentError(absl::StrCat("--workers lists ", distinct.size(),
                                                      " workers; a router routes to at most ", kMaxRouterWorkers));

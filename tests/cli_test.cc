@@ -145,6 +145,33 @@ TEST_F(CliTest, BadInputsExitNonZeroWithAMessage) {
   }
 }
 
+// Certificate and key files hold PEM blocks of their kind; a file of something else (a path
+// mixed up) is refused when read, where gRPC would only fail every connection later.
+TEST_F(CliTest, TlsFilesMustHoldPemBlocksOfTheirKind) {
+  const auto write = [&](const std::string& name, const std::string& text) {
+    std::ofstream(dir_ + "/" + name) << text;
+    return dir_ + "/" + name;
+  };
+  const std::string cert = write("ca.pem", "junk\n-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n");
+  const std::string key = write("key.pem", "-----BEGIN EC PRIVATE KEY-----\nMHc\n-----END EC PRIVATE KEY-----\n");
+  const std::string other = write("passwd", "root:x:0:0:root:/root:/bin/bash\n");
+  EXPECT_TRUE(ReadPemFile(cert, "TLS root certificates", "CERTIFICATE").ok());
+  EXPECT_TRUE(ReadPemFile(key, "TLS key", "PRIVATE KEY").ok());
+  for (const auto& [path, label] : {std::pair{other, "CERTIFICATE"}, std::pair{key, "CERTIFICATE"},
+                                    std::pair{cert, "PRIVATE KEY"}}) {
+    const absl::Status st = ReadPemFile(path, "TLS file", label).status();
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << path << " " << label;
+    EXPECT_NE(st.message().find("holds no PEM block"), std::string::npos) << st;
+  }
+  const std::string token = write("token", "store-token\n");
+  std::ostringstream out, err;
+  EXPECT_EQ(RunWorkerCommand({"--model", dir_, "--listen", "127.0.0.1:0", "--store", "127.0.0.1:1",
+                              "--store-token-file", token, "--store-tls-ca", other},
+                             out, err),
+            2);
+  EXPECT_NE(err.str().find("holds no PEM block of a certificate"), std::string::npos) << err.str();
+}
+
 // --help and -h ask for the usage where an option goes; as an option's value they are the value.
 TEST_F(CliTest, HelpWhereAnOptionGoesAndNotAsAValue) {
   for (const char* help : {"--help", "-h"}) {

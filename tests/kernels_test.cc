@@ -123,6 +123,26 @@ TEST(KernelThreads, VcThreadsIsACountOrANamedError) {
   if (before != nullptr) setenv("VC_THREADS", saved.c_str(), 1);
 }
 
+// VC_KERNELS names kernels this machine has, or a worker stops at startup naming those it has.
+TEST(KernelsFromEnv, VcKernelsNamesAnAvailableBackendOrANamedError) {
+  const char* before = std::getenv("VC_KERNELS");
+  const std::string saved = before != nullptr ? before : "";
+  for (const char* bad : {"bogus", "AVX2", "reference "}) {
+    setenv("VC_KERNELS", bad, 1);
+    const absl::Status st = CheckKernelsFromEnv();
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(st.message().find("names no kernels available here (available: "), absl::string_view::npos) << st;
+    EXPECT_NE(st.message().find("reference"), absl::string_view::npos) << st;
+  }
+  for (const char* good : {"reference", ""}) {
+    setenv("VC_KERNELS", good, 1);
+    EXPECT_TRUE(CheckKernelsFromEnv().ok()) << good;
+  }
+  unsetenv("VC_KERNELS");
+  EXPECT_TRUE(CheckKernelsFromEnv().ok());
+  if (before != nullptr) setenv("VC_KERNELS", saved.c_str(), 1);
+}
+
 // Unset, VC_THREADS means the cores the process may use: its affinity mask, or its cgroup's CPU
 // quota where that is less (a container limited to 4 CPUs on a 64-core node runs 4 threads).
 TEST(KernelThreads, TheDefaultIsTheCoresAProcessMayUse) {

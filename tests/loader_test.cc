@@ -268,9 +268,19 @@ TEST(ModelConfig, BadConfigs) {
   EXPECT_NE(with("rms_norm_eps", 1e-300).message().find("is 0 in float32"), absl::string_view::npos);
   EXPECT_NE(with("rms_norm_eps", 1e300).message().find("not finite"), absl::string_view::npos);
   EXPECT_NE(with("rope_scaling", {{"rope_type", "llama3"}, {"factor", 1e-320}, {"low_freq_factor", 1.0},
-                                  {"high_freq_factor", 4.0}})
+                                  {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 8192}})
                 .message()
                 .find("outside"),
+            absl::string_view::npos);
+  // Llama 3's scaling has no defaults: one that would run plain RoPE for a missing factor is refused.
+  EXPECT_NE(with("rope_scaling", {{"rope_type", "llama3"}}).message().find("rope_scaling (llama3) lacks 'factor'"),
+            absl::string_view::npos);
+  EXPECT_NE(with("rope_scaling", {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0},
+                                  {"high_freq_factor", 4.0}})
+                .message()
+                .find("lacks 'original_max_position_embeddings'"),
+            absl::string_view::npos);
+  EXPECT_NE(with("eos_token_id", {uint64_t{18446744073709551615u}}).message().find("holds 18446744073709551615,"),
             absl::string_view::npos);
   // An unsigned value past int64 is named as written, not as the negative number it would cast to.
   EXPECT_NE(with("hidden_size", uint64_t{18446744073709551615u}).message().find("= 18446744073709551615 is outside"),

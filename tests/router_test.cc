@@ -558,9 +558,14 @@ TEST_F(RouterTest, ErrorsTokensAndCancellationPassThrough) {
   EXPECT_EQ(too_many.code(), absl::StatusCode::kInvalidArgument) << too_many;
   EXPECT_NE(too_many.message().find("65 workers; a router routes to at most 64"), absl::string_view::npos) << too_many;
   many.pop_back();
-  many.push_back(many.front());  // 64 distinct, one of them twice
   o.workers = absl::StrJoin(many, ",");
   EXPECT_TRUE(RouterService::Create(o).ok());
+  // One listed twice is a mistake in the list: refused, as a worker's --store refuses it.
+  many.push_back(many.front());
+  o.workers = absl::StrJoin(many, ",");
+  const absl::Status twice = RouterService::Create(o).status();
+  EXPECT_EQ(twice.code(), absl::StatusCode::kInvalidArgument) << twice;
+  EXPECT_NE(twice.message().find("the worker 127.0.0.1:1000 is listed twice"), absl::string_view::npos) << twice;
   // Workers named by DNS that has no answer yet: the router starts, with nothing to route to.
   RouterServerOptions later;
   later.service.workers = "srv:_grpc._tcp.vericache-worker";

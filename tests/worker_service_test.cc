@@ -26,6 +26,7 @@
 #include "gtest/gtest.h"
 #include "kernels/backends.h"
 #include "nlohmann/json.hpp"
+#include "services/cli/request_command.h"
 #include "services/cli/stats_command.h"
 #include "vericache/v1/cache_store.grpc.pb.h"
 #include "services/inference_client.h"
@@ -750,6 +751,10 @@ TEST_F(WorkerServiceTest, StatsReportRequestsAndStoreTraffic) {
   EXPECT_EQ(run({"--target", "127.0.0.1:1", "--timeout-ms", "300"}, &out, &err), 1);
   EXPECT_EQ(run({"--target", "nowhere"}, &out, &err), 2);
   EXPECT_EQ(run({"--target", worker->target(), "--token", "bad token"}, &out, &err), 2);
+  // `vericache request` to the store: it serves no Inference API, and says so.
+  std::ostringstream o, e;
+  EXPECT_EQ(cli::RunRequestCommand({"--target", store->target(), "--prompt", "x"}, o, e), 1);
+  EXPECT_NE(e.str().find("serves no Inference API (is it a store?)"), std::string::npos) << e.str();
 }
 
 // Two stores as shards: a prompt's blocks are spread over both, read back from both, and a shard

@@ -60,6 +60,7 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir,
                                                    const kernels::Backend* backend) {
   // A bad VC_THREADS stops a worker here, at startup, rather than leaving the kernels to guess.
   VC_RETURN_IF_ERROR(kernels::KernelThreadsFromEnv().status());
+  if (backend == nullptr) VC_RETURN_IF_ERROR(kernels::CheckKernelsFromEnv());
   std::unique_ptr<Model> m(new Model());
   m->backend_ = backend != nullptr ? backend : &kernels::DefaultBackend();
   VC_ASSIGN_OR_RETURN(m->config_, LoadModelConfig(dir));

@@ -76,6 +76,10 @@ absl::Status ReadEosIds(const json& j, int vocab_size, std::vector<int32_t>* out
   }
   for (const json& e : *it) {
     if (!e.is_number_integer()) return Bad("'eos_token_id' holds an item that is not an integer");
+    // An unsigned value past int64's range would read back negative.
+    if (e.is_number_unsigned() && e.get<uint64_t>() >= static_cast<uint64_t>(vocab_size)) {
+      return Bad(absl::StrCat("'eos_token_id' holds ", e.get<uint64_t>(), ", outside [0, ", vocab_size - 1, "]"));
+    }
     const int64_t v = e.get<int64_t>();
     if (v < 0 || v >= vocab_size) {
       return Bad(absl::StrCat("'eos_token_id' holds ", v, ", outside [0, ", vocab_size - 1, "]"));
@@ -164,6 +168,11 @@ absl::StatusOr<ModelConfig> ParseModelConfig(absl::string_view text) {
       // Plain RoPE.
     } else if (type == "llama3") {
       c.rope_scaling.enabled = true;
+      // All four are required, as Hugging Face requires them: a default would run another RoPE
+      // than the checkpoint was trained with.
+      for (const char* k : {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}) {
+        if (!rs->contains(k) || (*rs)[k].is_null()) return Bad(absl::StrCat("rope_scaling (llama3) lacks '", k, "'"));
+      }
       VC_RETURN_IF_ERROR(ReadDouble(*rs, "factor", 0.0, &c.rope_scaling.factor));
       VC_RETURN_IF_ERROR(ReadDouble(*rs, "low_freq_factor", 0.0, &c.rope_scaling.low_freq_factor));
       VC_RETURN_IF_ERROR(ReadDouble(*rs, "high_freq_factor", 0.0, &c.rope_scaling.high_freq_factor));

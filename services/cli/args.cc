@@ -187,12 +187,26 @@ absl::StatusOr<std::string> ReadSmallFile(const std::string& path, absl::string_
   return text;
 }
 
+absl::StatusOr<std::string> ReadPemFile(const std::string& path, absl::string_view what, absl::string_view label) {
+  VC_ASSIGN_OR_RETURN(std::string text, ReadSmallFile(path, what));
+  // "-----BEGIN CERTIFICATE-----", or for a key "-----BEGIN PRIVATE KEY-----", "... RSA PRIVATE KEY-----", ...
+  const std::string begin = "-----BEGIN ";
+  for (size_t at = text.find(begin); at != std::string::npos; at = text.find(begin, at + 1)) {
+    const size_t end = text.find("-----", at + begin.size());
+    if (end != std::string::npos && absl::EndsWith(text.substr(at + begin.size(), end - at - begin.size()), label)) {
+      return text;
+    }
+  }
+  return absl::InvalidArgumentError(absl::StrCat(what, " ", path, " holds no PEM block of a ", absl::AsciiStrToLower(label),
+                                                 " (-----BEGIN ...", label, "-----)"));
+}
+
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerTls(const Args& a) {
   if (a.Has("tls-cert") != a.Has("tls-key")) return absl::InvalidArgumentError("give both --tls-cert and --tls-key");
   if (!a.Has("tls-cert")) return std::shared_ptr<grpc::ServerCredentials>();
   grpc::SslServerCredentialsOptions ssl;
-  VC_ASSIGN_OR_RETURN(std::string cert, ReadSmallFile(a.Str("tls-cert"), "TLS certificate"));
-  VC_ASSIGN_OR_RETURN(std::string key, ReadSmallFile(a.Str("tls-key"), "TLS key"));
+  VC_ASSIGN_OR_RETURN(std::string cert, ReadPemFile(a.Str("tls-cert"), "TLS certificate", "CERTIFICATE"));
+  VC_ASSIGN_OR_RETURN(std::string key, ReadPemFile(a.Str("tls-key"), "TLS key", "PRIVATE KEY"));
   ssl.pem_key_cert_pairs.push_back({key, cert});
   return grpc::SslServerCredentials(ssl);
 }

@@ -61,6 +61,10 @@ absl::StatusOr<std::map<std::string, std::string>> ReadClientTokens(const std::s
 
 // A secret, certificate or key file: at most 1 MiB, and not empty (kInvalidArgument naming `what`).
 absl::StatusOr<std::string> ReadSmallFile(const std::string& path, absl::string_view what);
+// ReadSmallFile of a PEM file that holds at least one block whose label ends with `label`
+// ("CERTIFICATE", "PRIVATE KEY"): a file of something else is refused here, where gRPC would
+// only fail every connection.
+absl::StatusOr<std::string> ReadPemFile(const std::string& path, absl::string_view what, absl::string_view label);
 
 // Server credentials from --tls-cert and --tls-key (both or neither): TLS with that certificate,
 // or null (plaintext) when neither is given.

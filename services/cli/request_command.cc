@@ -60,10 +60,17 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
   }
   std::string root_pem;
   if (a.Has("tls-ca")) {
-    VC_ASSIGN_OR_RETURN(root_pem, ReadSmallFile(a.Str("tls-ca"), "TLS root certificates"));
+    VC_ASSIGN_OR_RETURN(root_pem, ReadPemFile(a.Str("tls-ca"), "TLS root certificates", "CERTIFICATE"));
   }
   auto stub = InferenceStub(a.Str("target"), root_pem);
   GenerateReply r = CallGenerate(*stub, req, a.Str("token"), absl::Milliseconds(timeout_ms));
+  if (absl::IsUnimplemented(r.status)) {
+    return absl::FailedPreconditionError(absl::StrCat(a.Str("target"), " serves no Inference API (is it a store?)",
+                                                      r.status.message().empty() ? "" : ": ", r.status.message()));
+  }
+  if (!r.status.ok() && r.status.message().empty()) {
+    return absl::Status(r.status.code(), absl::StrCat(a.Str("target"), " answered ", absl::StatusCodeToString(r.status.code())));
+  }
   VC_RETURN_IF_ERROR(r.status);
   const auto& s = r.stats;
   out << r.text << "\n"

@@ -102,7 +102,7 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
     VC_ASSIGN_OR_RETURN(s.worker_token, ReadBearerTokenFile(a.Str("worker-token-file")));
   }
   if (a.Has("worker-tls-ca")) {
-    VC_ASSIGN_OR_RETURN(s.worker_tls_root_certs_pem, ReadSmallFile(a.Str("worker-tls-ca"), "worker TLS root certificates"));
+    VC_ASSIGN_OR_RETURN(s.worker_tls_root_certs_pem, ReadPemFile(a.Str("worker-tls-ca"), "worker TLS root certificates", "CERTIFICATE"));
   }
   VC_ASSIGN_OR_RETURN(o.credentials, ServerTls(a));
   VC_ASSIGN_OR_RETURN(const int64_t drain_seconds, a.Int("drain-seconds", 30, 0, 86400));

@@ -149,7 +149,7 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
   VC_ASSIGN_OR_RETURN(const int64_t timeout_ms, a.Int("timeout-ms", 5000, 1, int64_t{24} * 3600 * 1000));
   std::string tls_roots;
   if (a.Has("tls-ca")) {
-    VC_ASSIGN_OR_RETURN(tls_roots, ReadSmallFile(a.Str("tls-ca"), "TLS root certificates"));
+    VC_ASSIGN_OR_RETURN(tls_roots, ReadPemFile(a.Str("tls-ca"), "TLS root certificates", "CERTIFICATE"));
   }
   const std::shared_ptr<grpc::Channel> channel = InferenceChannel(target, tls_roots);
   const auto call = [&](grpc::ClientContext* ctx) {

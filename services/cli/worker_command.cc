@@ -93,6 +93,11 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
                            "metrics-listen",
                            "store-shards", "drain-seconds", "tls-cert", "tls-key", "store-tls-ca", "keepalive-ms", "stall-grace-ms"},
                           {}));
+  // Flags of the link to a store say nothing without one: given alone, the store was likely forgotten.
+  for (const char* f : {"store-replicas", "store-token-file", "store-timeout-ms", "stored-compressed", "store-shards",
+                        "store-tls-ca"}) {
+    if (a.Has(f) && !a.Has("store")) return absl::InvalidArgumentError(absl::StrCat("--", f, " needs --store"));
+  }
   for (const char* req : {"model", "listen"}) {
     if (!a.Has(req)) return absl::InvalidArgumentError(absl::StrCat("--", req, " is required"));
   }
@@ -169,7 +174,7 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
   VC_ASSIGN_OR_RETURN(o.credentials, ServerTls(a));
   if (a.Has("store-tls-ca")) {
     if (o.store_target.empty()) return absl::InvalidArgumentError("--store-tls-ca needs --store");
-    VC_ASSIGN_OR_RETURN(o.store_tls_root_certs_pem, ReadSmallFile(a.Str("store-tls-ca"), "store TLS root certificates"));
+    VC_ASSIGN_OR_RETURN(o.store_tls_root_certs_pem, ReadPemFile(a.Str("store-tls-ca"), "store TLS root certificates", "CERTIFICATE"));
   }
   VC_ASSIGN_OR_RETURN(std::unique_ptr<WorkerServer> w, WorkerServer::Start(o));
   out << "vericache worker listening on " << ListeningOn(o.listen, w->port()) << " (model " << o.model_dir
