@@ -594,6 +594,11 @@ grpc::Status RouterService::Generate(grpc::ServerContext* ctx, const GenerateReq
     }
     grpc::Status s = reader->Finish();
     w.in_flight--;
+    // All of max_tokens came, and only the stats did not: the output is whole too.
+    if (!ended && current->max_tokens() > 0 &&
+        current->generated_ids_size() + tokens.size() >= current->max_tokens()) {
+      ended = true;
+    }
     // The client has the whole output (the stats come last): a connection that breaks after them
     // fails nothing, where an error would have the client generate it all again.
     if (ended && !client_gone && !s.ok()) s = grpc::Status::OK;
@@ -634,6 +639,14 @@ grpc::Status RouterService::Generate(grpc::ServerContext* ctx, const GenerateReq
     after_refusal = refused;
   }
   unrouted_++;
+  // The client has the output's first tokens from a worker that failed: the call failed as that
+  // worker did (UNAVAILABLE), whatever the others answered when asked for the rest.
+  if (const int sent = current->generated_ids_size() - req->generated_ids_size(); sent > 0) {
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                        absl::StrCat("the call's worker failed after ", sent,
+                                     " tokens, and no worker could take the rest; the last one tried said: ",
+                                     last.error_message()));
+  }
   return grpc::Status(last.error_code(),
                       absl::StrCat("no worker could take the call; the last one tried said: ", last.error_message()));
 }

@@ -196,6 +196,60 @@ TEST(RouterOfFakeWorkers, TheRouterIsReadyOnlyWhileAWorkerServes) {
   EXPECT_EQ(testing::HealthStatus((*second)->target()), 2);
 }
 
+// A worker of checkpoint "f" that sends `tokens`, no stats, and then fails the call.
+class SendsThenFails final : public v1::Inference::Service {
+ public:
+  explicit SendsThenFails(std::vector<int32_t> tokens) : tokens_(std::move(tokens)) {}
+  grpc::Status Generate(grpc::ServerContext*, const v1::GenerateRequest*,
+                        grpc::ServerWriter<v1::GenerateResponse>* writer) override {
+    v1::GenerateResponse r;
+    for (int32_t t : tokens_) r.add_token_ids(t);
+    writer->Write(r);
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the connection broke");
+  }
+  grpc::Status GetModelInfo(grpc::ServerContext*, const v1::GetModelInfoRequest*, v1::ModelInfo* info) override {
+    info->set_fingerprint_hex("f");
+    info->set_numerics("avx2");
+    info->set_takes_generated_ids(true);
+    return grpc::Status::OK;
+  }
+
+ private:
+  const std::vector<int32_t> tokens_;
+};
+
+// A worker that fails after sending all of max_tokens has sent the whole output: the call is OK.
+// One that fails sooner, with no other worker able to take the rest, fails the call as it failed
+// (UNAVAILABLE), whatever the other worker answered.
+TEST(RouterOfFakeWorkers, AFailureAfterTheLastTokenIsNoFailureAndOneBeforeItIsUnavailable) {
+  SendsThenFails two({5, 6});
+  FakeWorker worker(&two);
+  RouterServerOptions o;
+  o.service.workers = worker.target();
+  o.service.health_interval_ms = 50;
+  auto router = RouterServer::Start(o);
+  ASSERT_TRUE(router.ok()) << router.status();
+  ASSERT_TRUE((*router)->service().WaitServing(1, absl::Seconds(20)));
+  GenerateReply r = CallGenerate(*InferenceStub((*router)->target()), testing::IdsRequest(10, 2), "");
+  EXPECT_TRUE(r.status.ok()) << r.status;
+  EXPECT_EQ(r.tokens, (std::vector<int32_t>{5, 6}));
+
+  AlwaysFull full_service;
+  FakeWorker full(&full_service);
+  o.service.workers = worker.target() + "," + full.target();
+  o.service.policy = "round-robin";
+  auto both = RouterServer::Start(o);
+  ASSERT_TRUE(both.ok()) << both.status();
+  ASSERT_TRUE((*both)->service().WaitServing(2, absl::Seconds(20)));
+  for (int i = 0; i < 2; ++i) {  // each worker first once
+    // (A call that found the first one failing keeps it out until its next health check.)
+    ASSERT_TRUE((*both)->service().WaitServing(2, absl::Seconds(20)));
+    r = CallGenerate(*InferenceStub((*both)->target()), testing::IdsRequest(10, 8), "");
+    EXPECT_EQ(r.status.code(), absl::StatusCode::kUnavailable) << r.status;
+    EXPECT_EQ(r.tokens, (std::vector<int32_t>{5, 6}));
+  }
+}
+
 // During an upgrade, workers that report no numerics (older than the field) serve beside those that
 // do, whichever the router pinned. A worker of other numerics than those pinned is kept out; with
 // none pinned (an older worker's model was), every worker of the checkpoint serves.
