@@ -603,9 +603,12 @@ grpc::Status RouterService::Generate(grpc::ServerContext* ctx, const GenerateReq
     // fails nothing, where an error would have the client generate it all again.
     if (ended && !client_gone && !s.ok()) s = grpc::Status::OK;
     const bool ours = !client_gone && !ctx->IsCancelled();
+    // Refused: down or draining, full, or not serving what the request asks for (another
+    // compressor, MODE_FULL): another worker may take it.
     const bool refused = !sent && ours &&
                          (s.error_code() == grpc::StatusCode::UNAVAILABLE ||
-                          s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED);
+                          s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED ||
+                          s.error_code() == grpc::StatusCode::FAILED_PRECONDITION);
     // A worker that failed after sending tokens (its connection broke, or it answered no keepalive
     // ping) hands the rest to the next one, which picks up after those tokens with the same
     // output. Not once the output has ended: its stats came, or it reached max_tokens (one that
@@ -622,7 +625,12 @@ grpc::Status RouterService::Generate(grpc::ServerContext* ctx, const GenerateReq
       if (client_gone) return grpc::Status(grpc::StatusCode::CANCELLED, "the client stopped reading");
       return s;
     }
-    (s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED ? w.busy : w.failures)++;
+    // A refusal for what the call asks (FAILED_PRECONDITION) is no fault of the worker's.
+    if (s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) {
+      w.busy++;
+    } else if (s.error_code() != grpc::StatusCode::FAILED_PRECONDITION) {
+      w.failures++;
+    }
     // Down or draining: no more calls until a health check says it serves again (one that began
     // after this: see Apply).
     if (s.error_code() == grpc::StatusCode::UNAVAILABLE) {

@@ -456,7 +456,8 @@ absl::StatusOr<EngineRequest> WorkerService::Parse(const v1::GenerateRequest& re
         req.compressor(), model_.kv_layout(options_.engine.block_size), model_.config().num_heads);
     if (!c.ok()) return c.status();
     if ((*c)->spec() != compressor_) {
-      return absl::InvalidArgumentError(
+      // Another worker may serve it (a router moves on): this worker's, not the request's, fault.
+      return absl::FailedPreconditionError(
           absl::StrCat("this worker drafts with ", compressor_, ", not ", (*c)->spec()));
     }
   }
@@ -478,7 +479,9 @@ grpc::Status WorkerService::Generate(grpc::ServerContext* ctx, const v1::Generat
   v1::Mode mode = req->mode() == v1::MODE_UNSPECIFIED ? v1::MODE_VERICACHE : req->mode();
   int engine = kVeriCache;
   if (mode == v1::MODE_FULL) {
-    if (!scheduler_->has_full()) return refuse(absl::InvalidArgumentError("this worker serves no MODE_FULL requests"));
+    if (!scheduler_->has_full()) {
+      return refuse(absl::FailedPreconditionError("this worker serves no MODE_FULL requests (--full-kv-mib 0)"));
+    }
     engine = kFull;
   } else if (mode != v1::MODE_VERICACHE) {
     return refuse(absl::InvalidArgumentError(absl::StrCat("unknown mode ", static_cast<int>(mode))));

@@ -298,6 +298,8 @@ TEST_F(EndToEnd, BadRequestsGetClearStatuses) {
   r = Request(0, v1::MODE_VERICACHE);
   r.set_compressor("kivi:bits=3");
   EXPECT_EQ(CallGenerate(*stub, r).status.code(), absl::StatusCode::kInvalidArgument);
+  r.set_compressor("kivi:bits=8");  // a compressor, not this worker's: another worker may serve it
+  EXPECT_EQ(CallGenerate(*stub, r).status.code(), absl::StatusCode::kFailedPrecondition);
   r = Request(0, v1::MODE_VERICACHE);
   r.set_max_tokens(500);
   v1::WorkerStats before;

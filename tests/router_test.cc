@@ -126,12 +126,16 @@ TEST(RouterOfFakeWorkers, AnOutputThatEndedIsOkWhateverFollows) {
   EXPECT_EQ(r.tokens, (std::vector<int32_t>{5, 6}));
 }
 
-// A worker of checkpoint "f" that refuses every call as full, as one at its request limit does.
+// A worker of checkpoint "f" that refuses every call, by default as full, as one at its request
+// limit does.
 class AlwaysFull final : public v1::Inference::Service {
  public:
+  explicit AlwaysFull(grpc::StatusCode code = grpc::StatusCode::RESOURCE_EXHAUSTED) : code_(code) {}
   grpc::Status Generate(grpc::ServerContext*, const v1::GenerateRequest*,
                         grpc::ServerWriter<v1::GenerateResponse>*) override {
-    return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, "the worker holds 4 requests, its limit");
+    return grpc::Status(code_, code_ == grpc::StatusCode::RESOURCE_EXHAUSTED
+                                   ? "the worker holds 4 requests, its limit"
+                                   : "this worker drafts with kivi:bits=8,group=32,residual=32, not ...");
   }
   grpc::Status GetModelInfo(grpc::ServerContext*, const v1::GetModelInfoRequest*, v1::ModelInfo* info) override {
     info->set_fingerprint_hex("f");
@@ -139,6 +143,9 @@ class AlwaysFull final : public v1::Inference::Service {
     info->set_takes_generated_ids(true);
     return grpc::Status::OK;
   }
+
+ private:
+  const grpc::StatusCode code_;
 };
 
 // A full worker is busy, not failing: each call it refuses goes to the next worker, is counted as
@@ -169,6 +176,32 @@ TEST(RouterOfFakeWorkers, AFullWorkerIsBusyNotFailing) {
   EXPECT_EQ(s.retries(), s.workers(0).busy());
   EXPECT_EQ(s.workers(1).requests_routed(), 4u);
   EXPECT_EQ(s.workers(1).busy(), 0u);
+}
+
+// A worker that does not serve what a call asks for (another compressor, MODE_FULL without full-KV
+// memory: FAILED_PRECONDITION) passes it to the next, and is neither failing nor busy.
+TEST(RouterOfFakeWorkers, ACallAWorkerDoesNotServeGoesToAnother) {
+  AlwaysFull other_compressor(grpc::StatusCode::FAILED_PRECONDITION);
+  EndsThenFails serving_service;
+  FakeWorker other(&other_compressor), serving(&serving_service);
+  RouterServerOptions o;
+  o.service.workers = other.target() + "," + serving.target();
+  o.service.policy = "round-robin";
+  o.service.health_interval_ms = 50;
+  auto router = RouterServer::Start(o);
+  ASSERT_TRUE(router.ok()) << router.status();
+  ASSERT_TRUE((*router)->service().WaitServing(2, absl::Seconds(20)));
+  for (int i = 0; i < 4; ++i) {
+    const GenerateReply r = CallGenerate(*InferenceStub((*router)->target()), testing::IdsRequest(10, 8), "");
+    EXPECT_TRUE(r.status.ok()) << r.status;
+    EXPECT_EQ(r.tokens, (std::vector<int32_t>{5, 6}));
+  }
+  v1::RouterStats s;
+  (*router)->service().CurrentStats(&s);
+  EXPECT_GE(s.retries(), 1u);
+  EXPECT_EQ(s.workers(0).failures() + s.workers(0).busy(), 0u) << s.DebugString();
+  EXPECT_EQ(s.workers(0).serving(), 1u);
+  EXPECT_EQ(s.workers(1).requests_routed(), 4u);
 }
 
 // The router is ready (health SERVING) only while some worker serves: before its first health
