@@ -46,9 +46,8 @@ class InfoLog final : public rocksdb::Logger {
   void Logv(const char* format, va_list ap) override {
     char line[2048];
     const int n = std::vsnprintf(line, sizeof(line), format, ap);
-    for (size_t end = std::min(sizeof(line) - 1, static_cast<size_t>(std::max(n, 0))); end > 0 && line[end - 1] == '\n';) {
-      line[--end] = '\0';
-    }
+    size_t end = std::min(sizeof(line) - 1, static_cast<size_t>(std::max(n, 0)));
+    while (end > 0 && line[end - 1] == '\n') line[--end] = '\0';
     std::lock_guard<std::mutex> l(mu_);
     if (file_ == nullptr) {
       std::fprintf(stderr, "rocksdb: %s\n", line);
@@ -527,76 +526,93 @@ absl::StatusOr<std::unique_ptr<DiskTier>> DiskTier::Open(const DiskTierOptions& 
 
   rocksdb::ReadOptions scan;
   scan.fill_cache = false;
-  absl::MutexLock l(&t->mu_);
-  auto index = [&](const BlockKey& k, uint64_t size) {
-    if (t->sizes_.contains(k)) return false;  // met the other scan
-    t->Index(k, size);
-    return true;
-  };
-  std::string complete;
-  const bool had_sizes = db->Get(rocksdb::ReadOptions(), t->sizes_cf_, kSizesComplete, &complete).ok();
-  absl::Status scanned;
-  if (had_sizes) {
-    std::vector<std::string> damaged;  // keys whose size entry is not 8 bytes
-    scanned = t->ScanSalvaging(scan, [&](const rocksdb::Iterator& it) {
-      if (it.key().size() != 32) return true;
-      if (it.value().size() != 8) {
-        damaged.push_back(it.key().ToString());
-        return true;
+  std::vector<Victim> victims;
+  {
+    absl::MutexLock l(&t->mu_);
+    auto index = [&](const BlockKey& k, uint64_t size) {
+      if (t->sizes_.contains(k)) return false;  // met the other scan
+      t->Index(k, size);
+      return true;
+    };
+    std::string complete;
+    const bool had_sizes = db->Get(rocksdb::ReadOptions(), t->sizes_cf_, kSizesComplete, &complete).ok();
+    absl::Status scanned;
+    if (had_sizes) {
+      std::vector<std::string> damaged;  // keys whose size entry is not 8 bytes
+      scanned = t->ScanSalvaging(scan, [&](const rocksdb::Iterator& it) {
+        if (it.key().size() != 32) return true;
+        if (it.value().size() != 8) {
+          damaged.push_back(it.key().ToString());
+          return true;
+        }
+        BlockKey k;
+        std::memcpy(k.bytes.data(), it.key().data(), 32);
+        return index(k, ParseSizeValue(it.value()));
+      });
+      // A block whose size entry is damaged goes with it: left unindexed, it would be served but
+      // never counted or evicted.
+      if (!damaged.empty()) {
+        rocksdb::WriteBatch drop;
+        for (const std::string& k : damaged) {
+          (void)drop.Delete(t->blocks_, k);
+          (void)drop.Delete(t->sizes_cf_, k);
+        }
+        rocksdb::WriteOptions sync;
+        sync.sync = true;
+        if (rocksdb::Status w = db->Write(sync, &drop); !w.ok()) {
+          return absl::UnavailableError(
+              absl::StrCat("RocksDB at ", options.path, ": deleting blocks with damaged sizes: ", w.ToString()));
+        }
+        std::fprintf(stderr, "RocksDB at %s: %zu blocks had a damaged size entry and were deleted\n",
+                     options.path.c_str(), damaged.size());
       }
-      BlockKey k;
-      std::memcpy(k.bytes.data(), it.key().data(), 32);
-      return index(k, ParseSizeValue(it.value()));
-    });
-    // A block whose size entry is damaged goes with it: left unindexed, it would be served but
-    // never counted or evicted.
-    if (!damaged.empty()) {
-      rocksdb::WriteBatch drop;
-      for (const std::string& k : damaged) {
-        (void)drop.Delete(t->blocks_, k);
-        (void)drop.Delete(t->sizes_cf_, k);
+    } else {
+      // A database from before the sizes were kept (or a new one, or one whose first indexing was
+      // cut short): sizes from the payloads, all in one synced write with the mark that they are
+      // complete. Only sizes are needed, so RocksDB's value checksums are skipped (each block's own
+      // are checked when it is read). A payload RocksDB cannot read at all stops the indexing: keys
+      // are hashes, so what it hides is spread over every key, and the database is left as it is.
+      scan.verify_checksums = false;
+      rocksdb::WriteBatch batch;
+      std::unique_ptr<rocksdb::Iterator> it(db->NewIterator(scan, t->blocks_));
+      for (it->SeekToFirst(); it->Valid(); it->Next()) {
+        if (it->key().size() != 32) continue;
+        BlockKey k;
+        std::memcpy(k.bytes.data(), it->key().data(), 32);
+        index(k, it->value().size());
+        (void)batch.Put(t->sizes_cf_, it->key(), SizeValue(it->value().size()));
       }
+      if (!it->status().ok()) {
+        return absl::DataLossError(absl::StrCat(
+            "RocksDB at ", options.path, " (written before block sizes were kept) has a block it cannot read, so it ",
+            "cannot be indexed: ", it->status().ToString(), "; move it aside to start with an empty store"));
+      }
+      (void)batch.Put(t->sizes_cf_, kSizesComplete, "");
       rocksdb::WriteOptions sync;
       sync.sync = true;
-      if (rocksdb::Status w = db->Write(sync, &drop); !w.ok()) {
+      if (rocksdb::Status w = db->Write(sync, &batch); !w.ok()) {
         return absl::UnavailableError(
-            absl::StrCat("RocksDB at ", options.path, ": deleting blocks with damaged sizes: ", w.ToString()));
+            absl::StrCat("RocksDB at ", options.path, ": writing block sizes: ", w.ToString()));
       }
-      std::fprintf(stderr, "RocksDB at %s: %zu blocks had a damaged size entry and were deleted\n",
-                   options.path.c_str(), damaged.size());
     }
-  } else {
-    // A database from before the sizes were kept (or a new one, or one whose first indexing was
-    // cut short): sizes from the payloads, all in one synced write with the mark that they are
-    // complete. Only sizes are needed, so RocksDB's value checksums are skipped (each block's own
-    // are checked when it is read). A payload RocksDB cannot read at all stops the indexing: keys
-    // are hashes, so what it hides is spread over every key, and the database is left as it is.
-    scan.verify_checksums = false;
-    rocksdb::WriteBatch batch;
-    std::unique_ptr<rocksdb::Iterator> it(db->NewIterator(scan, t->blocks_));
-    for (it->SeekToFirst(); it->Valid(); it->Next()) {
-      if (it->key().size() != 32) continue;
-      BlockKey k;
-      std::memcpy(k.bytes.data(), it->key().data(), 32);
-      index(k, it->value().size());
-      (void)batch.Put(t->sizes_cf_, it->key(), SizeValue(it->value().size()));
+    if (!scanned.ok()) {
+      std::fprintf(stderr,
+                   "RocksDB at %s: an index entry could not be read (%s); serving the %zu blocks read around it\n",
+                   options.path.c_str(), std::string(scanned.message()).c_str(), t->sizes_.size());
     }
-    if (!it->status().ok()) {
-      return absl::DataLossError(absl::StrCat("RocksDB at ", options.path, " (written before block sizes were kept) has a ",
-                                              "block it cannot read, so it cannot be indexed: ", it->status().ToString(),
-                                              "; move it aside to start with an empty store"));
-    }
-    (void)batch.Put(t->sizes_cf_, kSizesComplete, "");
-    rocksdb::WriteOptions sync;
-    sync.sync = true;
-    if (rocksdb::Status w = db->Write(sync, &batch); !w.ok()) {
-      return absl::UnavailableError(absl::StrCat("RocksDB at ", options.path, ": writing block sizes: ", w.ToString()));
+    // A budget smaller than at the last run: down to it now, not at the first put (a store that
+    // only serves reads would stay over it).
+    while (t->used_ > options.capacity_bytes && !t->order_.empty()) {
+      const BlockKey victim = t->order_.front();
+      victims.push_back({victim, t->sizes_[victim].first, false});
+      t->Unindex(victim);
     }
   }
-  if (!scanned.ok()) {
-    std::fprintf(stderr, "RocksDB at %s: an index entry could not be read (%s); serving the %zu blocks read around it\n",
-                 options.path.c_str(), std::string(scanned.message()).c_str(), t->sizes_.size());
+  if (!victims.empty()) {
+    std::fprintf(stderr, "RocksDB at %s: %zu blocks over the budget of %llu bytes evicted\n", options.path.c_str(),
+                 victims.size(), static_cast<unsigned long long>(options.capacity_bytes));
   }
+  for (const Victim& v : victims) t->EraseEvicted(v.key, v.size, v.for_reserve);
   return t;
 }
 

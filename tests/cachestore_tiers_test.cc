@@ -549,6 +549,9 @@ TEST(DiskTier, PersistsAcrossReopenAndEvictsOldest) {
   {
     auto t = DiskTier::Open({dir, 35000, false});  // room for three 10 KB blocks
     ASSERT_TRUE(t.ok());
+    // The smaller budget holds from the start, not from the first put.
+    EXPECT_LE((*t)->used_bytes(), 35000u);
+    EXPECT_EQ((*t)->blocks(), 3u);
     ASSERT_TRUE((*t)->Put(Key(9), Block(9)).ok());
     EXPECT_LE((*t)->used_bytes(), 35000u);
     EXPECT_TRUE((*t)->Get(Key(9)).ok());
