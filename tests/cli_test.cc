@@ -9,6 +9,7 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "services/cli/args.h"
+#include "services/cli/demo_command.h"
 #include "services/cli/generate_command.h"
 #include "services/cli/router_command.h"
 #include "services/cli/store_command.h"
@@ -170,6 +171,14 @@ TEST_F(CliTest, TlsFilesMustHoldPemBlocksOfTheirKind) {
                              out, err),
             2);
   EXPECT_NE(err.str().find("holds no PEM block of a certificate"), std::string::npos) << err.str();
+}
+
+// The demo's shared prefix comes from a file that holds some: an empty one is refused.
+TEST_F(CliTest, DemoRefusesAnEmptyPrefixFile) {
+  std::ofstream(dir_ + "/empty.py").close();
+  std::ostringstream out, err;
+  EXPECT_EQ(RunDemoCommand({"--model", dir_, "--prefix-file", dir_ + "/empty.py"}, out, err), 2);
+  EXPECT_NE(err.str().find("is empty"), std::string::npos) << err.str();
 }
 
 // --help and -h ask for the usage where an option goes; as an option's value they are the value.

@@ -47,6 +47,7 @@ absl::StatusOr<std::string> SharedPrefix(const std::string& path, int64_t bytes)
   text.resize(std::min(text.size(), static_cast<size_t>(bytes)));
   const size_t nl = text.rfind('\n');
   if (nl != std::string::npos && nl > 0) text.resize(nl);
+  if (text.empty()) return absl::InvalidArgumentError(absl::StrCat("the prefix file ", path, " is empty"));
   return text;
 }
 
