@@ -69,20 +69,10 @@ TEST(AffinityTable, LookingUpAPromptKeepsItsOtherBlocks) {
   EXPECT_EQ(mask, 0b10u);
 }
 
-// A worker of checkpoint "f" that sends the whole output, stats last, and then fails the call (its
-// connection broke after the last message). Its kernels' numerics are `numerics`.
-class EndsThenFails final : public v1::Inference::Service {
+// The fake workers below: of checkpoint "f", kernels of `numerics`, taking generated_ids.
+class FakeWorkerService : public v1::Inference::Service {
  public:
-  explicit EndsThenFails(std::string numerics = "avx2") : numerics_(std::move(numerics)) {}
-  grpc::Status Generate(grpc::ServerContext*, const v1::GenerateRequest*,
-                        grpc::ServerWriter<v1::GenerateResponse>* writer) override {
-    v1::GenerateResponse r;
-    r.add_token_ids(5);
-    r.add_token_ids(6);
-    r.mutable_stats()->set_generated_tokens(2);
-    writer->Write(r);
-    return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the connection broke");
-  }
+  explicit FakeWorkerService(std::string numerics = "avx2") : numerics_(std::move(numerics)) {}
   grpc::Status GetModelInfo(grpc::ServerContext*, const v1::GetModelInfoRequest*, v1::ModelInfo* info) override {
     info->set_fingerprint_hex("f");
     info->set_numerics(numerics_);
@@ -92,6 +82,22 @@ class EndsThenFails final : public v1::Inference::Service {
 
  private:
   const std::string numerics_;
+};
+
+// A worker that sends the whole output, stats last, and then fails the call (its connection broke
+// after the last message).
+class EndsThenFails final : public FakeWorkerService {
+ public:
+  using FakeWorkerService::FakeWorkerService;
+  grpc::Status Generate(grpc::ServerContext*, const v1::GenerateRequest*,
+                        grpc::ServerWriter<v1::GenerateResponse>* writer) override {
+    v1::GenerateResponse r;
+    r.add_token_ids(5);
+    r.add_token_ids(6);
+    r.mutable_stats()->set_generated_tokens(2);
+    writer->Write(r);
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the connection broke");
+  }
 };
 
 // Serves `service` on a port of loopback until destroyed.
@@ -109,26 +115,35 @@ struct FakeWorker {
   std::unique_ptr<grpc::Server> server;
 };
 
+// A router of `workers` (health checked every 50 ms) once `serving` of them serve; null (the test
+// failed) when it does not start or they do not.
+std::unique_ptr<RouterServer> RouterOf(const std::string& workers, int serving, const std::string& policy = "prefix") {
+  RouterServerOptions o;
+  o.service.workers = workers;
+  o.service.policy = policy;
+  o.service.health_interval_ms = 50;
+  auto router = RouterServer::Start(o);
+  EXPECT_TRUE(router.ok()) << router.status();
+  if (!router.ok()) return nullptr;
+  EXPECT_TRUE((*router)->service().WaitServing(serving, absl::Seconds(20)));
+  return std::move(*router);
+}
+
 // The client of such a worker has its whole output: the call is OK, where an UNAVAILABLE would
 // have a client that retries get the output twice.
 TEST(RouterOfFakeWorkers, AnOutputThatEndedIsOkWhateverFollows) {
   EndsThenFails service;
   FakeWorker worker(&service);
   ASSERT_NE(worker.port, 0);
-  RouterServerOptions o;
-  o.service.workers = worker.target();
-  o.service.health_interval_ms = 50;
-  auto router = RouterServer::Start(o);
-  ASSERT_TRUE(router.ok()) << router.status();
-  ASSERT_TRUE((*router)->service().WaitServing(1, absl::Seconds(20)));
-  const GenerateReply r = CallGenerate(*InferenceStub((*router)->target()), testing::IdsRequest(10, 8), "");
+  auto router = RouterOf(worker.target(), 1);
+  ASSERT_NE(router, nullptr);
+  const GenerateReply r = CallGenerate(*InferenceStub(router->target()), testing::IdsRequest(10, 8), "");
   EXPECT_TRUE(r.status.ok()) << r.status;
   EXPECT_EQ(r.tokens, (std::vector<int32_t>{5, 6}));
 }
 
-// A worker of checkpoint "f" that refuses every call, by default as full, as one at its request
-// limit does.
-class AlwaysFull final : public v1::Inference::Service {
+// A worker that refuses every call, by default as full, as one at its request limit does.
+class AlwaysFull final : public FakeWorkerService {
  public:
   explicit AlwaysFull(grpc::StatusCode code = grpc::StatusCode::RESOURCE_EXHAUSTED) : code_(code) {}
   grpc::Status Generate(grpc::ServerContext*, const v1::GenerateRequest*,
@@ -137,38 +152,34 @@ class AlwaysFull final : public v1::Inference::Service {
                                    ? "the worker holds 4 requests, its limit"
                                    : "this worker drafts with kivi:bits=8,group=32,residual=32, not ...");
   }
-  grpc::Status GetModelInfo(grpc::ServerContext*, const v1::GetModelInfoRequest*, v1::ModelInfo* info) override {
-    info->set_fingerprint_hex("f");
-    info->set_numerics("avx2");
-    info->set_takes_generated_ids(true);
-    return grpc::Status::OK;
-  }
 
  private:
   const grpc::StatusCode code_;
 };
 
-// A full worker is busy, not failing: each call it refuses goes to the next worker, is counted as
-// refused as full, and leaves it serving.
-TEST(RouterOfFakeWorkers, AFullWorkerIsBusyNotFailing) {
-  AlwaysFull full_service;
+// Four calls through a round-robin router in front of a worker that refuses every call with
+// `code` and one that serves them: each is served, and the router's stats after them.
+v1::RouterStats FourCallsPastARefusingWorker(grpc::StatusCode code) {
+  AlwaysFull refusing_service(code);
   EndsThenFails serving_service;
-  FakeWorker full(&full_service), serving(&serving_service);
-  RouterServerOptions o;
-  o.service.workers = full.target() + "," + serving.target();
-  o.service.policy = "round-robin";
-  o.service.health_interval_ms = 50;
-  auto router = RouterServer::Start(o);
-  ASSERT_TRUE(router.ok()) << router.status();
-  ASSERT_TRUE((*router)->service().WaitServing(2, absl::Seconds(20)));
-  auto stub = InferenceStub((*router)->target());
+  FakeWorker refusing(&refusing_service), serving(&serving_service);
+  v1::RouterStats s;
+  auto router = RouterOf(refusing.target() + "," + serving.target(), 2, "round-robin");
+  if (router == nullptr) return s;
+  auto stub = InferenceStub(router->target());
   for (int i = 0; i < 4; ++i) {
     const GenerateReply r = CallGenerate(*stub, testing::IdsRequest(10, 8), "");
     EXPECT_TRUE(r.status.ok()) << r.status;
     EXPECT_EQ(r.tokens, (std::vector<int32_t>{5, 6}));
   }
-  v1::RouterStats s;
-  (*router)->service().CurrentStats(&s);
+  router->service().CurrentStats(&s);
+  return s;
+}
+
+// A full worker is busy, not failing: each call it refuses goes to the next worker, is counted as
+// refused as full, and leaves it serving.
+TEST(RouterOfFakeWorkers, AFullWorkerIsBusyNotFailing) {
+  const v1::RouterStats s = FourCallsPastARefusingWorker(grpc::StatusCode::RESOURCE_EXHAUSTED);
   ASSERT_EQ(s.workers_size(), 2);
   EXPECT_GE(s.workers(0).busy(), 1u) << s.DebugString();
   EXPECT_EQ(s.workers(0).failures(), 0u) << s.DebugString();
@@ -181,23 +192,8 @@ TEST(RouterOfFakeWorkers, AFullWorkerIsBusyNotFailing) {
 // A worker that does not serve what a call asks for (another compressor, MODE_FULL without full-KV
 // memory: FAILED_PRECONDITION) passes it to the next, and is neither failing nor busy.
 TEST(RouterOfFakeWorkers, ACallAWorkerDoesNotServeGoesToAnother) {
-  AlwaysFull other_compressor(grpc::StatusCode::FAILED_PRECONDITION);
-  EndsThenFails serving_service;
-  FakeWorker other(&other_compressor), serving(&serving_service);
-  RouterServerOptions o;
-  o.service.workers = other.target() + "," + serving.target();
-  o.service.policy = "round-robin";
-  o.service.health_interval_ms = 50;
-  auto router = RouterServer::Start(o);
-  ASSERT_TRUE(router.ok()) << router.status();
-  ASSERT_TRUE((*router)->service().WaitServing(2, absl::Seconds(20)));
-  for (int i = 0; i < 4; ++i) {
-    const GenerateReply r = CallGenerate(*InferenceStub((*router)->target()), testing::IdsRequest(10, 8), "");
-    EXPECT_TRUE(r.status.ok()) << r.status;
-    EXPECT_EQ(r.tokens, (std::vector<int32_t>{5, 6}));
-  }
-  v1::RouterStats s;
-  (*router)->service().CurrentStats(&s);
+  const v1::RouterStats s = FourCallsPastARefusingWorker(grpc::StatusCode::FAILED_PRECONDITION);
+  ASSERT_EQ(s.workers_size(), 2);
   EXPECT_GE(s.retries(), 1u);
   EXPECT_EQ(s.workers(0).failures() + s.workers(0).busy(), 0u) << s.DebugString();
   EXPECT_EQ(s.workers(0).serving(), 1u);
@@ -229,8 +225,8 @@ TEST(RouterOfFakeWorkers, TheRouterIsReadyOnlyWhileAWorkerServes) {
   EXPECT_EQ(testing::HealthStatus((*second)->target()), 2);
 }
 
-// A worker of checkpoint "f" that sends `tokens`, no stats, and then fails the call.
-class SendsThenFails final : public v1::Inference::Service {
+// A worker that sends `tokens`, no stats, and then fails the call.
+class SendsThenFails final : public FakeWorkerService {
  public:
   explicit SendsThenFails(std::vector<int32_t> tokens) : tokens_(std::move(tokens)) {}
   grpc::Status Generate(grpc::ServerContext*, const v1::GenerateRequest*,
@@ -239,12 +235,6 @@ class SendsThenFails final : public v1::Inference::Service {
     for (int32_t t : tokens_) r.add_token_ids(t);
     writer->Write(r);
     return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the connection broke");
-  }
-  grpc::Status GetModelInfo(grpc::ServerContext*, const v1::GetModelInfoRequest*, v1::ModelInfo* info) override {
-    info->set_fingerprint_hex("f");
-    info->set_numerics("avx2");
-    info->set_takes_generated_ids(true);
-    return grpc::Status::OK;
   }
 
  private:
@@ -257,27 +247,20 @@ class SendsThenFails final : public v1::Inference::Service {
 TEST(RouterOfFakeWorkers, AFailureAfterTheLastTokenIsNoFailureAndOneBeforeItIsUnavailable) {
   SendsThenFails two({5, 6});
   FakeWorker worker(&two);
-  RouterServerOptions o;
-  o.service.workers = worker.target();
-  o.service.health_interval_ms = 50;
-  auto router = RouterServer::Start(o);
-  ASSERT_TRUE(router.ok()) << router.status();
-  ASSERT_TRUE((*router)->service().WaitServing(1, absl::Seconds(20)));
-  GenerateReply r = CallGenerate(*InferenceStub((*router)->target()), testing::IdsRequest(10, 2), "");
+  auto router = RouterOf(worker.target(), 1);
+  ASSERT_NE(router, nullptr);
+  GenerateReply r = CallGenerate(*InferenceStub(router->target()), testing::IdsRequest(10, 2), "");
   EXPECT_TRUE(r.status.ok()) << r.status;
   EXPECT_EQ(r.tokens, (std::vector<int32_t>{5, 6}));
 
   AlwaysFull full_service;
   FakeWorker full(&full_service);
-  o.service.workers = worker.target() + "," + full.target();
-  o.service.policy = "round-robin";
-  auto both = RouterServer::Start(o);
-  ASSERT_TRUE(both.ok()) << both.status();
-  ASSERT_TRUE((*both)->service().WaitServing(2, absl::Seconds(20)));
+  auto both = RouterOf(worker.target() + "," + full.target(), 2, "round-robin");
+  ASSERT_NE(both, nullptr);
   for (int i = 0; i < 2; ++i) {  // each worker first once
     // (A call that found the first one failing keeps it out until its next health check.)
-    ASSERT_TRUE((*both)->service().WaitServing(2, absl::Seconds(20)));
-    r = CallGenerate(*InferenceStub((*both)->target()), testing::IdsRequest(10, 8), "");
+    ASSERT_TRUE(both->service().WaitServing(2, absl::Seconds(20)));
+    r = CallGenerate(*InferenceStub(both->target()), testing::IdsRequest(10, 8), "");
     EXPECT_EQ(r.status.code(), absl::StatusCode::kUnavailable) << r.status;
     EXPECT_EQ(r.tokens, (std::vector<int32_t>{5, 6}));
   }
