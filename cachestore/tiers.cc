@@ -35,14 +35,20 @@ class InfoLog final : public rocksdb::Logger {
   static constexpr int kOld = 4;
 
   explicit InfoLog(std::string path) : rocksdb::Logger(rocksdb::InfoLogLevel::INFO_LEVEL), path_(std::move(path)) {
+    // RocksDB's own old logs (LOG.old.<microseconds>), from before this one was: at most four.
+    std::error_code ec;
+    const std::filesystem::path p(path_);
+    const std::string old = p.filename().string() + ".old.";
+    for (const auto& e : std::filesystem::directory_iterator(p.parent_path(), ec)) {
+      const std::string name = e.path().filename().string();
+      if (name.rfind(old, 0) == 0 && name.size() > old.size() + 1) std::filesystem::remove(e.path(), ec);
+    }
     Roll();
-    if (file_ == nullptr) SetInfoLogLevel(rocksdb::InfoLogLevel::WARN_LEVEL);
   }
   ~InfoLog() override {
     if (file_ != nullptr) std::fclose(file_);
   }
 
-  using rocksdb::Logger::Logv;
   void Logv(const char* format, va_list ap) override {
     char line[2048];
     const int n = std::vsnprintf(line, sizeof(line), format, ap);
@@ -57,6 +63,15 @@ class InfoLog final : public rocksdb::Logger {
     std::fprintf(file_, "%s %s\n", absl::FormatTime("%Y/%m/%d-%H:%M:%E6S", now, absl::UTCTimeZone()).c_str(), line);
     std::fflush(file_);  // a failed write or flush loses this line only
     if (std::ftell(file_) >= kRollBytes) Roll();
+  }
+
+  // Without a LOG, stderr gets warnings and worse only.
+  void Logv(const rocksdb::InfoLogLevel level, const char* format, va_list ap) override {
+    if (level < rocksdb::InfoLogLevel::WARN_LEVEL) {
+      std::lock_guard<std::mutex> l(mu_);
+      if (file_ == nullptr) return;
+    }
+    rocksdb::Logger::Logv(level, format, ap);
   }
 
  private:

@@ -270,6 +270,7 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(WorkerServerOp
       static_cast<uint64_t>(options.staging_bytes) + options.full_kv_bytes + options.prefix_cache_bytes +
           options.host_kv_bytes,
       "--staging-mib, --full-kv-mib, --prefix-cache-mib and --host-kv-mib together"));
+  if (options.kernels.empty()) VC_RETURN_IF_ERROR(kernels::CheckKernelsFromEnv());
   const kernels::Backend* backend = &kernels::DefaultBackend();
   if (!options.kernels.empty()) {
     backend = kernels::BackendByName(options.kernels);
@@ -361,21 +362,17 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(RouterServerOp
 
 void RouterServer::SetHealth(int serving_workers, bool draining) {
   std::lock_guard<std::mutex> l(health_mu_);
-  serving_workers_ = serving_workers;
+  if (serving_workers >= 0) serving_workers_ = serving_workers;
   draining_ = draining_ || draining;
+  const int serving = serving_workers_ > 0 && !draining_ ? 1 : 0;
+  if (serving == reported_) return;  // (every set is sent to every health watcher)
+  reported_ = serving;
   if (grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService()) {
-    health->SetServingStatus("", serving_workers_ > 0 && !draining_);
+    health->SetServingStatus("", serving == 1);
   }
 }
 
-void RouterServer::StopAdmitting() {
-  int n = 0;
-  {
-    std::lock_guard<std::mutex> l(health_mu_);
-    n = serving_workers_;
-  }
-  SetHealth(n, true);
-}
+void RouterServer::StopAdmitting() { SetHealth(-1, true); }
 
 RouterServer::~RouterServer() {
   metrics_.reset();

@@ -233,10 +233,12 @@ class RouterServer {
 
  private:
   RouterServer() = default;
+  // `serving_workers` -1: the count as it was.
   void SetHealth(int serving_workers, bool draining);
   std::mutex health_mu_;
   int serving_workers_ = 0;  // under health_mu_
   bool draining_ = false;    // under health_mu_
+  int reported_ = -1;        // under health_mu_: the health last set (1 serving, 0 not), -1 none
   std::unique_ptr<RouterService> service_;
   std::unique_ptr<RouterStatsService> stats_;
   std::unique_ptr<grpc::Server> server_;

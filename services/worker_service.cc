@@ -147,6 +147,13 @@ class Scheduler {
     for (auto& [req, engine, stream] : inbox_) stream->Done(absl::UnavailableError("the worker is shutting down"), {});
   }
 
+  // Counts a request refused before it was queued (see Generate).
+  void CountRefused(const std::string& tenant) {
+    absl::MutexLock l(&mu_);
+    totals_.refused++;
+    tenants_[tenant].refused++;
+  }
+
   // Counts a request that ended without reaching an engine (a call moved on past its end of
   // sequence): ended, with `stats` summed.
   void CountEnded(const std::string& tenant, const EngineStats& stats) {
@@ -466,16 +473,22 @@ absl::StatusOr<EngineRequest> WorkerService::Parse(const v1::GenerateRequest& re
 
 grpc::Status WorkerService::Generate(grpc::ServerContext* ctx, const v1::GenerateRequest* req,
                                      grpc::ServerWriter<v1::GenerateResponse>* writer) {
-  // Calls refused before admission are counted as invalid.
+  absl::StatusOr<std::string> tenant = Authenticate(ctx);
+  // Calls refused before admission are counted as invalid; those asking for what this worker
+  // does not serve (another compressor, MODE_FULL: FAILED_PRECONDITION) as refused, as those past
+  // its limits are: another worker may take them.
   const auto refuse = [&](const absl::Status& why) {
-    invalid_++;
+    if (absl::IsFailedPrecondition(why) && tenant.ok()) {
+      scheduler_->CountRefused(*tenant);
+    } else {
+      invalid_++;
+    }
     return ToGrpcStatus(why);
   };
-  absl::StatusOr<std::string> tenant = Authenticate(ctx);
   if (!tenant.ok()) return refuse(tenant.status());
   absl::StatusOr<EngineRequest> parsed = Parse(*req);
   if (!parsed.ok()) return refuse(parsed.status());
-  parsed->tenant = *std::move(tenant);
+  parsed->tenant = *tenant;
   v1::Mode mode = req->mode() == v1::MODE_UNSPECIFIED ? v1::MODE_VERICACHE : req->mode();
   int engine = kVeriCache;
   if (mode == v1::MODE_FULL) {

@@ -173,6 +173,26 @@ TEST_F(CliTest, TlsFilesMustHoldPemBlocksOfTheirKind) {
   EXPECT_NE(err.str().find("holds no PEM block of a certificate"), std::string::npos) << err.str();
 }
 
+// A worker told VC_KERNELS it cannot have, or a store link's flag without --store, does not start.
+TEST_F(CliTest, WorkerRefusesKernelsItLacksAndStoreFlagsWithoutAStore) {
+  const char* before = std::getenv("VC_KERNELS");
+  const std::string saved = before != nullptr ? before : "";
+  setenv("VC_KERNELS", "bogus", 1);
+  std::ostringstream out, err;
+  EXPECT_EQ(RunWorkerCommand({"--model", dir_, "--listen", "127.0.0.1:0"}, out, err), 2);
+  EXPECT_NE(err.str().find("VC_KERNELS='bogus' names no kernels available here"), std::string::npos) << err.str();
+  if (before != nullptr) {
+    setenv("VC_KERNELS", saved.c_str(), 1);
+  } else {
+    unsetenv("VC_KERNELS");
+  }
+  for (const char* flag : {"--ucx", "--block-tokens", "--publish-outputs", "--store-timeout-ms"}) {
+    std::ostringstream o, e;
+    EXPECT_EQ(RunWorkerCommand({"--model", dir_, "--listen", "127.0.0.1:0", flag, "1"}, o, e), 2) << flag;
+    EXPECT_NE(e.str().find(std::string(flag) + " needs --store"), std::string::npos) << e.str();
+  }
+}
+
 // The demo's shared prefix comes from a file that holds some: an empty one is refused.
 TEST_F(CliTest, DemoRefusesAnEmptyPrefixFile) {
   std::ofstream(dir_ + "/empty.py").close();

@@ -231,6 +231,59 @@ TEST_F(EngineExactness, ALongPromptIsPrefilledAChunkAStepWhileTheBatchStreams) {
   EXPECT_EQ(got['c'], want->tokens);
 }
 
+// Prompts that must be prefilled wait their turn behind the one being prefilled without holding
+// up a request whose prefix the store holds: it is admitted, and streams, meanwhile.
+TEST_F(EngineExactness, RequestsWaitingForTheirPrefillTurnHoldUpNoStoredPrefix) {
+  const int prompt_len = 6 * 16 + 24;  // six stored blocks, then 24 more tokens
+  GenerateOptions o;
+  EngineOptions eo;
+  TierTestOptions(prompt_len, &o, &eo);
+  o.prefill_chunk = 32;
+  eo.staging_blocks = 400;
+  HostKvTier tier(model_->kv_layout(16), 0);
+  testing::MemoryPrefixStore store(16);
+  auto engine = VeriCacheEngine::Create(*model_, &tier, eo, &store);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  const std::vector<int32_t> shared = RandomPrompt(prompt_len, 600);
+  std::vector<int32_t> hit = shared;
+  for (int j = 0; j < 24; ++j) hit[6 * 16 + j] = (j * 13) % 256;  // its own rest
+  // Six prompts of 10 chunks or more, then the one whose prefix the store holds.
+  std::vector<std::vector<int32_t>> prompts = {RandomPrompt(1200, 601)};
+  for (uint32_t i = 0; i < 5; ++i) prompts.push_back(RandomPrompt(330, 602 + i));
+  prompts.push_back(hit);
+  std::vector<absl::Status> st(prompts.size(), absl::UnknownError("not done"));
+  std::vector<EngineResult> out(prompts.size());
+  std::vector<int> first_step(prompts.size(), -1);
+  int step = 0;
+  const auto submit = [&](const std::vector<int32_t>& prompt, size_t i) {
+    EngineRequest r = MakeRequest(prompt, o);
+    r.on_tokens = [&, i](absl::Span<const int32_t>) {
+      if (i < first_step.size() && first_step[i] < 0) first_step[i] = step;
+    };
+    (*engine)->Submit(std::move(r), [&, i](absl::Status s, EngineResult res) {
+      if (i >= st.size()) return;
+      st[i] = s;
+      out[i] = std::move(res);
+    });
+  };
+  const auto run = [&] {
+    for (int i = 0; i < 4000 && !(*engine)->Idle(); ++i, ++step) ASSERT_TRUE((*engine)->Step().ok());
+    ASSERT_TRUE((*engine)->Idle());
+  };
+  submit(shared, SIZE_MAX);  // computes the prefix and publishes it
+  run();
+  ASSERT_GT(store.size(), 0u);
+  for (size_t i = 0; i < prompts.size(); ++i) submit(prompts[i], i);
+  run();
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    ASSERT_TRUE(st[i].ok()) << i << ": " << st[i];
+    EXPECT_EQ(out[i].tokens, GenerateFull(*model_, prompts[i], o)->tokens) << i;
+  }
+  EXPECT_EQ(out.back().stats.prefix_store_tokens, 6 * 16);
+  const int first_prefilled = *std::min_element(first_step.begin(), first_step.end() - 1);
+  EXPECT_LT(first_step.back(), first_prefilled) << "the stored prefix's request waited for a prefill";
+}
+
 // Every emitted token is an accepted draft or a verify pass's own token, also when the output
 // ends at an end of sequence that was itself an accepted draft: the drafts after it are never sent
 // and not counted as accepted (that pass's own token is not sent either).

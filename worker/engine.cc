@@ -175,6 +175,11 @@ void VeriCacheEngine::SharePrefix(Sequence& s, int from, SeqId seq) {
   CachePrefix(s.names, seq);
 }
 
+bool VeriCacheEngine::NeedsPrefill(const Sequence& s) const {
+  if (s.request.prefilled.cache != nullptr) return false;
+  return !UsesStore(s) || s.lookup == nullptr || s.lookup->hit == 0;  // (LookupDone came back true)
+}
+
 bool VeriCacheEngine::UsesStore(const Sequence& s) const {
   return prefixes_ != nullptr && compressed_->needs() != CompressorNeeds::kPromptQueries &&
          s.request.prefilled.cache == nullptr;
@@ -360,11 +365,6 @@ absl::Status VeriCacheEngine::Admit(Sequence& s) {
       st.prefill_seconds = absl::ToDoubleSeconds(SteadyClock()->Now() - t0);
       return absl::OkStatus();
     }
-  }
-  // One prompt at a time is prefilled (each holds staging for all of it until it is done): the
-  // first comes soonest, and the others' staging is not taken while they wait their turn.
-  for (const auto& o : requests_.active) {
-    if (o->prefilling()) return absl::ResourceExhaustedError("another prompt is being prefilled");
   }
   const SeqId tmp = staging_->NewSequence();
   absl::Status reserved = ReserveStaging(tmp, n + 1, nullptr);
@@ -725,10 +725,16 @@ absl::Status VeriCacheEngine::Step(bool may_wait) {
   auto& active = requests_.active;
   // A request that does not fit yet (its memory is taken by the batch) waits; a step tries 4 such
   // at most, since each try may ask the store for its prefix.
+  bool prefilling_now =
+      std::any_of(active.begin(), active.end(), [](const auto& sp) { return sp->prefilling(); });
   requests_.AdmitInOrder(static_cast<size_t>(options_.max_batch), /*max_waiting_tried=*/4, [&](Sequence& s) {
     // Nothing in flight to hold up: wait a while for the store's answer rather than step idly.
     if (!LookupDone(s, /*wait=*/may_wait && active.empty())) return Admission::kWait;
+    // One prompt at a time is prefilled (each holds staging for all of it until it is done): the
+    // first comes soonest, and the others' staging is not taken while they wait their turn.
+    if (prefilling_now && NeedsPrefill(s)) return Admission::kLater;
     absl::Status st = Admit(s);
+    if (st.ok() && s.prefilling()) prefilling_now = true;
     if (st.ok()) return Admission::kAdmitted;
     Release(s);
     if (absl::IsResourceExhausted(st) && !active.empty()) {  // wait for staging or the tier to free up

@@ -4,8 +4,9 @@
 // decoding (GenerateFull) token for token, greedy or sampled.
 //
 // One engine thread runs the loop below; the tier's thread moves the full KV meanwhile.
-//   admit:  prefill the prompt on staging memory, append its KV to the tier, build the compressed
-//           copy, free the staging blocks
+//   admit:  a prompt the store holds none of is prefilled on staging memory a chunk a step, one
+//           prompt at a time (the others wait their turn, passed by requests the store serves);
+//           then its KV is appended to the tier, its compressed copy built, its staging freed
 //   draft:  every drafting sequence advances one token in one batched pass over compressed KV;
 //           when a sequence starts a window it reserves staging blocks and starts its fetch
 //   verify: sequences whose drafts are done and whose fetch has landed are verified together in
@@ -180,6 +181,9 @@ class VeriCacheEngine {
   bool LandFetch(Sequence& s, SeqId seq);
   // Whether `s` is admitted through the PrefixStore (and so shares its blocks).
   bool UsesStore(const Sequence& s) const;
+  // Whether admitting `s` prefills its prompt (the store holds none of it, or there is no store),
+  // once its lookup is done.
+  bool NeedsPrefill(const Sequence& s) const;
   // Whether the store has answered the lookup of s's prompt (true at once without a store), which
   // the first call starts (off this thread); `wait`: waits for the answer.
   bool LookupDone(Sequence& s, bool wait);

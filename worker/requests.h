@@ -117,6 +117,8 @@ struct QueuedRequest {
 enum class Admission {
   kAdmitted,  // it joins the batch
   kWait,      // it does not fit yet and stays queued
+  kLater,     // its turn has not come (it waits for another's): it stays queued, and requests that
+              // pass it meanwhile count for nothing
   kRefused,   // it is taken out; the engine has told it why
 };
 
@@ -214,16 +216,23 @@ class RequestQueue {
   // Admits queued requests in order while fewer than `max_active` are in flight, by
   // try_admit(Seq&) -> Admission. One that has to wait does not hold up later ones that fit: they
   // pass it, kMaxPasses of them in all (across calls) at most; then nothing passes it until it is
-  // admitted. At most `max_waiting_tried` waiting requests are tried per call.
+  // admitted. At most `max_waiting_tried` waiting requests are tried per call. One told kLater is
+  // passed freely and not counted as tried.
   template <typename TryAdmit>
   void AdmitInOrder(size_t max_active, int max_waiting_tried, TryAdmit try_admit) {
     constexpr int kMaxPasses = 8;
     int waiting_tried = 0;
     int budget = kMaxPasses;  // admissions that may still pass the requests waiting before i
+    std::vector<const Seq*> later;  // told kLater in this call
     for (size_t i = 0; i < pending.size() && active.size() < max_active;) {
-      if (i > 0 && budget <= 0) break;
+      if (i > later.size() && budget <= 0) break;
       Seq& s = *pending[i];
       const Admission a = try_admit(s);
+      if (a == Admission::kLater) {
+        later.push_back(&s);
+        ++i;
+        continue;
+      }
       if (a == Admission::kWait) {
         budget = std::min(budget, kMaxPasses - s.passed);
         if (budget <= 0 || ++waiting_tried >= max_waiting_tried) break;
@@ -233,8 +242,13 @@ class RequestQueue {
       std::unique_ptr<Seq> owned = std::move(pending[i]);
       pending.erase(pending.begin() + static_cast<std::ptrdiff_t>(i));
       if (a == Admission::kRefused) continue;
-      for (size_t j = 0; j < i; ++j) pending[j]->passed++;  // those it passed
-      if (i > 0) --budget;
+      bool passed = false;  // a request that was waiting for room
+      for (size_t j = 0; j < i; ++j) {
+        if (std::find(later.begin(), later.end(), pending[j].get()) != later.end()) continue;
+        pending[j]->passed++;
+        passed = true;
+      }
+      if (passed) --budget;
       active.push_back(std::move(owned));
     }
   }

@@ -54,8 +54,8 @@ constexpr char kUsage[] =
     "                          for up to N seconds (default 30; a second signal stops at once)\n"
     "  --unready-seconds N     of those, the first N (default 0) go on serving new calls too, with\n"
     "                          NOT_SERVING reported, so that load balancers (a Service's endpoints)\n"
-    "                          stop sending before the port closes; give it the readiness probe's\n"
-    "                          period and some\n"
+    "                          stop sending before the port closes: the time they take to see a\n"
+    "                          pod being deleted (less than --drain-seconds)\n"
     "  The router's health is SERVING while some worker serves and it is not draining.\n"
     "  Clients' authorization metadata goes to the workers, which authenticate them. GetStats sums\n"
     "  the serving workers' stats; GetRouterStats (vericache stats --router) gives the router's.\n";
@@ -107,9 +107,10 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
   VC_ASSIGN_OR_RETURN(o.credentials, ServerTls(a));
   VC_ASSIGN_OR_RETURN(const int64_t drain_seconds, a.Int("drain-seconds", 30, 0, 86400));
   VC_ASSIGN_OR_RETURN(const int64_t unready_seconds, a.Int("unready-seconds", 0, 0, 86400));
-  if (unready_seconds > drain_seconds) {
+  // (Calls taken in the unready window need drain time after it.)
+  if (unready_seconds > 0 && unready_seconds >= drain_seconds) {
     return absl::InvalidArgumentError(absl::StrCat("--unready-seconds ", unready_seconds,
-                                                   " is longer than --drain-seconds ", drain_seconds));
+                                                   " leaves no time of --drain-seconds ", drain_seconds));
   }
   VC_ASSIGN_OR_RETURN(std::unique_ptr<RouterServer> r, RouterServer::Start(o));
   out << "vericache router listening on " << ListeningOn(o.listen, r->port()) << " (workers " << s.workers

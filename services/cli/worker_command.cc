@@ -95,7 +95,7 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
                           {}));
   // Flags of the link to a store say nothing without one: given alone, the store was likely forgotten.
   for (const char* f : {"store-replicas", "store-token-file", "store-timeout-ms", "stored-compressed", "store-shards",
-                        "store-tls-ca"}) {
+                        "store-tls-ca", "ucx", "block-tokens", "publish-outputs"}) {
     if (a.Has(f) && !a.Has("store")) return absl::InvalidArgumentError(absl::StrCat("--", f, " needs --store"));
   }
   for (const char* req : {"model", "listen"}) {
@@ -173,7 +173,6 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
   VC_ASSIGN_OR_RETURN(const int64_t drain_seconds, a.Int("drain-seconds", 30, 0, 86400));
   VC_ASSIGN_OR_RETURN(o.credentials, ServerTls(a));
   if (a.Has("store-tls-ca")) {
-    if (o.store_target.empty()) return absl::InvalidArgumentError("--store-tls-ca needs --store");
     VC_ASSIGN_OR_RETURN(o.store_tls_root_certs_pem, ReadPemFile(a.Str("store-tls-ca"), "store TLS root certificates", "CERTIFICATE"));
   }
   VC_ASSIGN_OR_RETURN(std::unique_ptr<WorkerServer> w, WorkerServer::Start(o));
