@@ -745,9 +745,9 @@ absl::Status VeriCacheEngine::Step(bool may_wait) {
     return Admission::kRefused;
   });
 
-  // A chunk of the prompt being prefilled (one at a time, see Admit): a long prompt holds up the
-  // batch in flight a chunk a step, not all of its prefill at once. A failed chunk ends its
-  // sequence alone.
+  // A chunk of the prompt being prefilled (one at a time, see the admission above): a long prompt
+  // holds up the batch in flight a chunk a step, not all of its prefill at once. A failed chunk
+  // ends its sequence alone.
   bool prefilling = false;
   for (auto& sp : active) {
     if (!sp->prefilling()) continue;
