@@ -381,6 +381,7 @@ void RouterService::Apply(const std::vector<Probe>& probes) {
       w.model_checked = false;  // it may come back with another model
     } else if (!p.healthy) {
       w.state = "not serving";
+      w.model_checked = false;  // it may serve again after a restart, with another model
     } else if (p.asked_model && !p.model_status.ok()) {
       w.state = absl::StrCat("model query failed: ", p.model_status.error_code() == grpc::StatusCode::UNIMPLEMENTED
                                                          ? "it serves no workers' Inference API (is it a store?)"
@@ -403,7 +404,10 @@ void RouterService::Apply(const std::vector<Probe>& probes) {
     }
     serving = serving && w.model_checked && !w.removed;
     if (serving) w.state = "serving";
-    if (p.healthy && found_down) w.state = "a call found it down; checked again next round";
+    if (p.healthy && found_down) {
+      w.state = "a call found it down; checked again next round";
+      w.model_checked = false;  // it may have restarted at the same address with another model
+    }
     if (!p.health.ok() && w.serving) ++w.failures;
     changed |= w.serving != serving;
     w.serving = serving;

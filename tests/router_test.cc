@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
 #include "common/memory.h"
 #include "gtest/gtest.h"
 #include "kernels/kernels.h"
@@ -69,19 +70,29 @@ TEST(AffinityTable, LookingUpAPromptKeepsItsOtherBlocks) {
   EXPECT_EQ(mask, 0b10u);
 }
 
-// The fake workers below: of checkpoint "f", kernels of `numerics`, taking generated_ids.
+// The fake workers below: of checkpoint "f" (or another, set_fingerprint), kernels of `numerics`,
+// taking generated_ids.
 class FakeWorkerService : public v1::Inference::Service {
  public:
   explicit FakeWorkerService(std::string numerics = "avx2") : numerics_(std::move(numerics)) {}
   grpc::Status GetModelInfo(grpc::ServerContext*, const v1::GetModelInfoRequest*, v1::ModelInfo* info) override {
-    info->set_fingerprint_hex("f");
+    {
+      absl::MutexLock l(&mu_);
+      info->set_fingerprint_hex(fingerprint_);
+    }
     info->set_numerics(numerics_);
     info->set_takes_generated_ids(true);
     return grpc::Status::OK;
   }
+  void set_fingerprint(const std::string& f) {
+    absl::MutexLock l(&mu_);
+    fingerprint_ = f;
+  }
 
  private:
   const std::string numerics_;
+  absl::Mutex mu_;
+  std::string fingerprint_ ABSL_GUARDED_BY(mu_) = "f";
 };
 
 // A worker that sends the whole output, stats last, and then fails the call (its connection broke
@@ -240,6 +251,30 @@ class SendsThenFails final : public FakeWorkerService {
  private:
   const std::vector<int32_t> tokens_;
 };
+
+// A worker that stops serving and comes back serving another checkpoint (restarted at the same
+// address between two health checks) has its model asked again, and is kept out.
+TEST(RouterOfFakeWorkers, AWorkerBackFromNotServingHasItsModelCheckedAgain) {
+  EndsThenFails a_service, b_service;
+  FakeWorker a(&a_service), b(&b_service);
+  auto router = RouterOf(a.target() + "," + b.target(), 2);
+  ASSERT_NE(router, nullptr);
+  const auto a_serving = [&] {
+    v1::RouterStats s;
+    router->service().CurrentStats(&s);
+    return s.workers(0).serving() == 1;
+  };
+  a.server->GetHealthCheckService()->SetServingStatus(false);
+  ASSERT_TRUE(testing::Eventually([&] { return !a_serving(); }));
+  a_service.set_fingerprint("g");
+  a.server->GetHealthCheckService()->SetServingStatus(true);
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));  // ten rounds of checks
+  EXPECT_FALSE(a_serving());
+  v1::RouterStats s;
+  router->service().CurrentStats(&s);
+  EXPECT_NE(s.workers(0).state().find("serves another model"), std::string::npos) << s.workers(0).state();
+  EXPECT_EQ(s.workers(1).serving(), 1u);
+}
 
 // A worker that fails after sending all of max_tokens has sent the whole output: the call is OK.
 // One that fails sooner, with no other worker able to take the rest, fails the call as it failed
