@@ -617,11 +617,7 @@ absl::StatusOr<std::unique_ptr<DiskTier>> DiskTier::Open(const DiskTierOptions& 
     }
     // A budget smaller than at the last run: down to it now, not at the first put (a store that
     // only serves reads would stay over it).
-    while (t->used_ > options.capacity_bytes && !t->order_.empty()) {
-      const BlockKey victim = t->order_.front();
-      victims.push_back({victim, t->sizes_[victim].first, false});
-      t->Unindex(victim);
-    }
+    victims = t->TakeVictims(/*short_of_reserve=*/0, /*keep=*/0);
   }
   if (!victims.empty()) {
     std::fprintf(stderr, "RocksDB at %s: %zu blocks over the budget of %llu bytes evicted\n", options.path.c_str(),
@@ -663,18 +659,23 @@ absl::Status DiskTier::Put(const BlockKey& key, absl::string_view block) {
     }
     Unindex(key);
     Index(key, block.size());
-    // Past the budget first; then, within it, as many bytes as the filesystem is short.
-    while ((used_ > options_.capacity_bytes || short_of_reserve > 0) && order_.size() > 1) {
-      const BlockKey victim = order_.front();
-      const uint64_t size = sizes_[victim].first;
-      const bool for_reserve = used_ <= options_.capacity_bytes;
-      if (for_reserve) short_of_reserve -= std::min(short_of_reserve, size);
-      victims.push_back({victim, size, for_reserve});
-      Unindex(victim);
-    }
+    victims = TakeVictims(short_of_reserve, /*keep=*/1);  // not the block just put
   }
   for (const Victim& v : victims) EraseEvicted(v.key, v.size, v.for_reserve);
   return absl::OkStatus();
+}
+
+std::vector<DiskTier::Victim> DiskTier::TakeVictims(uint64_t short_of_reserve, size_t keep) {
+  std::vector<Victim> victims;
+  while ((used_ > options_.capacity_bytes || short_of_reserve > 0) && order_.size() > keep) {
+    const BlockKey victim = order_.front();
+    const uint64_t size = sizes_[victim].first;
+    const bool for_reserve = used_ <= options_.capacity_bytes;
+    if (for_reserve) short_of_reserve -= std::min(short_of_reserve, size);
+    victims.push_back({victim, size, for_reserve});
+    Unindex(victim);
+  }
+  return victims;
 }
 
 uint64_t DiskTier::ShortOfReserve(uint64_t put_bytes) {

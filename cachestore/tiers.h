@@ -308,6 +308,10 @@ class DiskTier {
   // it out of the index (if there).
   void Index(const BlockKey& key, uint64_t size, bool oldest = false) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Unindex(const BlockKey& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Takes the least recently used blocks out of the index, past the budget first and then, within
+  // it, as many bytes as `short_of_reserve`, keeping the `keep` most recent; for EraseEvicted
+  // outside mu_.
+  std::vector<Victim> TakeVictims(uint64_t short_of_reserve, size_t keep) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status ScanSalvaging(const rocksdb::ReadOptions& options,
                              const std::function<bool(const rocksdb::Iterator&)>& visit);
   // Records the outcome of a put or a probe: times a run of failures (`no_space`: this one was a

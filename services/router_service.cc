@@ -416,13 +416,17 @@ void RouterService::Apply(const std::vector<Probe>& probes) {
     if (serving && w.downs.load() != p.downs) w.serving = false;
   }
   if (changed) changed_.notify_all();
-  if (on_serving_count_) on_serving_count_(static_cast<int>(ServingWorkers().size()));
+  if (on_serving_count_) on_serving_count_(ServingCount());
+}
+
+int RouterService::ServingCount() const {
+  return static_cast<int>(std::count_if(workers_.begin(), workers_.end(), [](const auto& w) { return w->serving.load(); }));
 }
 
 void RouterService::OnServingCount(std::function<void(int)> f) {
   std::lock_guard<std::mutex> l(mu_);
   on_serving_count_ = std::move(f);
-  on_serving_count_(static_cast<int>(ServingWorkers().size()));
+  on_serving_count_(ServingCount());
 }
 
 void RouterService::CheckLoop() {
@@ -455,9 +459,7 @@ void RouterService::CheckLoop() {
 
 bool RouterService::WaitServing(int n, absl::Duration timeout) {
   std::unique_lock<std::mutex> l(mu_);
-  return changed_.wait_for(l, absl::ToChronoNanoseconds(timeout), [&] {
-    return std::count_if(workers_.begin(), workers_.end(), [](const auto& w) { return w->serving.load(); }) >= n;
-  });
+  return changed_.wait_for(l, absl::ToChronoNanoseconds(timeout), [&] { return ServingCount() >= n; });
 }
 
 int RouterService::BlockTokens() const {

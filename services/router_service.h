@@ -135,8 +135,9 @@ class RouterService final : public vericache::v1::Inference::Service {
  private:
   struct Upstream;
   RouterService(RouterServiceOptions options, bool from_dns);
-  // The workers serving now, in list order. Needs mu_.
+  // The workers serving now, in list order, and their count. Need mu_.
   std::vector<std::shared_ptr<Upstream>> ServingWorkers() const;
+  int ServingCount() const;
   // For a call passed on to the workers (GetModelInfo, GetStats): the caller's authorization into
   // *auth (refused when gRPC could not send it on) and the workers serving now (UNAVAILABLE when
   // none is).

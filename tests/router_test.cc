@@ -211,8 +211,8 @@ TEST(RouterOfFakeWorkers, ACallAWorkerDoesNotServeGoesToAnother) {
   EXPECT_EQ(s.workers(1).requests_routed(), 4u);
 }
 
-// The router is ready (health SERVING) only while some worker serves: before its first health
-// round finds one, after its workers are gone, and once it drains, it is not.
+// The router is ready (health SERVING) only while some worker serves: after its workers are gone,
+// and once it drains, it is not.
 TEST(RouterOfFakeWorkers, TheRouterIsReadyOnlyWhileAWorkerServes) {
   EndsThenFails service;
   auto worker = std::make_unique<FakeWorker>(&service);
