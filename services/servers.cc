@@ -265,11 +265,12 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(WorkerServerOp
   std::unique_ptr<WorkerServer> w(new WorkerServer());
   VC_RETURN_IF_ERROR(CheckAddress("listen address", options.listen, true));
   if (options.host_kv_bytes < 1) return absl::InvalidArgumentError("the host KV tier has no memory");
+  if (options.compressed_kv_bytes < 1) return absl::InvalidArgumentError("the compressed KV has no memory");
   if (options.stall_grace_ms < 0) return absl::InvalidArgumentError("the stall grace is negative");
   VC_RETURN_IF_ERROR(CheckFitsInMemory(
       static_cast<uint64_t>(options.staging_bytes) + options.full_kv_bytes + options.prefix_cache_bytes +
-          options.host_kv_bytes,
-      "--staging-mib, --full-kv-mib, --prefix-cache-mib and --host-kv-mib together"));
+          options.host_kv_bytes + options.compressed_kv_bytes,
+      "--staging-mib, --full-kv-mib, --prefix-cache-mib, --host-kv-mib and --compressed-kv-mib together"));
   if (options.kernels.empty()) VC_RETURN_IF_ERROR(kernels::CheckKernelsFromEnv());
   const kernels::Backend* backend = &kernels::DefaultBackend();
   if (!options.kernels.empty()) {
@@ -284,6 +285,7 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(WorkerServerOp
   const int64_t block_bytes = layout.block_floats() * 2 * layout.num_layers * 4;
   eo.staging_blocks = options.staging_bytes / block_bytes;
   eo.prefix_cache_bytes = options.prefix_cache_bytes;
+  eo.compressed_bytes = options.compressed_kv_bytes;
   options.service.full_kv_blocks = options.full_kv_bytes / block_bytes;
   options.service.fingerprint_hex = HexString(fingerprint);
   options.service.numerics = backend->numerics();

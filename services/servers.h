@@ -119,13 +119,15 @@ struct WorkerServerOptions {
   // standing for a slower link than loopback (benchmarks).
   double fetch_bytes_per_second = 0;
   // Worker memory, in bytes: full KV staged for verification, MODE_FULL sequences' KV, the
-  // compressed prefixes kept for reuse, and the host tier holding VeriCache sequences' full KV
-  // (each reserves its prompt and max_tokens, its store prefix's share included: it is held here
-  // should the prefix's read fail).
+  // compressed prefixes kept for reuse, the host tier holding VeriCache sequences' full KV (each
+  // reserves its prompt and max_tokens, its store prefix's share included: it is held here should
+  // the prefix's read fail), and the compressed KV those sequences draft from (each reserves the
+  // most its compressor can hold for its prompt and max_tokens).
   int64_t staging_bytes = int64_t{512} << 20;
   int64_t full_kv_bytes = int64_t{256} << 20;
   int64_t prefix_cache_bytes = int64_t{256} << 20;
   int64_t host_kv_bytes = int64_t{1024} << 20;
+  int64_t compressed_kv_bytes = int64_t{512} << 20;
   WorkerServiceOptions service;  // engine options, limits, client tokens
   // A client (a router) with calls in flight, silent this long, is pinged; no answer within as
   // long again ends its calls, freeing their batch slots. 0: gRPC's default (two hours).

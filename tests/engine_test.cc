@@ -68,6 +68,14 @@ class EngineExactness : public ::testing::Test {
       ASSERT_TRUE(want.ok());
       ASSERT_EQ(got[i].tokens, want->tokens)
           << eo.compressor << " k=" << eo.draft_window << " prompt " << i << " temp " << o.sampling.temperature;
+      // What the sequence reserved of the compressed-KV memory bounds what it held, drafts and
+      // rollbacks included, and not by far once it generated all it could.
+      const EngineStats& st = got[i].stats;
+      EXPECT_GT(st.compressed_peak_bytes, 0) << eo.compressor << " prompt " << i;
+      EXPECT_LE(st.compressed_peak_bytes, st.compressed_reserved_bytes) << eo.compressor << " prompt " << i;
+      if (static_cast<int>(got[i].tokens.size()) == o.max_tokens) {
+        EXPECT_LE(st.compressed_reserved_bytes, 3 * st.compressed_peak_bytes) << eo.compressor << " prompt " << i;
+      }
       if (total != nullptr) {
         total->drafted += got[i].stats.drafted;
         total->accepted_drafts += got[i].stats.accepted_drafts;
@@ -396,6 +404,55 @@ TEST_F(EngineExactness, TightStagingMemoryOnlyDelays) {
       ExpectExactStepwise(*model_, prompts, o, eo, &ample);
       EXPECT_GT(total.bytes_fetched, 4 * ample.bytes_fetched);
     }
+  }
+}
+
+TEST_F(EngineExactness, ACompressedKvBudgetOnlyDelays) {
+  // Compressed-KV memory for two sequences at a time of every compressor kind: the others wait for
+  // one to end, outputs do not change; a request that needs more than all of it is refused alone.
+  std::vector<std::vector<int32_t>> prompts;
+  for (int b = 0; b < 4; ++b) prompts.push_back(RandomPrompt(70, 500 + b));
+  GenerateOptions o;
+  o.max_tokens = 20;
+  o.stop_at_eos = false;
+  for (const char* spec : {"kivi:bits=4,group=16,residual=16", "snapkv:capacity=32,window=8+kivi:bits=2",
+                           "h2o:heavy=16,recent=8,rollback=8", "streaming:sinks=4,window=16",
+                           "quest:budget=16+kivi:bits=4,group=8,residual=8"}) {
+    SCOPED_TRACE(spec);
+    auto sizing = MakeCompressedKvCache(spec, model_->kv_layout(16), model_->config().num_heads);
+    ASSERT_TRUE(sizing.ok()) << sizing.status();
+    const int64_t one = (*sizing)->BytesBound(69, 70 + o.max_tokens);
+    EngineOptions eo;
+    eo.compressor = spec;
+    eo.staging_blocks = 4 * ((70 + 20 + 17) / 16 + 2);
+    eo.compressed_bytes = 2 * one + one / 2;
+    EngineStats total;
+    const Admission seen = ExpectExactStepwise(*model_, prompts, o, eo, &total);
+    if (HasFatalFailure()) return;
+    EXPECT_EQ(seen.max_active, 2u);
+    EXPECT_TRUE(seen.waited);
+
+    eo.compressed_bytes = one - 1;
+    HostKvTier tier(model_->kv_layout(16), 0);
+    auto engine = VeriCacheEngine::Create(*model_, &tier, eo);
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    std::vector<absl::Status> got(2, absl::UnknownError("not ended"));
+    std::vector<EngineResult> out(2);
+    // Short enough to need less than a compressor that keeps a fixed number of positions can hold.
+    const std::vector<int32_t> small = RandomPrompt(5, 9);
+    GenerateOptions short_output = o;
+    short_output.max_tokens = 8;
+    (*engine)->Submit(MakeRequest(prompts[0], o), [&](absl::Status st, EngineResult) { got[0] = st; });
+    (*engine)->Submit(MakeRequest(small, short_output), [&](absl::Status st, EngineResult r) {
+      got[1] = st;
+      out[1] = std::move(r);
+    });
+    for (int i = 0; i < 1000 && !(*engine)->Idle(); ++i) ASSERT_TRUE((*engine)->Step().ok());
+    EXPECT_EQ(got[0].code(), absl::StatusCode::kResourceExhausted) << got[0];
+    EXPECT_NE(got[0].message().find("bytes of compressed KV"), std::string::npos) << got[0];
+    ASSERT_TRUE(got[1].ok()) << got[1];
+    EXPECT_EQ(out[1].tokens, GenerateFull(*model_, small, short_output)->tokens);
+    EXPECT_EQ((*engine)->compressed_reserved_bytes(), 0);
   }
 }
 

@@ -1192,6 +1192,13 @@ TEST_F(WorkerServiceTest, WhatCannotWorkIsRefusedUpFront) {
   bad.listen = "127.0.0.1:0";
   bad.staging_bytes = int64_t{1} << 50;
   EXPECT_EQ(WorkerServer::Start(bad).status().code(), absl::StatusCode::kInvalidArgument);  // more than there is
+  bad.staging_bytes = int64_t{64} << 20;
+  bad.compressed_kv_bytes = int64_t{1} << 50;  // counted with the others
+  absl::Status compressed = WorkerServer::Start(bad).status();
+  EXPECT_EQ(compressed.code(), absl::StatusCode::kInvalidArgument) << compressed;
+  EXPECT_NE(compressed.message().find("--compressed-kv-mib"), absl::string_view::npos) << compressed;
+  bad.compressed_kv_bytes = 0;
+  EXPECT_EQ(WorkerServer::Start(bad).status().code(), absl::StatusCode::kInvalidArgument);
   StoreServerOptions so;
   so.store.disk.path = dir_ + "/db-unused";
   so.store.ram.capacity_bytes = uint64_t{1} << 50;

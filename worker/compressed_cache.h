@@ -58,6 +58,12 @@ class CompressedKvCache : public AttentionCache {
 
   // Bytes held for `seq` (codes, scales, kept rows, metadata), as stored.
   virtual int64_t Bytes(SeqId seq) const = 0;
+  // The most Bytes can be, with every write committed, for a sequence of at most `length`
+  // positions, drafts and rollbacks included. `built`: the fewest positions it was built from with
+  // BuildFrom; it matters only where positions are chosen at build time (SnapKV), which keeps
+  // every position written after the build. What a worker reserves for a sequence out of its
+  // compressed-KV memory.
+  virtual int64_t BytesBound(int64_t built, int64_t length) const = 0;
   // How many trailing positions Truncate can always drop and have the cache behave as if they had
   // never been appended. Draft windows must not exceed it.
   virtual int64_t MaxRollback() const = 0;

@@ -45,6 +45,7 @@ struct VeriCacheEngine::Sequence : QueuedRequest {
   SeqId pseq = -1;
   int64_t prefilled = 0;
   std::unique_ptr<QueryRecorder> recorder;
+  int64_t creserved = 0;  // of the engine's compressed-KV bytes, from admission to Release
   bool prefilling() const { return pseq >= 0; }
   int64_t v() const { return static_cast<int64_t>(tokens.size()); }
 
@@ -120,10 +121,14 @@ void VeriCacheEngine::Release(Sequence& s) {
   s.pseq = -1;
   s.prefilled = 0;
   if (s.cseq >= 0) {
-    s.result.stats.compressed_bytes = compressed_->Bytes(s.cseq);
+    EngineStats& st = s.result.stats;
+    st.compressed_bytes = compressed_->Bytes(s.cseq);
+    st.compressed_peak_bytes = std::max(st.compressed_peak_bytes, st.compressed_bytes);
     compressed_->FreeSequence(s.cseq);
   }
   s.cseq = -1;
+  compressed_reserved_ -= s.creserved;
+  s.creserved = 0;
   tier_->Erase(s.key);
 }
 
@@ -336,9 +341,20 @@ absl::Status VeriCacheEngine::Admit(Sequence& s) {
   const absl::Duration t0 = SteadyClock()->Now();
   EngineStats& st = s.result.stats;
   st.queue_seconds = absl::ToDoubleSeconds(t0 - s.submitted);
-  // Room in the tier for every position the sequence can reach, its prefix's too (recomputed and
-  // held here if the store fails to deliver it), so no later append fails for it. Taken: the
-  // request waits for a sequence to end.
+  // Room for the most compressed KV the sequence can hold, and in the tier for every position it
+  // can reach, its prefix's too (recomputed and held here if the store fails to deliver it), so no
+  // later append fails for it. Taken: the request waits for a sequence to end.
+  if (options_.compressed_bytes > 0) {
+    const int64_t need = CompressedBound(s.request);
+    if (compressed_reserved_ + need > options_.compressed_bytes) {
+      return absl::ResourceExhaustedError(absl::StrCat("the sequence needs ", need, " bytes of compressed KV; ",
+                                                       options_.compressed_bytes - compressed_reserved_, " of ",
+                                                       options_.compressed_bytes, " are free"));
+    }
+    s.creserved = need;
+    compressed_reserved_ += need;
+  }
+  s.result.stats.compressed_reserved_bytes = CompressedBound(s.request);
   VC_RETURN_IF_ERROR(tier_->Reserve(s.key, MaxPositions(s.request)));
   const int64_t n = s.v() - 1;  // the last prompt token is fed by the first draft step
   const PrefilledKv& pre = s.request.prefilled;
@@ -706,6 +722,12 @@ absl::Status VeriCacheEngine::Step(bool may_wait) {
       [&](const Sequence& s) {
         VC_RETURN_IF_ERROR(ValidateGenerate(model_, s.request.prompt, s.request.options));
         VC_RETURN_IF_ERROR(tier_->CanHold(MaxPositions(s.request)));
+        if (options_.compressed_bytes > 0 && CompressedBound(s.request) > options_.compressed_bytes) {
+          return absl::ResourceExhaustedError(absl::StrCat(
+              "a prompt of ", s.request.prompt.size(), " tokens plus max_tokens ", s.request.options.max_tokens,
+              " needs up to ", CompressedBound(s.request), " bytes of compressed KV (", spec_, "); the worker has ",
+              options_.compressed_bytes));
+        }
         // Refused before it starts if staging could never hold its full KV for a verify pass.
         const int64_t blocks = VerifyBlocks(s.request);
         if (blocks > staging_->num_blocks()) {
@@ -828,6 +850,11 @@ absl::Status VeriCacheEngine::Step(bool may_wait) {
       }
     }
   }
+  for (auto& sp : active) {
+    if (sp->cseq < 0) continue;
+    int64_t& peak = sp->result.stats.compressed_peak_bytes;
+    peak = std::max(peak, compressed_->Bytes(sp->cseq));
+  }
   ended = requests_.TakeFinished(status, [&](Sequence& s) { Release(s); });
   RequestQueue<Sequence>::TellAll(ended);
   return status;
@@ -835,6 +862,11 @@ absl::Status VeriCacheEngine::Step(bool may_wait) {
 
 int64_t VeriCacheEngine::MaxPositions(const EngineRequest& r) {
   return static_cast<int64_t>(r.prompt.size()) + r.options.max_tokens;
+}
+
+int64_t VeriCacheEngine::CompressedBound(const EngineRequest& r) const {
+  // Every path builds the compressed cache from the whole prompt but its last token, or more.
+  return compressed_->BytesBound(static_cast<int64_t>(r.prompt.size()) - 1, MaxPositions(r));
 }
 
 int64_t VeriCacheEngine::VerifyBlocks(const EngineRequest& r) const {

@@ -65,6 +65,11 @@ struct EngineOptions {
   bool keep_staged = true;
   // Bytes of compressed prefixes kept for reuse by later requests (with a PrefixStore).
   int64_t prefix_cache_bytes = int64_t{256} << 20;
+  // Bytes of the compressed KV that the sequences in flight draft from. Each reserves, when
+  // admitted, the most its compressor can hold for its prompt and max_tokens (BytesBound); a
+  // request waits while that is taken, and one that needs more than all of it is refused. 0: no
+  // limit.
+  int64_t compressed_bytes = 0;
   // With a PrefixStore and a compressor that has a block form: publish each prefix's compressed
   // variant too, and admit a prompt whose prefix the store holds in compressed form, but this
   // engine does not, by reading that variant and drafting at once. Off by default: the read runs
@@ -121,6 +126,8 @@ class VeriCacheEngine {
   // Compressed prefixes held for reuse, and their bytes.
   size_t cached_prefixes() const { return prefix_index_.size(); }
   int64_t cached_prefix_bytes() const { return prefix_bytes_; }
+  // Compressed KV reserved by the sequences in flight (EngineOptions::compressed_bytes).
+  int64_t compressed_reserved_bytes() const { return compressed_reserved_; }
 
  private:
   struct Sequence;
@@ -144,6 +151,8 @@ class VeriCacheEngine {
   absl::Status StartWindow(Sequence& s, bool staging_for_all);
   // Positions a request's sequence can reach: its prompt and every output token.
   static int64_t MaxPositions(const EngineRequest& r);
+  // The compressed KV a request's sequence reserves: the most its cache can hold.
+  int64_t CompressedBound(const EngineRequest& r) const;
   // Staging blocks a verify pass of a request's sequence needs at most: its prompt and every
   // output token (windows never pass max_tokens), and one more position.
   int64_t VerifyBlocks(const EngineRequest& r) const;
@@ -212,6 +221,7 @@ class VeriCacheEngine {
   absl::flat_hash_map<PrefixName, PrefixName> prefix_blocks_;
   std::list<PrefixName> prefix_lru_;
   int64_t prefix_bytes_ = 0;
+  int64_t compressed_reserved_ = 0;
 };
 
 }  // namespace vc

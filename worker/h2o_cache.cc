@@ -348,6 +348,19 @@ int64_t H2oCache::Bytes(SeqId seq) const {
   return b;
 }
 
+int64_t H2oCache::BytesBound(int64_t, int64_t length) const {
+  length = std::max<int64_t>(0, length);
+  const int64_t r = params_.rollback, d = layout_.head_dim;
+  // Scores count the queries before length - 2R: H2O's step at each of them left its heavy hitters
+  // and the positions recent at the time, and the 2R positions since are all kept. A query of
+  // those 2R positions is kept to be counted later.
+  const int64_t tokens = std::min(length, HeavyAt(length) + RecentAt(length) + 2 * r);
+  const int64_t pending = std::min(length, 2 * r);
+  const int64_t per_token = 4 + 2 * d * 4 + 4 + 4 + 1;  // position, K, V, score, the view's score and flag
+  const int64_t per_query = 12 + 4 * (int64_t{group_} * d + 2 * group_);
+  return (tokens * per_token + pending * per_query) * layout_.num_layers * layout_.num_kv_heads;
+}
+
 std::string H2oCache::spec() const {
   std::string s = "h2o:";
   absl::StrAppend(&s, params_.heavy >= 0 ? absl::StrCat("heavy=", params_.heavy)

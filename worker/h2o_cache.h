@@ -69,6 +69,7 @@ class H2oCache final : public CompressedKvCache {
   absl::Status BuildFrom(SeqId seq, const PagedKvCache& full, SeqId full_seq, int64_t length,
                          const PromptQueries* queries) override;
   int64_t Bytes(SeqId seq) const override;
+  int64_t BytesBound(int64_t built, int64_t length) const override;
   // `rollback`, counted back from the longest length since the build; never into the prompt the
   // cache was built from (kFailedPrecondition).
   int64_t MaxRollback() const override { return params_.rollback; }

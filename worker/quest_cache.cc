@@ -172,6 +172,13 @@ int64_t QuestCache::Bytes(SeqId seq) const {
   return b;
 }
 
+int64_t QuestCache::BytesBound(int64_t, int64_t length) const {
+  // Every position in float32, and each page's per-channel minimum and maximum of the keys.
+  length = std::max<int64_t>(0, length);
+  const int64_t pages = (length + params_.page - 1) / params_.page;
+  return (2 * length + 2 * pages) * layout_.num_kv_heads * int64_t{layout_.head_dim} * 4 * layout_.num_layers;
+}
+
 std::string QuestCache::spec() const {
   return absl::StrCat("quest:page=", params_.page, ",budget=", params_.budget);
 }

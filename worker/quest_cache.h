@@ -42,6 +42,7 @@ class QuestCache final : public CompressedKvCache {
                          const PromptQueries* queries) override;
   // K/V of every position plus the min/max keys of every page, partial last page included.
   int64_t Bytes(SeqId seq) const override;
+  int64_t BytesBound(int64_t built, int64_t length) const override;
   // Unlimited: nothing is dropped, and a truncation recomputes the last page's bounds.
   int64_t MaxRollback() const override { return int64_t{1} << 30; }
   CompressorNeeds needs() const override { return CompressorNeeds::kCurrentQuery; }

@@ -33,6 +33,8 @@ struct EngineStats {
   int64_t emitted = 0;
   int64_t bytes_fetched = 0;
   int64_t compressed_bytes = 0;  // held for the sequence at its end
+  int64_t compressed_peak_bytes = 0;      // the most held for it at the end of a step
+  int64_t compressed_reserved_bytes = 0;  // reserved for it at admission (its compressor's bound)
   // The remote-prefix scene: prompt positions whose full KV came from the store, whose
   // compressed KV came from the engine's prefix cache, and that were recomputed because a store
   // read failed; blocks this sequence published.

@@ -5,6 +5,7 @@
 #ifndef VC_WORKER_SNAPKV_H_
 #define VC_WORKER_SNAPKV_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -47,6 +48,7 @@ class SnapKvSelector final : public PromptSelector {
                                                                          int num_heads) const override;
   CompressorNeeds needs() const override { return CompressorNeeds::kPromptQueries; }
   int64_t window() const override { return params_.window; }
+  int64_t MaxKept(int64_t length) const override { return std::min(length, params_.capacity); }
   std::string spec() const override;
 
  private:

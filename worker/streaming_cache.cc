@@ -106,6 +106,12 @@ int64_t StreamingCache::Bytes(SeqId seq) const {
   return b;
 }
 
+int64_t StreamingCache::BytesBound(int64_t, int64_t length) const {
+  // The sinks and the ring; below them, Write's doubling may reach twice the positions.
+  const int64_t slots = std::min(2 * std::max<int64_t>(0, length), Slots());
+  return slots * 2 * layout_.num_kv_heads * int64_t{layout_.head_dim} * 4 * layout_.num_layers;
+}
+
 std::string StreamingCache::spec() const {
   return absl::StrCat("streaming:sinks=", sinks_, ",window=", window_, ",rollback=", rollback_);
 }

@@ -22,6 +22,7 @@ class StreamingCache final : public CompressedKvCache {
   absl::Status BuildFrom(SeqId seq, const PagedKvCache& full, SeqId full_seq, int64_t length,
                          const PromptQueries* queries) override;
   int64_t Bytes(SeqId seq) const override;
+  int64_t BytesBound(int64_t built, int64_t length) const override;
   int64_t MaxRollback() const override { return rollback_; }
   CompressorNeeds needs() const override { return CompressorNeeds::kKeysValues; }
   std::string spec() const override;

@@ -582,6 +582,26 @@ int64_t TokenListCache::Bytes(SeqId seq) const {
   return b;
 }
 
+int64_t TokenListCache::BytesBound(int64_t built, int64_t length) const {
+  length = std::max<int64_t>(0, length);
+  built = std::clamp<int64_t>(built, 0, length);
+  // Tokens per (layer, KV head): a selection at build time keeps at most MaxKept of the positions
+  // it chose from; every position written later is kept. Building from more positions than
+  // `built` can only drop more of them.
+  const int64_t tokens = selector_ != nullptr ? length - (built - selector_->MaxKept(built)) : length;
+  const int64_t d = layout_.head_dim;
+  int64_t b = selector_ != nullptr ? 4 * tokens : 0;  // positions
+  if (kivi_.bits == 0) {
+    b += tokens * 2 * d * 4;
+  } else {
+    // Codes and scales of every token, and the float32 tokens: the residual, a group being
+    // filled, and the copies kept for a rollback (Commit keeps those of the last `residual`).
+    b += 2 * (tokens * d * kivi_.bits / 8) + 2 * (tokens / kivi_.group) * d * 4 + 2 * tokens * (d / value_group_) * 4;
+    b += std::min<int64_t>(tokens, 2 * int64_t{kivi_.residual} + kivi_.group) * 2 * d * 4;
+  }
+  return b * layout_.num_layers * layout_.num_kv_heads;
+}
+
 int64_t TokenListCache::MaxRollback() const { return kivi_.bits == 0 ? (int64_t{1} << 30) : kivi_.residual; }
 
 CompressorNeeds TokenListCache::needs() const {

@@ -37,6 +37,8 @@ class PromptSelector {
   virtual CompressorNeeds needs() const = 0;
   // The number of last prompt positions whose queries Select reads.
   virtual int64_t window() const { return 0; }
+  // The most positions Select keeps per (layer, KV head) of a prompt of `length`.
+  virtual int64_t MaxKept(int64_t length) const = 0;
   virtual std::string spec() const = 0;
 };
 
@@ -58,6 +60,7 @@ class TokenListCache final : public CompressedKvCache {
   absl::Status BuildFrom(SeqId seq, const PagedKvCache& full, SeqId full_seq, int64_t length,
                          const PromptQueries* queries) override;
   int64_t Bytes(SeqId seq) const override;
+  int64_t BytesBound(int64_t built, int64_t length) const override;
   // The residual (quantized) or unlimited (float32: 1 << 30).
   int64_t MaxRollback() const override;
   CompressorNeeds needs() const override;

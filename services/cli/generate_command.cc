@@ -111,6 +111,8 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
              {"accepted_drafts", st.accepted_drafts},
              {"bytes_fetched", st.bytes_fetched},
              {"compressed_bytes", st.compressed_bytes},
+             {"compressed_peak_bytes", st.compressed_peak_bytes},
+             {"compressed_reserved_bytes", st.compressed_reserved_bytes},
              {"draft_ms", st.draft_seconds * 1e3},
              {"verify_ms", st.verify_seconds * 1e3},
              {"fetch_wait_ms", st.fetch_wait_seconds * 1e3}};

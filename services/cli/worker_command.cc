@@ -20,6 +20,7 @@ constexpr char kUsage[] =
     "                        --store-token-file FILE] [--store-replicas N] [--store-shards N]\n"
     "                        [--ucx none|peer|off] [--block-tokens N] [--compressor SPEC] [--max-batch N]\n"
     "                        [--staging-mib N] [--full-kv-mib N] [--prefix-cache-mib N] [--host-kv-mib N]\n"
+    "                        [--compressed-kv-mib N]\n"
     "                        [--max-requests N] [--max-requests-per-tenant N] [--client-write-timeout-ms N]\n"
     "                        [--client-tokens FILE] [--store-timeout-ms N] [--draft-window K|auto]\n"
     "                        [--keep-staged 0|1] [--stored-compressed 0|1] [--publish-outputs 0|1]\n"
@@ -44,6 +45,9 @@ constexpr char kUsage[] =
     "  --prefix-cache-mib N    compressed prefixes kept for reuse (default 256)\n"
     "  --host-kv-mib N         host memory for the full KV of VeriCache sequences, each reserving its\n"
     "                          prompt and max_tokens (default 1024); a request waits while it is taken\n"
+    "  --compressed-kv-mib N   memory for the compressed KV that VeriCache sequences draft from, each\n"
+    "                          reserving the most its compressor can hold for its prompt and\n"
+    "                          max_tokens (default 512); a request waits while it is taken\n"
     "  --max-requests N        requests queued or in flight; more are refused (default 256)\n"
     "  --max-requests-per-tenant N  the same for one tenant's requests (default 0: no limit of its own)\n"
     "  --client-tokens FILE    bearer tokens accepted from clients, lines of 'token [tenant]' (default:\n"
@@ -88,6 +92,7 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
       Args a, Args::Parse(argv,
                           {"model", "listen", "store", "store-replicas", "store-token-file", "ucx", "block-tokens",
                            "compressor", "max-batch", "staging-mib", "full-kv-mib", "prefix-cache-mib", "host-kv-mib",
+                           "compressed-kv-mib",
                            "client-write-timeout-ms", "max-requests", "max-requests-per-tenant", "client-tokens",
                            "store-timeout-ms", "draft-window", "keep-staged", "stored-compressed", "publish-outputs",
                            "metrics-listen",
@@ -147,6 +152,8 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
   VC_ASSIGN_OR_RETURN(int64_t prefix, a.Int("prefix-cache-mib", 256, 0, 1 << 20));
   VC_ASSIGN_OR_RETURN(int64_t host, a.Int("host-kv-mib", 1024, 1, 1 << 20));
   o.host_kv_bytes = host << 20;
+  VC_ASSIGN_OR_RETURN(int64_t compressed, a.Int("compressed-kv-mib", 512, 1, 1 << 20));
+  o.compressed_kv_bytes = compressed << 20;
   VC_ASSIGN_OR_RETURN(o.service.client_write_timeout_ms, a.Int("client-write-timeout-ms", 60000, 1, 86400000));
   o.staging_bytes = staging << 20;
   o.full_kv_bytes = full << 20;
