@@ -652,6 +652,75 @@ TEST_F(EngineExactness, PromptPassesAfterAStoredPrefixRunOneAtATime) {
   }
 }
 
+// The rest of a prompt after its stored prefix, or all of it when the store's read fails, is
+// computed a prefill chunk a step, ahead of its verify pass: a request streaming meanwhile is not
+// held up by one pass over hundreds of positions.
+TEST_F(EngineExactness, ALongRestAfterAStoredPrefixIsComputedAChunkAStep) {
+  GenerateOptions o;
+  o.max_tokens = 40;
+  o.stop_at_eos = false;
+  o.prefill_chunk = 32;
+  EngineOptions eo;
+  eo.compressor = "kivi:bits=4,group=8,residual=8";
+  eo.draft_window = 4;
+  eo.staging_blocks = 200;
+  eo.prefix_cache_bytes = 0;  // no compressed copy: the first pass waits for the whole prompt
+  testing::MemoryPrefixStore store(16);
+  HostKvTier tier(model_->kv_layout(eo.block_size), 0);
+  auto engine = VeriCacheEngine::Create(*model_, &tier, eo, &store);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  const std::vector<int32_t> a = RandomPrompt(20, 41), prefix = RandomPrompt(64, 42);
+  std::map<char, std::vector<int32_t>> got;
+  std::map<char, absl::Status> ended;
+  std::map<char, EngineStats> stats;
+  int step = 0, b_first = -1;
+  const auto submit = [&](char name, const std::vector<int32_t>& prompt) {
+    EngineRequest r = MakeRequest(prompt, o);
+    r.on_tokens = [&, name](absl::Span<const int32_t> t) {
+      if (name == 'b' && b_first < 0) b_first = step;
+      got[name].insert(got[name].end(), t.begin(), t.end());
+    };
+    (*engine)->Submit(std::move(r), [&, name](absl::Status st, EngineResult res) {
+      ended[name] = st;
+      stats[name] = res.stats;
+    });
+  };
+  const auto step_until = [&](const std::function<bool()>& done) {
+    for (int i = 0; i < 3000 && !done(); ++i, ++step) ASSERT_TRUE((*engine)->Step().ok());
+    ASSERT_TRUE(done());
+  };
+  submit('p', prefix);  // publishes the 64-token prefix
+  step_until([&] { return (*engine)->Idle(); });
+  ASSERT_GE(store.size(), 4u);
+  for (bool fail : {false, true}) {
+    SCOPED_TRACE(fail ? "the store's read fails" : "the store delivers");
+    store.fail_reads = fail;
+    std::vector<int32_t> b = prefix;  // a rest of its own each time: the store holds the prefix alone
+    for (int j = 0; j < 600; ++j) b.push_back((j * 29 + 3 + (fail ? 7 : 0)) % 256);
+    got.clear();
+    ended.clear();
+    b_first = -1;
+    submit('a', a);
+    step_until([&] { return !got['a'].empty(); });
+    const size_t a_before = got['a'].size();
+    const int b_submitted = step;
+    submit('b', b);
+    step_until([&] { return b_first >= 0; });
+    const size_t a_meanwhile = got['a'].size() - a_before;
+    step_until([&] { return (*engine)->Idle(); });
+    // 600 positions after the stored prefix (664 when its read fails) take 18 (20) chunks of 32
+    // before a pass of at most 32 of them and the window: one step each, A streaming at each.
+    EXPECT_GE(b_first - b_submitted, 18) << "B's first token came " << b_first - b_submitted << " steps after it";
+    EXPECT_GE(a_meanwhile, 12u) << "A streamed " << a_meanwhile << " tokens meanwhile";
+    for (const auto& [name, prompt] : {std::pair{'a', a}, std::pair{'b', b}}) {
+      ASSERT_TRUE(ended[name].ok()) << name << ": " << ended[name];
+      EXPECT_EQ(got[name], GenerateFull(*model_, prompt, o)->tokens) << name;
+    }
+    EXPECT_EQ(stats['b'].prefix_store_tokens, fail ? 0 : 64);
+    EXPECT_EQ(stats['b'].recomputed_tokens, fail ? 64 : 0);
+  }
+}
+
 // A prompt that shares only the first blocks of a cached compressed prefix (an edit in the middle
 // of a file) drafts from that prefix cut back to the shared blocks, where KIVI can cut (whole
 // quantized groups), and from nothing where it cannot; the output is exact either way.

@@ -567,23 +567,49 @@ absl::Status VeriCacheEngine::AppendExact(Sequence& s, int64_t from, int64_t to)
   return absl::OkStatus();
 }
 
-absl::Status VeriCacheEngine::Recompute(Sequence& s) {
-  // The store could not deliver the prefix: compute it here. The kernels are batch-invariant, so
-  // these K/V are bitwise the ones the store would have served.
+void VeriCacheEngine::Recompute(Sequence& s) {
+  // The store could not deliver the prefix: nothing of [0, full_len) is exact any more. Prompt
+  // chunks and the verify pass compute it here again (in the room the sequence reserved for it in
+  // the tier at admission); the kernels are batch-invariant, so these K/V are bitwise the ones the
+  // store would have served.
   staging_->Commit(s.sseq, 0);
-  VC_RETURN_IF_ERROR(model_.Prefill(absl::MakeConstSpan(s.tokens).first(s.full_len), s.sseq,
-                                    s.request.options.prefill_chunk, *staging_, nullptr));
-  // The prefix is now held here too, in the room the sequence reserved for it at admission.
   tier_->Clear(s.key);
-  VC_RETURN_IF_ERROR(tier_->Append(s.key, *staging_, s.sseq, 0, s.full_len));
+  s.full_len = 0;
   // The positions the store was to deliver now count as recomputed (prompt positions by where
-  // their K/V came from: at a later window, full_len also holds positions computed here before).
+  // their K/V came from: at a later window, full_len also held positions computed here before).
   s.result.stats.recomputed_tokens += s.result.stats.prefix_store_tokens;
   s.result.stats.prefix_store_tokens = 0;
   // The store's copy may be gone (a corrupt block is deleted): the next pass shares the prompt's
   // blocks again, also when they were shared after an earlier pass (a read at a later window failed).
   s.publish_from = 0;
+}
+
+absl::Status VeriCacheEngine::PromptChunk(Sequence& s) {
+  const absl::Duration t0 = SteadyClock()->Now();
+  const int64_t end = s.full_len + s.request.options.prefill_chunk;
+  VC_RETURN_IF_ERROR(model_.Prefill(absl::MakeConstSpan(s.tokens).subspan(s.full_len, end - s.full_len), s.sseq,
+                                    s.request.options.prefill_chunk, *staging_, nullptr));
+  VC_RETURN_IF_ERROR(tier_->Append(s.key, *staging_, s.sseq, s.full_len, end));
+  s.full_len = end;
+  s.result.stats.prefill_seconds += absl::ToDoubleSeconds(SteadyClock()->Now() - t0);
   return absl::OkStatus();
+}
+
+VeriCacheEngine::Sequence* VeriCacheEngine::LandReady(std::vector<Sequence*>& ready) {
+  Sequence* chunked = nullptr;
+  for (auto it = ready.begin(); it != ready.end();) {
+    Sequence& s = **it;
+    if (!s.resident() && !LandFetch(s, s.sseq)) Recompute(s);
+    s.fetch.reset();  // resident until its pass
+    if (s.v() - 1 - s.full_len <= s.request.options.prefill_chunk) {
+      ++it;
+      continue;
+    }
+    // One at a time; another (a second failed read) keeps its staging and comes back.
+    if (chunked == nullptr) chunked = &s;
+    it = ready.erase(it);
+  }
+  return chunked;
 }
 
 absl::Status VeriCacheEngine::Verify(std::vector<Sequence*>& ready) {
@@ -591,9 +617,7 @@ absl::Status VeriCacheEngine::Verify(std::vector<Sequence*>& ready) {
   std::vector<SequenceChunk> chunks;
   for (size_t i = 0; i < ready.size(); ++i) {
     Sequence& s = *ready[i];
-    // Else staging already holds [0, full_len) from the last pass.
-    if (!s.resident() && !LandFetch(s, s.sseq)) VC_RETURN_IF_ERROR(Recompute(s));
-    // The prompt positions not yet exact (after a store prefix), the last verified token, drafts.
+    // Staging holds [0, full_len) (LandReady). The prompt positions not yet exact (after a store prefix), the last verified token, drafts.
     feeds[i].assign(s.tokens.begin() + s.full_len, s.tokens.end());
     feeds[i].insert(feeds[i].end(), s.drafts.begin(), s.drafts.end());
     chunks.push_back({s.sseq, feeds[i]});
@@ -822,16 +846,18 @@ absl::Status VeriCacheEngine::Step(bool may_wait) {
   if (status.ok()) {
     // The ready verify, then the others' draft step: every sequence moves on each step (one whose
     // window is 0 is ready at every step).
-    if (!ready.empty()) {
-      for (Sequence* s : ready) {
-        if (s->fetch == nullptr) continue;  // resident
-        costs_.ObserveFetch(static_cast<double>(s->fetch->bytes()),
-                            absl::ToDoubleSeconds(s->fetch->finished_at() - s->fetch_start));
-      }
-      status = Verify(ready);
+    for (Sequence* s : ready) {
+      if (s->fetch == nullptr) continue;  // resident
+      costs_.ObserveFetch(static_cast<double>(s->fetch->bytes()),
+                          absl::ToDoubleSeconds(s->fetch->finished_at() - s->fetch_start));
     }
+    // A prompt whose rest (after a stored prefix, or all of it after a failed read) is longer than
+    // a chunk has a chunk of it computed this step, ahead of its verify pass.
+    Sequence* chunked = LandReady(ready);
+    if (chunked != nullptr) status = PromptChunk(*chunked);
+    if (status.ok() && !ready.empty()) status = Verify(ready);
     if (status.ok() && !drafting.empty()) status = DraftStep(drafting);
-    if (ready.empty() && drafting.empty() && !prefilling) {
+    if (ready.empty() && chunked == nullptr && drafting.empty() && !prefilling) {
       if (!waiting.empty() && may_wait) {
         const absl::Duration t0 = SteadyClock()->Now();
         waiting.front()->fetch->Wait().IgnoreError();  // Verify looks at the outcome

@@ -21,8 +21,11 @@
 // the exact K/V of the rest of the prompt together with the drafts. When only the store has it
 // (or its blocks would arrive before a draft could be made), the first window has no drafts: its
 // verify pass computes the rest of the prompt from the fetched prefix, and the compressed copy is
-// built from that. Blocks the store lacked are published once computed. A read that fails (store down, block evicted or corrupt) is recomputed by prefill
-// before the verify pass uses it, so the output never depends on the store.
+// built from that. A rest longer than a prefill chunk is computed a chunk a step (one prompt at a
+// time) before that pass, so it does not hold up the batch. Blocks the store lacked are published
+// once computed. A read that fails (store down, block evicted or corrupt) leaves nothing of the
+// prefix trusted: the whole prompt is computed here the same way, so the output never depends on
+// the store.
 //
 // Requests arrive through Submit and the caller drives Step (continuous batching: sequences join
 // and leave between passes), or all at once through Generate.
@@ -159,8 +162,16 @@ class VeriCacheEngine {
   // Staging blocks a request's sequence is given when staging is sized for it: its prompt,
   // output and one draft window.
   int64_t StagingBlocks(const EngineRequest& r) const;
+  // Lands the fetches of the sequences `ready` for a pass (a failed one: Recompute), and takes out
+  // those whose prompt has more than a prefill chunk left to compute; returns the first of them.
+  Sequence* LandReady(std::vector<Sequence*>& ready);
+  // Computes the next prefill chunk of the prompt of `s` (resident) exactly, into staging and the
+  // tier: a long rest of a prompt is not one verify pass that holds up the batch.
+  absl::Status PromptChunk(Sequence& s);
   absl::Status Verify(std::vector<Sequence*>& ready);
-  absl::Status Recompute(Sequence& s);
+  // Forgets the prefix [0, full_len) of `s` that the store (through the tier) failed to deliver:
+  // prompt chunks and the verify pass compute it again.
+  void Recompute(Sequence& s);
   // Replaces the compressed cache of `s` with positions [0, length) of its exact K/V in staging.
   absl::Status Rebuild(Sequence& s, int64_t length);
   // Writes positions [from, to) of the exact K/V of `s` in staging to its compressed cache, which
