@@ -372,6 +372,8 @@ absl::StatusOr<std::unique_ptr<WorkerService>> WorkerService::Create(const Model
   std::unique_ptr<WorkerService> w(new WorkerService(model, options, prefixes));
   VC_ASSIGN_OR_RETURN(auto vericache, VeriCacheEngine::Create(model, tier, options.engine, prefixes));
   w->compressor_ = vericache->compressor_spec();
+  w->vericache_ = vericache.get();
+  w->tier_ = tier;
   std::unique_ptr<FullKvEngine> full;
   if (options.full_kv_blocks > 0) {
     FullEngineOptions fo;
@@ -631,6 +633,13 @@ void WorkerService::CurrentStats(v1::WorkerStats* resp) const {
     x->set_tenant(name);
     SetRequestCounts(tt, x);
   }
+  v1::WorkerMemory* m = resp->mutable_memory();
+  m->set_host_kv_used_bytes(static_cast<uint64_t>(tier_->reserved_bytes()));
+  m->set_host_kv_capacity_bytes(static_cast<uint64_t>(tier_->capacity_bytes()));
+  m->set_compressed_kv_used_bytes(static_cast<uint64_t>(vericache_->compressed_reserved_bytes()));
+  m->set_compressed_kv_capacity_bytes(static_cast<uint64_t>(vericache_->options().compressed_bytes));
+  m->set_prefix_cache_used_bytes(static_cast<uint64_t>(vericache_->cached_prefix_bytes()));
+  m->set_prefix_cache_capacity_bytes(static_cast<uint64_t>(vericache_->options().prefix_cache_bytes));
   if (prefixes_ != nullptr) {
     const StorePrefixStats p = prefixes_->stats();
     v1::StoreLinkStats* o = resp->mutable_store();

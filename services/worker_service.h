@@ -100,6 +100,9 @@ class WorkerService final : public vericache::v1::Inference::Service {
   const Model& model_;
   const WorkerServiceOptions options_;
   PrefixStore* const prefixes_;
+  // Read for their memory gauges only (thread-safe there); the engine runs on the scheduler's thread.
+  const VeriCacheEngine* vericache_ = nullptr;
+  const FullKvTier* tier_ = nullptr;
   std::string compressor_;
   const absl::Duration started_;  // SteadyClock() time
   std::atomic<int64_t> invalid_{0};  // calls refused before admission as invalid or unauthenticated

@@ -709,9 +709,10 @@ TEST_F(EngineExactness, ALongRestAfterAStoredPrefixIsComputedAChunkAStep) {
     const size_t a_meanwhile = got['a'].size() - a_before;
     step_until([&] { return (*engine)->Idle(); });
     // 600 positions after the stored prefix (664 when its read fails) take 18 (20) chunks of 32
-    // before a pass of at most 32 of them and the window: one step each, A streaming at each.
+    // before a pass of at most 32 of them and the window: one step each, A drafting or verifying at
+    // each (its tokens come with its passes; one pass over all of B's rest would give it none).
     EXPECT_GE(b_first - b_submitted, 18) << "B's first token came " << b_first - b_submitted << " steps after it";
-    EXPECT_GE(a_meanwhile, 12u) << "A streamed " << a_meanwhile << " tokens meanwhile";
+    EXPECT_GE(a_meanwhile, 5u) << "A streamed " << a_meanwhile << " tokens meanwhile";
     for (const auto& [name, prompt] : {std::pair{'a', a}, std::pair{'b', b}}) {
       ASSERT_TRUE(ended[name].ok()) << name << ": " << ended[name];
       EXPECT_EQ(got[name], GenerateFull(*model_, prompt, o)->tokens) << name;

@@ -670,6 +670,15 @@ TEST_F(WorkerServiceTest, OverloadCancellationAndAuthentication) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));  // until the long request is admitted
   }
   ASSERT_EQ(WorkerStats(*stub, "client-token").requests_in_flight(), 1u);
+  // Once admitted, it holds its reservations: the host tier's for its positions, the compressed
+  // KV's for its compressor's bound.
+  v1::WorkerMemory held;
+  for (int i = 0; i < 100 && held.compressed_kv_used_bytes() == 0; ++i) {
+    held = WorkerStats(*stub, "client-token").memory();
+    if (held.compressed_kv_used_bytes() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_GT(held.compressed_kv_used_bytes(), 0u);
+  EXPECT_GT(held.host_kv_used_bytes(), 0u);
   EXPECT_EQ(CallGenerate(*stub, Request(p, 4), "client-token").status.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_EQ(long_call.get().status.code(), absl::StatusCode::kDeadlineExceeded);
   GenerateReply after;
@@ -691,6 +700,8 @@ TEST_F(WorkerServiceTest, OverloadCancellationAndAuthentication) {
   EXPECT_EQ(stats.requests_in_flight(), 0u);
   EXPECT_GE(stats.generated_tokens(), 6u);  // and what the long request streamed before its deadline
   EXPECT_FALSE(stats.has_store());
+  EXPECT_EQ(stats.memory().compressed_kv_used_bytes(), 0u);  // given back
+  EXPECT_EQ(stats.memory().host_kv_used_bytes(), 0u);
 }
 
 // GetStats, and `vericache stats` on it and on the store: requests, tokens and the traffic with
@@ -726,6 +737,14 @@ TEST_F(WorkerServiceTest, StatsReportRequestsAndStoreTraffic) {
   EXPECT_GT(s.store().bytes_read(), 0u);
   EXPECT_EQ(s.store().blocks_published(), 6u);
   EXPECT_EQ(s.store().publish_failures() + s.store().read_failures() + s.store().lookup_failures(), 0u);
+  // The memory budgets: the requests gave their reservations back; the prompt's compressed
+  // prefix is kept for reuse.
+  EXPECT_EQ(s.memory().compressed_kv_capacity_bytes(), static_cast<uint64_t>(WorkerServerOptions().compressed_kv_bytes));
+  EXPECT_EQ(s.memory().compressed_kv_used_bytes(), 0u);
+  EXPECT_EQ(s.memory().host_kv_used_bytes(), 0u);
+  EXPECT_GT(s.memory().host_kv_capacity_bytes(), 0u);
+  EXPECT_GT(s.memory().prefix_cache_used_bytes(), 0u);
+  EXPECT_GT(s.memory().prefix_cache_capacity_bytes(), 0u);
 
   const auto run = [](const std::vector<std::string>& args, std::string* out, std::string* err) {
     std::ostringstream o, e;
@@ -738,6 +757,7 @@ TEST_F(WorkerServiceTest, StatsReportRequestsAndStoreTraffic) {
   ASSERT_EQ(run({"--target", worker->target()}, &out, &err), 0) << err;
   EXPECT_NE(out.find("0 in flight, 2 ended, 0 failed"), std::string::npos) << out;
   EXPECT_NE(out.find("6 blocks read"), std::string::npos) << out;
+  EXPECT_NE(out.find("memory: host KV 0 B of "), std::string::npos) << out;
   ASSERT_EQ(run({"--target", store->target(), "--token", "tok"}, &out, &err), 0) << err;
   EXPECT_NE(out.find("RAM tier: "), std::string::npos) << out;
   EXPECT_NE(out.find("6 blocks of "), std::string::npos) << out;  // and the share of their slots they fill

@@ -32,6 +32,7 @@
 #ifndef VC_WORKER_ENGINE_H_
 #define VC_WORKER_ENGINE_H_
 
+#include <atomic>
 #include <cstdint>
 #include <list>
 #include <memory>
@@ -128,9 +129,11 @@ class VeriCacheEngine {
   const std::string& compressor_spec() const { return spec_; }
   // Compressed prefixes held for reuse, and their bytes.
   size_t cached_prefixes() const { return prefix_index_.size(); }
-  int64_t cached_prefix_bytes() const { return prefix_bytes_; }
-  // Compressed KV reserved by the sequences in flight (EngineOptions::compressed_bytes).
-  int64_t compressed_reserved_bytes() const { return compressed_reserved_; }
+  // The bytes of compressed prefixes held for reuse, and of compressed KV reserved by the
+  // sequences in flight (EngineOptions::compressed_bytes): gauges any thread may read.
+  int64_t cached_prefix_bytes() const { return prefix_bytes_.load(std::memory_order_relaxed); }
+  int64_t compressed_reserved_bytes() const { return compressed_reserved_.load(std::memory_order_relaxed); }
+  const EngineOptions& options() const { return options_; }
 
  private:
   struct Sequence;
@@ -231,8 +234,8 @@ class VeriCacheEngine {
   // cached): a prompt that shares only the first blocks of a cached prefix drafts from it cut back.
   absl::flat_hash_map<PrefixName, PrefixName> prefix_blocks_;
   std::list<PrefixName> prefix_lru_;
-  int64_t prefix_bytes_ = 0;
-  int64_t compressed_reserved_ = 0;
+  std::atomic<int64_t> prefix_bytes_ = 0;
+  std::atomic<int64_t> compressed_reserved_ = 0;
 };
 
 }  // namespace vc

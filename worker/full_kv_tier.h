@@ -80,6 +80,9 @@ class FullKvTier {
   // Forgets what `key` holds (its positions and any attached prefix) but keeps its reservation:
   // appends start again at position 0.
   virtual void Clear(TierKey key) = 0;
+  // Bytes set aside for sequences now, and the most that may be (0: no bound). Thread-safe.
+  virtual int64_t reserved_bytes() const = 0;
+  virtual int64_t capacity_bytes() const = 0;
 };
 
 // Full KV in host memory, per (key, layer) in chunks of about 64 KiB for K and for V, so an append
@@ -98,8 +101,8 @@ class HostKvTier final : public FullKvTier {
 
   absl::Status Reserve(TierKey key, int64_t positions) override;
   absl::Status CanHold(int64_t positions) const override;
-  // Bytes set aside for sequences now.
-  int64_t reserved_bytes() const;
+  int64_t reserved_bytes() const override;
+  int64_t capacity_bytes() const override { return capacity_bytes_; }
   // Bytes a sequence takes to hold `stored` positions (whole chunks).
   int64_t BytesFor(int64_t stored) const;
   // Positions per chunk (memory is counted in whole chunks).

@@ -59,6 +59,11 @@ void PrintWorker(const std::string& target, const v1::WorkerStats& s, std::ostre
       Share(s.prefix_compressed_store_tokens(), p), Share(s.recomputed_tokens(), p), s.generated_tokens());
   out << absl::StrFormat("drafts: %d drafted, %d accepted (%s), %d verify passes\n", s.drafted_tokens(),
                          s.accepted_drafts(), Share(s.accepted_drafts(), s.drafted_tokens()), s.verify_passes());
+  const v1::WorkerMemory& m = s.memory();
+  out << absl::StrFormat("memory: host KV %s of %s reserved, compressed KV %s of %s reserved, prefix cache %s of %s\n",
+                         FormatBytes(m.host_kv_used_bytes()), FormatBytes(m.host_kv_capacity_bytes()),
+                         FormatBytes(m.compressed_kv_used_bytes()), FormatBytes(m.compressed_kv_capacity_bytes()),
+                         FormatBytes(m.prefix_cache_used_bytes()), FormatBytes(m.prefix_cache_capacity_bytes()));
   // Tenants, when any client token names one.
   if (s.tenants_size() > 1 || (s.tenants_size() == 1 && !s.tenants(0).tenant().empty())) {
     for (const v1::TenantStats& t : s.tenants()) {
