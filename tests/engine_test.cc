@@ -117,6 +117,7 @@ class EngineExactness : public ::testing::Test {
       if ((*engine)->queued() > 0 && (*engine)->active() > 0) seen.waited = true;
     }
     for (size_t i = 0; i < prompts.size(); ++i) EXPECT_TRUE(done[i]) << "request " << i << " never ended";
+    EXPECT_EQ((*engine)->compressed_reserved_bytes(), 0);  // every reservation given back
     ExpectSameAsFull(model, prompts, o, eo, results, total);
     return seen;
   }
@@ -692,6 +693,7 @@ TEST_F(EngineExactness, ALongRestAfterAStoredPrefixIsComputedAChunkAStep) {
   submit('p', prefix);  // publishes the 64-token prefix
   step_until([&] { return (*engine)->Idle(); });
   ASSERT_GE(store.size(), 4u);
+  int64_t b_fetched = 0;  // B's full KV fetched with staging for everything: its prefix, once
   for (bool fail : {false, true}) {
     SCOPED_TRACE(fail ? "the store's read fails" : "the store delivers");
     store.fail_reads = fail;
@@ -719,6 +721,28 @@ TEST_F(EngineExactness, ALongRestAfterAStoredPrefixIsComputedAChunkAStep) {
     }
     EXPECT_EQ(stats['b'].prefix_store_tokens, fail ? 0 : 64);
     EXPECT_EQ(stats['b'].recomputed_tokens, fail ? 64 : 0);
+    if (!fail) b_fetched = stats['b'].bytes_fetched;
+  }
+
+  // Staging for B's verify pass (45 blocks) and one more: A and B contend for it, and staged KV
+  // is given up and fetched again (B's far beyond its prefix); outputs stay exact.
+  eo.staging_blocks = 46;
+  engine = VeriCacheEngine::Create(*model_, &tier, eo, &store);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  store.fail_reads = false;
+  std::vector<int32_t> b = prefix;
+  for (int j = 0; j < 600; ++j) b.push_back((j * 31 + 5) % 256);
+  got.clear();
+  ended.clear();
+  b_first = -1;
+  submit('a', a);
+  step_until([&] { return !got['a'].empty(); });
+  submit('b', b);
+  step_until([&] { return (*engine)->Idle(); });
+  EXPECT_GT(stats['b'].bytes_fetched, 4 * b_fetched);
+  for (const auto& [name, prompt] : {std::pair{'a', a}, std::pair{'b', b}}) {
+    ASSERT_TRUE(ended[name].ok()) << name << ": " << ended[name];
+    EXPECT_EQ(got[name], GenerateFull(*model_, prompt, o)->tokens) << name;
   }
 }
 

@@ -673,9 +673,10 @@ TEST_F(WorkerServiceTest, OverloadCancellationAndAuthentication) {
   // Once admitted, it holds its reservations: the host tier's for its positions, the compressed
   // KV's for its compressor's bound.
   v1::WorkerMemory held;
-  for (int i = 0; i < 100 && held.compressed_kv_used_bytes() == 0; ++i) {
+  const auto both = [](const v1::WorkerMemory& m) { return m.compressed_kv_used_bytes() > 0 && m.host_kv_used_bytes() > 0; };
+  for (int i = 0; i < 100 && !both(held); ++i) {
     held = WorkerStats(*stub, "client-token").memory();
-    if (held.compressed_kv_used_bytes() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    if (!both(held)) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   EXPECT_GT(held.compressed_kv_used_bytes(), 0u);
   EXPECT_GT(held.host_kv_used_bytes(), 0u);

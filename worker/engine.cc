@@ -47,6 +47,9 @@ struct VeriCacheEngine::Sequence : QueuedRequest {
   std::unique_ptr<QueryRecorder> recorder;
   int64_t creserved = 0;  // of the engine's compressed-KV bytes, from admission to Release
   bool prefilling() const { return pseq >= 0; }
+  // Staging holds a prompt whose rest is being computed a chunk a step (PromptChunk): given up,
+  // it would be fetched again, its stored prefix included, for every chunk.
+  bool computing_prompt() const { return sseq >= 0 && v() - 1 - full_len > request.options.prefill_chunk; }
   int64_t v() const { return static_cast<int64_t>(tokens.size()); }
 
   // After a failed admission and Release: back to the state Submit left, to be admitted again.
@@ -82,7 +85,8 @@ absl::StatusOr<std::unique_ptr<VeriCacheEngine>> VeriCacheEngine::Create(const M
                                                                          const EngineOptions& options,
                                                                          PrefixStore* prefixes) {
   if (options.block_size < 1 || options.max_batch < 1 || options.max_draft_window < 1 ||
-      options.draft_window < 0 || options.staging_blocks < 0 || options.prefix_cache_bytes < 0) {
+      options.draft_window < 0 || options.staging_blocks < 0 || options.prefix_cache_bytes < 0 ||
+      options.compressed_bytes < 0) {
     return absl::InvalidArgumentError("engine options out of range");
   }
   const KvLayout layout = model.kv_layout(options.block_size);
@@ -437,7 +441,7 @@ bool VeriCacheEngine::EvictResident(const Sequence* except) {
   Sequence* victim = nullptr;
   for (auto& sp : requests_.active) {
     Sequence* o = sp.get();
-    if (o == except || !o->resident()) continue;
+    if (o == except || !o->resident() || o->computing_prompt()) continue;
     victim = o;
     if (static_cast<int>(o->drafts.size()) < o->k) break;  // mid-window: it needs no staging for a while
   }
@@ -453,7 +457,9 @@ absl::Status VeriCacheEngine::ReserveStaging(SeqId seq, int64_t length, const Se
   const int64_t need = (length + block - 1) / block - static_cast<int64_t>(staging_->BlockTable(seq).size());
   int64_t could_free = staging_->free_blocks();
   for (const auto& sp : requests_.active) {
-    if (sp.get() != except && sp->resident()) could_free += static_cast<int64_t>(staging_->BlockTable(sp->sseq).size());
+    if (sp.get() != except && sp->resident() && !sp->computing_prompt()) {
+      could_free += static_cast<int64_t>(staging_->BlockTable(sp->sseq).size());
+    }
   }
   if (need > could_free) return staging_->Reserve(seq, length);  // fails, or fits after all
   while (true) {
@@ -617,7 +623,8 @@ absl::Status VeriCacheEngine::Verify(std::vector<Sequence*>& ready) {
   std::vector<SequenceChunk> chunks;
   for (size_t i = 0; i < ready.size(); ++i) {
     Sequence& s = *ready[i];
-    // Staging holds [0, full_len) (LandReady). The prompt positions not yet exact (after a store prefix), the last verified token, drafts.
+    // Staging holds [0, full_len) (LandReady). The prompt positions not yet exact (after a store
+    // prefix), the last verified token, drafts.
     feeds[i].assign(s.tokens.begin() + s.full_len, s.tokens.end());
     feeds[i].insert(feeds[i].end(), s.drafts.begin(), s.drafts.end());
     chunks.push_back({s.sseq, feeds[i]});
@@ -805,12 +812,16 @@ absl::Status VeriCacheEngine::Step(bool may_wait) {
     break;
   }
 
-  // Sequences still waiting for their first token claim staging first (time to first token).
   std::vector<Sequence*> order;
   for (auto& sp : active) {
     if (!sp->prefilling() && !sp->done) order.push_back(sp.get());
   }
+  // Sequences still waiting for their first token claim staging first (time to first token), but
+  // after one streaming already whose prefix must be computed again (a failed read): it would
+  // otherwise wait behind every new prompt for the one prompt pass a step.
   std::stable_partition(order.begin(), order.end(), [](const Sequence* s) { return s->generated == 0; });
+  std::stable_partition(order.begin(), order.end(),
+                        [](const Sequence* s) { return s->generated > 0 && s->v() - s->full_len > 1; });
   std::vector<Sequence*> drafting, ready, waiting, stuck;
   absl::Status status;
   int64_t blocks_for_all = 0;
@@ -854,7 +865,12 @@ absl::Status VeriCacheEngine::Step(bool may_wait) {
     // A prompt whose rest (after a stored prefix, or all of it after a failed read) is longer than
     // a chunk has a chunk of it computed this step, ahead of its verify pass.
     Sequence* chunked = LandReady(ready);
-    if (chunked != nullptr) status = PromptChunk(*chunked);
+    if (chunked != nullptr) {
+      if (absl::Status st = PromptChunk(*chunked); !st.ok()) {  // ends its sequence alone
+        chunked->failed = std::move(st);
+        chunked->done = true;
+      }
+    }
     if (status.ok() && !ready.empty()) status = Verify(ready);
     if (status.ok() && !drafting.empty()) status = DraftStep(drafting);
     if (ready.empty() && chunked == nullptr && drafting.empty() && !prefilling) {
