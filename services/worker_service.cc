@@ -637,9 +637,9 @@ void WorkerService::CurrentStats(v1::WorkerStats* resp) const {
   m->set_host_kv_used_bytes(static_cast<uint64_t>(tier_->reserved_bytes()));
   m->set_host_kv_capacity_bytes(static_cast<uint64_t>(tier_->capacity_bytes()));
   m->set_compressed_kv_used_bytes(static_cast<uint64_t>(vericache_->compressed_reserved_bytes()));
-  m->set_compressed_kv_capacity_bytes(static_cast<uint64_t>(vericache_->options().compressed_bytes));
+  m->set_compressed_kv_capacity_bytes(static_cast<uint64_t>(options_.engine.compressed_bytes));
   m->set_prefix_cache_used_bytes(static_cast<uint64_t>(vericache_->cached_prefix_bytes()));
-  m->set_prefix_cache_capacity_bytes(static_cast<uint64_t>(vericache_->options().prefix_cache_bytes));
+  m->set_prefix_cache_capacity_bytes(static_cast<uint64_t>(options_.engine.prefix_cache_bytes));
   if (prefixes_ != nullptr) {
     const StorePrefixStats p = prefixes_->stats();
     v1::StoreLinkStats* o = resp->mutable_store();

@@ -348,8 +348,9 @@ absl::Status VeriCacheEngine::Admit(Sequence& s) {
   // Room for the most compressed KV the sequence can hold, and in the tier for every position it
   // can reach, its prefix's too (recomputed and held here if the store fails to deliver it), so no
   // later append fails for it. Taken: the request waits for a sequence to end.
+  const int64_t need = CompressedBound(s.request);
+  st.compressed_reserved_bytes = need;
   if (options_.compressed_bytes > 0) {
-    const int64_t need = CompressedBound(s.request);
     if (compressed_reserved_ + need > options_.compressed_bytes) {
       return absl::ResourceExhaustedError(absl::StrCat("the sequence needs ", need, " bytes of compressed KV; ",
                                                        options_.compressed_bytes - compressed_reserved_, " of ",
@@ -358,7 +359,6 @@ absl::Status VeriCacheEngine::Admit(Sequence& s) {
     s.creserved = need;
     compressed_reserved_ += need;
   }
-  s.result.stats.compressed_reserved_bytes = CompressedBound(s.request);
   VC_RETURN_IF_ERROR(tier_->Reserve(s.key, MaxPositions(s.request)));
   const int64_t n = s.v() - 1;  // the last prompt token is fed by the first draft step
   const PrefilledKv& pre = s.request.prefilled;
@@ -573,7 +573,7 @@ absl::Status VeriCacheEngine::AppendExact(Sequence& s, int64_t from, int64_t to)
   return absl::OkStatus();
 }
 
-void VeriCacheEngine::Recompute(Sequence& s) {
+void VeriCacheEngine::ForgetPrefix(Sequence& s) {
   // The store could not deliver the prefix: nothing of [0, full_len) is exact any more. Prompt
   // chunks and the verify pass compute it here again (in the room the sequence reserved for it in
   // the tier at admission); the kernels are batch-invariant, so these K/V are bitwise the ones the
@@ -605,9 +605,9 @@ VeriCacheEngine::Sequence* VeriCacheEngine::LandReady(std::vector<Sequence*>& re
   Sequence* chunked = nullptr;
   for (auto it = ready.begin(); it != ready.end();) {
     Sequence& s = **it;
-    if (!s.resident() && !LandFetch(s, s.sseq)) Recompute(s);
+    if (!s.resident() && !LandFetch(s, s.sseq)) ForgetPrefix(s);
     s.fetch.reset();  // resident until its pass
-    if (s.v() - 1 - s.full_len <= s.request.options.prefill_chunk) {
+    if (!s.computing_prompt()) {
       ++it;
       continue;
     }
@@ -753,10 +753,11 @@ absl::Status VeriCacheEngine::Step(bool may_wait) {
       [&](const Sequence& s) {
         VC_RETURN_IF_ERROR(ValidateGenerate(model_, s.request.prompt, s.request.options));
         VC_RETURN_IF_ERROR(tier_->CanHold(MaxPositions(s.request)));
-        if (options_.compressed_bytes > 0 && CompressedBound(s.request) > options_.compressed_bytes) {
+        if (const int64_t need = CompressedBound(s.request);
+            options_.compressed_bytes > 0 && need > options_.compressed_bytes) {
           return absl::ResourceExhaustedError(absl::StrCat(
               "a prompt of ", s.request.prompt.size(), " tokens plus max_tokens ", s.request.options.max_tokens,
-              " needs up to ", CompressedBound(s.request), " bytes of compressed KV (", spec_, "); the worker has ",
+              " needs up to ", need, " bytes of compressed KV (", spec_, "); the worker has ",
               options_.compressed_bytes));
         }
         // Refused before it starts if staging could never hold its full KV for a verify pass.

@@ -133,7 +133,6 @@ class VeriCacheEngine {
   // sequences in flight (EngineOptions::compressed_bytes): gauges any thread may read.
   int64_t cached_prefix_bytes() const { return prefix_bytes_.load(std::memory_order_relaxed); }
   int64_t compressed_reserved_bytes() const { return compressed_reserved_.load(std::memory_order_relaxed); }
-  const EngineOptions& options() const { return options_; }
 
  private:
   struct Sequence;
@@ -165,7 +164,7 @@ class VeriCacheEngine {
   // Staging blocks a request's sequence is given when staging is sized for it: its prompt,
   // output and one draft window.
   int64_t StagingBlocks(const EngineRequest& r) const;
-  // Lands the fetches of the sequences `ready` for a pass (a failed one: Recompute), and takes out
+  // Lands the fetches of the sequences `ready` for a pass (a failed one: ForgetPrefix), and takes out
   // those whose prompt has more than a prefill chunk left to compute; returns the first of them.
   Sequence* LandReady(std::vector<Sequence*>& ready);
   // Computes the next prefill chunk of the prompt of `s` (resident) exactly, into staging and the
@@ -174,7 +173,7 @@ class VeriCacheEngine {
   absl::Status Verify(std::vector<Sequence*>& ready);
   // Forgets the prefix [0, full_len) of `s` that the store (through the tier) failed to deliver:
   // prompt chunks and the verify pass compute it again.
-  void Recompute(Sequence& s);
+  void ForgetPrefix(Sequence& s);
   // Replaces the compressed cache of `s` with positions [0, length) of its exact K/V in staging.
   absl::Status Rebuild(Sequence& s, int64_t length);
   // Writes positions [from, to) of the exact K/V of `s` in staging to its compressed cache, which

@@ -286,7 +286,7 @@ absl::Status TokenListCache::AppendBlock(SeqId seq, int64_t tokens, const std::v
   if (block_codec().bits == 0) return CompressedKvCache::AppendBlock(seq, tokens, layers);
   Sequence& s = seqs_[seq];
   const BlockParts parts = Parts(tokens);
-  const size_t head_bytes = 2 * parts.codes + 2 * parts.k_scales + 2 * parts.v_scales;
+  const size_t head_bytes = parts.head();
   if (tokens <= 0 || tokens % kivi_.group != 0 || static_cast<int>(layers.size()) != layout_.num_layers) {
     return absl::InvalidArgumentError(absl::StrCat("an encoded block of ", tokens, " tokens in ", layers.size(),
                                                    " layers does not fit this cache"));
@@ -596,7 +596,7 @@ int64_t TokenListCache::BytesBound(int64_t built, int64_t length) const {
   } else {
     // Codes and scales of every token, and the float32 tokens: the residual, a group being
     // filled, and the copies kept for a rollback (Commit keeps those of the last `residual`).
-    b += 2 * (tokens * d * kivi_.bits / 8) + 2 * (tokens / kivi_.group) * d * 4 + 2 * tokens * (d / value_group_) * 4;
+    b += static_cast<int64_t>(Parts(tokens).head());
     b += std::min<int64_t>(tokens, 2 * int64_t{kivi_.residual} + kivi_.group) * 2 * d * 4;
   }
   return b * layout_.num_layers * layout_.num_kv_heads;

@@ -116,6 +116,8 @@ class TokenListCache final : public CompressedKvCache {
   // Bytes of one KV head's share of an encoded block of `tokens` positions, and its parts.
   struct BlockParts {
     size_t codes, k_scales, v_scales;
+    // All of one KV head's share: K and V codes, and each one's scales and minimums.
+    size_t head() const { return 2 * (codes + k_scales + v_scales); }
   };
   BlockParts Parts(int64_t tokens) const;
   // With a query budget: points `view` at the key groups the query heads q [heads, head_dim] of
