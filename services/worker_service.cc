@@ -419,6 +419,8 @@ absl::StatusOr<EngineRequest> WorkerService::Parse(const v1::GenerateRequest& re
       r.prompt = model_.tokenizer().Encode(req.text());
       break;
     case v1::GenerateRequest::kTokenIds:
+      // Checked here, not on the prompt with generated_ids after it, which would pass.
+      if (req.token_ids().ids().empty()) return absl::InvalidArgumentError("the prompt's token_ids are empty");
       VC_RETURN_IF_ERROR(CheckFitsContext(model_, req.token_ids().ids_size(), req.max_tokens()));
       r.prompt.assign(req.token_ids().ids().begin(), req.token_ids().ids().end());
       break;
@@ -464,7 +466,8 @@ absl::StatusOr<EngineRequest> WorkerService::Parse(const v1::GenerateRequest& re
     absl::StatusOr<std::unique_ptr<CompressedKvCache>> c = MakeCompressedKvCache(
         req.compressor(), model_.kv_layout(options_.engine.block_size), model_.config().num_heads);
     if (!c.ok()) return c.status();
-    if ((*c)->spec() != compressor_) {
+    // MODE_FULL does not draft: any valid spec will do.
+    if (req.mode() != v1::MODE_FULL && (*c)->spec() != compressor_) {
       // Another worker may serve it (a router moves on): this worker's, not the request's, fault.
       return absl::FailedPreconditionError(
           absl::StrCat("this worker drafts with ", compressor_, ", not ", (*c)->spec()));

@@ -305,6 +305,14 @@ TEST_F(EndToEnd, BadRequestsGetClearStatuses) {
   ASSERT_TRUE(testing::GetWorkerStats(*stub, "", &is).ok());
   EXPECT_EQ(is.requests_refused(), was.requests_refused() + 1);  // refused, not invalid
   EXPECT_EQ(is.requests_invalid(), was.requests_invalid());
+  // MODE_FULL drafts nothing: another compressor is served, an invalid one still refused.
+  r = Request(0, v1::MODE_FULL);
+  r.set_compressor("kivi:bits=8");
+  const GenerateReply full = CallGenerate(*stub, r);
+  EXPECT_TRUE(full.status.ok()) << full.status;
+  EXPECT_FALSE(full.tokens.empty());
+  r.set_compressor("kivi:bits=3");
+  EXPECT_EQ(CallGenerate(*stub, r).status.code(), absl::StatusCode::kInvalidArgument);
   r = Request(0, v1::MODE_VERICACHE);
   r.set_max_tokens(500);
   v1::WorkerStats before;

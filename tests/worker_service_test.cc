@@ -626,6 +626,12 @@ TEST_F(WorkerServiceTest, ARequestResumedAfterItsFirstTokensGivesTheRest) {
   bad.add_generated_ids(100000);
   const GenerateReply r = CallGenerate(*stub, bad);
   EXPECT_EQ(r.status.code(), absl::StatusCode::kInvalidArgument) << r.status;
+  // generated_ids follow a prompt: without one the request is refused, as an empty text is.
+  v1::GenerateRequest no_prompt = Request({}, 24);
+  no_prompt.add_generated_ids(65);
+  const GenerateReply none = CallGenerate(*stub, no_prompt);
+  EXPECT_EQ(none.status.code(), absl::StatusCode::kInvalidArgument) << none.status;
+  EXPECT_NE(none.status.message().find("token_ids are empty"), std::string::npos) << none.status;
   // Output that reached the end of sequence (257 here) has ended: resumed after it, nothing more
   // comes; with ignore_eos it goes on. An end of sequence before the last is not output.
   v1::GenerateRequest at_eos = Request(p, 24);
