@@ -20,6 +20,7 @@
 #include "cachestore/store.h"
 #include "cachestore/tiers.h"
 #include "common/files.h"
+#include "common/memory.h"
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
 
@@ -323,6 +324,7 @@ absl::StatusOr<ScaledStore> Plan(const ReplayOptions& o) {
         "a RAM tier of ", o.ram_bytes, " bytes at 1/", o.scale, " scale is past 4 GiB; ",
         unit > 1 ? "raise the scale" : "a scale past the slot unit shrinks it no further: raise the slot unit"));
   }
+  VC_RETURN_IF_ERROR(CheckFitsInMemory(ram, "the replayed RAM tier"));
   std::error_code ec;
   if (!std::filesystem::is_directory(o.scratch_dir, ec)) {
     return absl::InvalidArgumentError(absl::StrCat("the scratch directory ", o.scratch_dir, " is not a directory"));

@@ -23,6 +23,7 @@
 #include "kernels/backends.h"
 #include "services/inference_client.h"
 #include "services/metrics.h"
+#include "worker/compressed_cache.h"
 
 namespace vc {
 namespace {
@@ -261,6 +262,35 @@ StoreServer::~StoreServer() {
   if (server_ != nullptr) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
 }
 
+namespace {
+
+// What the engine would take in silence: a fixed draft window past what the compressor can roll
+// back (it would run at that limit), a store with a compressor that chooses positions by the
+// prompt's queries (which no stored block carries: requests would neither read nor publish
+// prefixes), and compressed prefixes in the store from a compressor without a stored form.
+absl::Status CheckDrafting(const EngineOptions& eo, const WorkerServerOptions& options, const KvLayout& layout,
+                           int num_heads) {
+  VC_ASSIGN_OR_RETURN(const std::unique_ptr<CompressedKvCache> drafts,
+                      MakeCompressedKvCache(eo.compressor, layout, num_heads));
+  VC_RETURN_IF_ERROR(CheckDraftWindow(*drafts, eo.draft_window));
+  if (options.store_target.empty()) return absl::OkStatus();
+  if (drafts->needs() == CompressorNeeds::kPromptQueries) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        drafts->spec(), " chooses positions by the prompt's queries, which blocks from the store do not carry: ",
+        "its requests would neither read prefixes from the store nor publish them (give another compressor, ",
+        "or no --store)"));
+  }
+  const CompressedKvCache::BlockCodec codec = drafts->block_codec();
+  if (eo.stored_compressed_prefixes && (codec.bits == 0 || options.block_tokens % codec.group != 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "compressed prefixes in the store need a kivi compressor alone whose group divides the store's block of ",
+        options.block_tokens, " tokens; ", drafts->spec(), " has no stored form there"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(WorkerServerOptions options) {
   std::unique_ptr<WorkerServer> w(new WorkerServer());
   VC_RETURN_IF_ERROR(CheckAddress("listen address", options.listen, true));
@@ -290,6 +320,11 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(WorkerServerOp
   options.service.fingerprint_hex = HexString(fingerprint);
   options.service.numerics = backend->numerics();
   if (eo.staging_blocks < 1) return absl::InvalidArgumentError("the staging memory holds no KV block");
+  if (options.full_kv_bytes > 0 && options.service.full_kv_blocks < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the full-KV memory holds no KV block (", block_bytes, " bytes): MODE_FULL would be refused"));
+  }
+  VC_RETURN_IF_ERROR(CheckDrafting(eo, options, layout, w->model_->config().num_heads));
   w->tier_ = std::make_unique<HostKvTier>(layout, options.fetch_bytes_per_second, options.store_target.empty() ? 1 : 4,
                                           options.host_kv_bytes);
   if (!options.store_target.empty()) {

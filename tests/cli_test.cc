@@ -193,6 +193,47 @@ TEST_F(CliTest, WorkerRefusesKernelsItLacksAndStoreFlagsWithoutAStore) {
   }
 }
 
+// What a worker would take and then ignore is refused: a draft window past what its compressor rolls
+// back (it would run at that limit), a store with a compressor that chooses positions by the
+// prompt's queries (its requests would never use the store), and compressed prefixes in the store
+// from a compressor without a stored form there.
+TEST_F(CliTest, WorkerRefusesWhatItWouldIgnore) {
+  vc::testing::WriteFile(dir_ + "/store-token", "tok\n");
+  const std::vector<std::string> store = {"--store", "127.0.0.1:1", "--store-token-file", dir_ + "/store-token"};
+  const std::vector<std::string> snapkv = {"--compressor", "snapkv:capacity=64"};
+  const std::vector<std::string> streaming = {"--compressor", "streaming:sinks=4,window=64", "--stored-compressed",
+                                              "1"};
+  const std::vector<std::string> small_blocks = {"--stored-compressed", "1", "--block-tokens", "16"};
+  for (const auto& [flags, expect] : std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"--draft-window", "33"}, "a draft window of 33: kivi:bits=4,group=32,residual=32 rolls back at most 32"},
+           {{"--compressor", "kivi:bits=4,residual=8", "--draft-window", "9"}, "rolls back at most 8 drafts"},
+           {snapkv, "chooses positions by the prompt's queries"},
+           {streaming, "has no stored form"},
+           {small_blocks, "divides the store's block of 16 tokens"}}) {
+    std::vector<std::string> args = {"--model", dir_, "--listen", "127.0.0.1:0"};
+    args.insert(args.end(), flags.begin(), flags.end());
+    if (flags.size() != 2 || flags[0] != "--draft-window") args.insert(args.end(), store.begin(), store.end());
+    std::ostringstream out, err;
+    EXPECT_EQ(RunWorkerCommand(args, out, err), 2) << expect;
+    EXPECT_NE(err.str().find(expect), std::string::npos) << err.str();
+  }
+}
+
+// A draft window is checked against the compressor's rollback, and refused where nothing drafts.
+TEST_F(CliTest, GenerateRefusesADraftWindowItWouldNotRun) {
+  for (const auto& [args, expect] : std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"--mode", "vericache", "--draft-window", "9", "--compressor", "kivi:bits=4,residual=8"},
+            "rolls back at most 8 drafts"},
+           {{"--mode", "full", "--draft-window", "4"}, "--draft-window is for --mode vericache"},
+           {{"--mode", "lossy", "--draft-window", "auto"}, "--draft-window is for --mode vericache"}}) {
+    std::vector<std::string> all = {"--model", dir_, "--prompt", "x"};
+    all.insert(all.end(), args.begin(), args.end());
+    const CliRun r = Generate(all);
+    EXPECT_EQ(r.code, 2) << expect;
+    EXPECT_NE(r.err.find(expect), std::string::npos) << r.err;
+  }
+}
+
 // The demo's shared prefix comes from a file that holds some: an empty one is refused.
 TEST_F(CliTest, DemoRefusesAnEmptyPrefixFile) {
   std::ofstream(dir_ + "/empty.py").close();
@@ -319,9 +360,15 @@ TEST_F(CliTest, StoreTokenFiles) {
     EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << text;
     EXPECT_NE(st.message().find(why), std::string::npos) << st;
   }
-  // A worker's token file holds one token: a space in it is named as one.
+  // A worker's token file holds one token: a space in it is named as one, and so is a second line
+  // (which a first line of a comment would have, the comment taken for the token).
   std::ofstream(path) << "tok tenant\n";
   EXPECT_NE(ReadBearerTokenFile(path).status().message().find("holds a space"), std::string::npos);
+  std::ofstream(path) << "# the pool's token\ntok\n";
+  EXPECT_NE(ReadBearerTokenFile(path).status().message().find("holds more than one line"), std::string::npos);
+  std::ofstream(path) << "tok\n\n";
+  ASSERT_TRUE(ReadBearerTokenFile(path).ok());
+  EXPECT_EQ(*ReadBearerTokenFile(path), "tok");
 }
 
 }  // namespace

@@ -844,6 +844,17 @@ TEST_F(WorkerServiceTest, BlocksAreSpreadOverStoreShards) {
   EXPECT_EQ(WorkerServer::Start(o).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// Full-KV memory of less than one KV block would serve no MODE_FULL request: refused at start, not
+// taken as none.
+TEST_F(WorkerServiceTest, FullKvMemoryUnderOneBlockIsRefused) {
+  WorkerServerOptions o;
+  o.model_dir = dir_ + "/model";
+  o.full_kv_bytes = 100;
+  const absl::Status st = WorkerServer::Start(o).status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_NE(st.message().find("the full-KV memory holds no KV block"), std::string::npos) << st;
+}
+
 // With two replicas of every block over two stores: blocks missing from one store are read from
 // the other and put back, and a store that goes away costs no prefix at all. Every output exact.
 TEST_F(WorkerServiceTest, ReplicasKeepPrefixesWhenAStoreLosesThemOrGoesAway) {

@@ -143,6 +143,12 @@ absl::StatusOr<KiviParams> ParseKivi(const MethodSpec& m, const KvLayout& layout
 
 }  // namespace
 
+absl::Status CheckDraftWindow(const CompressedKvCache& cache, int k) {
+  if (k <= cache.MaxRollback()) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("a draft window of ", k, ": ", cache.spec(), " rolls back at most ", cache.MaxRollback(), " drafts"));
+}
+
 absl::StatusOr<std::unique_ptr<CompressedKvCache>> MakeCompressedKvCache(absl::string_view spec,
                                                                          const KvLayout& layout, int num_heads) {
   VC_ASSIGN_OR_RETURN(std::vector<MethodSpec> methods, ParseCompressorSpec(spec));

@@ -102,6 +102,10 @@ class CompressedKvCache : public AttentionCache {
 absl::StatusOr<std::unique_ptr<CompressedKvCache>> MakeCompressedKvCache(absl::string_view spec,
                                                                          const KvLayout& layout, int num_heads);
 
+// kInvalidArgument unless `cache` can roll back a fixed window of k drafts. The engine runs a
+// larger window at that limit; callers that take k from a user check it first.
+absl::Status CheckDraftWindow(const CompressedKvCache& cache, int k);
+
 // Parameter helpers for method constructors: each returns kInvalidArgument naming the method and
 // the key when the value is malformed or outside [lo, hi]; absent keys give the default.
 absl::StatusOr<int64_t> SpecInt(const MethodSpec& m, const std::string& key, int64_t fallback, int64_t lo,

@@ -100,8 +100,12 @@ std::string FormatBytes(double bytes) {
 
 absl::StatusOr<std::string> ReadBearerTokenFile(const std::string& path) {
   VC_ASSIGN_OR_RETURN(const std::string text, ReadFileLimited(path, 1 << 20, "token file"));
-  const std::string line(absl::StripAsciiWhitespace(text.substr(0, text.find('\n'))));
+  const size_t end = text.find('\n');
+  const std::string line(absl::StripAsciiWhitespace(text.substr(0, end)));
   if (line.empty()) return absl::InvalidArgumentError(absl::StrCat(path, " holds no token"));
+  if (end != std::string::npos && !absl::StripAsciiWhitespace(absl::string_view(text).substr(end)).empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(path, " holds more than one line; a token file holds one token"));
+  }
   VC_RETURN_IF_ERROR(CheckBearerToken(line, absl::StrCat("the token in ", path)));
   return line;
 }

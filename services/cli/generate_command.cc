@@ -66,10 +66,15 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
   VC_ASSIGN_OR_RETURN(const int draft_window, DraftWindow(a));
 
   VC_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, Model::Load(a.Str("model")));
-  // A compressor given is checked in full mode too, which does not use it (the others build it).
-  if (a.Has("compressor") && mode == "full") {
-    VC_RETURN_IF_ERROR(
-        MakeCompressedKvCache(compressor, model->kv_layout(o.block_size), model->config().num_heads).status());
+  // A compressor given is checked in full mode too, which does not use it; a draft window is
+  // checked against what the compressor rolls back, and refused where nothing drafts.
+  if (a.Has("draft-window") && mode != "vericache") {
+    return absl::InvalidArgumentError("--draft-window is for --mode vericache");
+  }
+  if (a.Has("compressor") || mode == "vericache") {
+    VC_ASSIGN_OR_RETURN(const std::unique_ptr<CompressedKvCache> drafts,
+                        MakeCompressedKvCache(compressor, model->kv_layout(o.block_size), model->config().num_heads));
+    VC_RETURN_IF_ERROR(CheckDraftWindow(*drafts, draft_window));
   }
   if (!model->tokenizer().handles_text()) {
     return absl::InvalidArgumentError(absl::StrCat(
