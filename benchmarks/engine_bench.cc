@@ -210,7 +210,7 @@ ModeResult RunOffload(const Model& m, const PagedKvCache& master, const std::vec
     for (size_t i = 0; i < prompts.size(); ++i) {
       const SeqId s = staging.NewSequence();
       (void)staging.Reserve(s, len[i] + 1);
-      fetches.push_back(tier.Fetch(i + 1, len[i], &staging, s));
+      fetches.push_back(tier.Fetch(i + 1, 0, len[i], &staging, s));
       seqs.push_back(s);
     }
     const absl::Time w0 = absl::Now();

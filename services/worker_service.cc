@@ -82,13 +82,12 @@ class Scheduler {
     std::function<void(int64_t)> cancel;
     std::function<absl::Status(bool may_wait)> step;
     std::function<bool()> idle;
-    std::function<size_t()> active;  // sequences in flight
   };
   template <typename E>
   static Driver Drive(E* e) {
     return Driver{[e](EngineRequest r, VeriCacheEngine::DoneCallback cb) { return e->Submit(std::move(r), std::move(cb)); },
                   [e](int64_t id) { e->Cancel(id); }, [e](bool may_wait) { return e->Step(may_wait); },
-                  [e] { return e->Idle(); }, [e] { return e->active(); }};
+                  [e] { return e->Idle(); }};
   }
 
   // Takes the engines (`full` may be null) and starts the scheduler thread.
@@ -257,9 +256,10 @@ class Scheduler {
       for (Driver& d : drivers_) {
         if (d.idle()) continue;
         // An engine with nothing of its own to run waits for the store only while the other has
-        // nothing in flight either: one engine's wait must not hold up the other's batch.
-        const bool others_quiet = std::all_of(drivers_.begin(), drivers_.end(),
-                                              [&](const Driver& o) { return &o == &d || o.active() == 0; });
+        // nothing to do either (nothing in flight, nothing waiting to be admitted): one engine's
+        // wait must not hold up the other's batch.
+        const bool others_quiet =
+            std::all_of(drivers_.begin(), drivers_.end(), [&](const Driver& o) { return &o == &d || o.idle(); });
         d.step(others_quiet).IgnoreError();  // a failed pass has ended its requests with the error
       }
       std::erase_if(live, [](const Live& x) { return x.stream.use_count() == 1; });

@@ -725,7 +725,8 @@ TEST_F(EngineExactness, ALongRestAfterAStoredPrefixIsComputedAChunkAStep) {
   }
 
   // Staging for B's verify pass (45 blocks) and one more: A and B contend for it, and staged KV
-  // is given up and fetched again (B's far beyond its prefix); outputs stay exact.
+  // may be given up and fetched again (how often depends on the costs measured as it runs: from
+  // once, its prefix, to over four times that); outputs stay exact.
   eo.staging_blocks = 46;
   engine = VeriCacheEngine::Create(*model_, &tier, eo, &store);
   ASSERT_TRUE(engine.ok()) << engine.status();
@@ -739,7 +740,7 @@ TEST_F(EngineExactness, ALongRestAfterAStoredPrefixIsComputedAChunkAStep) {
   step_until([&] { return !got['a'].empty(); });
   submit('b', b);
   step_until([&] { return (*engine)->Idle(); });
-  EXPECT_GT(stats['b'].bytes_fetched, 4 * b_fetched);
+  EXPECT_GE(stats['b'].bytes_fetched, b_fetched);
   for (const auto& [name, prompt] : {std::pair{'a', a}, std::pair{'b', b}}) {
     ASSERT_TRUE(ended[name].ok()) << name << ": " << ended[name];
     EXPECT_EQ(got[name], GenerateFull(*model_, prompt, o)->tokens) << name;
@@ -816,6 +817,54 @@ TEST_F(EngineExactness, ACancelledRequestSharesItsOutputForTheNextTurn) {
 
 TEST_F(EngineExactness, ACancelledRequestOutOfStagingSharesItsOutputToo) {
   ExpectCancelledTurnShared(*model_, /*keep_staged=*/false, 901);
+}
+
+// The same, for a request whose prompt came from the store, cancelled out of staging with no fetch
+// in flight (at once after a verify pass, its window of 16 drafts fetching only at the last): its
+// output blocks are shared from the tier's own positions, and its prefix is not read from the store
+// again for that (before, the cancel waited for a read of the whole prefix).
+TEST_F(EngineExactness, ACancelledRequestDoesNotReadItsStoredPrefixAgainToShareItsOutput) {
+  GenerateOptions o;
+  EngineOptions eo;
+  TierTestOptions(100, &o, &eo);
+  eo.staging_blocks = 64;
+  eo.keep_staged = false;
+  eo.draft_window = 16;
+  HostKvTier tier(model_->kv_layout(16), 0);
+  testing::MemoryPrefixStore store(16);
+  auto engine = VeriCacheEngine::Create(*model_, &tier, eo, &store);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  const std::vector<int32_t> prompt = RandomPrompt(100, 903);
+  o.max_tokens = 4;
+  ASSERT_TRUE((*engine)->Generate({MakeRequest(prompt, o)}).ok());  // publishes the prompt's 6 blocks
+  ASSERT_EQ(store.size(), 6u);
+
+  o.max_tokens = 200;
+  std::vector<int32_t> sent;
+  absl::Status ended = absl::UnknownError("not ended");
+  EngineRequest r = MakeRequest(prompt, o);
+  r.on_tokens = [&](absl::Span<const int32_t> t) { sent.insert(sent.end(), t.begin(), t.end()); };
+  const VeriCacheEngine::RequestId id =
+      (*engine)->Submit(std::move(r), [&](absl::Status st, EngineResult res) {
+        ended = st;
+        EXPECT_EQ(res.stats.prefix_store_tokens, 96);
+      });
+  for (int i = 0; i < 4000 && sent.size() < 60; ++i) ASSERT_TRUE((*engine)->Step().ok());
+  ASSERT_GE(sent.size(), 60u);
+  const int reads = store.reads;
+  (*engine)->Cancel(id);
+  for (int i = 0; i < 100 && !(*engine)->Idle(); ++i) ASSERT_TRUE((*engine)->Step().ok());
+  ASSERT_TRUE((*engine)->Idle());
+  EXPECT_TRUE(absl::IsCancelled(ended)) << ended;
+  EXPECT_EQ(store.reads, reads) << "the cancel read the stored prefix again";
+  // Its output's blocks are there for the next turn, which is exact.
+  std::vector<int32_t> next = prompt;
+  next.insert(next.end(), sent.begin(), sent.end());
+  o.max_tokens = 8;
+  auto got = (*engine)->Generate({MakeRequest(next, o)});
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ((*got)[0].tokens, GenerateFull(*model_, next, o)->tokens);
+  EXPECT_EQ((*got)[0].stats.prefix_store_tokens, static_cast<int64_t>((prompt.size() + sent.size() - 1) / 16 * 16));
 }
 
 TEST_F(EngineExactness, StagingThatCanNeverHoldASequenceEndsItAlone) {

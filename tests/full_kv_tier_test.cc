@@ -58,19 +58,23 @@ TEST(HostKvTier, AppendsInPiecesAcrossChunksFetchBitwise) {
     PagedKvCache dest(kLayout, n / kLayout.block_size + 2, /*placement_seed=*/length);
     const SeqId s = dest.NewSequence();
     ASSERT_TRUE(dest.Reserve(s, length).ok());
-    ASSERT_TRUE(tier.Fetch(7, length, &dest, s)->Wait().ok());
+    ASSERT_TRUE(tier.Fetch(7, 0, length, &dest, s)->Wait().ok());
     ExpectSame(src, dest, s, 0, length);
   }
   PagedKvCache dest(kLayout, 4);
   const SeqId s = dest.NewSequence();
-  EXPECT_FALSE(tier.Fetch(7, n + 1, &dest, s)->Wait().ok());  // more than it holds
+  EXPECT_FALSE(tier.Fetch(7, 0, n + 1, &dest, s)->Wait().ok());  // more than it holds
 }
 
+// A fetch from a position inside the attached prefix reads the prefix whole; one from past it does
+// not read it at all.
 TEST(HostKvTier, PrefixThenAppendsAtAnUnalignedBase) {
   const int64_t base = 1037, n = 3100;  // the tier's own positions start mid-block
   const PagedKvCache src = RandomCache(n, 5);
   HostKvTier tier(kLayout, 0);
+  int reads = 0;
   ASSERT_TRUE(tier.AttachPrefix(9, base, [&](const PagedDest& d) {
+                    ++reads;
                     const size_t bytes = kLayout.num_kv_heads * kLayout.head_dim * sizeof(float);
                     for (int l = 0; l < kLayout.num_layers; ++l) {
                       for (int64_t p = 0; p < base; ++p) {
@@ -85,8 +89,22 @@ TEST(HostKvTier, PrefixThenAppendsAtAnUnalignedBase) {
   PagedKvCache dest(kLayout, n / kLayout.block_size + 2, /*placement_seed=*/11);
   const SeqId s = dest.NewSequence();
   ASSERT_TRUE(dest.Reserve(s, n).ok());
-  ASSERT_TRUE(tier.Fetch(9, n, &dest, s)->Wait().ok());
+  ASSERT_TRUE(tier.Fetch(9, 0, n, &dest, s)->Wait().ok());
   ExpectSame(src, dest, s, 0, n);
+  EXPECT_EQ(reads, 1);
+  for (const auto& [from, read_again] : {std::pair<int64_t, int>{base - 1, 1}, {base, 0}, {2200, 0}}) {
+    PagedKvCache part(kLayout, n / kLayout.block_size + 2, /*placement_seed=*/from);
+    const SeqId ps = part.NewSequence();
+    ASSERT_TRUE(part.Reserve(ps, n).ok());
+    const int before = reads;
+    std::shared_ptr<FetchHandle> f = tier.Fetch(9, from, n, &part, ps);
+    ASSERT_TRUE(f->Wait().ok());
+    EXPECT_EQ(reads - before, read_again) << from;
+    const int64_t first = read_again ? 0 : from;
+    EXPECT_EQ(f->bytes(), (n - first) * kLayout.bytes_per_token()) << from;
+    ExpectSame(src, part, ps, first, n);
+  }
+  EXPECT_EQ(tier.Fetch(9, n + 1, n, &dest, s)->Wait().code(), absl::StatusCode::kInvalidArgument);
 }
 
 // A budget in whole chunks (1024 positions of this layout, 256 KiB over both layers' K and V):

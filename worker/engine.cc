@@ -229,7 +229,9 @@ void VeriCacheEngine::ShareOutputCutShort(Sequence& s) {
   if (s.sseq >= 0) return ShareOutput(s, s.full_len, s.sseq);
   const SeqId tmp = staging_->NewSequence();
   if (staging_->Reserve(tmp, s.full_len).ok()) {
-    s.fetch = tier_->Fetch(s.key, s.full_len, staging_.get(), tmp);
+    // Only what it shares, past the prompt's blocks: not a stored prefix read again.
+    s.fetch = tier_->Fetch(s.key, static_cast<int64_t>(s.names.size()) * prefixes_->block_tokens(), s.full_len,
+                           staging_.get(), tmp);
     if (LandFetch(s, tmp)) ShareOutput(s, s.full_len, tmp);
     s.fetch.reset();
   }
@@ -504,7 +506,7 @@ absl::Status VeriCacheEngine::StartWindow(Sequence& s, bool staging_for_all) {
     }
     s.sseq = sseq;
     s.fetch_start = SteadyClock()->Now();
-    s.fetch = tier_->Fetch(s.key, s.full_len, staging_.get(), sseq);
+    s.fetch = tier_->Fetch(s.key, 0, s.full_len, staging_.get(), sseq);
   }
   return absl::OkStatus();
 }
@@ -877,7 +879,9 @@ absl::Status VeriCacheEngine::Step(bool may_wait) {
     if (ready.empty() && chunked == nullptr && drafting.empty() && !prefilling) {
       if (!waiting.empty() && may_wait) {
         const absl::Duration t0 = SteadyClock()->Now();
-        waiting.front()->fetch->Wait().IgnoreError();  // Verify looks at the outcome
+        // A while at most, as for a lookup: a caller with other work (new requests, the other
+        // engine's) comes back to it. Verify looks at the outcome.
+        waiting.front()->fetch->WaitFor(PrefixLookups::kIdleWait);
         waiting.front()->result.stats.fetch_wait_seconds += absl::ToDoubleSeconds(SteadyClock()->Now() - t0);
       } else if (!waiting.empty()) {
         // Not to hold up the caller's other work, and not to come straight back either (its other

@@ -194,12 +194,13 @@ class VeriCacheEngine {
   // (options_.publish_outputs), from exact K/V of `seq` in staging.
   void ShareOutput(Sequence& s, int64_t end, SeqId seq);
   // ShareOutput for a sequence cancelled or past its deadline, of what the tier holds exact
-  // ([0, full_len)): from staging when it is there or on its way, else fetched back into staging
-  // for it when staging has the room without taking another sequence's. Waits for the fetch (a
-  // copy from host memory in a worker).
+  // ([0, full_len)): from staging when it is there or on its way, else the positions past the
+  // prompt's blocks fetched back into staging when staging has the room without taking another
+  // sequence's (not a prefix attached from the store: what is shared lies past it). Waits for the
+  // fetch, a copy from host memory.
   void ShareOutputCutShort(Sequence& s);
-  // Waits for s.fetch, which writes [0, full_len) into `seq` of staging; when it succeeded, commits
-  // those positions there, counts its bytes and returns true.
+  // Waits for s.fetch, which writes (up to) [0, full_len) into `seq` of staging; when it succeeded,
+  // commits those positions there, counts its bytes and returns true.
   bool LandFetch(Sequence& s, SeqId seq);
   // Whether `s` is admitted through the PrefixStore (and so shares its blocks).
   bool UsesStore(const Sequence& s) const;

@@ -36,6 +36,11 @@ absl::Status FetchHandle::Wait() {
   return status_;
 }
 
+bool FetchHandle::WaitFor(absl::Duration timeout) {
+  absl::MutexLock l(&mu_);
+  return mu_.AwaitWithTimeout(absl::Condition(&done_), timeout);
+}
+
 bool FetchHandle::Done() const {
   absl::MutexLock l(&mu_);
   return done_;
@@ -153,16 +158,23 @@ absl::Status HostKvTier::Append(TierKey key, const PagedKvCache& src, SeqId seq,
   return absl::OkStatus();
 }
 
-std::shared_ptr<FetchHandle> HostKvTier::Fetch(TierKey key, int64_t length, PagedKvCache* dest, SeqId dest_seq) {
-  auto handle = std::shared_ptr<FetchHandle>(new FetchHandle(length * layout_.bytes_per_token()));
+std::shared_ptr<FetchHandle> HostKvTier::Fetch(TierKey key, int64_t from, int64_t length, PagedKvCache* dest,
+                                               SeqId dest_seq) {
   absl::MutexLock l(&mu_);
   auto it = entries_.find(key);
+  const int64_t first = it == entries_.end() || from < it->second->base ? 0 : from;
+  auto handle = std::shared_ptr<FetchHandle>(
+      new FetchHandle(std::max<int64_t>(0, length - first) * layout_.bytes_per_token()));
+  if (from < 0 || from > length) {
+    handle->Finish(absl::InvalidArgumentError(absl::StrCat("fetch of positions [", from, ", ", length, ")")));
+    return handle;
+  }
   if (it == entries_.end() || it->second->length < length) {
     handle->Finish(absl::NotFoundError(absl::StrCat("tier holds ", it == entries_.end() ? 0 : it->second->length,
                                                     " positions of the sequence, ", length, " requested")));
     return handle;
   }
-  jobs_.push_back(Job{it->second, length, PagedDest::Of(*dest, dest_seq), handle});
+  jobs_.push_back(Job{it->second, first, length, PagedDest::Of(*dest, dest_seq), handle});
   return handle;
 }
 
@@ -219,7 +231,7 @@ void HostKvTier::IoLoop() {
       jobs_.pop_front();
     }
     const Entry& e = *job.entry;
-    if (e.base > 0) {
+    if (job.first < e.base) {
       absl::Status st = e.prefix(job.dest);
       if (!st.ok()) {
         job.handle->Finish(std::move(st));
@@ -231,7 +243,7 @@ void HostKvTier::IoLoop() {
     const auto start = std::chrono::steady_clock::now();
     int64_t moved = 0;
     for (int l = 0; l < layout_.num_layers; ++l) {
-      for (int64_t p0 = e.base; p0 < job.length;) {
+      for (int64_t p0 = std::max(e.base, job.first); p0 < job.length;) {
         const int64_t c = (p0 - e.base) / chunk_positions_, off = (p0 - e.base) % chunk_positions_;
         const int64_t n = std::min({bs - p0 % bs, chunk_positions_ - off, job.length - p0});
         std::memcpy(job.dest.K(l, p0), e.k[l][c].get() + off * row, n * row * 4);

@@ -31,6 +31,8 @@ class FetchHandle {
  public:
   // Blocks until the fetch is done; returns its status.
   absl::Status Wait();
+  // Blocks until the fetch is done or `timeout` has passed; whether it is done.
+  bool WaitFor(absl::Duration timeout);
   bool Done() const;
   int64_t bytes() const { return bytes_; }
   // When the fetch finished, on SteadyClock() (absl::InfiniteDuration() while it runs).
@@ -67,9 +69,11 @@ class FullKvTier {
   // Appends K/V of positions [begin, end) of `seq` in `src` for `key`; begin must equal the
   // number of positions the tier holds for key (kFailedPrecondition otherwise).
   virtual absl::Status Append(TierKey key, const PagedKvCache& src, SeqId seq, int64_t begin, int64_t end) = 0;
-  // Starts copying positions [0, length) of `key` into `dest_seq` of `dest`, whose blocks for
-  // those positions must be reserved and must not be touched until the handle is done.
-  virtual std::shared_ptr<FetchHandle> Fetch(TierKey key, int64_t length, PagedKvCache* dest, SeqId dest_seq) = 0;
+  // Starts copying positions [from, length) of `key` into `dest_seq` of `dest`, whose blocks for
+  // positions [0, length) must be reserved and must not be touched until the handle is done. An
+  // attached prefix is read (whole) only when `from` lies inside it.
+  virtual std::shared_ptr<FetchHandle> Fetch(TierKey key, int64_t from, int64_t length, PagedKvCache* dest,
+                                             SeqId dest_seq) = 0;
   // Positions held for key (0 if none).
   virtual int64_t Length(TierKey key) const = 0;
   // Makes positions [0, length) of an empty `key` readable through `read` (a shared prefix kept
@@ -109,7 +113,8 @@ class HostKvTier final : public FullKvTier {
   int64_t chunk_positions() const { return chunk_positions_; }
 
   absl::Status Append(TierKey key, const PagedKvCache& src, SeqId seq, int64_t begin, int64_t end) override;
-  std::shared_ptr<FetchHandle> Fetch(TierKey key, int64_t length, PagedKvCache* dest, SeqId dest_seq) override;
+  std::shared_ptr<FetchHandle> Fetch(TierKey key, int64_t from, int64_t length, PagedKvCache* dest,
+                                     SeqId dest_seq) override;
   int64_t Length(TierKey key) const override;
   absl::Status AttachPrefix(TierKey key, int64_t length, PrefixReader read) override;
   void Erase(TierKey key) override;
@@ -132,6 +137,7 @@ class HostKvTier final : public FullKvTier {
   // arrays never move, so the block addresses stay valid).
   struct Job {
     std::shared_ptr<Entry> entry;
+    int64_t first;  // positions [first, length) are written: 0 when the attached prefix is read
     int64_t length;
     PagedDest dest;
     std::shared_ptr<FetchHandle> handle;
