@@ -298,6 +298,22 @@ TEST_F(CliTest, WorkerRefusesMoreReplicasThanStores) {
 // Keepalive pings under a second apart would be closer than the servers accept; 0 turns them off.
 // (A model that is not there and an unknown policy fail the commands later, with other messages,
 // should the flag get through: the test then fails rather than waits on a started server.)
+// Flags that would do nothing where they are given are refused.
+TEST_F(CliTest, FlagsWithoutEffectAreRefused) {
+  vc::testing::WriteFile(dir_ + "/tokens", "t tenant\n");
+  std::ostringstream out, err;
+  EXPECT_EQ(RunStoreCommand({"--listen", "127.0.0.1:0", "--data-dir", dir_ + "/store", "--tokens", dir_ + "/tokens",
+                             "--ucx", "off", "--ucx-across-tenants"},
+                            out, err),
+            2);
+  EXPECT_NE(err.str().find("--ucx-across-tenants has no effect with --ucx off"), std::string::npos) << err.str();
+  std::ostringstream rout, rerr;
+  EXPECT_EQ(RunRouterCommand({"--listen", "127.0.0.1:0", "--workers", "127.0.0.1:1", "--refresh-seconds", "5"}, rout,
+                             rerr),
+            2);
+  EXPECT_NE(rerr.str().find("--workers names none"), std::string::npos) << rerr.str();
+}
+
 TEST_F(CliTest, KeepaliveUnderASecondIsRefused) {
   ExpectRefused(RunWorkerCommand, {"--model", dir_ + "/absent", "--listen", "127.0.0.1:0"}, "--keepalive-ms",
                 {"500", "-1", "some"});

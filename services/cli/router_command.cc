@@ -89,6 +89,9 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
   VC_ASSIGN_OR_RETURN(s.health_interval_ms, a.Int("health-interval-ms", 1000, 10, 3600000));
   VC_ASSIGN_OR_RETURN(const int64_t refresh, a.Int("refresh-seconds", 10, 1, 86400));
   s.refresh_interval_ms = refresh * 1000;
+  if (a.Has("refresh-seconds") && s.workers.find("srv:") == std::string::npos) {
+    return absl::InvalidArgumentError("--refresh-seconds looks srv: workers up again, and --workers names none");
+  }
   VC_ASSIGN_OR_RETURN(s.worker_timeout_ms, a.Int("worker-timeout-ms", 2000, 1, 600000));
   VC_ASSIGN_OR_RETURN(s.client_write_timeout_ms, a.Int("client-write-timeout-ms", 60000, 1, 86400000));
   VC_ASSIGN_OR_RETURN(o.keepalive_ms, KeepaliveMs(a));

@@ -126,6 +126,9 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
   server.service = so;
   server.ucx = a.Str("ucx", "none");
   server.ucx_across_tenants = a.Has("ucx-across-tenants");
+  if (server.ucx_across_tenants && server.ucx == "off") {
+    return absl::InvalidArgumentError("--ucx-across-tenants has no effect with --ucx off");
+  }
   server.metrics_listen = a.Str("metrics-listen", "");
   VC_ASSIGN_OR_RETURN(server.credentials, ServerTls(a));
   VC_ASSIGN_OR_RETURN(std::unique_ptr<StoreServer> running, StoreServer::Start(server));
