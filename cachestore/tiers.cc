@@ -505,6 +505,23 @@ absl::StatusOr<std::unique_ptr<DiskTier>> DiskTier::Open(const DiskTierOptions& 
   // (RocksDB opens no logger of its own when given one; the directory must exist for this one.)
   std::error_code ec;
   std::filesystem::create_directories(options.path, ec);
+  // A budget the filesystem could never hold would only show as failed puts once it fills: refused
+  // before anything is written there.
+  struct statvfs fs;
+  if (!options.allow_past_filesystem && statvfs(options.path.c_str(), &fs) == 0) {
+    const uint64_t size = static_cast<uint64_t>(fs.f_blocks) * fs.f_frsize;
+    if (options.capacity_bytes > size) {
+      return absl::InvalidArgumentError(absl::StrCat("a disk tier of ", options.capacity_bytes,
+                                                     " bytes exceeds the filesystem at ", options.path, " (", size,
+                                                     " bytes)"));
+    }
+    // Room kept free that the filesystem cannot give would evict every block put.
+    if (options.reserve_bytes > 0 && options.reserve_bytes >= size - options.capacity_bytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "a disk tier of ", options.capacity_bytes, " bytes keeping ", options.reserve_bytes,
+          " bytes free needs more than the filesystem at ", options.path, " (", size, " bytes)"));
+    }
+  }
   db_options.info_log = std::make_shared<InfoLog>(options.path + "/LOG");
   if (options.env != nullptr) db_options.env = options.env;
   rocksdb::ColumnFamilyOptions blocks;
@@ -522,23 +539,6 @@ absl::StatusOr<std::unique_ptr<DiskTier>> DiskTier::Open(const DiskTierOptions& 
   t->db_.reset(db);
   t->blocks_ = handles[0];
   t->sizes_cf_ = handles[1];
-  // A budget the filesystem could never hold would only show as failed puts once it fills.
-  struct statvfs fs;
-  if (!options.allow_past_filesystem && statvfs(options.path.c_str(), &fs) == 0) {
-    const uint64_t size = static_cast<uint64_t>(fs.f_blocks) * fs.f_frsize;
-    if (options.capacity_bytes > size) {
-      return absl::ResourceExhaustedError(absl::StrCat("a disk tier of ", options.capacity_bytes,
-                                                       " bytes exceeds the filesystem at ", options.path, " (",
-                                                       size, " bytes)"));
-    }
-    // Room kept free that the filesystem cannot give would evict every block put.
-    if (options.reserve_bytes > 0 && options.reserve_bytes >= size - options.capacity_bytes) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "a disk tier of ", options.capacity_bytes, " bytes keeping ", options.reserve_bytes,
-          " bytes free needs more than the filesystem at ", options.path, " (", size, " bytes)"));
-    }
-  }
-
   rocksdb::ReadOptions scan;
   scan.fill_cache = false;
   std::vector<Victim> victims;
