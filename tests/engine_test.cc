@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <map>
 #include <random>
 #include <sstream>
@@ -865,6 +866,43 @@ TEST_F(EngineExactness, ACancelledRequestDoesNotReadItsStoredPrefixAgainToShareI
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_EQ((*got)[0].tokens, GenerateFull(*model_, next, o)->tokens);
   EXPECT_EQ((*got)[0].stats.prefix_store_tokens, static_cast<int64_t>((prompt.size() + sent.size() - 1) / 16 * 16));
+}
+
+// An engine with nothing to run but a fetch in flight waits for it a while at most, as for a store
+// lookup: its caller (a worker's scheduler) comes back for new requests, cancels and the other
+// engine's batch. Before, a step waited for the fetch, a store read here held for as long as the
+// test liked. Output exact once the read goes through.
+TEST_F(EngineExactness, AStepWaitsForAFetchAWhileAtMost) {
+  GenerateOptions o;
+  EngineOptions eo;
+  TierTestOptions(100, &o, &eo);
+  eo.prefix_cache_bytes = 0;  // no compressed copy: the first pass waits for the stored prefix
+  HostKvTier tier(model_->kv_layout(16), 0);
+  testing::MemoryPrefixStore store(16);
+  auto engine = VeriCacheEngine::Create(*model_, &tier, eo, &store);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  const std::vector<int32_t> prompt = RandomPrompt(100, 904);
+  ASSERT_TRUE((*engine)->Generate({MakeRequest(prompt, o)}).ok());  // publishes its blocks
+  store.hold_reads = true;
+  std::vector<int32_t> got;
+  absl::Status ended = absl::UnknownError("not ended");
+  EngineRequest r = MakeRequest(prompt, o);
+  r.on_tokens = [&](absl::Span<const int32_t> t) { got.insert(got.end(), t.begin(), t.end()); };
+  (*engine)->Submit(std::move(r), [&](absl::Status st, EngineResult) { ended = st; });
+  for (int i = 0; i < 20; ++i) {
+    auto step = std::async(std::launch::async, [&] { return (*engine)->Step(/*may_wait=*/true); });
+    if (step.wait_for(std::chrono::seconds(5)) != std::future_status::ready) {
+      store.hold_reads = false;
+      step.get().IgnoreError();
+      FAIL() << "step " << i << " waited for the held read";
+    }
+    ASSERT_TRUE(step.get().ok());
+  }
+  EXPECT_TRUE(got.empty());
+  store.hold_reads = false;
+  for (int i = 0; i < 2000 && !(*engine)->Idle(); ++i) ASSERT_TRUE((*engine)->Step().ok());
+  ASSERT_TRUE(ended.ok()) << ended;
+  EXPECT_EQ(got, GenerateFull(*model_, prompt, o)->tokens);
 }
 
 TEST_F(EngineExactness, StagingThatCanNeverHoldASequenceEndsItAlone) {
