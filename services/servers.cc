@@ -280,8 +280,7 @@ absl::Status CheckDrafting(const EngineOptions& eo, const WorkerServerOptions& o
         "its requests would neither read prefixes from the store nor publish them (give another compressor, ",
         "or no --store)"));
   }
-  const CompressedKvCache::BlockCodec codec = drafts->block_codec();
-  if (eo.stored_compressed_prefixes && (codec.bits == 0 || options.block_tokens % codec.group != 0)) {
+  if (eo.stored_compressed_prefixes && !StorePrefixes::HasCompressedForm(drafts->block_codec(), options.block_tokens)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "compressed prefixes in the store need a kivi compressor alone whose group divides the store's block of ",
         options.block_tokens, " tokens; ", drafts->spec(), " has no stored form there"));

@@ -571,7 +571,7 @@ absl::Status StorePrefixes::Read(absl::Span<const PrefixName> names, const Paged
 
 std::vector<PrefixName> StorePrefixes::CompressedNames(absl::string_view tenant, absl::Span<const int32_t> tokens,
                                                        const CompressedKvCache::BlockCodec& codec) const {
-  if (codec.bits == 0 || options_.block_tokens % codec.group != 0) return {};
+  if (!HasCompressedForm(codec, options_.block_tokens)) return {};
   return ChainNames(absl::StrCat("/kivi", codec.bits, "g", codec.group), tenant, tokens);
 }
 

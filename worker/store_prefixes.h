@@ -76,6 +76,10 @@ class StorePrefixes final : public PrefixStore {
   // kFailedPrecondition when a store refuses the token or a target is no store, kInvalidArgument
   // when no shard is given, one is listed twice or there are fewer shards than replicas; a store
   // that does not answer is not an error (it may come up later).
+  // Whether blocks of `block_tokens` have a stored compressed form under `codec` (whole KIVI groups).
+  static bool HasCompressedForm(const CompressedKvCache::BlockCodec& codec, int block_tokens) {
+    return codec.bits != 0 && block_tokens % codec.group == 0;
+  }
   static absl::StatusOr<std::unique_ptr<StorePrefixes>> Create(const StorePrefixOptions& options,
                                                               const std::array<uint8_t, 32>& fingerprint,
                                                               const KvLayout& layout);
