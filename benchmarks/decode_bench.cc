@@ -20,7 +20,7 @@
 #include "kernels/backends.h"
 #include "kernels/thread_pool.h"
 #include "nlohmann/json.hpp"
-#include "worker/model.h"
+#include "worker/runtime/model.h"
 
 namespace {
 

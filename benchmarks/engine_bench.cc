@@ -34,11 +34,11 @@
 #include "benchmarks/bandwidth.h"
 #include "benchmarks/flags.h"
 #include "nlohmann/json.hpp"
-#include "worker/compressed_cache.h"
-#include "worker/engine.h"
-#include "worker/full_kv_tier.h"
-#include "worker/lossy_decoder.h"
-#include "worker/model.h"
+#include "worker/compression/compressed_cache.h"
+#include "worker/engines/vericache_engine.h"
+#include "worker/prefixes/full_kv_tier.h"
+#include "worker/compression/lossy_decoder.h"
+#include "worker/runtime/model.h"
 
 namespace vc {
 namespace {

@@ -49,8 +49,8 @@
 #include "nlohmann/json.hpp"
 #include "services/inference_client.h"
 #include "services/servers.h"
-#include "worker/full_decoder.h"
-#include "worker/model.h"
+#include "worker/runtime/full_decoder.h"
+#include "worker/runtime/model.h"
 
 namespace vc {
 namespace {

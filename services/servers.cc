@@ -23,7 +23,7 @@
 #include "kernels/backends.h"
 #include "services/inference_client.h"
 #include "services/metrics.h"
-#include "worker/compressed_cache.h"
+#include "worker/compression/compressed_cache.h"
 
 namespace vc {
 namespace {

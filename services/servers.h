@@ -22,9 +22,9 @@
 #include "services/router_service.h"
 #include "services/store_service.h"
 #include "services/worker_service.h"
-#include "worker/full_kv_tier.h"
-#include "worker/model.h"
-#include "worker/store_prefixes.h"
+#include "worker/prefixes/full_kv_tier.h"
+#include "worker/runtime/model.h"
+#include "worker/prefixes/store_prefixes.h"
 
 namespace vc {
 

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "absl/types/span.h"
-#include "worker/tokenizer.h"
+#include "worker/runtime/tokenizer.h"
 
 namespace vc {
 

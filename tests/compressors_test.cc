@@ -10,14 +10,14 @@
 #include "kernels/kernels.h"
 #include "kernels/thread_pool.h"
 #include "tests/testing/tiny_model.h"
-#include "worker/compressed_cache.h"
-#include "worker/h2o_cache.h"
-#include "worker/kivi.h"
-#include "worker/model.h"
-#include "worker/query_recorder.h"
-#include "worker/quest_cache.h"
-#include "worker/snapkv.h"
-#include "worker/token_list_cache.h"
+#include "worker/compression/compressed_cache.h"
+#include "worker/compression/h2o_cache.h"
+#include "worker/compression/kivi.h"
+#include "worker/runtime/model.h"
+#include "worker/compression/query_recorder.h"
+#include "worker/compression/quest_cache.h"
+#include "worker/compression/snapkv.h"
+#include "worker/compression/token_list_cache.h"
 
 namespace vc {
 namespace {

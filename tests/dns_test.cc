@@ -24,7 +24,7 @@
 #include "services/inference_client.h"
 #include "services/servers.h"
 #include "tests/testing/servers.h"
-#include "worker/store_prefixes.h"
+#include "worker/prefixes/store_prefixes.h"
 
 namespace vc {
 namespace {

@@ -1,5 +1,5 @@
 // The adaptive draft window: its acceptance estimate and the window its cost model picks.
-#include "worker/draft_window.h"
+#include "worker/engines/draft_window.h"
 
 #include <random>
 

@@ -21,8 +21,8 @@
 #include "services/inference_client.h"
 #include "tests/testing/servers.h"
 #include "tests/testing/tiny_model.h"
-#include "worker/full_decoder.h"
-#include "worker/model.h"
+#include "worker/runtime/full_decoder.h"
+#include "worker/runtime/model.h"
 
 namespace vc {
 namespace {

@@ -1,12 +1,12 @@
 // The host tier returns exactly what was appended, across its internal chunk boundaries, after a
 // prefix of any length, and into any block placement.
-#include "worker/full_kv_tier.h"
+#include "worker/prefixes/full_kv_tier.h"
 
 #include <cstring>
 #include <random>
 
 #include "gtest/gtest.h"
-#include "worker/kv_cache.h"
+#include "worker/runtime/kv_cache.h"
 
 namespace vc {
 namespace {

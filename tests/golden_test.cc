@@ -5,8 +5,8 @@
 
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
-#include "worker/full_decoder.h"
-#include "worker/model.h"
+#include "worker/runtime/full_decoder.h"
+#include "worker/runtime/model.h"
 
 namespace vc {
 namespace {

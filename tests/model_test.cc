@@ -5,8 +5,8 @@
 #include "gtest/gtest.h"
 #include "kernels/backends.h"
 #include "tests/testing/tiny_model.h"
-#include "worker/full_decoder.h"
-#include "worker/model.h"
+#include "worker/runtime/full_decoder.h"
+#include "worker/runtime/model.h"
 
 namespace vc {
 namespace {

@@ -20,7 +20,7 @@
 #include "tests/testing/raw_http2.h"
 #include "tests/testing/servers.h"
 #include "tests/testing/tiny_model.h"
-#include "worker/store_prefixes.h"
+#include "worker/prefixes/store_prefixes.h"
 
 namespace vc {
 namespace {

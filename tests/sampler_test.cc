@@ -1,4 +1,4 @@
-#include "worker/sampler.h"
+#include "worker/runtime/sampler.h"
 
 #include <cmath>
 #include <vector>

@@ -37,7 +37,7 @@
 #include "tests/testing/raw_http2.h"
 #include "tests/testing/servers.h"
 #include "tests/testing/tiny_model.h"
-#include "worker/full_decoder.h"
+#include "worker/runtime/full_decoder.h"
 
 namespace vc {
 namespace {

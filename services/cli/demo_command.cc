@@ -14,9 +14,9 @@
 #include "services/cli/args.h"
 #include "services/inference_client.h"
 #include "services/servers.h"
-#include "worker/full_decoder.h"
-#include "worker/model_config.h"
-#include "worker/tokenizer.h"
+#include "worker/runtime/full_decoder.h"
+#include "worker/runtime/model_config.h"
+#include "worker/runtime/tokenizer.h"
 
 namespace vc::cli {
 namespace {

@@ -6,13 +6,13 @@
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
 #include "services/cli/args.h"
-#include "worker/compressed_cache.h"
+#include "worker/compression/compressed_cache.h"
 #include "absl/time/clock.h"
-#include "worker/engine.h"
-#include "worker/full_decoder.h"
-#include "worker/full_kv_tier.h"
-#include "worker/lossy_decoder.h"
-#include "worker/model.h"
+#include "worker/engines/vericache_engine.h"
+#include "worker/runtime/full_decoder.h"
+#include "worker/prefixes/full_kv_tier.h"
+#include "worker/compression/lossy_decoder.h"
+#include "worker/runtime/model.h"
 
 namespace vc::cli {
 namespace {

@@ -7,7 +7,7 @@
 #include "common/text_checks.h"
 #include "common/status_macros.h"
 #include "services/cli/args.h"
-#include "worker/sampler.h"
+#include "worker/runtime/sampler.h"
 #include "services/inference_client.h"
 
 namespace vc::cli {

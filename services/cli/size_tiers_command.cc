@@ -14,7 +14,7 @@
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
 #include "services/cli/args.h"
-#include "worker/model_config.h"
+#include "worker/runtime/model_config.h"
 
 namespace vc::cli {
 namespace {

@@ -13,7 +13,7 @@
 #include "absl/status/status.h"
 #include "gtest/gtest.h"
 #include "tests/testing/memory_prefix_store.h"
-#include "worker/requests.h"
+#include "worker/engines/requests.h"
 
 namespace vc::testing {
 

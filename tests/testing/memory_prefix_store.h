@@ -13,7 +13,7 @@
 #include <thread>
 #include <vector>
 
-#include "worker/prefix_store.h"
+#include "worker/prefixes/prefix_store.h"
 
 namespace vc::testing {
 

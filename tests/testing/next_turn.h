@@ -8,7 +8,7 @@
 
 #include "absl/status/status.h"
 #include "gtest/gtest.h"
-#include "worker/requests.h"
+#include "worker/engines/requests.h"
 
 namespace vc::testing {
 

@@ -1,0 +1,90 @@
+// Chooses the draft window k of a sequence: an online estimate of its per-token acceptance rate
+// a and a cost model measured at run time (the first draft step after a verify pass c_1, each
+// later one c_d, verify pass of r rows c_v(r) = v0 + v1 * r, fetch time f, which overlaps the
+// drafting), maximizing expected verified tokens per second:
+//   E[tokens](k) = (1 - a^(k+1)) / (1 - a),   T(k) = max(c_1 + (k - 1) * c_d, f) + c_v(k + 1).
+// The first step is timed apart: a verify pass streams the full KV through the caches, and the step
+// after it reads the weights and the compressed KV back from memory (on a 2-core CPU at 16K,
+// 0.95-1.08 ms against mostly 0.6-0.8). Averaged over all steps, that cost made short windows look
+// dearer per draft than long ones by the first step's share, and the shorter the windows chosen, the
+// larger that share.
+// k = 0 (no drafts: the pass decodes one token from the full KV) is a choice like any other; it
+// wins where a draft step plus a verify row cost more than the pass they save, as with the full KV
+// already in memory on a CPU, where every row of a pass costs its own arithmetic. Each choice
+// keeps the costs of the other from being measured, so each is tried again now and then: a window
+// of 0 when the model has no recent one-row pass (with no fetch to hide), and drafts after
+// kProbeEvery windows without.
+#ifndef VC_WORKER_ENGINES_DRAFT_WINDOW_H_
+#define VC_WORKER_ENGINES_DRAFT_WINDOW_H_
+
+namespace vc {
+
+// Costs shared by the sequences of one engine. Not thread-safe.
+class DraftCostModel {
+ public:
+  // `first`: the first draft step since a verify pass.
+  void ObserveDraftStep(double seconds, bool first);
+  void ObserveVerify(int rows, double seconds);
+  void ObserveFetch(double bytes, double seconds);
+
+  // A draft step after the first of a window; 1 ms until one is timed.
+  double draft_step() const;
+  // The first draft step of a window; draft_step() until one is timed.
+  double first_draft_step() const { return first_step_ > 0 ? first_step_ : draft_step(); }
+  // The time of a window of k draft steps.
+  double drafts(int k) const { return k <= 0 ? 0.0 : first_draft_step() + (k - 1) * draft_step(); }
+  double verify(int rows) const;
+  // Whether one-row passes are missing from the recent observations. A line fitted to multi-row
+  // passes alone misjudges the one-row pass, the cost of not drafting, by its extrapolation.
+  bool one_row_stale() const { return one_row_ < kOneRowStale; }
+  double fetch(double bytes) const { return bytes_per_second_ > 0 ? bytes / bytes_per_second_ : 0.0; }
+
+ private:
+  double draft_step_ = 0;        // 0 until a draft step after the first is timed
+  double first_step_ = 0;        // 0 until a first draft step is timed
+  double bytes_per_second_ = 0;  // 0 until the first fetch
+  // Least squares of verify time on rows, with a weak prior so one k alone still gives a slope,
+  // each observation's weight decayed by kObservationDecay per later one.
+  static constexpr double kObservationDecay = 0.95;
+  double n_ = 0, sx_ = 0, sy_ = 0, sxx_ = 0, sxy_ = 0;
+  // The decayed weight of one-row passes: stale after about 30 passes without one.
+  static constexpr double kOneRowStale = 0.2;
+  double one_row_ = 0;
+};
+
+// Per-sequence acceptance estimate and window choice. Not thread-safe.
+class DraftWindow {
+ public:
+  // fixed_k > 0 always returns fixed_k (capped); 0 adapts.
+  DraftWindow(int fixed_k, int max_k) : fixed_k_(fixed_k), max_k_(max_k) {}
+
+  // After a verification: `accepted` of `drafted` drafts matched.
+  void Observe(int drafted, int accepted);
+  // The window for the next draft, in [0, max_k] (never more than `remaining` - 1). `fetch_bytes`
+  // is what the verify pass must fetch first (0 when the full KV is already in memory); with none,
+  // a window of 0 is taken when the model lacks recent one-row passes, to measure one (again only
+  // after kProbeEvery windows with drafts: passes shared with other sequences' drafts may never
+  // have one row). After kProbeEvery windows of 0 the best window with drafts is taken, so that
+  // draft steps and multi-row passes are timed again.
+  int Choose(const DraftCostModel& costs, double fetch_bytes, int remaining);
+  double acceptance() const;
+
+ private:
+  // The k in [lo, cap] with the most expected verified tokens per second.
+  int Best(const DraftCostModel& costs, double fetch_bytes, int lo, int cap) const;
+
+  // The acceptance rate is accepted / trials of drafts, both counts decayed by kDecay per trial
+  // (about the last 1 / (1 - kDecay) trials count), from a prior of kPriorTrials trials at 0.7:
+  // one fully accepted window moves it a little, not to the cap.
+  static constexpr double kDecay = 0.97;
+  static constexpr double kPriorTrials = 4;
+  static constexpr int kProbeEvery = 16;
+  int fixed_k_, max_k_;
+  int windows_since_none_ = kProbeEvery;  // windows with drafts since the last without
+  int windows_since_drafts_ = 0;          // windows without drafts since the last with
+  double accepted_ = 0.7 * kPriorTrials, trials_ = kPriorTrials;
+};
+
+}  // namespace vc
+
+#endif  // VC_WORKER_ENGINES_DRAFT_WINDOW_H_

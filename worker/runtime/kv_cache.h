@@ -1,0 +1,89 @@
+// A paged full-precision KV cache: fixed-size token blocks in a preallocated pool, a block table
+// per sequence, one K and one V array per layer (so a layer can be read or streamed on its own).
+#ifndef VC_WORKER_RUNTIME_KV_CACHE_H_
+#define VC_WORKER_RUNTIME_KV_CACHE_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "kernels/kernels.h"
+#include "worker/runtime/attention_cache.h"
+#include "worker/runtime/sequence_slots.h"
+
+namespace vc {
+
+struct KvLayout {
+  int num_layers = 0;
+  int num_kv_heads = 0;
+  int head_dim = 0;
+  int block_size = 16;  // tokens per block
+
+  // Floats of K (or of V) of one layer in one block: [block_size, num_kv_heads, head_dim].
+  int64_t block_floats() const { return int64_t{block_size} * num_kv_heads * head_dim; }
+  // Bytes of K and V of all layers for one token.
+  int64_t bytes_per_token() const { return int64_t{2} * num_layers * num_kv_heads * head_dim * 4; }
+};
+
+// Not thread-safe: one owner (an engine thread) drives it.
+class PagedKvCache final : public AttentionCache {
+ public:
+  // A pool of `num_blocks` blocks. A nonzero `placement_seed` hands out physical blocks in a
+  // seeded random order instead of in sequence (tests use it to show placement does not matter).
+  PagedKvCache(const KvLayout& layout, int64_t num_blocks, uint64_t placement_seed = 0);
+
+  const KvLayout& layout() const { return layout_; }
+
+  SeqId NewSequence();
+  // Returns the sequence's blocks to the pool. No-op for an unknown id.
+  void FreeSequence(SeqId seq);
+
+  // Positions [0, Length) hold valid K/V.
+  int64_t Length(SeqId seq) const override { return seqs_[seq].length; }
+  // Ensures blocks exist for positions [0, length); kResourceExhausted when the pool is empty
+  // (nothing is allocated then).
+  absl::Status Reserve(SeqId seq, int64_t length) override;
+  void Write(int layer, SeqId seq, int64_t pos, const float* k, const float* v) override;
+  // Paged attention through backend.PagedAttention.
+  void Attend(int layer, absl::Span<const QueryRow> rows, const float* q, int num_heads, float scale,
+              const kernels::Backend& backend, float* out) override;
+  // Marks positions [0, length) valid; blocks must have been reserved. length may shrink or grow.
+  void Commit(SeqId seq, int64_t length) override { seqs_[seq].length = length; }
+  void SetLength(SeqId seq, int64_t length) { Commit(seq, length); }
+  // Drops positions >= length and releases the blocks no longer needed. kInvalidArgument if
+  // length > Length(seq).
+  absl::Status Truncate(SeqId seq, int64_t length) override;
+
+  // K or V of (layer, seq, position): [num_kv_heads, head_dim]. The position must be reserved.
+  float* K(int layer, SeqId seq, int64_t pos);
+  float* V(int layer, SeqId seq, int64_t pos);
+
+  const std::vector<int32_t>& BlockTable(SeqId seq) const { return seqs_[seq].blocks; }
+  const float* K(int layer, SeqId seq, int64_t pos) const;
+  const float* V(int layer, SeqId seq, int64_t pos) const;
+  kernels::PagedKvLayer LayerView(int layer) const;
+
+  int64_t num_blocks() const { return num_blocks_; }
+  int64_t free_blocks() const { return static_cast<int64_t>(free_.size()); }
+  // Bytes of the whole pool.
+  int64_t pool_bytes() const { return num_blocks_ * layout_.block_floats() * 2 * layout_.num_layers * 4; }
+
+ private:
+  struct Sequence {
+    int64_t length = 0;
+    std::vector<int32_t> blocks;
+  };
+  float* Slot(std::vector<float>& pool, SeqId seq, int64_t pos);
+  const float* Slot(const std::vector<float>& pool, SeqId seq, int64_t pos) const;
+  std::vector<kernels::AttentionRow> rows_scratch_;
+
+  const KvLayout layout_;
+  const int64_t num_blocks_;
+  std::vector<std::vector<float>> k_, v_;  // per layer: [num_blocks, block_floats]
+  std::vector<int32_t> free_;              // a stack; back() is handed out next
+  SequenceSlots<Sequence> seqs_;
+};
+
+}  // namespace vc
+
+#endif  // VC_WORKER_RUNTIME_KV_CACHE_H_
