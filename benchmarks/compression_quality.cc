@@ -40,9 +40,9 @@
 #include "absl/strings/str_split.h"
 #include "benchmarks/flags.h"
 #include "nlohmann/json.hpp"
-#include "worker/compression/compressed_cache.h"
-#include "worker/runtime/model.h"
 #include "worker/compression/lossy_decoder.h"
+#include "worker/compression/registry.h"
+#include "worker/runtime/model.h"
 
 namespace {
 

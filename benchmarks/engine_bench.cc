@@ -34,10 +34,10 @@
 #include "benchmarks/bandwidth.h"
 #include "benchmarks/flags.h"
 #include "nlohmann/json.hpp"
-#include "worker/compression/compressed_cache.h"
+#include "worker/compression/lossy_decoder.h"
+#include "worker/compression/registry.h"
 #include "worker/engines/vericache_engine.h"
 #include "worker/prefixes/full_kv_tier.h"
-#include "worker/compression/lossy_decoder.h"
 #include "worker/runtime/model.h"
 
 namespace vc {

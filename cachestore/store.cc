@@ -1,7 +1,7 @@
 #include "cachestore/store.h"
 
-#include "cachestore/block_format.h"
 #include "absl/strings/str_cat.h"
+#include "cachestore/block_format.h"
 #include "common/status_macros.h"
 
 namespace vc::cachestore {

@@ -35,8 +35,8 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "grpcpp/grpcpp.h"
 #include "common/clock.h"
+#include "grpcpp/grpcpp.h"
 #include "services/write_watchdog.h"
 #include "vericache/v1/inference.grpc.pb.h"
 

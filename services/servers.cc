@@ -17,13 +17,13 @@
 #include "common/memory.h"
 #include "common/status_macros.h"
 #include "common/text_checks.h"
-#include "grpcpp/resource_quota.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/resource_quota.h"
 #include "grpcpp/support/server_interceptor.h"
 #include "kernels/backends.h"
 #include "services/inference_client.h"
 #include "services/metrics.h"
-#include "worker/compression/compressed_cache.h"
+#include "worker/compression/registry.h"
 
 namespace vc {
 namespace {
@@ -280,7 +280,7 @@ absl::Status CheckDrafting(const EngineOptions& eo, const WorkerServerOptions& o
         "its requests would neither read prefixes from the store nor publish them (give another compressor, ",
         "or no --store)"));
   }
-  if (eo.stored_compressed_prefixes && !StorePrefixes::HasCompressedForm(drafts->block_codec(), options.block_tokens)) {
+  if (eo.stored_compressed_prefixes && !StorePrefixes::HasCompressedForm(drafts->block_format(), options.block_tokens)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "compressed prefixes in the store need a kivi compressor alone whose group divides the store's block of ",
         options.block_tokens, " tokens; ", drafts->spec(), " has no stored form there"));

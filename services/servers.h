@@ -23,8 +23,8 @@
 #include "services/store_service.h"
 #include "services/worker_service.h"
 #include "worker/prefixes/full_kv_tier.h"
-#include "worker/runtime/model.h"
 #include "worker/prefixes/store_prefixes.h"
+#include "worker/runtime/model.h"
 
 namespace vc {
 

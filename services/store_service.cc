@@ -8,8 +8,8 @@
 #include "absl/strings/strip.h"
 #include "cachestore/crc32c.h"
 #include "common/files.h"
-#include "common/text_checks.h"
 #include "common/status_macros.h"
+#include "common/text_checks.h"
 
 namespace vc {
 

@@ -11,6 +11,7 @@
 #include "common/status_macros.h"
 #include "services/stop_scanner.h"
 #include "services/store_service.h"
+#include "worker/compression/registry.h"
 
 namespace vc {
 

@@ -28,11 +28,11 @@
 #include "grpcpp/grpcpp.h"
 #include "services/write_watchdog.h"
 #include "vericache/v1/inference.grpc.pb.h"
-#include "worker/engines/vericache_engine.h"
 #include "worker/engines/full_engine.h"
+#include "worker/engines/vericache_engine.h"
 #include "worker/prefixes/full_kv_tier.h"
-#include "worker/runtime/model.h"
 #include "worker/prefixes/prefix_store.h"
+#include "worker/runtime/model.h"
 
 namespace vc {
 

@@ -5,10 +5,10 @@
 #include <limits>
 #include <random>
 
+#include "absl/strings/escaping.h"
 #include "cachestore/block_format.h"
 #include "cachestore/block_key.h"
 #include "cachestore/crc32c.h"
-#include "absl/strings/escaping.h"
 #include "gtest/gtest.h"
 
 namespace vc::cachestore {

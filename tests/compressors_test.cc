@@ -10,14 +10,14 @@
 #include "kernels/kernels.h"
 #include "kernels/thread_pool.h"
 #include "tests/testing/tiny_model.h"
-#include "worker/compression/compressed_cache.h"
 #include "worker/compression/h2o_cache.h"
 #include "worker/compression/kivi.h"
-#include "worker/runtime/model.h"
 #include "worker/compression/query_recorder.h"
 #include "worker/compression/quest_cache.h"
+#include "worker/compression/registry.h"
 #include "worker/compression/snapkv.h"
 #include "worker/compression/token_list_cache.h"
+#include "worker/runtime/model.h"
 
 namespace vc {
 namespace {
@@ -752,7 +752,7 @@ TEST_F(CompressorsTest, CanonicalSpecsRoundTripAndDeclareTheirNeeds) {
   EXPECT_EQ(Make("quest+kivi")->spec(), "quest:budget=1024+kivi:bits=4,group=32,residual=32");
   EXPECT_EQ(Make("quest:page=8,budget=64+kivi:group=8")->spec(), "quest:budget=64+kivi:bits=4,group=8,residual=32");
   // Every token is stored as KIVI stores it, so the store's compressed blocks serve it too.
-  EXPECT_EQ(Make("quest:budget=64+kivi:bits=4")->block_codec().bits, 4);
+  EXPECT_EQ(Make("quest:budget=64+kivi:bits=4")->block_format().bits, 4);
   EXPECT_EQ(Make("quest:budget=64+kivi:bits=4")->MaxRollback(), 32);
   EXPECT_EQ(Make("h2o:rollback=7")->MaxRollback(), 7);
   EXPECT_EQ(Make("quest")->MaxRollback(), int64_t{1} << 30);
@@ -822,16 +822,17 @@ TEST_F(KiviBlocks, AppendedBlocksAttendLikeABuiltCache) {
     auto built = MakeCompressedKvCache(spec, lay, heads);
     auto appended = MakeCompressedKvCache(spec, lay, heads);
     ASSERT_TRUE(built.ok() && appended.ok());
-    ASSERT_EQ((*appended)->block_codec().group, 32);
+    ASSERT_EQ((*appended)->block_format().group, 32);
+    KiviBlockCodec& codec = *(*appended)->block_codec();
     const SeqId b = (*built)->NewSequence();
     ASSERT_TRUE((*built)->BuildFrom(b, full, fs, L, nullptr).ok());
 
     const SeqId a = (*appended)->NewSequence();
     for (int64_t first : {0, 256}) {
       std::vector<std::string> layers;
-      ASSERT_TRUE((*appended)->EncodeBlock(full, fs, first, 256, &layers).ok());
+      ASSERT_TRUE(codec.EncodeBlock(full, fs, first, 256, &layers).ok());
       ASSERT_EQ(layers.size(), 2u);
-      ASSERT_TRUE((*appended)->AppendBlock(a, 256, {layers[0], layers[1]}).ok());
+      ASSERT_TRUE(codec.AppendBlock(a, 256, {layers[0], layers[1]}).ok());
     }
     EXPECT_EQ((*appended)->Length(a), 512);
     ASSERT_TRUE((*appended)->Reserve(a, L).ok());
@@ -854,50 +855,50 @@ TEST_F(KiviBlocks, AppendedBlocksAttendLikeABuiltCache) {
     EXPECT_TRUE((*appended)->Truncate(a, L - 8).ok());
     EXPECT_FALSE((*appended)->Truncate(a, 500).ok());
     std::vector<std::string> layers;
-    ASSERT_TRUE((*appended)->EncodeBlock(full, fs, 0, 32, &layers).ok());
-    EXPECT_EQ((*appended)->AppendBlock(a, 32, {layers[0], layers[1]}).code(), absl::StatusCode::kFailedPrecondition);
-    EXPECT_EQ((*appended)->EncodeBlock(full, fs, 16, 32, &layers).code(), absl::StatusCode::kInvalidArgument);
-    EXPECT_EQ((*appended)->EncodeBlock(full, fs, 576, 64, &layers).code(), absl::StatusCode::kInvalidArgument);
+    ASSERT_TRUE(codec.EncodeBlock(full, fs, 0, 32, &layers).ok());
+    EXPECT_EQ(codec.AppendBlock(a, 32, {layers[0], layers[1]}).code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_EQ(codec.EncodeBlock(full, fs, 16, 32, &layers).code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(codec.EncodeBlock(full, fs, 576, 64, &layers).code(), absl::StatusCode::kInvalidArgument);
     const SeqId fresh = (*appended)->NewSequence();
-    EXPECT_EQ((*appended)->AppendBlock(fresh, 32, {layers[0]}).code(), absl::StatusCode::kInvalidArgument);
-    EXPECT_EQ((*appended)->AppendBlock(fresh, 32, {layers[0], layers[1].substr(1)}).code(),
+    EXPECT_EQ(codec.AppendBlock(fresh, 32, {layers[0]}).code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(codec.AppendBlock(fresh, 32, {layers[0], layers[1].substr(1)}).code(),
               absl::StatusCode::kInvalidArgument);
   }
   // Compressors that select tokens have no block form.
   for (const char* spec : {"streaming:sinks=4,window=64", "snapkv:capacity=64+kivi:bits=4", "none"}) {
     auto c = MakeCompressedKvCache(spec, lay, heads);
     ASSERT_TRUE(c.ok()) << spec;
-    EXPECT_EQ((*c)->block_codec().bits, 0) << spec;
-    std::vector<std::string> layers;
-    EXPECT_EQ((*c)->EncodeBlock(full, fs, 0, 32, &layers).code(), absl::StatusCode::kUnimplemented) << spec;
+    EXPECT_EQ((*c)->block_codec(), nullptr) << spec;
+    EXPECT_EQ((*c)->block_format().bits, 0) << spec;
   }
 }
 
 // A built cache cut back to a shorter prefix (what the engine hands a prompt that shares only part
 // of a cached prefix) holds what appending that prefix's encoded blocks gives: extended the same
 // way, the two attend bitwise alike. Cuts into positions not yet quantized, off a group or past
-// the end are refused and change nothing; compressors without a block form cannot cut.
+// the end are refused and change nothing; compressors without a block form have no codec to cut with.
 TEST_F(KiviBlocks, ACutPrefixIsItsAppendedBlocks) {
   Fill(17);
   for (const char* spec : {"kivi:bits=4,group=32,residual=32", "kivi:bits=2,group=32,residual=64"}) {
     auto cache = MakeCompressedKvCache(spec, lay, heads);
     ASSERT_TRUE(cache.ok());
     CompressedKvCache& c = **cache;
+    KiviBlockCodec& codec = *c.block_codec();
     const SeqId built = c.NewSequence();
     ASSERT_TRUE(c.BuildFrom(built, full, fs, L, nullptr).ok());
     // 600 positions, residual 32 or 64: 544 or 512 are quantized.
-    EXPECT_EQ(c.CutTo(c.Fork(built), 576).code(), absl::StatusCode::kFailedPrecondition) << spec;
-    EXPECT_EQ(c.CutTo(c.Fork(built), 250).code(), absl::StatusCode::kInvalidArgument) << spec;
-    EXPECT_EQ(c.CutTo(c.Fork(built), 640).code(), absl::StatusCode::kInvalidArgument) << spec;
+    EXPECT_EQ(codec.CutTo(c.Fork(built), 576).code(), absl::StatusCode::kFailedPrecondition) << spec;
+    EXPECT_EQ(codec.CutTo(c.Fork(built), 250).code(), absl::StatusCode::kInvalidArgument) << spec;
+    EXPECT_EQ(codec.CutTo(c.Fork(built), 640).code(), absl::StatusCode::kInvalidArgument) << spec;
     for (int64_t cut : {256, 512}) {
       const SeqId cutp = c.Fork(built);
-      ASSERT_TRUE(c.CutTo(cutp, cut).ok()) << spec << " cut " << cut;
+      ASSERT_TRUE(codec.CutTo(cutp, cut).ok()) << spec << " cut " << cut;
       EXPECT_EQ(c.Length(cutp), cut);
       const SeqId a = c.NewSequence();
       for (int64_t first = 0; first < cut; first += 256) {
         std::vector<std::string> layers;
-        ASSERT_TRUE(c.EncodeBlock(full, fs, first, 256, &layers).ok());
-        ASSERT_TRUE(c.AppendBlock(a, 256, {layers[0], layers[1]}).ok());
+        ASSERT_TRUE(codec.EncodeBlock(full, fs, first, 256, &layers).ok());
+        ASSERT_TRUE(codec.AppendBlock(a, 256, {layers[0], layers[1]}).ok());
       }
       EXPECT_EQ(c.Bytes(cutp), c.Bytes(a)) << spec << " cut " << cut;
       // Both extended with other K/V than the built cache had past the cut: a prompt that diverges.
@@ -924,8 +925,7 @@ TEST_F(KiviBlocks, ACutPrefixIsItsAppendedBlocks) {
   for (const char* spec : {"streaming:sinks=4,window=64", "snapkv:capacity=64+kivi:bits=4", "none", "quest"}) {
     auto c = MakeCompressedKvCache(spec, lay, heads);
     ASSERT_TRUE(c.ok()) << spec;
-    const SeqId seq = (*c)->NewSequence();
-    EXPECT_EQ((*c)->CutTo(seq, 0).code(), absl::StatusCode::kUnimplemented) << spec;
+    EXPECT_EQ((*c)->block_codec(), nullptr) << spec;
   }
 }
 

@@ -14,9 +14,10 @@
 #include "tests/testing/memory_prefix_store.h"
 #include "tests/testing/next_turn.h"
 #include "tests/testing/tiny_model.h"
+#include "worker/compression/lossy_decoder.h"
+#include "worker/compression/registry.h"
 #include "worker/engines/vericache_engine.h"
 #include "worker/runtime/full_decoder.h"
-#include "worker/compression/lossy_decoder.h"
 
 namespace vc {
 namespace {

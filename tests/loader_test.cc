@@ -14,9 +14,9 @@
 #include "common/text_checks.h"
 #include "gtest/gtest.h"
 #include "tests/testing/tiny_model.h"
+#include "worker/prefixes/store_prefixes.h"
 #include "worker/runtime/model.h"
 #include "worker/runtime/safetensors.h"
-#include "worker/prefixes/store_prefixes.h"
 
 namespace vc {
 namespace {

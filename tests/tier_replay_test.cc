@@ -17,9 +17,9 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "cachestore/block_format.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
-#include "cachestore/block_format.h"
 #include "services/cli/size_tiers_command.h"
 #include "tests/testing/tiny_model.h"
 

@@ -9,8 +9,8 @@
 #include <random>
 #include <thread>
 
-#include "cachestore/ucx_transport.h"
 #include "absl/time/clock.h"
+#include "cachestore/ucx_transport.h"
 #include "gtest/gtest.h"
 
 namespace vc::cachestore {

@@ -2,16 +2,16 @@
 
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/files.h"
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
 #include "services/cli/args.h"
-#include "worker/compression/compressed_cache.h"
-#include "absl/time/clock.h"
-#include "worker/engines/vericache_engine.h"
-#include "worker/runtime/full_decoder.h"
-#include "worker/prefixes/full_kv_tier.h"
 #include "worker/compression/lossy_decoder.h"
+#include "worker/compression/registry.h"
+#include "worker/engines/vericache_engine.h"
+#include "worker/prefixes/full_kv_tier.h"
+#include "worker/runtime/full_decoder.h"
 #include "worker/runtime/model.h"
 
 namespace vc::cli {

@@ -4,11 +4,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/files.h"
-#include "common/text_checks.h"
 #include "common/status_macros.h"
+#include "common/text_checks.h"
 #include "services/cli/args.h"
-#include "worker/runtime/sampler.h"
 #include "services/inference_client.h"
+#include "worker/runtime/sampler.h"
 
 namespace vc::cli {
 namespace {

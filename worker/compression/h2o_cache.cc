@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "worker/compression/highest_scores.h"
 
 namespace vc {
 namespace {
@@ -19,23 +20,6 @@ namespace {
 }
 
 }  // namespace
-
-absl::StatusOr<H2oParams> ParseH2oParams(const MethodSpec& m) {
-  VC_RETURN_IF_ERROR(SpecKnownKeys(m, {"heavy", "recent", "heavy_ratio", "recent_ratio", "rollback"}));
-  H2oParams p;
-  for (const char* key : {"heavy", "recent"}) {
-    if (m.params.count(key) && m.params.count(absl::StrCat(key, "_ratio"))) {
-      return absl::InvalidArgumentError(absl::StrCat("h2o: give ", key, " or ", key, "_ratio, not both"));
-    }
-  }
-  VC_ASSIGN_OR_RETURN(p.heavy, SpecInt(m, "heavy", -1, 0, int64_t{1} << 30));
-  VC_ASSIGN_OR_RETURN(p.recent, SpecInt(m, "recent", -1, 1, int64_t{1} << 30));
-  VC_ASSIGN_OR_RETURN(p.heavy_ratio, SpecDouble(m, "heavy_ratio", p.heavy_ratio, 0.0, 1.0));
-  VC_ASSIGN_OR_RETURN(p.recent_ratio, SpecDouble(m, "recent_ratio", p.recent_ratio, 1e-6, 1.0));
-  VC_ASSIGN_OR_RETURN(int64_t rollback, SpecInt(m, "rollback", p.rollback, 0, 4096));
-  p.rollback = static_cast<int>(rollback);
-  return p;
-}
 
 H2oCache::H2oCache(const KvLayout& layout, int num_heads, H2oParams params)
     : layout_(layout), num_heads_(num_heads), group_(num_heads / layout.num_kv_heads), params_(params) {}

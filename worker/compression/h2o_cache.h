@@ -51,10 +51,6 @@ struct H2oParams {
   int rollback = 32;
 };
 
-// Parses "h2o:heavy=N,recent=M,rollback=R" or the ratio forms "heavy_ratio=x,recent_ratio=y".
-// kInvalidArgument naming the key for an unknown key, a malformed or out-of-range value, or a
-// count given together with its ratio.
-absl::StatusOr<H2oParams> ParseH2oParams(const MethodSpec& m);
 
 // Not thread-safe. Rows of one sequence within an Attend call are handled in position order.
 class H2oCache final : public CompressedKvCache {

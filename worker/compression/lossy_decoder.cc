@@ -5,8 +5,8 @@
 #include "absl/strings/str_cat.h"
 #include "common/clock.h"
 #include "common/status_macros.h"
-#include "worker/compression/compressed_cache.h"
 #include "worker/compression/query_recorder.h"
+#include "worker/compression/registry.h"
 
 namespace vc {
 

@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "worker/runtime/attention_cache.h"
 #include "worker/compression/compressed_cache.h"
+#include "worker/runtime/attention_cache.h"
 #include "worker/runtime/kv_cache.h"
 
 namespace vc {

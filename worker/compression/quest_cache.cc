@@ -4,21 +4,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "worker/compression/highest_scores.h"
 
 namespace vc {
-
-absl::StatusOr<QuestParams> ParseQuestParams(const MethodSpec& m, QuestParams defaults) {
-  VC_RETURN_IF_ERROR(SpecKnownKeys(m, {"page", "budget"}));
-  QuestParams p = defaults;
-  VC_ASSIGN_OR_RETURN(int64_t page, SpecInt(m, "page", p.page, 1, 4096));
-  VC_ASSIGN_OR_RETURN(p.budget, SpecInt(m, "budget", p.budget, 1, int64_t{1} << 30));
-  if (p.budget < page) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("quest: budget ", p.budget, " must hold at least one page of ", page, " positions"));
-  }
-  p.page = static_cast<int>(page);
-  return p;
-}
 
 QuestCache::QuestCache(const KvLayout& layout, QuestParams params) : layout_(layout), params_(params) {}
 

@@ -26,9 +26,6 @@ struct QuestParams {
   int64_t budget = 1024;   // positions a row reads, its own page included (>= page)
 };
 
-// Parses "quest:page=16,budget=1024", absent keys taking `defaults`' values. kInvalidArgument
-// naming the key for an unknown key, a malformed or out-of-range value, or a budget below one page.
-absl::StatusOr<QuestParams> ParseQuestParams(const MethodSpec& m, QuestParams defaults = {});
 
 // Not thread-safe.
 class QuestCache final : public CompressedKvCache {

@@ -6,36 +6,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "worker/compression/highest_scores.h"
 
 namespace vc {
-
-absl::StatusOr<SnapKvParams> ParseSnapKvParams(const MethodSpec& m) {
-  VC_RETURN_IF_ERROR(SpecKnownKeys(m, {"capacity", "window", "kernel", "pooling"}));
-  SnapKvParams p;
-  VC_ASSIGN_OR_RETURN(p.capacity, SpecInt(m, "capacity", p.capacity, 1, int64_t{1} << 30));
-  VC_ASSIGN_OR_RETURN(int64_t window, SpecInt(m, "window", p.window, 1, 1 << 16));
-  VC_ASSIGN_OR_RETURN(int64_t kernel, SpecInt(m, "kernel", p.kernel, 1, 1023));
-  if (kernel % 2 == 0) {
-    return absl::InvalidArgumentError(absl::StrCat("snapkv: kernel must be odd, got ", kernel));
-  }
-  if (window > p.capacity) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("snapkv: capacity ", p.capacity, " must be at least the window ", window));
-  }
-  auto it = m.params.find("pooling");
-  if (it != m.params.end()) {
-    if (it->second == "max") {
-      p.pooling = SnapKvParams::Pooling::kMax;
-    } else if (it->second == "avg") {
-      p.pooling = SnapKvParams::Pooling::kAvg;
-    } else {
-      return absl::InvalidArgumentError(absl::StrCat("snapkv: pooling must be max or avg, got '", it->second, "'"));
-    }
-  }
-  p.window = static_cast<int>(window);
-  p.kernel = static_cast<int>(kernel);
-  return p;
-}
 
 absl::StatusOr<std::vector<std::vector<std::vector<int32_t>>>> SnapKvSelector::Select(
     const PagedKvCache& full, SeqId seq, int64_t length, const PromptQueries* queries, int num_heads) const {

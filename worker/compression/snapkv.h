@@ -25,10 +25,6 @@ struct SnapKvParams {
   Pooling pooling = Pooling::kMax;
 };
 
-// Parses "snapkv:capacity=2048,window=32,kernel=5,pooling=max" (every key optional).
-// kInvalidArgument naming the key for an unknown key, a malformed or out-of-range value, an even
-// kernel, or a capacity below the window.
-absl::StatusOr<SnapKvParams> ParseSnapKvParams(const MethodSpec& m);
 
 // Thread-compatible: Select is const and keeps no state.
 class SnapKvSelector final : public PromptSelector {

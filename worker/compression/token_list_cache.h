@@ -48,7 +48,7 @@ struct KiviParams {
   int residual = 32;
 };
 
-class TokenListCache final : public CompressedKvCache {
+class TokenListCache final : public CompressedKvCache, private KiviBlockCodec {
  public:
   // query_budget > 0 needs kivi.bits > 0 and no selector.
   TokenListCache(const KvLayout& layout, int num_heads, KiviParams kivi, std::unique_ptr<PromptSelector> selector,
@@ -66,12 +66,9 @@ class TokenListCache final : public CompressedKvCache {
   CompressorNeeds needs() const override;
   int64_t prompt_query_window() const override { return selector_ != nullptr ? selector_->window() : 0; }
   std::string spec() const override;
-  // KIVI without token selection: blocks of whole key groups.
-  BlockCodec block_codec() const override;
-  absl::Status EncodeBlock(const PagedKvCache& full, SeqId full_seq, int64_t first, int64_t tokens,
-                           std::vector<std::string>* layers) const override;
-  absl::Status AppendBlock(SeqId seq, int64_t tokens, const std::vector<absl::string_view>& layers) override;
-  absl::Status CutTo(SeqId seq, int64_t length) override;
+  // KIVI without token selection: blocks of whole key groups. Null otherwise.
+  KiviBlockCodec* block_codec() override { return HasBlockForm() ? this : nullptr; }
+  const KiviBlockCodec* block_codec() const override { return HasBlockForm() ? this : nullptr; }
 
   int64_t Length(SeqId seq) const override { return seqs_[seq].length; }
   absl::Status Reserve(SeqId seq, int64_t length) override;
@@ -82,6 +79,14 @@ class TokenListCache final : public CompressedKvCache {
   absl::Status Truncate(SeqId seq, int64_t length) override;
 
  private:
+  // KiviBlockCodec, reached through block_codec() only.
+  bool HasBlockForm() const { return selector_ == nullptr && kivi_.bits != 0; }
+  KiviBlockFormat format() const override { return {kivi_.bits, kivi_.group}; }
+  absl::Status EncodeBlock(const PagedKvCache& full, SeqId full_seq, int64_t first, int64_t tokens,
+                           std::vector<std::string>* layers) const override;
+  absl::Status AppendBlock(SeqId seq, int64_t tokens, const std::vector<absl::string_view>& layers) override;
+  absl::Status CutTo(SeqId seq, int64_t length) override;
+
   struct HeadList {
     std::vector<int32_t> positions;  // of every token; empty when every position is kept
     int32_t q_tokens = 0;            // quantized tokens (the oldest)

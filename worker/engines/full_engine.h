@@ -30,10 +30,10 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "worker/engines/requests.h"
-#include "worker/runtime/kv_cache.h"
-#include "worker/runtime/model.h"
 #include "worker/prefixes/prefix_lookups.h"
 #include "worker/prefixes/prefix_store.h"
+#include "worker/runtime/kv_cache.h"
+#include "worker/runtime/model.h"
 
 namespace vc {
 

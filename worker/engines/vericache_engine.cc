@@ -6,9 +6,10 @@
 #include "absl/time/clock.h"
 #include "common/clock.h"
 #include "common/status_macros.h"
-#include "worker/engines/draft_window.h"
 #include "worker/compression/lossy_decoder.h"
 #include "worker/compression/query_recorder.h"
+#include "worker/compression/registry.h"
+#include "worker/engines/draft_window.h"
 
 namespace vc {
 
@@ -201,7 +202,7 @@ bool VeriCacheEngine::LookupDone(Sequence& s, bool wait) {
     const auto prompt = absl::MakeConstSpan(s.tokens).first(static_cast<size_t>(s.v() - 1));
     s.names = prefixes_->Names(s.request.tenant, prompt);
     if (options_.stored_compressed_prefixes && !s.names.empty()) {
-      s.cnames = prefixes_->CompressedNames(s.request.tenant, prompt, compressed_->block_codec());
+      s.cnames = prefixes_->CompressedNames(s.request.tenant, prompt, compressed_->block_format());
     }
     s.lookup = lookups_->Start(s.names, s.cnames);
   }
@@ -279,7 +280,7 @@ absl::Status VeriCacheEngine::AdmitWithPrefix(Sequence& s, bool* admitted) {
     // (Eviction takes a prefix's blocks out of prefix_blocks_ with it, so the entry is there.)
     auto c = prefix_index_.find(prefix_blocks_.at(s.names[shared - 1]));
     const SeqId f = compressed_->Fork(c->second.seq);
-    if (compressed_->CutTo(f, int64_t{shared} * bt).ok()) {
+    if (compressed_->block_codec() != nullptr && compressed_->block_codec()->CutTo(f, int64_t{shared} * bt).ok()) {
       prefix_lru_.splice(prefix_lru_.begin(), prefix_lru_, c->second.lru);
       cut = f;
       local = shared;
@@ -554,7 +555,7 @@ absl::Status VeriCacheEngine::Rebuild(Sequence& s, int64_t length) {
   // A KIVI copy of the prompt's prefix (cached by SharePrefix) with the rest appended quantizes
   // every group from the same K/V as BuildFrom would, so it is the same cache, without
   // quantizing the prefix again.
-  const auto it = s.names.empty() || compressed_->block_codec().bits == 0 ? prefix_index_.end()
+  const auto it = s.names.empty() || compressed_->block_codec() == nullptr ? prefix_index_.end()
                                                                           : prefix_index_.find(s.names.back());
   if (it == prefix_index_.end() || it->second.length > length) {
     return compressed_->BuildFrom(s.cseq, *staging_, s.sseq, length, nullptr);

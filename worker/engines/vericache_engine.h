@@ -44,12 +44,12 @@
 #include "absl/types/span.h"
 #include "worker/compression/compressed_cache.h"
 #include "worker/engines/draft_window.h"
-#include "worker/runtime/full_decoder.h"
+#include "worker/engines/requests.h"
 #include "worker/prefixes/full_kv_tier.h"
-#include "worker/runtime/model.h"
 #include "worker/prefixes/prefix_lookups.h"
 #include "worker/prefixes/prefix_store.h"
-#include "worker/engines/requests.h"
+#include "worker/runtime/full_decoder.h"
+#include "worker/runtime/model.h"
 
 namespace vc {
 

@@ -20,9 +20,9 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "worker/runtime/kv_cache.h"
 #include "worker/prefixes/link_pacer.h"
 #include "worker/prefixes/prefix_store.h"
+#include "worker/runtime/kv_cache.h"
 
 namespace vc {
 

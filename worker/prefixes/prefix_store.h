@@ -79,23 +79,24 @@ class PrefixStore {
                        SeqId seq) = 0;
 
   // Compressed variants, for a worker that has no compressed copy of a prefix of its own: blocks a
-  // compressed cache encodes (CompressedKvCache::EncodeBlock), named apart from the full blocks
+  // compressed cache's KiviBlockCodec encodes, named apart from the full blocks
   // and from other codecs' (Lookup takes these names too). Empty: this store keeps none.
   virtual std::vector<PrefixName> CompressedNames(absl::string_view /*tenant*/, absl::Span<const int32_t> /*tokens*/,
-                                                  const CompressedKvCache::BlockCodec& /*codec*/) const {
+                                                  const KiviBlockFormat& /*format*/) const {
     return {};
   }
-  // Appends compressed blocks names[0..n) to `seq` of `cache` (CompressedKvCache::AppendBlock),
+  // Appends compressed blocks names[0..n) to `seq` of `cache` (KiviBlockCodec::AppendBlock),
   // which must hold nothing else. Any error is returned; the caller drops `seq`. Not thread-safe
   // in `cache`.
   virtual absl::Status ReadCompressed(absl::Span<const PrefixName> /*names*/, CompressedKvCache& /*cache*/,
                                       SeqId /*seq*/) {
     return absl::UnimplementedError("this prefix store keeps no compressed blocks");
   }
-  // Encodes blocks [from, to) of `names` with `codec` from positions [from * block_tokens(),
-  // to * block_tokens()) of `seq` in `full`, and puts them like Publish.
+  // Encodes blocks [from, to) of `names` with the block codec of `cache` (nothing without one) from
+  // positions [from * block_tokens(), to * block_tokens()) of `seq` in `full`, and puts them like
+  // Publish.
   virtual void PublishCompressed(absl::Span<const PrefixName> /*names*/, int /*from*/, int /*to*/,
-                                 const CompressedKvCache& /*codec*/, const PagedKvCache& /*full*/, SeqId /*seq*/) {}
+                                 const CompressedKvCache& /*cache*/, const PagedKvCache& /*full*/, SeqId /*seq*/) {}
 
   // Counts of lookups, reads and puts so far (zeros where a store keeps none). Thread-safe.
   virtual StorePrefixStats stats() const { return {}; }

@@ -278,11 +278,11 @@ cachestore::BlockLayout StorePrefixes::FullLayout() const {
   return bl;
 }
 
-cachestore::BlockLayout StorePrefixes::CompressedLayout(const CompressedKvCache::BlockCodec& codec) const {
+cachestore::BlockLayout StorePrefixes::CompressedLayout(const KiviBlockFormat& format) const {
   cachestore::BlockLayout bl = FullLayout();
   bl.encoding = cachestore::BlockEncoding::kKivi;
-  bl.bits = static_cast<uint8_t>(codec.bits);
-  bl.group = static_cast<uint16_t>(codec.group);
+  bl.bits = static_cast<uint8_t>(format.bits);
+  bl.group = static_cast<uint16_t>(format.group);
   return bl;
 }
 
@@ -570,32 +570,32 @@ absl::Status StorePrefixes::Read(absl::Span<const PrefixName> names, const Paged
 }
 
 std::vector<PrefixName> StorePrefixes::CompressedNames(absl::string_view tenant, absl::Span<const int32_t> tokens,
-                                                       const CompressedKvCache::BlockCodec& codec) const {
-  if (!HasCompressedForm(codec, options_.block_tokens)) return {};
-  return ChainNames(absl::StrCat("/kivi", codec.bits, "g", codec.group), tenant, tokens);
+                                                       const KiviBlockFormat& format) const {
+  if (!HasCompressedForm(format, options_.block_tokens)) return {};
+  return ChainNames(absl::StrCat("/kivi", format.bits, "g", format.group), tenant, tokens);
 }
 
 absl::Status StorePrefixes::ReadCompressed(absl::Span<const PrefixName> names, CompressedKvCache& cache, SeqId seq) {
-  const CompressedKvCache::BlockCodec codec = cache.block_codec();
-  if (codec.bits == 0) return absl::FailedPreconditionError(absl::StrCat(cache.spec(), " has no stored block form"));
-  const cachestore::BlockLayout want = CompressedLayout(codec);
+  KiviBlockCodec* codec = cache.block_codec();
+  if (codec == nullptr) return absl::FailedPreconditionError(absl::StrCat(cache.spec(), " has no stored block form"));
+  const cachestore::BlockLayout want = CompressedLayout(codec->format());
   // Appended one after another: in order.
   return ReadBlocks(names, want, /*in_order=*/true, [&](size_t, absl::string_view block, const cachestore::BlockHeader& h) {
     std::vector<absl::string_view> layers;
     for (int l = 0; l < layout_.num_layers; ++l) layers.push_back(cachestore::BlockLayerPayload(block, h, l));
-    return cache.AppendBlock(seq, options_.block_tokens, layers);
+    return codec->AppendBlock(seq, options_.block_tokens, layers);
   });
 }
 
 void StorePrefixes::PublishCompressed(absl::Span<const PrefixName> names, int from, int to,
-                                      const CompressedKvCache& codec, const PagedKvCache& full, SeqId seq) {
-  const CompressedKvCache::BlockCodec c = codec.block_codec();
-  if (c.bits == 0) return;
-  const cachestore::BlockLayout bl = CompressedLayout(c);
+                                      const CompressedKvCache& cache, const PagedKvCache& full, SeqId seq) {
+  const KiviBlockCodec* codec = cache.block_codec();
+  if (codec == nullptr) return;
+  const cachestore::BlockLayout bl = CompressedLayout(codec->format());
   std::vector<std::string> layers;
   Enqueue(names, from, to, [&](int b) -> absl::StatusOr<std::string> {
     VC_RETURN_IF_ERROR(
-        codec.EncodeBlock(full, seq, int64_t{b} * options_.block_tokens, options_.block_tokens, &layers));
+        codec->EncodeBlock(full, seq, int64_t{b} * options_.block_tokens, options_.block_tokens, &layers));
     return cachestore::EncodeBlock(fingerprint_, bl, std::vector<absl::string_view>(layers.begin(), layers.end()));
   });
 }

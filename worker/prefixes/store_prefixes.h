@@ -39,9 +39,9 @@
 #include "cachestore/block_format.h"
 #include "cachestore/store_client.h"
 #include "cachestore/ucx_transport.h"
-#include "worker/runtime/kv_cache.h"
 #include "worker/prefixes/link_pacer.h"
 #include "worker/prefixes/prefix_store.h"
+#include "worker/runtime/kv_cache.h"
 
 namespace vc {
 
@@ -76,9 +76,9 @@ class StorePrefixes final : public PrefixStore {
   // kFailedPrecondition when a store refuses the token or a target is no store, kInvalidArgument
   // when no shard is given, one is listed twice or there are fewer shards than replicas; a store
   // that does not answer is not an error (it may come up later).
-  // Whether blocks of `block_tokens` have a stored compressed form under `codec` (whole KIVI groups).
-  static bool HasCompressedForm(const CompressedKvCache::BlockCodec& codec, int block_tokens) {
-    return codec.bits != 0 && block_tokens % codec.group == 0;
+  // Whether blocks of `block_tokens` have a stored compressed form in `format` (whole KIVI groups).
+  static bool HasCompressedForm(const KiviBlockFormat& format, int block_tokens) {
+    return format.bits != 0 && block_tokens % format.group == 0;
   }
   static absl::StatusOr<std::unique_ptr<StorePrefixes>> Create(const StorePrefixOptions& options,
                                                               const std::array<uint8_t, 32>& fingerprint,
@@ -91,9 +91,9 @@ class StorePrefixes final : public PrefixStore {
   absl::Status Read(absl::Span<const PrefixName> names, const PagedDest& dest) override;
   void Publish(absl::Span<const PrefixName> names, int from, int to, const PagedKvCache& cache, SeqId seq) override;
   std::vector<PrefixName> CompressedNames(absl::string_view tenant, absl::Span<const int32_t> tokens,
-                                          const CompressedKvCache::BlockCodec& codec) const override;
+                                          const KiviBlockFormat& format) const override;
   absl::Status ReadCompressed(absl::Span<const PrefixName> names, CompressedKvCache& cache, SeqId seq) override;
-  void PublishCompressed(absl::Span<const PrefixName> names, int from, int to, const CompressedKvCache& codec,
+  void PublishCompressed(absl::Span<const PrefixName> names, int from, int to, const CompressedKvCache& cache,
                          const PagedKvCache& full, SeqId seq) override;
 
   // Waits until every block published so far has been put (or failed), for up to `timeout`;
@@ -113,7 +113,7 @@ class StorePrefixes final : public PrefixStore {
   void Enqueue(absl::Span<const PrefixName> names, int from, int to,
                const std::function<absl::StatusOr<std::string>(int)>& encode);
   cachestore::BlockLayout FullLayout() const;
-  cachestore::BlockLayout CompressedLayout(const CompressedKvCache::BlockCodec& codec) const;
+  cachestore::BlockLayout CompressedLayout(const KiviBlockFormat& format) const;
   // What a read does with a block: (its index in the names read, its bytes, its header).
   using BlockUse = std::function<absl::Status(size_t, absl::string_view, const cachestore::BlockHeader&)>;
   // Reads blocks names[0..n) of layout `want`, checks them, and hands each to `use` (block index,
