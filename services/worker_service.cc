@@ -2,8 +2,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <deque>
-#include <functional>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -17,294 +15,11 @@ namespace vc {
 
 namespace v1 = vericache::v1;
 
-// What one request's handler and the scheduler share. Thread-safe.
-class RequestStream {
- public:
-  void Push(absl::Span<const int32_t> tokens) {
-    absl::MutexLock l(&mu_);
-    chunks_.emplace_back(tokens.begin(), tokens.end());
-  }
-  // The first end counts: at shutdown the scheduler ends a request (UNAVAILABLE) before its engine
-  // does, and the handler must not see the engine's status instead.
-  void Done(absl::Status status, EngineResult result) {
-    absl::MutexLock l(&mu_);
-    if (done_) return;
-    status_ = std::move(status);
-    result_ = std::move(result);
-    done_ = true;
-  }
-  // Waits up to `timeout` for tokens or the end; takes the tokens. True once done and drained.
-  bool Take(absl::Duration timeout, std::vector<int32_t>* tokens) {
-    absl::MutexLock l(&mu_);
-    mu_.AwaitWithTimeout(absl::Condition(
-                             +[](RequestStream* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu_) {
-                               return s->done_ || !s->chunks_.empty();
-                             },
-                             this),
-                         timeout);
-    tokens->clear();
-    for (auto& c : chunks_) tokens->insert(tokens->end(), c.begin(), c.end());
-    chunks_.clear();
-    return done_;
-  }
-  absl::Status status() const {
-    absl::MutexLock l(&mu_);
-    return status_;
-  }
-  EngineStats stats() const {
-    absl::MutexLock l(&mu_);
-    return result_.stats;
-  }
-  void RequestCancel() { cancel_.store(true); }
-  bool cancel_requested() const { return cancel_.load(); }
-  // Ends the request because its output reached a stop sequence: a cancel that ends it well.
-  void RequestStop() {
-    stopped_.store(true);
-    cancel_.store(true);
-  }
-  bool stop_requested() const { return stopped_.load(); }
-
- private:
-  mutable absl::Mutex mu_;
-  std::deque<std::vector<int32_t>> chunks_ ABSL_GUARDED_BY(mu_);
-  bool done_ ABSL_GUARDED_BY(mu_) = false;
-  absl::Status status_ ABSL_GUARDED_BY(mu_);
-  EngineResult result_ ABSL_GUARDED_BY(mu_);
-  std::atomic<bool> cancel_{false};
-  std::atomic<bool> stopped_{false};
-};
-
-// Owns the engines; its thread is the only one that touches them.
-class Scheduler {
- public:
-  // One engine as the scheduler drives it.
-  struct Driver {
-    std::function<int64_t(EngineRequest, VeriCacheEngine::DoneCallback)> submit;
-    std::function<void(int64_t)> cancel;
-    std::function<absl::Status(bool may_wait)> step;
-    std::function<bool()> idle;
-  };
-  template <typename E>
-  static Driver Drive(E* e) {
-    return Driver{[e](EngineRequest r, VeriCacheEngine::DoneCallback cb) { return e->Submit(std::move(r), std::move(cb)); },
-                  [e](int64_t id) { e->Cancel(id); }, [e](bool may_wait) { return e->Step(may_wait); },
-                  [e] { return e->Idle(); }};
-  }
-
-  // Takes the engines (`full` may be null) and starts the scheduler thread.
-  Scheduler(std::unique_ptr<VeriCacheEngine> vericache, std::unique_ptr<FullKvEngine> full, int max_requests,
-            int max_requests_per_tenant, std::function<void()> before_steps)
-      : vericache_(std::move(vericache)),
-        full_(std::move(full)),
-        max_requests_(max_requests),
-        max_requests_per_tenant_(max_requests_per_tenant),
-        before_steps_(std::move(before_steps)) {
-    drivers_.push_back(Drive(vericache_.get()));
-    if (full_ != nullptr) drivers_.push_back(Drive(full_.get()));
-    thread_ = std::thread([this] { Loop(); });
-  }
-
-  bool has_full() const { return full_ != nullptr; }
-
-  // Requests ended, failed and refused so far, with their stats summed, and those in flight: the
-  // worker's and each tenant's.
-  struct Totals {
-    int64_t ended = 0, failed = 0, refused = 0, in_flight = 0;
-    EngineStats sum;
-  };
-  struct Snapshot {
-    Totals all;
-    std::map<std::string, Totals> tenants;
-  };
-  Snapshot totals() const {
-    absl::MutexLock l(&mu_);
-    return {totals_, tenants_};
-  }
-
-  // From now on, requests are refused with UNAVAILABLE; those queued or in flight run on.
-  void StopAdmitting() {
-    absl::MutexLock l(&mu_);
-    draining_ = true;
-  }
-  // How long since the loop last came round while requests are queued or in flight; zero when
-  // there are none.
-  absl::Duration StalledFor() const {
-    absl::MutexLock l(&mu_);
-    return totals_.in_flight == 0 ? absl::ZeroDuration() : SteadyClock()->Now() - turned_;
-  }
-  // Whether no request is queued or in flight, waiting up to `timeout` for it.
-  bool WaitIdle(absl::Duration timeout) {
-    absl::MutexLock l(&mu_);
-    return mu_.AwaitWithTimeout(absl::Condition(this, &Scheduler::IdleLocked), timeout);
-  }
-
-  ~Scheduler() {
-    {
-      absl::MutexLock l(&mu_);
-      stop_ = true;
-    }
-    thread_.join();
-    for (auto& [req, engine, stream] : inbox_) stream->Done(absl::UnavailableError("the worker is shutting down"), {});
-  }
-
-  // Counts a request refused before it was queued (see Generate).
-  void CountRefused(const std::string& tenant) {
-    absl::MutexLock l(&mu_);
-    totals_.refused++;
-    tenants_[tenant].refused++;
-  }
-
-  // Counts a request that ended without reaching an engine (a call moved on past its end of
-  // sequence): ended, with `stats` summed.
-  void CountEnded(const std::string& tenant, const EngineStats& stats) {
-    absl::MutexLock l(&mu_);
-    for (Totals* t : {&totals_, &tenants_[tenant]}) {
-      t->ended++;
-      Add(stats, &t->sum);
-    }
-  }
-
-  // kResourceExhausted when max_requests are queued or in flight, or max_requests_per_tenant of
-  // the request's tenant.
-  absl::Status Enqueue(EngineRequest request, int engine, std::shared_ptr<RequestStream> stream) {
-    absl::MutexLock l(&mu_);
-    if (stop_) return absl::UnavailableError("the worker is shutting down");
-    Totals& tenant = tenants_[request.tenant];
-    if (draining_) {
-      totals_.refused++;
-      tenant.refused++;
-      return absl::UnavailableError("the worker is draining before it stops: send the request to another worker");
-    }
-    if (totals_.in_flight >= max_requests_ ||
-        (max_requests_per_tenant_ > 0 && tenant.in_flight >= max_requests_per_tenant_)) {
-      totals_.refused++;
-      tenant.refused++;
-      return absl::ResourceExhaustedError(
-          totals_.in_flight >= max_requests_
-              ? absl::StrCat("the worker holds ", totals_.in_flight, " requests, its limit; retry later")
-              : absl::StrCat("the worker holds ", tenant.in_flight, " requests of tenant '", request.tenant,
-                             "', its limit per tenant; retry later"));
-    }
-    // An idle loop is waiting for work, not stalled: its time runs from the first request.
-    if (totals_.in_flight == 0) turned_ = SteadyClock()->Now();
-    totals_.in_flight++;
-    tenant.in_flight++;
-    inbox_.push_back({std::move(request), engine, std::move(stream)});
-    return absl::OkStatus();
-  }
-
- private:
-  struct Item {
-    EngineRequest request;
-    int engine;
-    std::shared_ptr<RequestStream> stream;
-  };
-  struct Live {
-    int engine;
-    int64_t id;
-    std::shared_ptr<RequestStream> stream;
-    bool cancel_sent = false;
-  };
-
-  bool AllIdle() const {
-    for (const Driver& d : drivers_) {
-      if (!d.idle()) return false;
-    }
-    return true;
-  }
-
-  void Loop() {
-    std::vector<Live> live;
-    while (true) {
-      std::vector<Item> items;
-      {
-        absl::MutexLock l(&mu_);
-        if (AllIdle()) {
-          mu_.Await(absl::Condition(
-              +[](Scheduler* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu_) { return s->stop_ || !s->inbox_.empty(); },
-              this));
-        }
-        if (stop_) break;
-        items.swap(inbox_);
-        turned_ = SteadyClock()->Now();
-      }
-      for (Item& it : items) {
-        std::shared_ptr<RequestStream> stream = it.stream;
-        std::string tenant = it.request.tenant;
-        const int64_t id = drivers_[it.engine].submit(std::move(it.request), [this, stream, tenant = std::move(tenant)](
-                                                                                 absl::Status st, EngineResult r) {
-          // A request cancelled because it reached a stop sequence has ended well.
-          if (absl::IsCancelled(st) && stream->stop_requested()) st = absl::OkStatus();
-          {
-            absl::MutexLock l(&mu_);
-            for (Totals* t : {&totals_, &tenants_.at(tenant)}) {
-              t->in_flight--;
-              (st.ok() ? t->ended : t->failed)++;
-              Add(r.stats, &t->sum);
-            }
-          }
-          stream->Done(std::move(st), std::move(r));
-        });
-        live.push_back({it.engine, id, std::move(stream)});
-      }
-      for (Live& x : live) {
-        if (!x.cancel_sent && x.stream->cancel_requested()) {
-          drivers_[x.engine].cancel(x.id);
-          x.cancel_sent = true;
-        }
-      }
-      if (before_steps_) before_steps_();
-      for (Driver& d : drivers_) {
-        if (d.idle()) continue;
-        // An engine with nothing of its own to run waits for the store only while the other has
-        // nothing to do either (nothing in flight, nothing waiting to be admitted): one engine's
-        // wait must not hold up the other's batch.
-        const bool others_quiet =
-            std::all_of(drivers_.begin(), drivers_.end(), [&](const Driver& o) { return &o == &d || o.idle(); });
-        d.step(others_quiet).IgnoreError();  // a failed pass has ended its requests with the error
-      }
-      std::erase_if(live, [](const Live& x) { return x.stream.use_count() == 1; });
-    }
-    // Shutting down: the engines end what they hold when they go; end it here first so that
-    // handlers see UNAVAILABLE rather than an engine error.
-    for (Live& x : live) x.stream->Done(absl::UnavailableError("the worker is shutting down"), {});
-  }
-
-  bool IdleLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_) { return totals_.in_flight == 0; }
-
-  // The counts a worker's GetStats reports, of one request's stats.
-  static void Add(const EngineStats& s, EngineStats* sum) {
-    sum->prompt_tokens += s.prompt_tokens;
-    sum->emitted += s.emitted;
-    sum->prefix_store_tokens += s.prefix_store_tokens;
-    sum->prefix_compressed_tokens += s.prefix_compressed_tokens;
-    sum->prefix_compressed_store_tokens += s.prefix_compressed_store_tokens;
-    sum->recomputed_tokens += s.recomputed_tokens;
-    sum->drafted += s.drafted;
-    sum->accepted_drafts += s.accepted_drafts;
-    sum->verifies += s.verifies;
-  }
-
-  std::unique_ptr<VeriCacheEngine> vericache_;
-  std::unique_ptr<FullKvEngine> full_;
-  std::vector<Driver> drivers_;
-  const int max_requests_;
-  const int max_requests_per_tenant_;
-  const std::function<void()> before_steps_;
-  mutable absl::Mutex mu_;
-  absl::Duration turned_ ABSL_GUARDED_BY(mu_) = SteadyClock()->Now();  // the loop last came round
-  std::vector<Item> inbox_ ABSL_GUARDED_BY(mu_);
-  Totals totals_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, Totals> tenants_ ABSL_GUARDED_BY(mu_);
-  bool stop_ ABSL_GUARDED_BY(mu_) = false;
-  bool draining_ ABSL_GUARDED_BY(mu_) = false;
-  std::thread thread_;
-};
-
 namespace {
 
-constexpr int kVeriCache = 0;
-constexpr int kFull = 1;
+// The engines' indices in the scheduler.
+constexpr size_t kVeriCache = 0;
+constexpr size_t kFull = 1;
 
 // The answer to a request that needs text from a model served on token ids alone.
 absl::Status NoText(const ModelConfig& c) {
@@ -384,8 +99,12 @@ absl::StatusOr<std::unique_ptr<WorkerService>> WorkerService::Create(const Model
     fo.publish_outputs = options.engine.publish_outputs;
     VC_ASSIGN_OR_RETURN(full, FullKvEngine::Create(model, fo, prefixes));
   }
-  w->scheduler_ = std::make_unique<Scheduler>(std::move(vericache), std::move(full), options.max_requests,
-                                              options.max_requests_per_tenant, options.before_steps);
+  std::vector<std::unique_ptr<Engine>> engines;
+  engines.push_back(std::move(vericache));
+  if (full != nullptr) engines.push_back(std::move(full));
+  w->has_full_ = engines.size() > kFull;
+  w->scheduler_ = std::make_unique<Scheduler>(
+      std::move(engines), SchedulerOptions{options.max_requests, options.max_requests_per_tenant, options.before_steps});
   w->watchdog_ = std::make_unique<WriteWatchdog<grpc::ServerContext>>(absl::Milliseconds(options.client_write_timeout_ms));
   return w;
 }
@@ -496,9 +215,9 @@ grpc::Status WorkerService::Generate(grpc::ServerContext* ctx, const v1::Generat
   if (!parsed.ok()) return refuse(parsed.status());
   parsed->tenant = *tenant;
   v1::Mode mode = req->mode() == v1::MODE_UNSPECIFIED ? v1::MODE_VERICACHE : req->mode();
-  int engine = kVeriCache;
+  size_t engine = kVeriCache;
   if (mode == v1::MODE_FULL) {
-    if (!scheduler_->has_full()) {
+    if (!has_full_) {
       return refuse(absl::FailedPreconditionError("this worker serves no MODE_FULL requests (--full-kv-mib 0)"));
     }
     engine = kFull;

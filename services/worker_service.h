@@ -29,6 +29,7 @@
 #include "services/write_watchdog.h"
 #include "vericache/v1/inference.grpc.pb.h"
 #include "worker/engines/full_engine.h"
+#include "worker/engines/scheduler.h"
 #include "worker/engines/vericache_engine.h"
 #include "worker/prefixes/full_kv_tier.h"
 #include "worker/prefixes/prefix_store.h"
@@ -61,8 +62,6 @@ struct WorkerServiceOptions {
   // the scheduler in it). Null: nothing.
   std::function<void()> before_steps;
 };
-
-class Scheduler;
 
 // Thread-safe. `model`, `tier` and `prefixes` (may be null) must outlive the service.
 class WorkerService final : public vericache::v1::Inference::Service {
@@ -106,6 +105,7 @@ class WorkerService final : public vericache::v1::Inference::Service {
   std::string compressor_;
   const absl::Duration started_;  // SteadyClock() time
   std::atomic<int64_t> invalid_{0};  // calls refused before admission as invalid or unauthenticated
+  bool has_full_ = false;  // MODE_FULL requests are served (by the engine kFull)
   std::unique_ptr<Scheduler> scheduler_;
   std::unique_ptr<WriteWatchdog<grpc::ServerContext>> watchdog_;
   // StalledFor's view of the model's passes: the count it last saw, and when that changed.

@@ -846,7 +846,7 @@ TEST_F(EngineExactness, ACancelledRequestDoesNotReadItsStoredPrefixAgainToShareI
   absl::Status ended = absl::UnknownError("not ended");
   EngineRequest r = MakeRequest(prompt, o);
   r.on_tokens = [&](absl::Span<const int32_t> t) { sent.insert(sent.end(), t.begin(), t.end()); };
-  const VeriCacheEngine::RequestId id =
+  const RequestId id =
       (*engine)->Submit(std::move(r), [&](absl::Status st, EngineResult res) {
         ended = st;
         EXPECT_EQ(res.stats.prefix_store_tokens, 96);

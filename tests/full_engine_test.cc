@@ -57,7 +57,7 @@ struct Outcome {
 // Drives the engine with Submit/Step the way a scheduler would.
 class Driver {
  public:
-  explicit Driver(FullKvEngine& engine) : engine_(engine) {}
+  explicit Driver(Engine& engine) : engine_(engine) {}
 
   // Submits `r` (streaming into its outcome); returns the outcome's index.
   size_t Submit(EngineRequest r) {
@@ -86,14 +86,14 @@ class Driver {
     }
   }
   Outcome& operator[](size_t i) { return *outcomes_[i]; }
-  FullKvEngine::RequestId id(size_t i) const { return ids_[i]; }
+  RequestId id(size_t i) const { return ids_[i]; }
   size_t max_active() const { return max_active_; }
   bool waited() const { return waited_; }
 
  private:
-  FullKvEngine& engine_;
+  Engine& engine_;
   std::vector<std::unique_ptr<Outcome>> outcomes_;
-  std::vector<FullKvEngine::RequestId> ids_;
+  std::vector<RequestId> ids_;
   size_t max_active_ = 0;
   bool waited_ = false;
 };

@@ -13,7 +13,7 @@
 #include "absl/status/status.h"
 #include "gtest/gtest.h"
 #include "tests/testing/memory_prefix_store.h"
-#include "worker/engines/requests.h"
+#include "worker/engines/engine.h"
 
 namespace vc::testing {
 
@@ -25,13 +25,12 @@ struct HeldStoreRun {
   bool first_ended_while_held = false;  // the first request ended while the second's call hung
 };
 
-// Runs `first` on `engine` (VeriCacheEngine or FullKvEngine, with a MemoryPrefixStore) until it is
-// admitted, then sets `hold` (the store's hold_lookups or hold_reads) and submits `second`, and
-// steps the engine until it is idle. `hold` is cleared once the first request has ended, or after
-// 10 s (so that an engine that waits for the store on its own thread fails the test rather than
-// hanging it).
-template <typename Engine>
-HeldStoreRun RunWithStoreHeld(Engine& engine, std::atomic<bool>& hold, EngineRequest first, EngineRequest second) {
+// Runs `first` on `engine` (with a MemoryPrefixStore) until it is admitted, then sets `hold` (the
+// store's hold_lookups or hold_reads) and submits `second`, and steps the engine until it is idle.
+// `hold` is cleared once the first request has ended, or after 10 s (so that an engine that waits
+// for the store on its own thread fails the test rather than hanging it).
+inline HeldStoreRun RunWithStoreHeld(Engine& engine, std::atomic<bool>& hold, EngineRequest first,
+                                     EngineRequest second) {
   HeldStoreRun run;
   std::atomic<bool> first_done{false}, released{false};
   engine.Submit(std::move(first), [&](absl::Status st, EngineResult r) {

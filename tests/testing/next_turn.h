@@ -8,15 +8,14 @@
 
 #include "absl/status/status.h"
 #include "gtest/gtest.h"
-#include "worker/engines/requests.h"
+#include "worker/engines/engine.h"
 
 namespace vc::testing {
 
-// Runs a request of `prompt` alone on `engine` (VeriCacheEngine or FullKvEngine) until it has sent
-// at least `sent` tokens, cancels it, and runs the engine until it is idle. Returns the tokens it
-// sent; a test failure is recorded if it did not send that many or did not end cancelled.
-template <typename Engine>
-std::vector<int32_t> SendThenCancel(Engine& engine, const std::vector<int32_t>& prompt, const GenerateOptions& o,
+// Runs a request of `prompt` alone on `engine` until it has sent at least `sent` tokens, cancels it,
+// and runs the engine until it is idle. Returns the tokens it sent; a test failure is recorded if
+// it did not send that many or did not end cancelled.
+inline std::vector<int32_t> SendThenCancel(Engine& engine, const std::vector<int32_t>& prompt, const GenerateOptions& o,
                                     size_t sent) {
   std::vector<int32_t> out;
   absl::Status ended = absl::UnknownError("not ended");
@@ -40,8 +39,7 @@ struct NextTurnRun {
   GenerateOptions options;    // the next turn's
   EngineResult result;        // of the next turn
 };
-template <typename Engine>
-NextTurnRun CancelThenNextTurn(Engine& engine, const std::vector<int32_t>& prompt, GenerateOptions o, size_t sent,
+inline NextTurnRun CancelThenNextTurn(Engine& engine, const std::vector<int32_t>& prompt, GenerateOptions o, size_t sent,
                                int more, int next_tokens) {
   NextTurnRun run;
   run.sent = SendThenCancel(engine, prompt, o, sent);

@@ -80,7 +80,7 @@ absl::Status FullKvEngine::Check(const EngineRequest& r) const {
   return absl::OkStatus();
 }
 
-FullKvEngine::RequestId FullKvEngine::Submit(EngineRequest request, DoneCallback on_done) {
+RequestId FullKvEngine::Submit(EngineRequest request, DoneCallback on_done) {
   Sequence& s = requests_.Add(std::move(request), std::move(on_done));
   s.tokens = s.request.prompt;
   s.prompt_len = static_cast<int64_t>(s.tokens.size());

@@ -29,6 +29,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "worker/engines/engine.h"
 #include "worker/engines/requests.h"
 #include "worker/prefixes/prefix_lookups.h"
 #include "worker/prefixes/prefix_store.h"
@@ -52,24 +53,21 @@ struct FullEngineOptions {
 };
 
 // Not thread-safe: one thread calls Submit, Cancel and Step (or Generate).
-class FullKvEngine {
+class FullKvEngine final : public Engine {
  public:
-  using RequestId = vc::RequestId;
-  using DoneCallback = vc::DoneCallback;
 
   // kInvalidArgument for options out of range (kv_blocks, block_size, max_batch < 1). `model` and
   // `prefixes` (optional) must outlive the engine.
   static absl::StatusOr<std::unique_ptr<FullKvEngine>> Create(const Model& model, const FullEngineOptions& options,
                                                               PrefixStore* prefixes = nullptr);
-  ~FullKvEngine();
+  ~FullKvEngine() override;
 
   // Queues a request, checked with ValidateGenerate when the next Step looks at it. The stats
   // filled in are prompt_tokens, emitted, the prefix counters, bytes_fetched and the timings
   // (queue, prefill, first token, total). `request.prefilled`, if set, supplies the K/V of
   // positions [0, prompt.size() - 1); only the last prompt token is then computed.
-  RequestId Submit(EngineRequest request, DoneCallback on_done);
-  // Ends a request with kCancelled at the next Step; no-op for an unknown or finished id.
-  void Cancel(RequestId id);
+  RequestId Submit(EngineRequest request, DoneCallback on_done) override;
+  void Cancel(RequestId id) override;
   // One scheduling step: ends cancelled and expired requests, fails queued requests that are
   // invalid (kInvalidArgument) or that the pool could never hold (kResourceExhausted), admits
   // queued ones in order while max_batch and the pool allow (one waiting for room is passed by 8
@@ -78,16 +76,16 @@ class FullKvEngine {
   // sequence can run; store lookups and reads run on threads of their own). An error is the engine's own (a failed pass); every request in flight has
   // been ended with it.
   // `may_wait`: as VeriCacheEngine::Step's (here also for a stored prefix being read).
-  absl::Status Step(bool may_wait = true);
-  bool Idle() const { return requests_.Idle(); }
-  size_t queued() const { return requests_.pending.size(); }
-  size_t active() const { return requests_.active.size(); }
+  absl::Status Step(bool may_wait = true) override;
+  bool Idle() const override { return requests_.Idle(); }
+  size_t queued() const override { return requests_.pending.size(); }
+  size_t active() const override { return requests_.active.size(); }
 
   // Generates for every request and returns their results in request order. kInvalidArgument
   // for a bad request (see ValidateGenerate) and kResourceExhausted for one the pool can never
   // hold, both before anything runs; otherwise the first error a request ended with. Only when
   // no Submit-ted request is in flight.
-  absl::StatusOr<std::vector<EngineResult>> Generate(absl::Span<const EngineRequest> requests);
+  absl::StatusOr<std::vector<EngineResult>> Generate(absl::Span<const EngineRequest> requests) override;
 
   // Free blocks of the KV pool (all of them when idle).
   int64_t free_blocks() const { return cache_.free_blocks(); }

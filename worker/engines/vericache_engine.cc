@@ -107,7 +107,7 @@ absl::StatusOr<std::unique_ptr<VeriCacheEngine>> VeriCacheEngine::Create(const M
   return e;
 }
 
-VeriCacheEngine::RequestId VeriCacheEngine::Submit(EngineRequest request, DoneCallback on_done) {
+RequestId VeriCacheEngine::Submit(EngineRequest request, DoneCallback on_done) {
   Sequence& s = requests_.Add(std::move(request), std::move(on_done));
   s.key = next_key_++;
   s.tokens = s.request.prompt;

@@ -44,6 +44,7 @@
 #include "absl/types/span.h"
 #include "worker/compression/compressed_cache.h"
 #include "worker/engines/draft_window.h"
+#include "worker/engines/engine.h"
 #include "worker/engines/requests.h"
 #include "worker/prefixes/full_kv_tier.h"
 #include "worker/prefixes/prefix_lookups.h"
@@ -89,21 +90,18 @@ struct EngineOptions {
 };
 
 // Not thread-safe: one thread calls Submit, Cancel and Step (or Generate).
-class VeriCacheEngine {
+class VeriCacheEngine final : public Engine {
  public:
-  using RequestId = vc::RequestId;
-  using DoneCallback = vc::DoneCallback;
 
   // `model`, `tier` and `prefixes` (optional) must outlive the engine.
   static absl::StatusOr<std::unique_ptr<VeriCacheEngine>> Create(const Model& model, FullKvTier* tier,
                                                                  const EngineOptions& options,
                                                                  PrefixStore* prefixes = nullptr);
-  ~VeriCacheEngine();
+  ~VeriCacheEngine() override;
 
   // Queues a request (checked with ValidateGenerate when admitted). Needs staging_blocks > 0.
-  RequestId Submit(EngineRequest request, DoneCallback on_done);
-  // Ends a request with kCancelled at the next Step; no-op for an unknown or finished id.
-  void Cancel(RequestId id);
+  RequestId Submit(EngineRequest request, DoneCallback on_done) override;
+  void Cancel(RequestId id) override;
   // One scheduling step: ends cancelled and expired requests, admits queued ones while there is
   // room, then runs the batched verify pass of the sequences ready for one and the batched draft
   // step of those drafting (or, with neither, waits for a fetch). An error is the engine's own (a
@@ -111,15 +109,15 @@ class VeriCacheEngine {
   // own to run, the step may wait for a fetch, or (up to PrefixLookups::kIdleWait) for the store's
   // answer about a queued request; a caller that drives other work on the same thread passes false
   // while that work is in flight.
-  absl::Status Step(bool may_wait = true);
-  bool Idle() const { return requests_.Idle(); }
-  size_t queued() const { return requests_.pending.size(); }
-  size_t active() const { return requests_.active.size(); }
+  absl::Status Step(bool may_wait = true) override;
+  bool Idle() const override { return requests_.Idle(); }
+  size_t queued() const override { return requests_.pending.size(); }
+  size_t active() const override { return requests_.active.size(); }
 
   // Generates for every request and returns their results in request order. kInvalidArgument
   // for a bad request (see ValidateGenerate); kResourceExhausted if staging memory cannot hold
   // one sequence. Only when no Submit-ted request is in flight.
-  absl::StatusOr<std::vector<EngineResult>> Generate(absl::Span<const EngineRequest> requests);
+  absl::StatusOr<std::vector<EngineResult>> Generate(absl::Span<const EngineRequest> requests) override;
   // Checks `requests` as Generate does and, with staging_blocks 0, allocates staging for all of
   // them (each prompt, its output and one draft window) unless what is allocated already holds
   // them; returns the blocks the largest one needs. Generate calls it; a caller that times
