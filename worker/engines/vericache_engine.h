@@ -79,7 +79,7 @@ struct EngineOptions {
   // variant too, and admit a prompt whose prefix the store holds in compressed form, but this
   // engine does not, by reading that variant and drafting at once. Off by default: the read runs
   // on the scheduling thread and shares the link with the full blocks, which the first verify
-  // pass needs anyway (measured in README: it lengthened time to first token on a slow link).
+  // pass needs anyway (docs/benchmarks.md: it lengthened time to first token on a slow link).
   bool stored_compressed_prefixes = false;
   // With a PrefixStore: when a request ends, publish the full blocks its output completed too
   // (prompt and output, as one prefix), so that the next turn of a conversation, whose prompt
