@@ -172,8 +172,11 @@ ModeResult RunFull(const Model& m, const PagedKvCache& master, const std::vector
     const SeqId s = cache.NewSequence();
     const int64_t n = static_cast<int64_t>(prompts[i].size()) - 1;
     (void)cache.Reserve(s, n);
+    std::vector<float> krow(static_cast<size_t>(layout.row_elems())), vrow(krow.size());
     for (int l = 0; l < layout.num_layers; ++l) {
-      for (int64_t p = 0; p < n; ++p) cache.Write(l, s, p, master.K(l, src[i], p), master.V(l, src[i], p));
+      for (int64_t p = 0; p < n; ++p) {
+        cache.Write(l, s, p, master.KFloat(l, src[i], p, krow.data()), master.VFloat(l, src[i], p, vrow.data()));
+      }
     }
     cache.Commit(s, n);
     seqs.push_back(s);
@@ -533,9 +536,10 @@ int main(int argc, char** argv) {
         // One real prefill, copied: each sequence holds its own KV, identical content.
         const SeqId sq = master.NewSequence();
         if (!master.Reserve(sq, static_cast<int64_t>(prompt.size()) - 1).ok()) return 1;
+        std::vector<float> krow(static_cast<size_t>(layout.row_elems())), vrow(krow.size());
         for (int l = 0; l < layout.num_layers; ++l) {
           for (int64_t p = 0; p + 1 < static_cast<int64_t>(prompt.size()); ++p) {
-            master.Write(l, sq, p, one.K(l, s0, p), one.V(l, s0, p));
+            master.Write(l, sq, p, one.KFloat(l, s0, p, krow.data()), one.VFloat(l, s0, p, vrow.data()));
           }
         }
         master.Commit(sq, static_cast<int64_t>(prompt.size()) - 1);

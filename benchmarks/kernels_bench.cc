@@ -98,37 +98,42 @@ BENCHMARK(BM_DecodeProducts)->ArgsProduct({{1, 3}, {0, 1}})->Unit(benchmark::kMi
 // `n` query rows of one sequence over `ctx` positions (row r attends to ctx - n + 1 + r of them):
 // n = 1 is a decode step, n = k + 1 a verify pass. With `layers` > 1, one call per layer, each
 // layer's KV its own (6 layers of 16K are 48 MiB, past this machine's 32 MiB L3, as in the engine);
-// with 1, the same layer again (from cache). Blocks are scattered through the pool. Bytes are the
-// KV bytes of one pass.
+// with 1, the same layer again (from cache). Blocks are scattered through the pool. The last
+// argument is the KV dtype: 0 float32, 1 bf16. Bytes are the KV bytes of one pass.
 void BM_PagedAttention(benchmark::State& state) {
   const Backend* b = ByIndex(state.range(0));
   if (b == nullptr) return state.SkipWithError("backend not available");
   const int32_t ctx = static_cast<int32_t>(state.range(1));
   const int n = static_cast<int>(state.range(2));
   const int layers = static_cast<int>(state.range(3));
+  const DType dtype = state.range(4) == 1 ? DType::kBF16 : DType::kF32;
   const int heads = 8, kv_heads = 2, d = 32, block = 16;
   const int64_t blocks = (ctx + block - 1) / block, stride = int64_t{block} * kv_heads * d;
-  std::vector<float> k(layers * blocks * stride, 0.1f), v(layers * blocks * stride, 0.2f), q(n * heads * d, 0.3f),
-      out(n * heads * d);
+  const int64_t elems = layers * blocks * stride, elem = static_cast<int64_t>(DTypeSize(dtype));
+  std::vector<float> kf(elems, 0.1f), vf(elems, 0.2f), q(n * heads * d, 0.3f), out(n * heads * d);
+  std::vector<char> k(elems * elem), v(elems * elem);
+  NarrowFromF32(kf.data(), elems, dtype, k.data());
+  NarrowFromF32(vf.data(), elems, dtype, v.data());
   std::vector<int32_t> table(blocks);
   for (int64_t i = 0; i < blocks; ++i) table[i] = static_cast<int32_t>((i * 7919) % blocks);
   std::vector<AttentionRow> rows(n);
   for (int r = 0; r < n; ++r) rows[r] = {table.data(), ctx - n + 1 + r};
   for (auto _ : state) {
     for (int l = 0; l < layers; ++l) {
-      const PagedKvLayer layer{k.data() + l * blocks * stride, v.data() + l * blocks * stride, stride, block,
-                               kv_heads, d};
+      const PagedKvLayer layer{k.data() + l * blocks * stride * elem, v.data() + l * blocks * stride * elem,
+                               stride, block, kv_heads, d, dtype};
       b->PagedAttention(q.data(), n, heads, rows.data(), layer, 0.17f, out.data());
       benchmark::DoNotOptimize(out.data());
     }
   }
-  state.SetLabel(std::string(b->name()));
-  state.SetBytesProcessed(state.iterations() * layers * int64_t{ctx} * kv_heads * d * 2 * 4);
+  state.SetLabel(absl::StrCat(b->name(), " ", DTypeName(dtype)));
+  state.SetBytesProcessed(state.iterations() * layers * int64_t{ctx} * kv_heads * d * 2 * elem);
 }
 BENCHMARK(BM_PagedAttention)
-    ->ArgsProduct({{0, 1, 2, 3}, {1024, 8192, 32768}, {1}, {1}})
-    ->ArgsProduct({{1, 3}, {16384}, {1, 5, 9}, {1}})
-    ->ArgsProduct({{1, 3}, {16384}, {1, 2, 3, 5, 9}, {6}})
+    ->ArgsProduct({{0, 1, 2, 3}, {1024, 8192, 32768}, {1}, {1}, {0}})
+    ->ArgsProduct({{1, 3}, {16384}, {1, 5, 9}, {1}, {0}})
+    ->ArgsProduct({{1, 3}, {16384}, {1, 2, 3, 5, 9}, {6}, {0}})
+    ->ArgsProduct({{1, 3}, {32768}, {1, 5}, {6}, {0, 1}})
     ->Unit(benchmark::kMicrosecond);
 
 // One decode row over a KIVI cache of `ctx` tokens (all but 32 quantized, group 32), 8 query heads

@@ -33,7 +33,7 @@ uint64_t GetLittleEndian(absl::string_view in, size_t at, int bytes) {
 
 uint64_t BlockLayout::layer_bytes() const {
   const uint64_t heads = num_kv_heads, d = head_dim, t = tokens;
-  if (encoding == BlockEncoding::kFloat32) return 2 * t * heads * d * 4;
+  if (IsFullKv(encoding)) return 2 * t * heads * d * FullKvElementBytes(encoding);
   if (!valid()) return 0;
   return heads * kivi_head().bytes();
 }
@@ -45,7 +45,7 @@ BlockLayout::KiviHead BlockLayout::kivi_head() const {
 }
 
 bool BlockLayout::valid() const {
-  if (encoding == BlockEncoding::kFloat32) return bits == 0 && group == 0;
+  if (IsFullKv(encoding)) return bits == 0 && group == 0;
   if (encoding != BlockEncoding::kKivi) return false;
   if (bits != 2 && bits != 4 && bits != 8) return false;
   if (group == 0 || tokens % group != 0 || group * bits % 8 != 0) return false;
@@ -235,6 +235,16 @@ bool BlockValuesFinite(absl::string_view block, const BlockHeader& header) {
     const absl::string_view payload = BlockLayerPayload(block, header, l);
     if (layout.encoding == BlockEncoding::kFloat32) {
       if (!FloatsFinite(payload.data(), payload.size() / 4)) return false;
+      continue;
+    }
+    if (IsFullKv(layout.encoding)) {
+      // bf16 shares float32's exponent field; IEEE half has 5 bits of it (0x7c00).
+      const uint16_t exponent = layout.encoding == BlockEncoding::kBFloat16 ? 0x7f80 : 0x7c00;
+      for (size_t i = 0; i + 2 <= payload.size(); i += 2) {
+        uint16_t h;
+        std::memcpy(&h, payload.data() + i, 2);
+        if ((h & exponent) == exponent) return false;
+      }
       continue;
     }
     const BlockLayout::KiviHead head = layout.kivi_head();

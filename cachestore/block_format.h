@@ -7,6 +7,8 @@
 // Encodings (BlockLayout::encoding):
 //  - kFloat32 (format version 1): per layer K [tokens, kv_heads, head_dim] then V of the same
 //    shape, float32, little-endian. The full KV a verify pass reads.
+//  - kBFloat16, kFloat16 (format version 2): the same full KV in the model's 16-bit dtype (bf16 or
+//    IEEE half), half the bytes.
 //  - kKivi (format version 2): the compressed variant a worker drafts from. Per layer, per KV head
 //    in order: K codes [tokens / group, head_dim, group * bits / 8] (per channel over each group
 //    of `group` tokens), K scale and K min [tokens / group, head_dim] float32, V codes [tokens,
@@ -31,7 +33,14 @@ inline constexpr uint32_t kBlockMagic = 0x564b4356;  // "VCKV"
 inline constexpr uint16_t kBlockFormatVersion = 1;         // float32 blocks
 inline constexpr uint16_t kEncodedBlockFormatVersion = 2;  // blocks of another encoding
 
-enum class BlockEncoding : uint8_t { kFloat32 = 0, kKivi = 1 };
+enum class BlockEncoding : uint8_t { kFloat32 = 0, kKivi = 1, kBFloat16 = 2, kFloat16 = 3 };
+
+// Whether blocks of `e` hold the full KV, element by element (float32, bf16 or f16).
+inline bool IsFullKv(BlockEncoding e) {
+  return e == BlockEncoding::kFloat32 || e == BlockEncoding::kBFloat16 || e == BlockEncoding::kFloat16;
+}
+// Bytes of one element of a full-KV encoding.
+inline uint64_t FullKvElementBytes(BlockEncoding e) { return e == BlockEncoding::kFloat32 ? 4 : 2; }
 
 struct BlockLayout {
   uint32_t num_layers = 0;
@@ -99,8 +108,8 @@ absl::StatusOr<BlockHeader> CopyAndVerifyBlock(const char* src, size_t size, cha
 // The payload of `layer` inside a verified block.
 absl::string_view BlockLayerPayload(absl::string_view block, const BlockHeader& header, uint32_t layer);
 
-// Whether every float a verified block holds is finite: a float32 block's K and V, a KIVI block's
-// scales and minimums (its codes are integers). A checksum vouches for the bytes as they were put,
+// Whether every float a verified block holds is finite: a full block's K and V (float32, bf16 or
+// f16), a KIVI block's scales and minimums (its codes are integers). A checksum vouches for the bytes as they were put,
 // not for what they mean: K or V that no model computes would turn every logit that reads them
 // into NaN.
 bool BlockValuesFinite(absl::string_view block, const BlockHeader& header);

@@ -3,6 +3,7 @@
 #   vc_cc_library(NAME name SRCS a.cc b.cc [HDRS a.h] DEPS target...)
 #   vc_cc_binary(NAME name SRCS main.cc DEPS target...)
 #   vc_cc_test(NAME name SRCS a_test.cc DEPS target... [LABELS l...] [TIMEOUT s])
+#   vc_cc_test_again(NAME name OF test ENV VAR=value... [TIMEOUT s])   the same binary, another setting
 #
 # Libraries are named vc_<name> with an alias vc::<name>; the repository root is the include root.
 
@@ -40,4 +41,16 @@ function(vc_cc_test)
     math(EXPR VC_TIMEOUT "${VC_TIMEOUT} * 4")
   endif()
   set_tests_properties(${VC_NAME} PROPERTIES TIMEOUT ${VC_TIMEOUT} LABELS "${VC_LABELS}")
+endfunction()
+
+function(vc_cc_test_again)
+  cmake_parse_arguments(VC "" "NAME;OF;TIMEOUT" "ENV" ${ARGN})
+  add_test(NAME ${VC_NAME} COMMAND ${VC_OF})
+  if(NOT VC_TIMEOUT)
+    set(VC_TIMEOUT 300)
+  endif()
+  if(VC_SANITIZE)
+    math(EXPR VC_TIMEOUT "${VC_TIMEOUT} * 4")
+  endif()
+  set_tests_properties(${VC_NAME} PROPERTIES TIMEOUT ${VC_TIMEOUT} ENVIRONMENT "${VC_ENV}")
 endfunction()

@@ -60,4 +60,42 @@ uint16_t F32ToF16(float f) {
   return sign | static_cast<uint16_t>((hexp << 10) | (mant & 0x3ffu));
 }
 
+void WidenToF32(const void* src, DType dtype, int64_t n, float* out) {
+  const uint16_t* h = static_cast<const uint16_t*>(src);
+  switch (dtype) {
+    case DType::kF32: std::memcpy(out, src, static_cast<size_t>(n) * 4); return;
+    case DType::kBF16:
+      for (int64_t i = 0; i < n; ++i) out[i] = BF16ToF32(h[i]);
+      return;
+    case DType::kF16:
+      for (int64_t i = 0; i < n; ++i) out[i] = F16ToF32(h[i]);
+      return;
+  }
+}
+
+void NarrowFromF32(const float* src, int64_t n, DType dtype, void* dest) {
+  uint16_t* h = static_cast<uint16_t*>(dest);
+  switch (dtype) {
+    case DType::kF32: std::memcpy(dest, src, static_cast<size_t>(n) * 4); return;
+    case DType::kBF16:
+      for (int64_t i = 0; i < n; ++i) h[i] = F32ToBF16(src[i]);
+      return;
+    case DType::kF16:
+      for (int64_t i = 0; i < n; ++i) h[i] = F32ToF16(src[i]);
+      return;
+  }
+}
+
+void RoundThroughDType(float* x, int64_t n, DType dtype) {
+  switch (dtype) {
+    case DType::kF32: return;
+    case DType::kBF16:
+      for (int64_t i = 0; i < n; ++i) x[i] = BF16ToF32(F32ToBF16(x[i]));
+      return;
+    case DType::kF16:
+      for (int64_t i = 0; i < n; ++i) x[i] = F16ToF32(F32ToF16(x[i]));
+      return;
+  }
+}
+
 }  // namespace vc

@@ -43,6 +43,13 @@ float F16ToF32(uint16_t h);
 // Round to nearest even.
 uint16_t F32ToF16(float f);
 
+// n elements of `dtype` at src as float32 (exact) into out.
+void WidenToF32(const void* src, DType dtype, int64_t n, float* out);
+// n floats rounded to `dtype` (nearest even) into dest; a copy for kF32.
+void NarrowFromF32(const float* src, int64_t n, DType dtype, void* dest);
+// x[0, n) rounded to `dtype` and widened back, in place: the values a cache of that dtype holds.
+void RoundThroughDType(float* x, int64_t n, DType dtype);
+
 }  // namespace vc
 
 #endif  // VC_COMMON_DTYPE_H_

@@ -28,16 +28,28 @@ struct WeightView {
   int64_t cols = 0;
 };
 
-// One layer of a paged KV cache. Block b holds K at k + b * block_stride and V at
-// v + b * block_stride, each [block_size, num_kv_heads, head_dim] float32.
+// One layer of a paged KV cache. Block b holds K at element k + b * block_stride and V at
+// v + b * block_stride, each [block_size, num_kv_heads, head_dim] of `dtype` (float32, bf16 or
+// f16). Kernels widen each element to float32, exactly, before any arithmetic: K/V of bf16 values
+// and float32 copies of those values give bitwise the same results.
 struct PagedKvLayer {
-  const float* k = nullptr;
-  const float* v = nullptr;
-  int64_t block_stride = 0;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  int64_t block_stride = 0;  // elements
   int block_size = 0;
   int num_kv_heads = 0;
   int head_dim = 0;
+  DType dtype = DType::kF32;
 };
+
+// Element i of a K/V row of `dtype`, as float32 (exact).
+inline float KvElement(const void* row, DType dtype, int64_t i) {
+  switch (dtype) {
+    case DType::kBF16: return BF16ToF32(static_cast<const uint16_t*>(row)[i]);
+    case DType::kF16: return F16ToF32(static_cast<const uint16_t*>(row)[i]);
+    default: return static_cast<const float*>(row)[i];
+  }
+}
 
 // What one query row attends to: positions [0, kv_len) of the sequence whose physical block for
 // logical block i is block_table[i].

@@ -79,16 +79,17 @@ class Reference final : public Backend {
         const float* qh = q + (r * num_heads + h) * d;
         float* oh = out + (r * num_heads + h) * d;
         const int kvh = h / group;
-        auto at = [&](const float* base, int32_t j) {
+        const int64_t elem = static_cast<int64_t>(DTypeSize(kv.dtype));
+        auto at = [&](const void* base, int32_t j) {
           const int32_t block = rows[r].block_table[j / kv.block_size];
-          return base + block * kv.block_stride +
-                 (static_cast<int64_t>(j % kv.block_size) * kv.num_kv_heads + kvh) * d;
+          return static_cast<const char*>(base) +
+                 (block * kv.block_stride + (static_cast<int64_t>(j % kv.block_size) * kv.num_kv_heads + kvh) * d) * elem;
         };
         float m = -INFINITY;
         for (int32_t j = 0; j < len; ++j) {
-          const float* kj = at(kv.k, j);
+          const void* kj = at(kv.k, j);
           float s = 0.0f;
-          for (int i = 0; i < d; ++i) s += qh[i] * kj[i];
+          for (int i = 0; i < d; ++i) s += qh[i] * KvElement(kj, kv.dtype, i);
           p[j] = s * scale;
           m = std::max(m, p[j]);
         }
@@ -99,8 +100,8 @@ class Reference final : public Backend {
         }
         for (int i = 0; i < d; ++i) oh[i] = 0.0f;
         for (int32_t j = 0; j < len; ++j) {
-          const float* vj = at(kv.v, j);
-          for (int i = 0; i < d; ++i) oh[i] += p[j] * vj[i];
+          const void* vj = at(kv.v, j);
+          for (int i = 0; i < d; ++i) oh[i] += p[j] * KvElement(vj, kv.dtype, i);
         }
         if (len > 0) {
           const float inv = 1.0f / l;

@@ -11,6 +11,11 @@ reference outputs used by the C++ tests (computed in float32 from the bf16-round
 Commands (see models/vc-code-4m/README.md for the ones used for the shipped checkpoint):
   LD_PRELOAD=libtcmalloc_minimal.so.4 /usr/bin/python3 models/train.py train --minutes 60
   /usr/bin/python3 models/train.py export --out models/vc-code-4m
+  /usr/bin/python3 models/train.py kv-reference --out models/vc-code-4m
+
+`kv-reference` needs no training state: it reads the shipped checkpoint and writes the same
+references with K and V rounded to bf16 where the C++ engine rounds them (K after RoPE, V after its
+projection), as a cache of the checkpoint's own dtype holds them.
 """
 import argparse
 import glob
@@ -87,6 +92,15 @@ def apply_rope(x, cos, sin):
     return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1)
 
 
+# The dtype K and V are rounded to before attention (None: kept in float32), as a KV cache of that
+# dtype would hold them.
+KV_ROUND = None
+
+
+def round_kv(x):
+    return x if KV_ROUND is None else x.to(KV_ROUND).float()
+
+
 class Block(nn.Module):
     def __init__(self, cfg):
         super().__init__()
@@ -110,6 +124,7 @@ class Block(nn.Module):
         k = self.k_proj(y).view(B, T, self.kv, self.hd).transpose(1, 2)
         v = self.v_proj(y).view(B, T, self.kv, self.hd).transpose(1, 2)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        k, v = round_kv(k), round_kv(v)
         rep = self.h // self.kv
         k = k.repeat_interleave(rep, dim=1)
         v = v.repeat_interleave(rep, dim=1)
@@ -415,9 +430,64 @@ def export(args):
     print(json.dumps({k: v for k, v in summary.items() if k != "log"}, indent=1))
 
 
+def read_safetensors(path):
+    """The tensors of a safetensors file, as float32."""
+    dtypes = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32}
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(n))
+        data = f.read()
+    out = {}
+    for name, t in header.items():
+        if name == "__metadata__":
+            continue
+        a, b = t["data_offsets"]
+        raw = bytearray(data[a:b])
+        out[name] = torch.frombuffer(raw, dtype=dtypes[t["dtype"]]).reshape(t["shape"]).float()
+    return out
+
+
+def kv_reference(args):
+    """References for K and V kept in bf16, from the shipped checkpoint (no training state)."""
+    global KV_ROUND
+    torch.set_num_threads(args.threads)
+    with open(os.path.join(args.out, "config.json")) as f:
+        cfg = json.load(f)
+    model = Model(cfg)
+    weights = read_safetensors(os.path.join(args.out, "model.safetensors"))
+    state = model.hf_state()
+    for name, p in state.items():
+        p.data.copy_(weights[name])
+    model.eval()
+    KV_ROUND = torch.bfloat16
+    refdir = os.path.join(args.out, "reference")
+    with open(os.path.join(refdir, "logits.json")) as f:
+        base = json.load(f)
+    with torch.no_grad():
+        logits = model(torch.tensor([base["input_ids"]]))[0]
+    logit_refs = dict(base)
+    logit_refs["kv_dtype"] = "bf16"
+    logit_refs["logits"] = [[float(v) for v in logits[p].tolist()] for p in base["positions"]]
+    with open(os.path.join(refdir, "greedy.json")) as f:
+        gbase = json.load(f)
+    cases = []
+    for c in gbase["cases"]:
+        out = greedy(model, c["prompt_ids"], gbase["steps"])
+        cont = out[len(c["prompt_ids"]):]
+        cases.append({"prompt_ids": c["prompt_ids"], "continuation_ids": cont,
+                      "text": bytes(t for t in cont if t < 256).decode("utf-8", "replace")})
+    with open(os.path.join(refdir, "logits_kv_bf16.json"), "w") as f:
+        json.dump(logit_refs, f)
+    with open(os.path.join(refdir, "greedy_kv_bf16.json"), "w") as f:
+        json.dump({"steps": gbase["steps"], "kv_dtype": "bf16", "cases": cases}, f, indent=1)
+    same = sum(a["continuation_ids"] == b["continuation_ids"] for a, b in zip(cases, gbase["cases"]))
+    print(f"wrote {refdir}/logits_kv_bf16.json and greedy_kv_bf16.json; "
+          f"{same} of {len(cases)} greedy continuations equal the float32-KV ones")
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("cmd", choices=["train", "export"])
+    ap.add_argument("cmd", choices=["train", "export", "kv-reference"])
     ap.add_argument("--state-dir", default=os.path.join(os.path.dirname(__file__), ".train"))
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "vc-code-4m"))
     ap.add_argument("--minutes", type=float, default=60, help="training wall time in all, across resumes")
@@ -425,7 +495,7 @@ def main():
                     help="wall time already spent by a state saved before the schedule recorded it")
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
-    train(args) if args.cmd == "train" else export(args)
+    {"train": train, "export": export, "kv-reference": kv_reference}[args.cmd](args)
 
 
 if __name__ == "__main__":

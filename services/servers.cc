@@ -311,7 +311,7 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(WorkerServerOp
   VC_ASSIGN_OR_RETURN(Fingerprint fingerprint, ModelFingerprint(options.model_dir));
   EngineOptions& eo = options.service.engine;
   const KvLayout layout = w->model_->kv_layout(eo.block_size);
-  const int64_t block_bytes = layout.block_floats() * 2 * layout.num_layers * 4;
+  const int64_t block_bytes = layout.block_size * layout.bytes_per_token();
   eo.staging_blocks = options.staging_bytes / block_bytes;
   eo.prefix_cache_bytes = options.prefix_cache_bytes;
   eo.compressed_bytes = options.compressed_kv_bytes;

@@ -7,6 +7,7 @@
 
 #include "absl/strings/escaping.h"
 #include "cachestore/block_format.h"
+#include "common/dtype.h"
 #include "cachestore/block_key.h"
 #include "cachestore/crc32c.h"
 #include "gtest/gtest.h"
@@ -225,6 +226,57 @@ TEST(BlockFormat, ValuesFiniteLooksAtEveryFloatAndOnlyAtFloats) {
 
 // The one-pass copy and check agrees with VerifyBlock on good, corrupted, truncated and padded
 // blocks, and a good block arrives intact.
+// Full KV in the model's 16-bit dtype: half a float32 block's payload, format version 2 naming
+// the encoding, every bit checked like a float32 block's; a NaN or infinity among its elements is
+// found (bf16 and half have exponent fields of their own), and float32 blocks, version 1, still
+// read.
+TEST(BlockFormat, SixteenBitFullBlocksRoundTripAndAreChecked) {
+  std::array<uint8_t, 32> fp{};
+  fp[3] = 9;
+  const BlockLayout f32{2, 2, 8, 16};
+  for (const BlockEncoding e : {BlockEncoding::kBFloat16, BlockEncoding::kFloat16}) {
+    BlockLayout layout = f32;
+    layout.encoding = e;
+    ASSERT_TRUE(layout.valid());
+    EXPECT_EQ(layout.layer_bytes(), f32.layer_bytes() / 2);
+    const auto make = [&](size_t at, uint16_t value) {
+      std::vector<std::string> layers;
+      for (uint32_t l = 0; l < 2; ++l) {
+        std::vector<uint16_t> h(layout.layer_bytes() / 2);
+        for (size_t i = 0; i < h.size(); ++i) {
+          const float x = 0.25f * static_cast<float>(i % 7) - 0.5f;
+          h[i] = e == BlockEncoding::kBFloat16 ? vc::F32ToBF16(x) : vc::F32ToF16(x);
+        }
+        if (l == 1 && at < h.size()) h[at] = value;
+        layers.emplace_back(reinterpret_cast<const char*>(h.data()), h.size() * 2);
+      }
+      return *EncodeBlock(fp, layout, {layers[0], layers[1]});
+    };
+    const std::string block = make(SIZE_MAX, 0);
+    auto h = VerifyBlock(block, fp);
+    ASSERT_TRUE(h.ok()) << h.status();
+    EXPECT_EQ(h->version, kEncodedBlockFormatVersion);
+    EXPECT_EQ(h->layout, layout);
+    EXPECT_EQ(block.size(), BlockBytes(layout));
+    EXPECT_TRUE(BlockValuesFinite(block, *h));
+    const uint16_t nan = e == BlockEncoding::kBFloat16 ? 0x7fc0 : 0x7e00;
+    const uint16_t inf = e == BlockEncoding::kBFloat16 ? 0xff80 : 0xfc00;
+    for (size_t at : {size_t{0}, size_t{77}, layout.layer_bytes() / 2 - 1}) {
+      EXPECT_FALSE(BlockValuesFinite(make(at, nan), *h)) << at;
+      EXPECT_FALSE(BlockValuesFinite(make(at, inf), *h)) << at;
+    }
+    std::string bad = block;
+    bad[BlockHeaderBytes(layout) + 5] ^= 1;
+    EXPECT_EQ(VerifyBlock(bad, fp).status().code(), absl::StatusCode::kDataLoss);
+    // A reader that wants float32 sees another layout, not float32 values.
+    EXPECT_NE(h->layout, f32);
+  }
+  std::vector<std::string> layers(2, std::string(f32.layer_bytes(), '\0'));
+  auto old = VerifyBlock(*EncodeBlock(fp, f32, {layers[0], layers[1]}), fp);
+  ASSERT_TRUE(old.ok());
+  EXPECT_EQ(old->version, kBlockFormatVersion);
+}
+
 TEST(BlockFormat, CopyAndVerifyMatchesVerify) {
   std::array<uint8_t, 32> fp{};
   fp[0] = 7;

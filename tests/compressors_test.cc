@@ -22,6 +22,10 @@
 namespace vc {
 namespace {
 
+// Rows of a float32 test cache, to fill in place.
+float* K(PagedKvCache& c, int l, SeqId s, int64_t p) { return static_cast<float*>(c.KRow(l, s, p)); }
+float* V(PagedKvCache& c, int l, SeqId s, int64_t p) { return static_cast<float*>(c.VRow(l, s, p)); }
+
 bool BitwiseEqual(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
@@ -606,8 +610,8 @@ TEST(SnapKv, KeepsThePositionsTheWindowAttendsTo) {
   std::mt19937 rng(6);
   std::normal_distribution<float> nd(0.0f, 0.1f);
   for (int64_t p = 0; p < L; ++p) {
-    for (int c = 0; c < kD; ++c) full.K(0, s, p)[c] = nd(rng), full.V(0, s, p)[c] = nd(rng);
-    if (p == 10 || p == 50 || p == 77) full.K(0, s, p)[0] = 8.0f;
+    for (int c = 0; c < kD; ++c) K(full, 0, s, p)[c] = nd(rng), V(full, 0, s, p)[c] = nd(rng);
+    if (p == 10 || p == 50 || p == 77) K(full, 0, s, p)[0] = 8.0f;
   }
   full.Commit(s, L);
   PromptQueries q;
@@ -766,7 +770,7 @@ class KiviBlocks : public ::testing::Test {
     ASSERT_TRUE(full.Reserve(fs, L).ok());
     for (int l = 0; l < lay.num_layers; ++l) {
       for (int64_t p = 0; p < L; ++p) {
-        for (int c = 0; c < lay.num_kv_heads * lay.head_dim; ++c) full.K(l, fs, p)[c] = nd(rng), full.V(l, fs, p)[c] = nd(rng);
+        for (int c = 0; c < lay.num_kv_heads * lay.head_dim; ++c) K(full, l, fs, p)[c] = nd(rng), V(full, l, fs, p)[c] = nd(rng);
       }
     }
     full.Commit(fs, L);
@@ -794,7 +798,7 @@ TEST_F(KiviBlocks, AForkOfABuiltPrefixWithTheRestAppendedIsTheBuiltCache) {
       const SeqId forked = c.Fork(pre);
       ASSERT_TRUE(c.Reserve(forked, L).ok());
       for (int l = 0; l < lay.num_layers; ++l) {
-        for (int64_t p = prefix; p < L; ++p) c.Write(l, forked, p, full.K(l, fs, p), full.V(l, fs, p));
+        for (int64_t p = prefix; p < L; ++p) c.Write(l, forked, p, K(full, l, fs, p), V(full, l, fs, p));
       }
       c.Commit(forked, L);
       EXPECT_EQ(c.Bytes(forked), c.Bytes(built)) << spec << " prefix " << prefix;
@@ -837,7 +841,7 @@ TEST_F(KiviBlocks, AppendedBlocksAttendLikeABuiltCache) {
     EXPECT_EQ((*appended)->Length(a), 512);
     ASSERT_TRUE((*appended)->Reserve(a, L).ok());
     for (int l = 0; l < lay.num_layers; ++l) {
-      for (int64_t p = 512; p < L; ++p) (*appended)->Write(l, a, p, full.K(l, fs, p), full.V(l, fs, p));
+      for (int64_t p = 512; p < L; ++p) (*appended)->Write(l, a, p, K(full, l, fs, p), V(full, l, fs, p));
     }
     (*appended)->Commit(a, L);
 
@@ -905,7 +909,7 @@ TEST_F(KiviBlocks, ACutPrefixIsItsAppendedBlocks) {
       for (SeqId seq : {cutp, a}) {
         ASSERT_TRUE(c.Reserve(seq, L).ok());
         for (int l = 0; l < lay.num_layers; ++l) {
-          for (int64_t p = cut; p < L; ++p) c.Write(l, seq, p, full.V(l, fs, p), full.K(l, fs, p));
+          for (int64_t p = cut; p < L; ++p) c.Write(l, seq, p, V(full, l, fs, p), K(full, l, fs, p));
         }
         c.Commit(seq, L);
       }

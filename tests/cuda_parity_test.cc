@@ -489,7 +489,8 @@ TEST_F(CudaParityTest, DenseCompressedListEqualsPagedAttentionBitwise) {
   for (int64_t r = 0; r < n; ++r) {
     for (int g = 0; g < s.num_kv_heads; ++g) {
       CompressedKvHead& v = views.emplace_back();
-      v.dense = DenseKvHead{layer.k + g * s.head_dim, layer.v + g * s.head_dim,
+      v.dense = DenseKvHead{static_cast<const float*>(layer.k) + g * s.head_dim,
+                            static_cast<const float*>(layer.v) + g * s.head_dim,
                             static_cast<int64_t>(s.num_kv_heads) * s.head_dim,
                             dense_rows[r * s.num_kv_heads + g].data(), kLens[r]};
     }

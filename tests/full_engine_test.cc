@@ -14,6 +14,7 @@
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/held_store.h"
+#include "tests/testing/kv_dtype.h"
 #include "tests/testing/memory_prefix_store.h"
 #include "tests/testing/next_turn.h"
 #include "tests/testing/tiny_model.h"
@@ -105,7 +106,7 @@ class FullEngineTest : public ::testing::Test {
     testing::TinyModelSpec spec = testing::SmallGqaSpec();
     spec.weight_scale = 0.15f;
     testing::WriteTinyModel(dir, spec);
-    model_ = Model::Load(dir)->release();
+    model_ = Model::Load(dir, testing::TestModelOptions())->release();
   }
   static void TearDownTestSuite() { delete model_; }
 
@@ -449,7 +450,7 @@ TEST_F(FullEngineTest, ACancelledRequestSharesItsOutputForTheNextTurn) {
 TEST(FullEngineOverflow, OnlyTheSequenceThatSamplesAnOverflowEnds) {
   const std::string dir = testing::TempDir("full_engine_overflow");
   testing::WriteModelOverflowingOn(dir);
-  auto model = Model::Load(dir);
+  auto model = Model::Load(dir, testing::TestModelOptions());
   ASSERT_TRUE(model.ok()) << model.status();
   FullEngineOptions eo;
   eo.kv_blocks = 64;
@@ -517,7 +518,7 @@ TEST_F(FullEngineTest, RecomputeBaselineLeavesTheStoreAlone) {
 // of them, greedy and sampled, with and without the prefix store.
 TEST(FullEngineOnTestModel, LongCodePromptsThroughATightPool) {
   const std::string dir = std::string(VC_SOURCE_DIR) + "/models/vc-code-4m";
-  auto model = Model::Load(dir);
+  auto model = Model::Load(dir, testing::TestModelOptions());
   ASSERT_TRUE(model.ok()) << model.status();
   std::string code;
   {

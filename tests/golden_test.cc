@@ -1,4 +1,5 @@
 // The shipped test model against the PyTorch reference written by models/train.py.
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <sstream>
@@ -20,23 +21,39 @@ nlohmann::json ReadJson(const std::string& path) {
   return nlohmann::json::parse(ss.str());
 }
 
-class GoldenTest : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {
-    auto m = Model::Load(kModelDir);
-    ASSERT_TRUE(m.ok()) << m.status();
-    model_ = m->release();
-  }
-  static void TearDownTestSuite() { delete model_; }
-  static Model* model_;
+// The shipped model with K and V kept in float32 (reference/logits.json, greedy.json) and in bf16,
+// its checkpoint's dtype and the default (reference/*_kv_bf16.json: PyTorch with K and V rounded
+// to bf16 where the engine rounds them, K after RoPE and V after its projection).
+// Logits errors are relative to the largest magnitude in each logits row. With bf16 K/V, values
+// within float32 noise of a bf16 rounding boundary can round the other way in PyTorch (about one
+// element in 2,000), each moving by a bf16 step, so a few positions are allowed more; most must
+// match as float32 KV does. (Against the float32-KV reference the bf16 engine is off by about 2e-3
+// at most positions: this reference is the one that rounds where the engine does.)
+struct GoldenCase {
+  DType kv_dtype;
+  std::string suffix;  // of the reference files
+  double max_error;    // at any position
+  double median_error;  // over the positions
 };
-Model* GoldenTest::model_ = nullptr;
 
-// Relative error is measured against the largest magnitude in each logits row.
-constexpr double kMaxRelativeError = 2e-4;
+class GoldenTest : public ::testing::TestWithParam<GoldenCase> {
+ protected:
+  void SetUp() override {
+    ModelOptions o;
+    o.kv_dtype = GetParam().kv_dtype;
+    auto m = Model::Load(kModelDir, o);
+    ASSERT_TRUE(m.ok()) << m.status();
+    model_ = std::move(*m);
+    ASSERT_EQ(model_->kv_dtype(), GetParam().kv_dtype);
+  }
+  std::string Reference(const std::string& name) const {
+    return kModelDir + "/reference/" + name + GetParam().suffix + ".json";
+  }
+  std::unique_ptr<Model> model_;
+};
 
-TEST_F(GoldenTest, LogitsMatchPyTorch) {
-  const auto ref = ReadJson(kModelDir + "/reference/logits.json");
+TEST_P(GoldenTest, LogitsMatchPyTorch) {
+  const auto ref = ReadJson(Reference("logits"));
   const std::vector<int32_t> ids = ref["input_ids"].get<std::vector<int32_t>>();
   PagedKvCache cache(model_->kv_layout(16), static_cast<int64_t>(ids.size()) / 16 + 1);
   SequenceChunk ch{cache.NewSequence(), ids};
@@ -45,6 +62,7 @@ TEST_F(GoldenTest, LogitsMatchPyTorch) {
   const int v = model_->config().vocab_size;
   const auto positions = ref["positions"].get<std::vector<int>>();
   double worst = 0;
+  std::vector<double> errors;
   for (size_t i = 0; i < positions.size(); ++i) {
     const auto want = ref["logits"][i].get<std::vector<double>>();
     ASSERT_EQ(static_cast<int>(want.size()), v);
@@ -54,13 +72,17 @@ TEST_F(GoldenTest, LogitsMatchPyTorch) {
       err = std::max(err, std::fabs(want[t] - logits[static_cast<size_t>(positions[i]) * v + t]));
     }
     worst = std::max(worst, err / scale);
-    EXPECT_LE(err / scale, kMaxRelativeError) << "position " << positions[i];
+    errors.push_back(err / scale);
+    EXPECT_LE(err / scale, GetParam().max_error) << "position " << positions[i];
   }
-  std::cout << "worst relative logits error: " << worst << " over " << positions.size() << " positions\n";
+  std::sort(errors.begin(), errors.end());
+  EXPECT_LE(errors[errors.size() / 2], GetParam().median_error);
+  std::cout << "worst relative logits error (" << DTypeName(GetParam().kv_dtype) << " KV): " << worst << " over "
+            << positions.size() << " positions\n";
 }
 
-TEST_F(GoldenTest, GreedyContinuationsMatchPyTorch) {
-  const auto ref = ReadJson(kModelDir + "/reference/greedy.json");
+TEST_P(GoldenTest, GreedyContinuationsMatchPyTorch) {
+  const auto ref = ReadJson(Reference("greedy"));
   GenerateOptions o;
   o.max_tokens = ref["steps"].get<int>();
   o.stop_at_eos = false;
@@ -71,6 +93,20 @@ TEST_F(GoldenTest, GreedyContinuationsMatchPyTorch) {
     EXPECT_EQ(r->tokens, c["continuation_ids"].get<std::vector<int32_t>>())
         << "prompt of " << prompt.size() << " tokens: got '" << model_->tokenizer().Decode(r->tokens) << "'";
   }
+}
+
+INSTANTIATE_TEST_SUITE_P(KvDTypes, GoldenTest,
+                         ::testing::Values(GoldenCase{DType::kF32, "", 2e-4, 2e-4},
+                                           GoldenCase{DType::kBF16, "_kv_bf16", 1e-3, 2e-4}),
+                         [](const auto& info) { return std::string(DTypeName(info.param.kv_dtype)); });
+
+// Loaded as it ships, the model keeps its KV in its checkpoint's dtype.
+TEST(GoldenModel, KvDTypeAutoIsTheCheckpointsDType) {
+  auto m = Model::Load(kModelDir);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ((*m)->config().torch_dtype, DType::kBF16);
+  EXPECT_EQ((*m)->kv_dtype(), DType::kBF16);
+  EXPECT_EQ((*m)->kv_layout(16).bytes_per_token(), 2 * 6 * 2 * 32 * 2);
 }
 
 }  // namespace

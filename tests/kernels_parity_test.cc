@@ -257,6 +257,46 @@ TEST_P(FastBackendTest, AttentionMatchesReferenceAndIsBatchAndThreadInvariant) {
   }
 }
 
+// K/V kept in bf16 or f16 (KvLayout::dtype): each kernel widens the elements to float32 before any
+// arithmetic, so a pool of 16-bit values gives bitwise what a float32 pool of the same values
+// gives, on the reference and on each fast backend, in one-row calls, verify passes and batches.
+TEST_P(FastBackendTest, SixteenBitKvEqualsItsFloatCopyBitwise) {
+  for (const DType dtype : {DType::kBF16, DType::kF16}) {
+    const int heads = 8, kv_heads = 2, d = 64;
+    const std::vector<int32_t> lens = {1, 9, 256, 300, 2100};
+    Pool p = MakePool(16, kv_heads, d, lens, 21);
+    // The 16-bit pool, and the float32 pool of its values.
+    std::vector<uint16_t> k16(p.k.size()), v16(p.v.size());
+    for (size_t i = 0; i < p.k.size(); ++i) {
+      k16[i] = dtype == DType::kBF16 ? F32ToBF16(p.k[i]) : F32ToF16(p.k[i]);
+      v16[i] = dtype == DType::kBF16 ? F32ToBF16(p.v[i]) : F32ToF16(p.v[i]);
+      p.k[i] = KvElement(k16.data(), dtype, static_cast<int64_t>(i));
+      p.v[i] = KvElement(v16.data(), dtype, static_cast<int64_t>(i));
+    }
+    PagedKvLayer half = p.layer;
+    half.k = k16.data();
+    half.v = v16.data();
+    half.dtype = dtype;
+    // Rows of all five sequences, and a verify pass of four rows over the longest one.
+    std::vector<AttentionRow> rows = p.Rows();
+    for (int j = 0; j < 4; ++j) rows.push_back({p.tables[4].data(), 2096 + j});
+    const int64_t n = static_cast<int64_t>(rows.size());
+    const auto q = Random(n * heads * d, 22);
+    for (const Backend* b : {&ReferenceBackend(), fast_}) {
+      std::vector<float> want(n * heads * d), got(n * heads * d);
+      b->PagedAttention(q.data(), n, heads, rows.data(), p.layer, 0.125f, want.data());
+      b->PagedAttention(q.data(), n, heads, rows.data(), half, 0.125f, got.data());
+      ASSERT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * 4)) << b->name() << " " << DTypeName(dtype);
+      for (int64_t r = 0; r < n; ++r) {
+        std::vector<float> one(heads * d);
+        b->PagedAttention(q.data() + r * heads * d, 1, heads, &rows[r], half, 0.125f, one.data());
+        ASSERT_EQ(0, std::memcmp(one.data(), got.data() + r * heads * d, one.size() * 4))
+            << b->name() << " " << DTypeName(dtype) << " row " << r;
+      }
+    }
+  }
+}
+
 // Key groups shorter than a vector (here 4 tokens, 12 quantized, nothing dense) are valid input;
 // the fast backend hands them to the reference rather than scoring 8 tokens per store.
 TEST_P(FastBackendTest, ShortKeyGroupsMatchTheReference) {

@@ -1,5 +1,6 @@
 // The forward pass: batch invariance (bitwise), cache handling, and bad inputs.
 #include <cstring>
+#include <optional>
 #include <random>
 
 #include "gtest/gtest.h"
@@ -14,6 +15,7 @@ namespace {
 struct ModelCase {
   testing::TinyModelSpec spec;
   std::string backend;
+  std::optional<DType> kv_dtype;  // unset: the checkpoint's (bf16, or float32 for TiedF32)
 };
 
 class ModelTest : public ::testing::TestWithParam<ModelCase> {
@@ -23,7 +25,10 @@ class ModelTest : public ::testing::TestWithParam<ModelCase> {
     if (backend == nullptr) GTEST_SKIP() << "backend " << GetParam().backend << " not available here";
     const std::string dir = testing::TempDir("model_" + GetParam().spec.architecture);
     testing::WriteTinyModel(dir, GetParam().spec);
-    auto m = Model::Load(dir, backend);
+    ModelOptions o;
+    o.backend = backend;
+    o.kv_dtype = GetParam().kv_dtype;
+    auto m = Model::Load(dir, o);
     ASSERT_TRUE(m.ok()) << m.status();
     model_ = std::move(*m);
   }
@@ -207,13 +212,17 @@ std::vector<ModelCase> Cases() {
   std::vector<ModelCase> out;
   for (const char* backend : {"reference", "avx2", "avx512vl", "avx512vl-novbmi"}) {
     for (const auto& spec : {testing::TinyModelSpec{}, HeadDim32(), Qwen(), TiedF32()}) out.push_back({spec, backend});
+    out.push_back({HeadDim32(), backend, DType::kF16});
+    out.push_back({HeadDim32(), backend, DType::kF32});
   }
   return out;
 }
 
 INSTANTIATE_TEST_SUITE_P(Architectures, ModelTest, ::testing::ValuesIn(Cases()), [](const auto& info) {
   std::string name = info.param.backend + "_" + info.param.spec.architecture + "_d" +
-                     std::to_string(info.param.spec.hidden / info.param.spec.heads) + "_" + std::to_string(info.index);
+                     std::to_string(info.param.spec.hidden / info.param.spec.heads) + "_kv" +
+                     (info.param.kv_dtype ? std::string(DTypeName(*info.param.kv_dtype)) : std::string("auto")) + "_" +
+                     std::to_string(info.index);
   for (char& c : name) c = c == '-' ? '_' : c;  // test names take letters, digits and '_'
   return name;
 });

@@ -1206,7 +1206,7 @@ TEST_F(WorkerServiceTest, AStoreThatRefusesTheWorkerIsAnErrorAtStart) {
 TEST_F(WorkerServiceTest, WhatCannotWorkIsRefusedUpFront) {
   const KvLayout layout = model_->kv_layout(16);
   WorkerServerOptions o;
-  o.staging_bytes = 20 * layout.block_floats() * 2 * layout.num_layers * 4;  // 20 blocks: 320 positions
+  o.staging_bytes = 20 * layout.block_size * layout.bytes_per_token();  // 20 blocks: 320 positions
   auto worker = StartWorker("", o);
   auto stub = InferenceStub(worker->target());
   const auto p = Prompt(100, 5);

@@ -310,10 +310,21 @@ class CudaBackend final : public Backend {
     const size_t side_bytes = physical.size() * block_bytes;  // all K blocks, then all V blocks
 
     VC_ASSIGN_OR_RETURN(void* staging, kv_staging_.Get(2 * side_bytes));
+    // Blocks go to the device as float32: bf16 and f16 elements are widened here, exactly.
+    const int64_t elem = static_cast<int64_t>(DTypeSize(kv.dtype));
+    auto stage = [&](const void* pool, int64_t at, char* dest) {
+      const char* src = static_cast<const char*>(pool) + at * elem;
+      if (kv.dtype == DType::kF32) {
+        std::memcpy(dest, src, block_bytes);
+      } else {
+        float* f = reinterpret_cast<float*>(dest);
+        for (int64_t i = 0; i < block_floats; ++i) f[i] = KvElement(src, kv.dtype, i);
+      }
+    };
     for (size_t u = 0; u < physical.size(); ++u) {
       const int64_t src = physical[u] * kv.block_stride;
-      std::memcpy(As<char>(staging) + u * block_bytes, kv.k + src, block_bytes);
-      std::memcpy(As<char>(staging) + side_bytes + u * block_bytes, kv.v + src, block_bytes);
+      stage(kv.k, src, As<char>(staging) + u * block_bytes);
+      stage(kv.v, src, As<char>(staging) + side_bytes + u * block_bytes);
     }
     const size_t q_bytes = static_cast<size_t>(n * num_heads * d) * sizeof(float);
     const size_t table_bytes = tables.size() * sizeof(int32_t), len_bytes = lens.size() * sizeof(int32_t);

@@ -557,9 +557,13 @@ absl::Status LaunchPagedAttention(const float* q, int64_t n, int num_heads, cons
   if (!PagedAttentionSupported(num_heads, kv)) {
     return UnsupportedShape(num_heads, kv.num_kv_heads, kv.head_dim);
   }
+  if (kv.dtype != DType::kF32) {
+    return absl::InvalidArgumentError("PagedAttention on the device reads float32 K/V (the host widens bf16 and f16)");
+  }
   const PagedPositions pos{rows, kv.block_stride, kv.block_size, kv.num_kv_heads, kv.head_dim};
-  return LaunchAttention(q, n, num_heads, kv.num_kv_heads, kv.head_dim, pos, kv.k, kv.v, rows.max_kv_len, scale,
-                         workspace, workspace_bytes, out, stream);
+  return LaunchAttention(q, n, num_heads, kv.num_kv_heads, kv.head_dim, pos, static_cast<const float*>(kv.k),
+                         static_cast<const float*>(kv.v), rows.max_kv_len, scale, workspace, workspace_bytes, out,
+                         stream);
 }
 
 absl::Status LaunchListAttention(const float* q, int64_t n, int num_heads, int num_kv_heads, int head_dim,

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -61,15 +62,19 @@ class MemoryPrefixStore final : public PrefixStore {
       auto it = blocks_.find(names[b]);
       if (it == blocks_.end()) return absl::NotFoundError("block evicted");
       const Block& blk = it->second;
+      if (blk.dtype != dest.dtype()) return absl::InvalidArgumentError("block of another KV dtype");
       for (size_t l = 0; l < dest.layers.size(); ++l) {
         const int64_t kvd = int64_t{dest.layers[l].num_kv_heads} * dest.layers[l].head_dim;
+        const int64_t row = kvd * static_cast<int64_t>(DTypeSize(blk.dtype));
         for (int i = 0; i < block_tokens_; ++i) {
           const int64_t pos = static_cast<int64_t>(b) * block_tokens_ + i;
-          const size_t off = (l * block_tokens_ + i) * kvd;
-          std::copy_n(blk.k.data() + off, kvd, dest.K(static_cast<int>(l), pos));
-          std::copy_n(blk.v.data() + off, kvd, dest.V(static_cast<int>(l), pos));
+          const size_t off = (l * block_tokens_ + i) * row;
+          std::memcpy(dest.KRow(static_cast<int>(l), pos), blk.k.data() + off, row);
+          std::memcpy(dest.VRow(static_cast<int>(l), pos), blk.v.data() + off, row);
           if (fail_reads || corrupt_reads) {
-            for (int64_t j = 0; j < kvd; ++j) dest.K(static_cast<int>(l), pos)[j] = 3.0f * ((j % 7) - 3);
+            std::vector<float> junk(static_cast<size_t>(kvd));
+            for (int64_t j = 0; j < kvd; ++j) junk[j] = 3.0f * ((j % 7) - 3);
+            NarrowFromF32(junk.data(), kvd, blk.dtype, dest.KRow(static_cast<int>(l), pos));
           }
         }
       }
@@ -80,18 +85,19 @@ class MemoryPrefixStore final : public PrefixStore {
   void Publish(absl::Span<const PrefixName> names, int from, int to, const PagedKvCache& cache, SeqId seq) override {
     std::lock_guard<std::mutex> l(mu_);
     const KvLayout& layout = cache.layout();
-    const int64_t kvd = int64_t{layout.num_kv_heads} * layout.head_dim;
+    const int64_t row = layout.row_bytes();
     for (int b = from; b < to; ++b) {
       ++published;
       Block blk;
-      blk.k.resize(static_cast<size_t>(layout.num_layers * block_tokens_ * kvd));
+      blk.dtype = layout.dtype;
+      blk.k.resize(static_cast<size_t>(layout.num_layers * block_tokens_ * row));
       blk.v.resize(blk.k.size());
       for (int l = 0; l < layout.num_layers; ++l) {
         for (int i = 0; i < block_tokens_; ++i) {
           const int64_t pos = int64_t{b} * block_tokens_ + i;
-          const size_t off = (static_cast<size_t>(l) * block_tokens_ + i) * kvd;
-          std::copy_n(cache.K(l, seq, pos), kvd, blk.k.data() + off);
-          std::copy_n(cache.V(l, seq, pos), kvd, blk.v.data() + off);
+          const size_t off = (static_cast<size_t>(l) * block_tokens_ + i) * row;
+          std::memcpy(blk.k.data() + off, cache.KRow(l, seq, pos), row);
+          std::memcpy(blk.v.data() + off, cache.VRow(l, seq, pos), row);
         }
       }
       blocks_[names[b]] = std::move(blk);
@@ -112,7 +118,8 @@ class MemoryPrefixStore final : public PrefixStore {
 
  private:
   struct Block {
-    std::vector<float> k, v;  // [layers, block_tokens, num_kv_heads * head_dim]
+    DType dtype = DType::kF32;
+    std::vector<char> k, v;  // [layers, block_tokens, num_kv_heads * head_dim] elements of dtype
   };
   const int block_tokens_;
   mutable std::mutex mu_;

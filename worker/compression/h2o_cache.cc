@@ -138,12 +138,16 @@ absl::Status H2oCache::BuildFrom(SeqId seq, const PagedKvCache& full, SeqId full
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
   std::vector<float> vote(static_cast<size_t>(length)), logits(static_cast<size_t>(length));
   std::vector<int32_t> order;
-  std::vector<float> scratch;
+  std::vector<float> scratch, row(static_cast<size_t>(full.layout().row_elems()));
+  std::vector<float> keys(static_cast<size_t>(length) * d);  // one KV head's, as float32
   for (int l = 0; l < layout_.num_layers; ++l) {
     for (int g = 0; g < kvh; ++g) {
       Head& h = s.heads[l * kvh + g];
       h = Head{};
-      auto key = [&](int64_t j) { return full.K(l, full_seq, j) + g * d; };
+      for (int64_t j = 0; j < length; ++j) {
+        std::copy_n(full.KFloat(l, full_seq, j, row.data()) + g * d, d, keys.data() + j * d);
+      }
+      auto key = [&](int64_t j) -> const float* { return keys.data() + j * d; };
       std::fill(vote.begin(), vote.end(), 0.0f);
       if (queries != nullptr) {
         for (int64_t i = 0; i < queries->count; ++i) {
@@ -188,7 +192,7 @@ absl::Status H2oCache::BuildFrom(SeqId seq, const PagedKvCache& full, SeqId full
       h.score.resize(order.size());
       for (size_t i = 0; i < order.size(); ++i) {
         std::copy_n(key(order[i]), d, h.k.data() + i * d);
-        std::copy_n(full.V(l, full_seq, order[i]) + g * d, d, h.v.data() + i * d);
+        std::copy_n(full.VFloat(l, full_seq, order[i], row.data()) + g * d, d, h.v.data() + i * d);
         h.score[i] = vote[order[i]];
       }
     }

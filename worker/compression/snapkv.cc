@@ -48,10 +48,10 @@ absl::StatusOr<std::vector<std::vector<std::vector<int32_t>>>> SnapKvSelector::S
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
   std::vector<float> keys(static_cast<size_t>(length) * d), logits(static_cast<size_t>(length));
   std::vector<float> votes(static_cast<size_t>(prefix)), pooled(static_cast<size_t>(prefix));
-  std::vector<float> scratch;
+  std::vector<float> scratch, row(static_cast<size_t>(layout.row_elems()));
   for (int l = 0; l < layout.num_layers; ++l) {
     for (int g = 0; g < kvh; ++g) {
-      for (int64_t j = 0; j < length; ++j) std::copy_n(full.K(l, seq, j) + g * d, d, keys.data() + j * d);
+      for (int64_t j = 0; j < length; ++j) std::copy_n(full.KFloat(l, seq, j, row.data()) + g * d, d, keys.data() + j * d);
       std::fill(votes.begin(), votes.end(), 0.0f);
       for (int i = 0; i < w; ++i) {
         const int64_t qpos = prefix + i;

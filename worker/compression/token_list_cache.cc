@@ -85,11 +85,11 @@ void TokenListCache::QuantizeGroup(const float* k, const float* v, HeadList* h) 
 void TokenListCache::QuantizeFromFull(const PagedKvCache& full, SeqId full_seq, int layer, int head, int64_t first,
                                       int64_t tokens, HeadList* h) const {
   const int g = kivi_.group, d = layout_.head_dim;
-  std::vector<float> k(static_cast<size_t>(g) * d), v(k.size());
+  std::vector<float> k(static_cast<size_t>(g) * d), v(k.size()), row(static_cast<size_t>(full.layout().row_elems()));
   for (int64_t t0 = first; t0 < first + tokens; t0 += g) {
     for (int t = 0; t < g; ++t) {
-      std::copy_n(full.K(layer, full_seq, t0 + t) + head * d, d, k.data() + t * d);
-      std::copy_n(full.V(layer, full_seq, t0 + t) + head * d, d, v.data() + t * d);
+      std::copy_n(full.KFloat(layer, full_seq, t0 + t, row.data()) + head * d, d, k.data() + t * d);
+      std::copy_n(full.VFloat(layer, full_seq, t0 + t, row.data()) + head * d, d, v.data() + t * d);
     }
     QuantizeGroup(k.data(), v.data(), h);
   }
@@ -223,10 +223,14 @@ absl::Status TokenListCache::BuildFrom(SeqId seq, const PagedKvCache& full, SeqI
   const int64_t direct =
       s.selective ? 0 : QuantizedCount(std::max<int64_t>(0, length - MaxRollback()));
   const int d = layout_.head_dim;
+  std::vector<float> krow(static_cast<size_t>(full.layout().row_elems())), vrow(krow.size());
   for (int l = 0; l < layout_.num_layers; ++l) {
     for (int g = 0; g < layout_.num_kv_heads; ++g) {
       HeadList& h = s.heads[l * layout_.num_kv_heads + g];
-      auto add = [&](int64_t p) { Append(h, s.selective, p, full.K(l, full_seq, p) + g * d, full.V(l, full_seq, p) + g * d); };
+      auto add = [&](int64_t p) {
+        Append(h, s.selective, p, full.KFloat(l, full_seq, p, krow.data()) + g * d,
+               full.VFloat(l, full_seq, p, vrow.data()) + g * d);
+      };
       if (s.selective) {
         for (int32_t p : kept[l][g]) add(p);
       } else {

@@ -18,16 +18,24 @@ PagedDest PagedDest::Of(const PagedKvCache& cache, SeqId seq) {
   return d;
 }
 
-float* PagedDest::K(int layer, int64_t pos) const {
-  const kernels::PagedKvLayer& d = layers[layer];
-  return const_cast<float*>(d.k) + blocks[pos / d.block_size] * d.block_stride +
-         (pos % d.block_size) * d.num_kv_heads * d.head_dim;
+namespace {
+
+// Byte offset of `pos`'s row in a layer of `d` whose blocks are `blocks`.
+int64_t RowOffset(const kernels::PagedKvLayer& d, const std::vector<int32_t>& blocks, int64_t pos) {
+  return (blocks[pos / d.block_size] * d.block_stride + (pos % d.block_size) * d.num_kv_heads * d.head_dim) *
+         static_cast<int64_t>(DTypeSize(d.dtype));
 }
 
-float* PagedDest::V(int layer, int64_t pos) const {
+}  // namespace
+
+void* PagedDest::KRow(int layer, int64_t pos) const {
   const kernels::PagedKvLayer& d = layers[layer];
-  return const_cast<float*>(d.v) + blocks[pos / d.block_size] * d.block_stride +
-         (pos % d.block_size) * d.num_kv_heads * d.head_dim;
+  return static_cast<char*>(const_cast<void*>(d.k)) + RowOffset(d, blocks, pos);
+}
+
+void* PagedDest::VRow(int layer, int64_t pos) const {
+  const kernels::PagedKvLayer& d = layers[layer];
+  return static_cast<char*>(const_cast<void*>(d.v)) + RowOffset(d, blocks, pos);
 }
 
 absl::Status FetchHandle::Wait() {
@@ -60,7 +68,7 @@ absl::Duration FetchHandle::finished_at() const {
 
 HostKvTier::HostKvTier(const KvLayout& layout, double bytes_per_second, int io_threads, int64_t capacity_bytes)
     : layout_(layout),
-      chunk_positions_(std::max<int64_t>(1, (int64_t{64} << 10) / (int64_t{layout.num_kv_heads} * layout.head_dim * 4))),
+      chunk_positions_(std::max<int64_t>(1, (int64_t{64} << 10) / layout.row_bytes())),
       link_(bytes_per_second),
       capacity_bytes_(capacity_bytes) {
   for (int i = 0; i < std::max(1, io_threads); ++i) io_.emplace_back([this] { IoLoop(); });
@@ -141,17 +149,21 @@ absl::Status HostKvTier::Append(TierKey key, const PagedKvCache& src, SeqId seq,
     return absl::FailedPreconditionError(
         absl::StrCat("tier append at ", begin, " but the tier holds ", e->length, " positions"));
   }
-  const int64_t row = int64_t{layout_.num_kv_heads} * layout_.head_dim;
+  if (src.layout().dtype != layout_.dtype) {
+    return absl::InvalidArgumentError(absl::StrCat("a ", DTypeName(src.layout().dtype), " cache appended to a ",
+                                                   DTypeName(layout_.dtype), " tier"));
+  }
+  const int64_t row = layout_.row_bytes();
   const size_t chunks = static_cast<size_t>((end - e->base + chunk_positions_ - 1) / chunk_positions_);
   for (int l = 0; l < layout_.num_layers; ++l) {
     while (e->k[l].size() < chunks) {
-      e->k[l].emplace_back(new float[chunk_positions_ * row]);
-      e->v[l].emplace_back(new float[chunk_positions_ * row]);
+      e->k[l].emplace_back(new char[chunk_positions_ * row]);
+      e->v[l].emplace_back(new char[chunk_positions_ * row]);
     }
     for (int64_t p = begin; p < end; ++p) {
       const int64_t c = (p - e->base) / chunk_positions_, at = (p - e->base) % chunk_positions_ * row;
-      std::memcpy(e->k[l][c].get() + at, src.K(l, seq, p), row * 4);
-      std::memcpy(e->v[l][c].get() + at, src.V(l, seq, p), row * 4);
+      std::memcpy(e->k[l][c].get() + at, src.KRow(l, seq, p), row);
+      std::memcpy(e->v[l][c].get() + at, src.VRow(l, seq, p), row);
     }
   }
   e->length = end;
@@ -218,7 +230,7 @@ void HostKvTier::Clear(TierKey key) {
 }
 
 void HostKvTier::IoLoop() {
-  const int64_t row = int64_t{layout_.num_kv_heads} * layout_.head_dim;
+  const int64_t row = layout_.row_bytes();
   const int64_t bs = layout_.block_size;
   while (true) {
     Job job;
@@ -246,10 +258,10 @@ void HostKvTier::IoLoop() {
       for (int64_t p0 = std::max(e.base, job.first); p0 < job.length;) {
         const int64_t c = (p0 - e.base) / chunk_positions_, off = (p0 - e.base) % chunk_positions_;
         const int64_t n = std::min({bs - p0 % bs, chunk_positions_ - off, job.length - p0});
-        std::memcpy(job.dest.K(l, p0), e.k[l][c].get() + off * row, n * row * 4);
-        std::memcpy(job.dest.V(l, p0), e.v[l][c].get() + off * row, n * row * 4);
+        std::memcpy(job.dest.KRow(l, p0), e.k[l][c].get() + off * row, n * row);
+        std::memcpy(job.dest.VRow(l, p0), e.v[l][c].get() + off * row, n * row);
         p0 += n;
-        moved += 2 * n * row * 4;
+        moved += 2 * n * row;
       }
     }
     link_.Transfer(moved, start);  // a paced link: done when it would have carried the bytes

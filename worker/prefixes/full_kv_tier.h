@@ -129,7 +129,7 @@ class HostKvTier final : public FullKvTier {
     int64_t length = 0;
     // Per layer, chunk c holds positions base + c * chunk_positions_ onward, as
     // [chunk_positions_, num_kv_heads * head_dim] (uninitialized past length).
-    std::vector<std::vector<std::unique_ptr<float[]>>> k, v;
+    std::vector<std::vector<std::unique_ptr<char[]>>> k, v;  // chunks of rows of layout_.dtype
     int64_t reserved_positions = 0;  // Reserve's bound (absolute positions)
     int64_t reserved_bytes = 0;      // what the tier set aside for positions [base, that bound)
   };

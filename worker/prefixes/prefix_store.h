@@ -29,9 +29,10 @@ struct PagedDest {
   std::vector<kernels::PagedKvLayer> layers;  // per layer
 
   static PagedDest Of(const PagedKvCache& cache, SeqId seq);
-  // K or V rows of `layer` at `pos`: [num_kv_heads, head_dim].
-  float* K(int layer, int64_t pos) const;
-  float* V(int layer, int64_t pos) const;
+  // K or V rows of `layer` at `pos`: [num_kv_heads, head_dim] elements of the cache's dtype.
+  void* KRow(int layer, int64_t pos) const;
+  void* VRow(int layer, int64_t pos) const;
+  DType dtype() const { return layers.empty() ? DType::kF32 : layers[0].dtype; }
 };
 
 using PrefixName = std::array<uint8_t, 32>;

@@ -13,6 +13,7 @@
 #include <optional>
 
 #include "absl/algorithm/container.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "cachestore/block_format.h"
 #include "cachestore/block_key.h"
@@ -75,8 +76,9 @@ StorePrefixes::StorePrefixes(const StorePrefixOptions& options, const std::array
                              const KvLayout& layout)
     : options_(options), fingerprint_(fingerprint), layout_(layout) {
   keys_.model_fingerprint.assign(reinterpret_cast<const char*>(fingerprint.data()), fingerprint.size());
-  keys_.layout =
-      absl::StrCat("f32/l", layout.num_layers, "/h", layout.num_kv_heads, "/d", layout.head_dim, "/", options.numerics);
+  // The KV dtype is part of every name: a block of bf16 K/V is not the float32 one.
+  keys_.layout = absl::StrCat(absl::AsciiStrToLower(DTypeName(layout.dtype)), "/l", layout.num_layers, "/h",
+                              layout.num_kv_heads, "/d", layout.head_dim, "/", options.numerics);
   keys_.block_tokens = options.block_tokens;
 }
 
@@ -275,6 +277,9 @@ cachestore::BlockLayout StorePrefixes::FullLayout() const {
   bl.num_kv_heads = layout_.num_kv_heads;
   bl.head_dim = layout_.head_dim;
   bl.tokens = static_cast<uint32_t>(options_.block_tokens);
+  bl.encoding = layout_.dtype == DType::kBF16  ? cachestore::BlockEncoding::kBFloat16
+                : layout_.dtype == DType::kF16 ? cachestore::BlockEncoding::kFloat16
+                                               : cachestore::BlockEncoding::kFloat32;
   return bl;
 }
 
@@ -550,19 +555,23 @@ absl::Status StorePrefixes::ReadFromShard(size_t s, absl::Span<const PrefixName>
 
 absl::Status StorePrefixes::Read(absl::Span<const PrefixName> names, const PagedDest& dest) {
   const int64_t bt = options_.block_tokens;
-  const int64_t row = int64_t{layout_.num_kv_heads} * layout_.head_dim;
+  const int64_t row = layout_.row_bytes();
+  if (dest.dtype() != layout_.dtype) {
+    return absl::InvalidArgumentError(absl::StrCat("a read of ", DTypeName(layout_.dtype), " blocks into a ",
+                                                   DTypeName(dest.dtype()), " cache"));
+  }
   // Each block has its own place in dest, so the shards' blocks may come in any order.
   return ReadBlocks(names, FullLayout(), /*in_order=*/false,
                     [&](size_t b, absl::string_view block, const cachestore::BlockHeader& h) {
     for (int l = 0; l < layout_.num_layers; ++l) {
       const absl::string_view payload = cachestore::BlockLayerPayload(block, h, l);
-      const float* k = reinterpret_cast<const float*>(payload.data());
-      const float* v = k + bt * row;
+      const char* k = payload.data();
+      const char* v = k + bt * row;
       // Destination blocks hold layout_.block_size positions each, contiguous within a block.
       for (int64_t t = 0; t < bt; t += layout_.block_size) {
         const int64_t pos = static_cast<int64_t>(b) * bt + t;
-        std::memcpy(dest.K(l, pos), k + t * row, layout_.block_size * row * 4);
-        std::memcpy(dest.V(l, pos), v + t * row, layout_.block_size * row * 4);
+        std::memcpy(dest.KRow(l, pos), k + t * row, layout_.block_size * row);
+        std::memcpy(dest.VRow(l, pos), v + t * row, layout_.block_size * row);
       }
     }
     return absl::OkStatus();
@@ -603,20 +612,22 @@ void StorePrefixes::PublishCompressed(absl::Span<const PrefixName> names, int fr
 void StorePrefixes::Publish(absl::Span<const PrefixName> names, int from, int to, const PagedKvCache& cache,
                             SeqId seq) {
   const int64_t bt = options_.block_tokens;
-  const int64_t row = int64_t{layout_.num_kv_heads} * layout_.head_dim;
+  const int64_t row = layout_.row_bytes();
   const cachestore::BlockLayout bl = FullLayout();
   std::vector<std::string> layers(layout_.num_layers);
+  // A cache of another dtype than the store's names say has nothing to publish under them.
+  if (cache.layout().dtype != layout_.dtype) return;
   Enqueue(names, from, to, [&](int b) {
     std::vector<absl::string_view> views;
     for (int l = 0; l < layout_.num_layers; ++l) {
       std::string& s = layers[l];
       s.resize(static_cast<size_t>(bl.layer_bytes()));
       char* k = s.data();
-      char* v = k + bt * row * 4;
+      char* v = k + bt * row;
       for (int64_t t = 0; t < bt; ++t) {
         const int64_t pos = int64_t{b} * bt + t;
-        std::memcpy(k + t * row * 4, cache.K(l, seq, pos), row * 4);
-        std::memcpy(v + t * row * 4, cache.V(l, seq, pos), row * 4);
+        std::memcpy(k + t * row, cache.KRow(l, seq, pos), row);
+        std::memcpy(v + t * row, cache.VRow(l, seq, pos), row);
       }
       views.push_back(s);
     }

@@ -1,6 +1,9 @@
 #include "worker/runtime/kv_cache.h"
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <new>
 #include <random>
 
 #include "absl/strings/str_cat.h"
@@ -9,11 +12,17 @@ namespace vc {
 
 PagedKvCache::PagedKvCache(const KvLayout& layout, int64_t num_blocks, uint64_t placement_seed)
     : layout_(layout), num_blocks_(num_blocks) {
-  k_.resize(layout.num_layers);
-  v_.resize(layout.num_layers);
+  // Zeroed, so a row read before it is written is zeros whatever the dtype; 64-byte aligned, and
+  // rounded up to a whole 64 bytes as aligned_alloc asks.
+  const size_t bytes = static_cast<size_t>(num_blocks * layout.block_elems() * layout.elem_bytes());
+  const size_t alloc = std::max<size_t>(64, (bytes + 63) / 64 * 64);
   for (int l = 0; l < layout.num_layers; ++l) {
-    k_[l].assign(static_cast<size_t>(num_blocks * layout.block_floats()), 0.0f);
-    v_[l].assign(static_cast<size_t>(num_blocks * layout.block_floats()), 0.0f);
+    for (auto* pool : {&k_, &v_}) {
+      char* p = static_cast<char*>(std::aligned_alloc(64, alloc));
+      if (p == nullptr) throw std::bad_alloc();
+      std::memset(p, 0, alloc);
+      pool->emplace_back(p);
+    }
   }
   free_.resize(static_cast<size_t>(num_blocks));
   for (int64_t i = 0; i < num_blocks; ++i) free_[i] = static_cast<int32_t>(num_blocks - 1 - i);
@@ -60,26 +69,31 @@ absl::Status PagedKvCache::Truncate(SeqId seq, int64_t length) {
   return absl::OkStatus();
 }
 
-float* PagedKvCache::Slot(std::vector<float>& pool, SeqId seq, int64_t pos) {
+int64_t PagedKvCache::Offset(SeqId seq, int64_t pos) const {
   const int32_t block = seqs_[seq].blocks[pos / layout_.block_size];
-  return pool.data() + block * layout_.block_floats() +
-         (pos % layout_.block_size) * layout_.num_kv_heads * layout_.head_dim;
+  return (block * layout_.block_elems() + (pos % layout_.block_size) * layout_.row_elems()) * layout_.elem_bytes();
 }
 
-const float* PagedKvCache::Slot(const std::vector<float>& pool, SeqId seq, int64_t pos) const {
-  const int32_t block = seqs_[seq].blocks[pos / layout_.block_size];
-  return pool.data() + block * layout_.block_floats() +
-         (pos % layout_.block_size) * layout_.num_kv_heads * layout_.head_dim;
+void* PagedKvCache::KRow(int layer, SeqId seq, int64_t pos) { return k_[layer].get() + Offset(seq, pos); }
+void* PagedKvCache::VRow(int layer, SeqId seq, int64_t pos) { return v_[layer].get() + Offset(seq, pos); }
+const void* PagedKvCache::KRow(int layer, SeqId seq, int64_t pos) const { return k_[layer].get() + Offset(seq, pos); }
+const void* PagedKvCache::VRow(int layer, SeqId seq, int64_t pos) const { return v_[layer].get() + Offset(seq, pos); }
+
+const float* PagedKvCache::KFloat(int layer, SeqId seq, int64_t pos, float* scratch) const {
+  if (layout_.dtype == DType::kF32) return static_cast<const float*>(KRow(layer, seq, pos));
+  WidenToF32(KRow(layer, seq, pos), layout_.dtype, layout_.row_elems(), scratch);
+  return scratch;
 }
 
-float* PagedKvCache::K(int layer, SeqId seq, int64_t pos) { return Slot(k_[layer], seq, pos); }
-const float* PagedKvCache::K(int layer, SeqId seq, int64_t pos) const { return Slot(k_[layer], seq, pos); }
-const float* PagedKvCache::V(int layer, SeqId seq, int64_t pos) const { return Slot(v_[layer], seq, pos); }
+const float* PagedKvCache::VFloat(int layer, SeqId seq, int64_t pos, float* scratch) const {
+  if (layout_.dtype == DType::kF32) return static_cast<const float*>(VRow(layer, seq, pos));
+  WidenToF32(VRow(layer, seq, pos), layout_.dtype, layout_.row_elems(), scratch);
+  return scratch;
+}
 
 void PagedKvCache::Write(int layer, SeqId seq, int64_t pos, const float* k, const float* v) {
-  const int64_t n = int64_t{layout_.num_kv_heads} * layout_.head_dim;
-  std::copy_n(k, n, K(layer, seq, pos));
-  std::copy_n(v, n, V(layer, seq, pos));
+  NarrowFromF32(k, layout_.row_elems(), layout_.dtype, KRow(layer, seq, pos));
+  NarrowFromF32(v, layout_.row_elems(), layout_.dtype, VRow(layer, seq, pos));
 }
 
 void PagedKvCache::Attend(int layer, absl::Span<const QueryRow> rows, const float* q, int num_heads, float scale,
@@ -91,13 +105,12 @@ void PagedKvCache::Attend(int layer, absl::Span<const QueryRow> rows, const floa
   backend.PagedAttention(q, static_cast<int64_t>(rows.size()), num_heads, rows_scratch_.data(), LayerView(layer),
                          scale, out);
 }
-float* PagedKvCache::V(int layer, SeqId seq, int64_t pos) { return Slot(v_[layer], seq, pos); }
-
 kernels::PagedKvLayer PagedKvCache::LayerView(int layer) const {
   kernels::PagedKvLayer v;
-  v.k = k_[layer].data();
-  v.v = v_[layer].data();
-  v.block_stride = layout_.block_floats();
+  v.k = k_[layer].get();
+  v.v = v_[layer].get();
+  v.dtype = layout_.dtype;
+  v.block_stride = layout_.block_elems();
   v.block_size = layout_.block_size;
   v.num_kv_heads = layout_.num_kv_heads;
   v.head_dim = layout_.head_dim;

@@ -56,17 +56,31 @@ void AddBias(const std::vector<float>& bias, int64_t n, float* y) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir,
-                                                   const kernels::Backend* backend) {
+absl::StatusOr<std::optional<DType>> ParseKvDType(absl::string_view name) {
+  if (name == "auto") return std::optional<DType>();
+  if (name == "bf16") return std::optional<DType>(DType::kBF16);
+  if (name == "f16") return std::optional<DType>(DType::kF16);
+  if (name == "f32") return std::optional<DType>(DType::kF32);
+  return absl::InvalidArgumentError(absl::StrCat("KV dtype '", name, "': expected auto, bf16, f16 or f32"));
+}
+
+absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir, const kernels::Backend* backend) {
+  ModelOptions options;
+  options.backend = backend;
+  return Load(dir, options);
+}
+
+absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir, const ModelOptions& options) {
   // A bad VC_THREADS stops a worker here, at startup, rather than leaving the kernels to guess.
   VC_RETURN_IF_ERROR(kernels::KernelThreadsFromEnv().status());
-  if (backend == nullptr) VC_RETURN_IF_ERROR(kernels::CheckKernelsFromEnv());
+  if (options.backend == nullptr) VC_RETURN_IF_ERROR(kernels::CheckKernelsFromEnv());
   std::unique_ptr<Model> m(new Model());
-  m->backend_ = backend != nullptr ? backend : &kernels::DefaultBackend();
+  m->backend_ = options.backend != nullptr ? options.backend : &kernels::DefaultBackend();
   VC_ASSIGN_OR_RETURN(m->config_, LoadModelConfig(dir));
   VC_ASSIGN_OR_RETURN(m->tokenizer_, MakeTokenizer(m->config_));
   VC_ASSIGN_OR_RETURN(m->tensors_, TensorStore::Open(dir));
   VC_RETURN_IF_ERROR(m->LoadWeights());
+  m->kv_dtype_ = options.kv_dtype.value_or(m->config_.torch_dtype.value_or(m->embed_.dtype));
   return m;
 }
 
@@ -135,7 +149,7 @@ absl::Status Model::LoadWeights() {
 }
 
 KvLayout Model::kv_layout(int block_size) const {
-  return KvLayout{config_.num_layers, config_.num_kv_heads, config_.head_dim, block_size};
+  return KvLayout{config_.num_layers, config_.num_kv_heads, config_.head_dim, block_size, kv_dtype_};
 }
 
 void Model::RopeTables(absl::Span<const int64_t> positions, std::vector<float>* cos,
@@ -246,6 +260,8 @@ absl::Status Model::Forward(absl::Span<const SequenceChunk> chunks, AttentionCac
     AddBias(l.v_bias, n, vv.data());
     k.Rope(q.data(), n, c.num_heads, c.head_dim, cos.data(), sin.data());
     k.Rope(kk.data(), n, c.num_kv_heads, c.head_dim, cos.data(), sin.data());
+    RoundThroughDType(kk.data(), n * kvd, kv_dtype_);
+    RoundThroughDType(vv.data(), n * kvd, kv_dtype_);
     for (int64_t r = 0; r < n; ++r) cache.Write(li, seq_of[r], pos[r], kk.data() + r * kvd, vv.data() + r * kvd);
     cache.Attend(li, rows, q.data(), c.num_heads, scale, k, att.data());
     k.MatMul(att.data(), n, l.o, o.data());

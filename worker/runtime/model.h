@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -34,6 +35,16 @@ enum class LogitsFor {
 // What a pass that sampled from a NaN or infinite logit returns: kDataLoss.
 absl::Status NonFiniteLogits();
 
+// The element type of KV caches, as a flag or option names it: "auto" (nullopt: the checkpoint's
+// torch_dtype, else the dtype of its weights), "bf16", "f16" or "f32". kInvalidArgument for
+// anything else.
+absl::StatusOr<std::optional<DType>> ParseKvDType(absl::string_view name);
+
+struct ModelOptions {
+  const kernels::Backend* backend = nullptr;  // kernels::DefaultBackend() when null; must outlive the model
+  std::optional<DType> kv_dtype;              // unset: the checkpoint's (ParseKvDType's "auto")
+};
+
 // Immutable after Load(); Forward() is thread-safe for distinct caches.
 class Model {
  public:
@@ -43,12 +54,16 @@ class Model {
   // `backend` defaults to kernels::DefaultBackend(); it must outlive the model.
   static absl::StatusOr<std::unique_ptr<Model>> Load(const std::string& dir,
                                                      const kernels::Backend* backend = nullptr);
+  static absl::StatusOr<std::unique_ptr<Model>> Load(const std::string& dir, const ModelOptions& options);
 
   const ModelConfig& config() const { return config_; }
   const Tokenizer& tokenizer() const { return *tokenizer_; }
   const kernels::Backend& backend() const { return *backend_; }
-  // The KV layout of this model for a given block size.
+  // The KV layout of this model for a given block size, in its KV dtype.
   KvLayout kv_layout(int block_size) const;
+  // The element type of its KV: every K and V row a forward pass writes to a cache is rounded to it
+  // first, so full and compressed caches alike hold what a cache of this dtype holds.
+  DType kv_dtype() const { return kv_dtype_; }
 
   // Runs `chunks` (distinct sequences, each non-empty) in one pass: appends their K/V to `cache`
   // (the full paged cache or a compressed one) and writes logits [rows, vocab] to `logits`, rows as
@@ -86,6 +101,7 @@ class Model {
   std::unique_ptr<Tokenizer> tokenizer_;
   std::unique_ptr<TensorStore> tensors_;
   const kernels::Backend* backend_ = nullptr;
+  DType kv_dtype_ = DType::kF32;
   TensorView embed_;
   kernels::WeightView lm_head_;
   std::vector<float> final_norm_;

@@ -192,6 +192,19 @@ absl::StatusOr<ModelConfig> ParseModelConfig(absl::string_view text) {
 
   auto tok = j.find("tokenizer_class");
   if (tok != j.end() && tok->is_string()) c.tokenizer = tok->get<std::string>();
+  auto dtype = j.find("torch_dtype");
+  if (dtype != j.end() && !dtype->is_null()) {
+    const std::string name = dtype->is_string() ? dtype->get<std::string>() : std::string();
+    if (name == "float32") {
+      c.torch_dtype = DType::kF32;
+    } else if (name == "bfloat16") {
+      c.torch_dtype = DType::kBF16;
+    } else if (name == "float16") {
+      c.torch_dtype = DType::kF16;
+    } else {
+      return Bad("torch_dtype must be float32, bfloat16 or float16");
+    }
+  }
   return c;
 }
 

@@ -3,11 +3,13 @@
 #define VC_WORKER_RUNTIME_MODEL_CONFIG_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "common/dtype.h"
 
 namespace vc {
 
@@ -39,6 +41,9 @@ struct ModelConfig {
   std::string tokenizer;  // "vericache-byte"; empty when the checkpoint does not say
   int bos_token_id = -1;
   std::vector<int32_t> eos_token_ids;  // any of them ends a generation; empty: none
+  // The checkpoint's own dtype (torch_dtype: float32, bfloat16 or float16); unset when it does not
+  // say.
+  std::optional<DType> torch_dtype;
 };
 
 // Parses config.json text. Returns kInvalidArgument naming the field for invalid JSON, a missing or
