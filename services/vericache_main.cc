@@ -19,7 +19,7 @@ constexpr char kUsage[] =
     "commands:\n"
     "  generate   generate text from a checkpoint (vericache generate --help)\n"
     "  demo       requests with a shared code prefix through the VeriCache engine, checked against\n"
-    "             full-KV decoding (vericache demo [--model DIR] [--max-tokens N] [--compressor SPEC])\n"
+    "             full-KV decoding (vericache demo --help)\n"
     "  store      run a cache-store server (vericache store --help)\n"
     "  worker     run an inference worker (vericache worker --help)\n"
     "  router     run a router in front of several workers (vericache router --help)\n"

@@ -1,17 +1,23 @@
-// `vericache generate` end to end, in process: output formats and every bad-input exit; and the
-// store and worker commands' flag checks.
+// `vericache generate` end to end, in process: output formats and every bad-input exit; the
+// store and worker commands' flag checks; and the flag declarations every command parses and
+// prints its usage from.
 #include <fstream>
 #include <initializer_list>
 #include <sstream>
 
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "common/memory.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "services/cli/args.h"
 #include "services/cli/demo_command.h"
+#include "services/cli/flags.h"
 #include "services/cli/generate_command.h"
+#include "services/cli/request_command.h"
 #include "services/cli/router_command.h"
+#include "services/cli/size_tiers_command.h"
+#include "services/cli/stats_command.h"
 #include "services/cli/store_command.h"
 #include "services/cli/worker_command.h"
 #include "services/store_service.h"
@@ -186,9 +192,11 @@ TEST_F(CliTest, WorkerRefusesKernelsItLacksAndStoreFlagsWithoutAStore) {
   } else {
     unsetenv("VC_KERNELS");
   }
-  for (const char* flag : {"--ucx", "--block-tokens", "--publish-outputs", "--store-timeout-ms"}) {
+  // (Values each flag takes: one out of its range is refused as such first.)
+  for (const auto& [flag, value] : {std::pair{"--ucx", "1"}, std::pair{"--block-tokens", "256"},
+                                    std::pair{"--publish-outputs", "1"}, std::pair{"--store-timeout-ms", "1"}}) {
     std::ostringstream o, e;
-    EXPECT_EQ(RunWorkerCommand({"--model", dir_, "--listen", "127.0.0.1:0", flag, "1"}, o, e), 2) << flag;
+    EXPECT_EQ(RunWorkerCommand({"--model", dir_, "--listen", "127.0.0.1:0", flag, value}, o, e), 2) << flag;
     EXPECT_NE(e.str().find(std::string(flag) + " needs --store"), std::string::npos) << e.str();
   }
 }
@@ -324,6 +332,202 @@ TEST_F(CliTest, KeepaliveUnderASecondIsRefused) {
 TEST_F(CliTest, WorkerRefusesABadStallGrace) {
   ExpectRefused(RunWorkerCommand, {"--model", dir_ + "/absent", "--listen", "127.0.0.1:0"}, "--stall-grace-ms",
                 {"-1", "later", "86400001"});
+}
+
+// A flag set of every kind of flag, for the parser's and the usage's tests.
+const FlagSet& TestFlags() {
+  static const FlagSet* const flags = new FlagSet{
+      "test",
+      "(--a | --b)",
+      "A command for tests.",
+      {
+          Flag::Str("name", "", "a name").Value("NAME").Required(),
+          Flag::Str("mode", "fast", "how").Value("fast|slow"),
+          Flag::Int("count", 16, 1, 4096, "how many"),
+          Flag::Int("limit", std::nullopt, 0, 100, "a limit").ShownDefault("none at all"),
+          Flag::Number("ratio", 0.5, 0, 1, "a share").Value("F"),
+          Flag::Number("scale", 1, "any finite number"),
+          Flag::Switch("json", "print JSON"),
+      }};
+  return *flags;
+}
+
+absl::Status ParseError(const std::vector<std::string>& argv) { return Args::Parse(argv, TestFlags()).status(); }
+
+TEST(Flags, ParseRefusesWhatItsDeclarationsDoNotAllow) {
+  const std::vector<std::string> name = {"--name", "n"};
+  const auto with_name = [&](std::vector<std::string> more) {
+    more.insert(more.begin(), name.begin(), name.end());
+    return more;
+  };
+  for (const auto& [argv, message] : std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"--count", "8"}, "--name is required"},
+           {with_name({"--bogus", "1"}), "unknown option --bogus"},
+           {with_name({"--bogus=1"}), "unknown option --bogus"},
+           {with_name({"--count", "2", "--count=3"}), "--count is given twice"},
+           {with_name({"--json", "--json"}), "--json is given twice"},
+           {with_name({"--count"}), "--count needs a value"},
+           {with_name({"--json=1"}), "--json takes no value"},
+           {with_name({"stray"}), "unexpected argument 'stray'"},
+           {with_name({"--count", "0"}), "--count must be an integer in [1, 4096], got '0'"},
+           {with_name({"--count", "4097"}), "--count must be an integer in [1, 4096], got '4097'"},
+           {with_name({"--count", "ten"}), "--count must be an integer in [1, 4096], got 'ten'"},
+           {with_name({"--count", "1.5"}), "--count must be an integer in [1, 4096], got '1.5'"},
+           {with_name({"--limit", "-1"}), "--limit must be an integer in [0, 100], got '-1'"},
+           {with_name({"--ratio", "half"}), "--ratio must be a finite number, got 'half'"},
+           {with_name({"--ratio", "nan"}), "--ratio must be a finite number, got 'nan'"},
+           {with_name({"--ratio", "1.5"}), "--ratio must be in [0, 1], got '1.5'"},
+           {with_name({"--scale", "inf"}), "--scale must be a finite number, got 'inf'"},
+       }) {
+    const absl::Status s = ParseError(argv);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << message;
+    EXPECT_EQ(s.message(), message);
+  }
+  // --help or -h where an option goes, even before a required flag is seen.
+  EXPECT_TRUE(IsHelpRequested(ParseError({"--count", "3", "--help"})));
+  EXPECT_TRUE(IsHelpRequested(ParseError({"-h"})));
+}
+
+TEST(Flags, GettersGiveTheValueOrTheDeclaredDefault) {
+  absl::StatusOr<Args> a = Args::Parse({"--name", "n"}, TestFlags());
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->Str("name"), "n");
+  EXPECT_EQ(a->Str("mode"), "fast");
+  EXPECT_EQ(a->Int("count"), 16);
+  EXPECT_EQ(a->Double("ratio"), 0.5);
+  EXPECT_EQ(a->Double("scale"), 1.0);
+  EXPECT_TRUE(a->Has("name"));
+  EXPECT_FALSE(a->Has("mode"));
+  EXPECT_FALSE(a->Has("limit"));
+  EXPECT_FALSE(a->Has("json"));
+
+  // --name=value, an '=' in the value kept, an empty value allowed; an option's value may look
+  // like an option.
+  a = Args::Parse({"--name=a=b", "--mode=", "--count=4096", "--limit", "0", "--ratio=1", "--scale", "-2.5e3",
+                   "--json"},
+                  TestFlags());
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->Str("name"), "a=b");
+  EXPECT_TRUE(a->Has("mode"));
+  EXPECT_EQ(a->Str("mode"), "");
+  EXPECT_EQ(a->Int("count"), 4096);
+  EXPECT_EQ(a->Int("limit"), 0);
+  EXPECT_EQ(a->Double("ratio"), 1.0);
+  EXPECT_EQ(a->Double("scale"), -2500.0);
+  EXPECT_TRUE(a->Has("json"));
+  a = Args::Parse({"--name", "--help", "--mode", "--count"}, TestFlags());
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->Str("name"), "--help");
+  EXPECT_EQ(a->Str("mode"), "--count");
+}
+
+// A limit that depends on another flag is checked after parsing, worded as the parser words one.
+TEST(Flags, CheckAtMostWordsALimitAsTheParserDoes) {
+  absl::StatusOr<Args> a = Args::Parse({"--name", "n", "--count", "100"}, TestFlags());
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_TRUE(a->CheckAtMost("count", 100).ok());
+  EXPECT_EQ(a->CheckAtMost("count", 99).message(), "--count must be an integer in [1, 99], got '100'");
+  EXPECT_TRUE(a->CheckAtMost("limit", 0).ok());  // absent
+  EXPECT_EQ(ParseIntFlag("draft-window", "65", 0, 64).status().message(),
+            "--draft-window must be an integer in [0, 64], got '65'");
+  EXPECT_EQ(*ParseIntFlag("draft-window", "64", 0, 64), 64);
+}
+
+// Reading a flag as something it is not declared as is the program's mistake: it stops there.
+TEST(FlagsDeathTest, ReadingAFlagOtherThanDeclaredAborts) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  const absl::StatusOr<Args> a = Args::Parse({"--name", "n"}, TestFlags());
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_DEATH((void)a->Str("bogus"), "vericache test declares no --bogus");
+  EXPECT_DEATH((void)a->Has("bogus"), "vericache test declares no --bogus");
+  EXPECT_DEATH((void)a->Int("mode"), "--mode of vericache test is a text flag, read as an integer");
+  EXPECT_DEATH((void)a->Str("count"), "--count of vericache test is an integer flag, read as a text");
+  EXPECT_DEATH((void)a->Int("limit"), "--limit has no default");
+  FlagSet twice = TestFlags();
+  twice.flags.push_back(Flag::Switch("json", "again"));
+  EXPECT_DEATH((void)Args::Parse({}, twice), "vericache test declares --json twice");
+}
+
+TEST(Flags, UsageListsEveryFlagWithItsDefault) {
+  EXPECT_EQ(Usage(TestFlags()),
+            "usage: vericache test --name NAME (--a | --b) [options]\n"
+            "  A command for tests.\n"
+            "\n"
+            "  --name NAME               a name (required)\n"
+            "  --mode fast|slow          how (default fast)\n"
+            "  --count N                 how many (default 16)\n"
+            "  --limit N                 a limit (default none at all)\n"
+            "  --ratio F                 a share (default 0.5)\n"
+            "  --scale X                 any finite number (default 1)\n"
+            "  --json                    print JSON\n");
+}
+
+// Help and descriptions are wrapped at 100 columns under column 28; a flag too long for the
+// column has its help on the next line; '\n' starts a line.
+TEST(Flags, UsageWrapsAt100Columns) {
+  std::string words;
+  for (int i = 0; i < 40; ++i) absl::StrAppend(&words, i == 0 ? "" : " ", "word", i);
+  const FlagSet set = {
+      "wrap",
+      "",
+      words,
+      {
+          Flag::Int("n", 7, 0, 10, words),
+          Flag::Str("a-rather-long-flag-name", "x", "short").Value("VALUE"),
+          Flag::Str("lines", "", "one\ntwo"),
+      }};
+  const std::string usage = Usage(set);
+  const std::vector<std::string> lines = absl::StrSplit(usage, '\n');
+  ASSERT_GT(lines.size(), 8u) << usage;
+  for (const std::string& line : lines) EXPECT_LE(line.size(), 100u) << line;
+  EXPECT_EQ(lines[0], "usage: vericache wrap [options]");
+  EXPECT_EQ(lines[1].substr(0, 8), "  word0 ");
+  EXPECT_EQ(lines[2].substr(0, 2), "  ");
+  EXPECT_NE(lines[2][2], ' ');
+  EXPECT_GT(lines[1].size() + 1 + lines[2].substr(2, lines[2].find(' ', 2) - 2).size(), 100u)
+      << "the next word would have fit:\n" << usage;
+  size_t n = 0;
+  while (n < lines.size() && lines[n].rfind("  --n N", 0) != 0) ++n;
+  ASSERT_LT(n + 2, lines.size()) << usage;
+  EXPECT_EQ(lines[n].substr(0, 34), "  --n N                     word0 ");
+  EXPECT_EQ(lines[n + 1].substr(0, 29), std::string(28, ' ') + "w");
+  // The default is not split: past the last column, it goes whole to the next line.
+  EXPECT_NE(usage.find(" word39\n" + std::string(28, ' ') + "(default 7)\n"), std::string::npos) << usage;
+  EXPECT_NE(usage.find("\n  --a-rather-long-flag-name VALUE\n" + std::string(28, ' ') + "short (default x)\n"),
+            std::string::npos)
+      << usage;
+  EXPECT_NE(usage.find("\n  --lines TEXT              one\n" + std::string(28, ' ') + "two\n"), std::string::npos)
+      << usage;
+}
+
+// Every subcommand prints its usage for --help: every flag it declares, in lines of at most 100
+// columns.
+TEST(Flags, EverySubcommandsHelpNamesEachOfItsFlags) {
+  for (const auto& [command, flags] : std::vector<std::pair<Command, const FlagSet*>>{
+           {RunGenerateCommand, &GenerateFlags()},
+           {RunDemoCommand, &DemoFlags()},
+           {RunStoreCommand, &StoreFlags()},
+           {RunWorkerCommand, &WorkerFlags()},
+           {RunRequestCommand, &RequestFlags()},
+           {RunStatsCommand, &StatsFlags()},
+           {RunRouterCommand, &RouterFlags()},
+           {RunSizeTiersCommand, &SizeTiersFlags()},
+       }) {
+    std::ostringstream out, err;
+    ASSERT_EQ(command({"--help"}, out, err), 0) << flags->command << ": " << err.str();
+    const std::string usage = out.str();
+    EXPECT_EQ(usage.rfind("usage: vericache " + flags->command + " ", 0), 0u) << usage;
+    EXPECT_EQ(usage, Usage(*flags));
+    for (const Flag& f : flags->flags) {
+      const std::string entry = "\n  --" + f.name + (f.value.empty() ? "" : " " + f.value);
+      const size_t at = usage.find(entry);
+      ASSERT_NE(at, std::string::npos) << flags->command << " --" << f.name << "\n" << usage;
+      EXPECT_TRUE(usage[at + entry.size()] == ' ' || usage[at + entry.size()] == '\n') << f.name;
+    }
+    for (absl::string_view line : absl::StrSplit(usage, '\n')) {
+      EXPECT_LE(line.size(), 100u) << flags->command << ": " << line;
+    }
+  }
 }
 
 // A server's first line says where it listens: gRPC reports a unix socket's port as 1.

@@ -2,14 +2,11 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cmath>
 #include <cstdlib>
 #include <thread>
 
 #include "absl/strings/ascii.h"
-#include "absl/strings/cord.h"
 #include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
@@ -21,69 +18,6 @@
 #include "grpcpp/security/credentials.h"
 
 namespace vc::cli {
-namespace {
-
-constexpr absl::string_view kHelpPayload = "vericache.dev/help";
-
-}  // namespace
-
-absl::StatusOr<Args> Args::Parse(const std::vector<std::string>& argv,
-                                 const std::set<std::string>& valued,
-                                 const std::set<std::string>& switches) {
-  Args a;
-  for (size_t i = 0; i < argv.size(); ++i) {
-    const std::string& s = argv[i];
-    if (s == "--help" || s == "-h") return HelpRequested();
-    if (s.rfind("--", 0) != 0) return absl::InvalidArgumentError(absl::StrCat("unexpected argument '", s, "'"));
-    std::string name = s.substr(2), value;
-    const size_t eq = name.find('=');
-    const bool inline_value = eq != std::string::npos;
-    if (inline_value) {
-      value = name.substr(eq + 1);
-      name = name.substr(0, eq);
-    }
-    if (a.values_.count(name)) return absl::InvalidArgumentError(absl::StrCat("--", name, " is given twice"));
-    if (switches.count(name)) {
-      if (inline_value) return absl::InvalidArgumentError(absl::StrCat("--", name, " takes no value"));
-      a.values_[name].assign(1, '1');  // not = "1": GCC 12 misreports -Wrestrict on that
-    } else if (valued.count(name)) {
-      if (!inline_value) {
-        if (i + 1 >= argv.size()) return absl::InvalidArgumentError(absl::StrCat("--", name, " needs a value"));
-        value = argv[++i];
-      }
-      a.values_[name] = value;
-    } else {
-      return absl::InvalidArgumentError(absl::StrCat("unknown option --", name));
-    }
-  }
-  return a;
-}
-
-std::string Args::Str(const std::string& name, const std::string& fallback) const {
-  auto it = values_.find(name);
-  return it == values_.end() ? fallback : it->second;
-}
-
-absl::StatusOr<int64_t> Args::Int(const std::string& name, int64_t fallback, int64_t lo, int64_t hi) const {
-  auto it = values_.find(name);
-  if (it == values_.end()) return fallback;
-  int64_t v;
-  if (!absl::SimpleAtoi(it->second, &v) || v < lo || v > hi) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--", name, " must be an integer in [", lo, ", ", hi, "], got '", it->second, "'"));
-  }
-  return v;
-}
-
-absl::StatusOr<double> Args::Double(const std::string& name, double fallback) const {
-  auto it = values_.find(name);
-  if (it == values_.end()) return fallback;
-  double v;
-  if (!absl::SimpleAtod(it->second, &v) || !std::isfinite(v)) {
-    return absl::InvalidArgumentError(absl::StrCat("--", name, " must be a finite number, got '", it->second, "'"));
-  }
-  return v;
-}
 
 std::string ListeningOn(absl::string_view listen, int port) {
   if (absl::StartsWith(listen, "unix:")) return std::string(listen);
@@ -110,50 +44,89 @@ absl::StatusOr<std::string> ReadBearerTokenFile(const std::string& path) {
   return line;
 }
 
+Flag DraftWindowFlag() {
+  return Flag::Str("draft-window", "auto",
+                   "tokens drafted per verify pass: a fixed K in 1..64, at most what the compressor rolls back, or "
+                   "auto (0 says the same), chosen per sequence from its acceptance and measured costs")
+      .Value("K|auto");
+}
+
 absl::StatusOr<int> DraftWindow(const Args& a) {
-  if (a.Str("draft-window", "auto") == "auto") return 0;
-  VC_ASSIGN_OR_RETURN(const int64_t k, a.Int("draft-window", 0, 0, 64));
+  const std::string window = a.Str("draft-window");
+  if (window == "auto") return 0;
+  VC_ASSIGN_OR_RETURN(const int64_t k, ParseIntFlag("draft-window", window, 0, 64));
   return static_cast<int>(k);
 }
 
+Flag KeepaliveFlag(std::string help) { return Flag::Int("keepalive-ms", 20000, 0, 86400000, std::move(help)); }
+
 absl::StatusOr<int64_t> KeepaliveMs(const Args& a) {
-  VC_ASSIGN_OR_RETURN(const int64_t ms, a.Int("keepalive-ms", 20000, 0, 86400000));
+  const int64_t ms = a.Int("keepalive-ms");
   // Pings closer together than the servers accept (every 500 ms) would have connections closed.
   if (ms > 0 && ms < 1000) return absl::InvalidArgumentError("--keepalive-ms must be 0 or at least 1000");
   return ms;
 }
 
-absl::StatusOr<double> HotFraction(const Args& a) {
-  VC_ASSIGN_OR_RETURN(const double f, a.Double("ram-hot-fraction", 0.5));
-  if (f < 0 || f > 1) return absl::InvalidArgumentError("--ram-hot-fraction must be in [0, 1]");
-  return f;
+Flag HotFractionFlag() {
+  return Flag::Number("ram-hot-fraction", 0.5, 0, 1,
+                      "share of RAM kept for blocks read since they were put (0: plain LRU); the rest holds new "
+                      "blocks, evicted first. vericache size-tiers replays a trace to choose it")
+      .Value("F");
+}
+
+Flag RamSlotBytesFlag() {
+  return Flag::Int("ram-slot-bytes", 4096, 64, int64_t{1} << 50,
+                   "RAM is handed out in slots of N bytes times a power of two (a multiple of 64, at most the RAM); "
+                   "with N a block's size over a power of two, blocks of that size fill their slots (vericache "
+                   "size-tiers prints the value for a model)");
 }
 
 absl::StatusOr<uint64_t> RamSlotBytes(const Args& a, uint64_t ram) {
-  VC_ASSIGN_OR_RETURN(const int64_t n, a.Int("ram-slot-bytes", 4096, 64, static_cast<int64_t>(std::max<uint64_t>(ram, 64))));
+  VC_RETURN_IF_ERROR(a.CheckAtMost("ram-slot-bytes", static_cast<int64_t>(std::max<uint64_t>(ram, 64))));
+  const int64_t n = a.Int("ram-slot-bytes");
   if (n % 64 != 0) return absl::InvalidArgumentError("--ram-slot-bytes must be a multiple of 64");
   return static_cast<uint64_t>(n);
 }
 
-absl::Status HelpRequested() {
-  absl::Status s = absl::CancelledError("help requested");
-  s.SetPayload(kHelpPayload, absl::Cord("1"));
-  return s;
+Flag TlsCertFlag() {
+  return Flag::Str("tls-cert", "", "serve clients over TLS with this certificate (PEM), and --tls-key").Value("PEM");
 }
 
-bool IsHelpRequested(const absl::Status& s) { return s.GetPayload(kHelpPayload).has_value(); }
+Flag TlsKeyFlag() { return Flag::Str("tls-key", "", "the private key of --tls-cert (PEM)").Value("PEM"); }
 
-int RunSubcommand(absl::string_view name, absl::string_view usage, const std::vector<std::string>& args,
-                  std::ostream& out, std::ostream& err,
-                  const std::function<absl::Status(const std::vector<std::string>&, std::ostream&)>& run) {
-  const absl::Status s = run(args, out);
+Flag TlsCaFlag() { return Flag::Str("tls-ca", "", "the target serves TLS: its root certificates").Value("PEM"); }
+
+Flag MetricsListenFlag(absl::string_view what) {
+  return Flag::Str("metrics-listen", "",
+                   absl::StrCat("serve Prometheus metrics (", what,
+                                ") at http://HOST:PORT/metrics, plain HTTP without authentication"))
+      .Value("HOST:PORT")
+      .ShownDefault("none");
+}
+
+Flag DrainSecondsFlag() {
+  return Flag::Int("drain-seconds", 30, 0, 86400,
+                   "on SIGTERM or SIGINT, report NOT_SERVING, refuse new calls, and let those admitted finish for up "
+                   "to N seconds before stopping; a second signal stops at once");
+}
+
+Flag ClientWriteTimeoutFlag() {
+  return Flag::Int("client-write-timeout-ms", 60000, 1, 86400000,
+                   "a client that takes no streamed tokens for this long has its call cancelled; a router "
+                   "cancels its call to the worker with it");
+}
+
+int RunSubcommand(const FlagSet& flags, const std::vector<std::string>& args, std::ostream& out, std::ostream& err,
+                  const std::function<absl::Status(const Args&, std::ostream&)>& run) {
+  absl::StatusOr<Args> parsed = Args::Parse(args, flags);
+  const absl::Status s = parsed.ok() ? run(*parsed, out) : parsed.status();
   if (s.ok()) return 0;
   if (IsHelpRequested(s)) {
-    out << usage;
+    out << Usage(flags);
     return 0;
   }
   // One line that names the problem (--help gives the usage).
-  err << "vericache " << name << ": " << s.message() << "\n";
+  err << "vericache " << flags.command << ": " << s.message() << "\n";
   switch (s.code()) {
     case absl::StatusCode::kInvalidArgument:
     case absl::StatusCode::kNotFound:

@@ -1,4 +1,5 @@
-// A small `--name value` / `--flag` parser for the vericache subcommands.
+// What the vericache subcommands share: running one (RunSubcommand), flags that several take
+// (declared here once) and reading them, files of tokens and certificates, and stopping on a signal.
 #ifndef VC_SERVICES_CLI_ARGS_H_
 #define VC_SERVICES_CLI_ARGS_H_
 
@@ -10,7 +11,6 @@
 #include <ostream>
 #include <map>
 #include <memory>
-#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -19,29 +19,9 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "grpcpp/security/server_credentials.h"
+#include "services/cli/flags.h"
 
 namespace vc::cli {
-
-// Parsed options of one subcommand. Not thread-safe.
-class Args {
- public:
-  // `valued` names options that take a value, `switches` those that do not. Returns
-  // kInvalidArgument for an unknown option, a missing value, or a stray positional argument, and
-  // HelpRequested() for --help or -h where an option is expected (as an option's value, either is
-  // just the value).
-  static absl::StatusOr<Args> Parse(const std::vector<std::string>& argv,
-                                    const std::set<std::string>& valued,
-                                    const std::set<std::string>& switches);
-
-  bool Has(const std::string& name) const { return values_.count(name) > 0; }
-  std::string Str(const std::string& name, const std::string& fallback = "") const;
-  // kInvalidArgument naming the option when the value is not a number in [lo, hi].
-  absl::StatusOr<int64_t> Int(const std::string& name, int64_t fallback, int64_t lo, int64_t hi) const;
-  absl::StatusOr<double> Double(const std::string& name, double fallback) const;
-
- private:
-  std::map<std::string, std::string> values_;
-};
 
 // `bytes` in B, KiB, MiB, ... (the largest unit it is one of), to 3 significant digits.
 std::string FormatBytes(double bytes);
@@ -96,31 +76,49 @@ class StopSignalWatch {
 void WaitAndDrain(const sigset_t& sigs, int64_t drain_seconds, std::ostream& out,
                   const std::function<void()>& stop_admitting, const std::function<void(absl::Time)>& shutdown);
 
-// --draft-window: "auto" (the default) or 0, which let the engine choose each sequence's window
-// (EngineOptions::draft_window 0), or a fixed window of 1 to 64 tokens.
+// Flags that several subcommands take, each declared here once, and what reads them.
+
+// --draft-window K|auto: "auto" or 0, which let the engine choose each sequence's window, or a
+// fixed window of 1 to 64 tokens.
+Flag DraftWindowFlag();
+// Its value as EngineOptions::draft_window (0 for auto); kInvalidArgument for anything else.
 absl::StatusOr<int> DraftWindow(const Args& a);
 
-// --keepalive-ms: 0 (gRPC's defaults) or 1000 to 86400000; 20000 when absent.
+// --keepalive-ms of a server, `help` saying what it does there.
+Flag KeepaliveFlag(std::string help);
+// Its value: 0 (gRPC's defaults) or at least 1000; kInvalidArgument for 1 to 999.
 absl::StatusOr<int64_t> KeepaliveMs(const Args& a);
 
-// --ram-hot-fraction (cachestore::RamTierOptions::hot_fraction), in [0, 1]; 0.5 when absent.
-absl::StatusOr<double> HotFraction(const Args& a);
+// --ram-hot-fraction (cachestore::RamTierOptions::hot_fraction).
+Flag HotFractionFlag();
 
-// --ram-slot-bytes (cachestore::RamTierOptions::min_slot_bytes): a multiple of 64 in [64, ram];
-// 4096 when absent.
+// --ram-slot-bytes (cachestore::RamTierOptions::min_slot_bytes).
+Flag RamSlotBytesFlag();
+// Its value; kInvalidArgument past `ram` or for one that is not a multiple of 64.
 absl::StatusOr<uint64_t> RamSlotBytes(const Args& a, uint64_t ram);
 
-// What Args::Parse returns for --help or -h.
-absl::Status HelpRequested();
-bool IsHelpRequested(const absl::Status& s);
+// --tls-cert and --tls-key of a server, which ServerTls reads.
+Flag TlsCertFlag();
+Flag TlsKeyFlag();
 
-// Runs one subcommand: calls run(args, out) and turns its status into an exit code (0 ok, and
-// `usage` printed when it asked for help; 2 bad input: invalid argument, not found, data loss, out
-// of range; 1 anything else, a server's overload included), printing "vericache <name>: <message>"
-// to `err`.
-int RunSubcommand(absl::string_view name, absl::string_view usage, const std::vector<std::string>& args,
-                  std::ostream& out, std::ostream& err,
-                  const std::function<absl::Status(const std::vector<std::string>&, std::ostream&)>& run);
+// --tls-ca of a client: the root certificates of a target serving TLS.
+Flag TlsCaFlag();
+
+// --metrics-listen of a server whose metrics are `what` ("tier use, hits, misses").
+Flag MetricsListenFlag(absl::string_view what);
+
+// --drain-seconds of a server, for WaitAndDrain.
+Flag DrainSecondsFlag();
+
+// --client-write-timeout-ms of a server streaming tokens to clients.
+Flag ClientWriteTimeoutFlag();
+
+// Runs one subcommand: parses `args` against `flags`, calls run(parsed, out) and turns its status
+// into an exit code (0 ok, and the usage printed when --help asked for it; 2 bad input: invalid
+// argument, not found, data loss, out of range; 1 anything else, a server's overload included),
+// printing "vericache <command>: <message>" to `err`.
+int RunSubcommand(const FlagSet& flags, const std::vector<std::string>& args, std::ostream& out, std::ostream& err,
+                  const std::function<absl::Status(const Args&, std::ostream&)>& run);
 
 }  // namespace vc::cli
 

@@ -21,19 +21,6 @@
 namespace vc::cli {
 namespace {
 
-constexpr char kUsage[] =
-    "usage: vericache demo [--model DIR] [--max-tokens N] [--prefix-file FILE] [--prefix-bytes N]\n"
-    "                      [--compressor SPEC] [--ucx none|peer|off]\n"
-    "  starts a cache store (RocksDB in a temporary directory) and a worker in this process, then\n"
-    "  sends requests that share a code prefix (the first --prefix-bytes of --prefix-file, as an IDE\n"
-    "  sends a file it edits): the first computes the prefix and publishes its KV; the others draft\n"
-    "  from the worker's compressed copy while the full KV streams in from the store over UCX. The\n"
-    "  set runs twice, the others in MODE_FULL (fetch the full prefix, then decode) the first time\n"
-    "  and in VeriCache mode the second, each time as a tenant of its own, so that neither finds what\n"
-    "  the other published. Every output is checked token for token against sequential full-KV decoding. The\n"
-    "  default prefix (1800 bytes) stays within the 2048-token context the test model was trained\n"
-    "  at; it runs at longer ones, but writes worse code there.\n";
-
 // What each request asks for after the shared file.
 constexpr const char* kSuffixes[] = {
     "\n\ndef count_parameters(model):\n",
@@ -62,12 +49,10 @@ struct Row {
   int identical = 0, requests = 0;
 };
 
-absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
-  VC_ASSIGN_OR_RETURN(Args a, Args::Parse(argv, {"model", "max-tokens", "prefix-file", "prefix-bytes", "compressor", "ucx"}, {}));
-  VC_ASSIGN_OR_RETURN(int64_t max_tokens, a.Int("max-tokens", 128, 1, 4096));
-  VC_ASSIGN_OR_RETURN(int64_t prefix_bytes, a.Int("prefix-bytes", 1800, 256, 1 << 20));
-  const std::string model_dir = a.Str("model", "models/vc-code-4m");
-  VC_ASSIGN_OR_RETURN(std::string prefix, SharedPrefix(a.Str("prefix-file", "models/train.py"), prefix_bytes));
+absl::Status Run(const Args& a, std::ostream& out) {
+  const int64_t max_tokens = a.Int("max-tokens");
+  const std::string model_dir = a.Str("model");
+  VC_ASSIGN_OR_RETURN(std::string prefix, SharedPrefix(a.Str("prefix-file"), a.Int("prefix-bytes")));
 
   {  // The demo sends text: checked before anything starts.
     VC_ASSIGN_OR_RETURN(const ModelConfig config, LoadModelConfig(model_dir));
@@ -90,7 +75,7 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
   so.store.disk.path = tmp + "/store";
   so.store.disk.capacity_bytes = uint64_t{1} << 30;
   so.service.tokens = {{"demo-token", "demo"}};
-  so.ucx = a.Str("ucx", "none");
+  so.ucx = a.Str("ucx");
   VC_ASSIGN_OR_RETURN(std::unique_ptr<StoreServer> store, StoreServer::Start(so));
 
   WorkerServerOptions wo;
@@ -98,7 +83,7 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
   wo.store_target = store->target();
   wo.store_token = "demo-token";
   wo.ucx = so.ucx;
-  wo.service.engine.compressor = a.Str("compressor", wo.service.engine.compressor);
+  wo.service.engine.compressor = a.Str("compressor");
   wo.service.client_tokens = {{kFullToken, "full"}, {kVeriCacheToken, "vericache"}};
   VC_ASSIGN_OR_RETURN(std::unique_ptr<WorkerServer> worker, WorkerServer::Start(wo));
   const Model& model = worker->model();
@@ -110,7 +95,7 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
       << ") and a worker (port " << worker->port() << ", kernels " << model.backend().name() << ", compressor "
       << wo.service.engine.compressor << ") in this process.\n"
       << prompts.size() << " requests share the first " << prefix.size() << " bytes of "
-      << a.Str("prefix-file", "models/train.py") << "; " << max_tokens
+      << a.Str("prefix-file") << "; " << max_tokens
       << " tokens each, greedy; sent once per mode, each mode a tenant of its own.\n\n";
 
   // The reference: sequential full-KV decoding, prefix recomputed for each request.
@@ -215,8 +200,38 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
 
 }  // namespace
 
+const FlagSet& DemoFlags() {
+  static const FlagSet* const flags = new FlagSet{
+      "demo",
+      "",
+      "Starts a cache store (RocksDB in a temporary directory) and a worker in this process, then sends requests "
+      "that share a code prefix (the first --prefix-bytes of --prefix-file, as an IDE sends a file it edits): the "
+      "first computes the prefix and publishes its KV; the others draft from the worker's compressed copy while the "
+      "full KV streams in from the store over UCX. The set runs twice, the others in MODE_FULL (fetch the full "
+      "prefix, then decode) the first time and in VeriCache mode the second, each time as a tenant of its own, so "
+      "that neither finds what the other published. Every output is checked token for token against sequential "
+      "full-KV decoding.",
+      {
+          Flag::Str("model", "models/vc-code-4m", "the checkpoint's directory; its tokenizer must take text")
+              .Value("DIR"),
+          Flag::Int("max-tokens", 128, 1, 4096, "tokens each request generates at most"),
+          Flag::Str("prefix-file", "models/train.py", "the file whose beginning the requests share").Value("FILE"),
+          Flag::Int("prefix-bytes", 1800, 256, 1 << 20,
+                    "bytes of --prefix-file the requests share, cut at the last line's end. The default stays "
+                    "within the 2048-token context the test model was trained at; it runs at longer ones, but "
+                    "writes worse code there"),
+          Flag::Str("compressor", WorkerServerOptions{}.service.engine.compressor,
+                    "the compressed KV that sequences draft from (see vericache generate --help)")
+              .Value("SPEC"),
+          Flag::Str("ucx", "none", "the UCX error-handling mode of the worker's one-sided reads from the store, or "
+                                   "off: blocks inline over gRPC (see vericache worker --help)")
+              .Value("none|peer|off"),
+      }};
+  return *flags;
+}
+
 int RunDemoCommand(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
-  return RunSubcommand("demo", kUsage, args, out, err, Run);
+  return RunSubcommand(DemoFlags(), args, out, err, Run);
 }
 
 }  // namespace vc::cli

@@ -17,15 +17,6 @@
 namespace vc::cli {
 namespace {
 
-constexpr char kUsage[] =
-    "usage: vericache generate --model DIR (--prompt TEXT | --prompt-file F) [--max-tokens N]\n"
-    "                          [--temperature T --top-k K --top-p P --seed S] [--json]\n"
-    "                          [--mode full|lossy|vericache] [--compressor SPEC] [--draft-window K|auto]\n"
-    "  full       sequential decoding with the full KV cache (the reference)\n"
-    "  lossy      decoding from the compressed cache alone (may diverge from full)\n"
-    "  vericache  draft from the compressed cache, verify with the full KV: identical to full\n"
-    "  SPEC e.g. kivi:bits=4,group=32,residual=32 | streaming:sinks=4,window=2000 | none\n";
-
 absl::StatusOr<std::string> ReadPrompt(const Args& a) {
   if (a.Has("prompt") == a.Has("prompt-file")) {
     return absl::InvalidArgumentError("give exactly one of --prompt and --prompt-file");
@@ -34,35 +25,23 @@ absl::StatusOr<std::string> ReadPrompt(const Args& a) {
   return ReadFileLimited(a.Str("prompt-file"), 64 << 20, "prompt file");
 }
 
-absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
-  VC_ASSIGN_OR_RETURN(Args a, Args::Parse(argv,
-                                          {"model", "prompt", "prompt-file", "max-tokens", "temperature",
-                                           "top-k", "top-p", "seed", "block-size", "mode", "compressor",
-                                           "draft-window"},
-                                          {"json"}));
-  if (!a.Has("model")) return absl::InvalidArgumentError("--model DIR is required");
+absl::Status Run(const Args& a, std::ostream& out) {
   VC_ASSIGN_OR_RETURN(std::string prompt, ReadPrompt(a));
   if (prompt.empty()) return absl::InvalidArgumentError("the prompt is empty");
   GenerateOptions o;
-  VC_ASSIGN_OR_RETURN(int64_t max_tokens, a.Int("max-tokens", 128, 1, int64_t{1} << 30));
-  VC_ASSIGN_OR_RETURN(int64_t top_k, a.Int("top-k", 0, 0, int64_t{1} << 30));
-  VC_ASSIGN_OR_RETURN(int64_t seed, a.Int("seed", 0, 0, INT64_MAX));
-  VC_ASSIGN_OR_RETURN(int64_t block, a.Int("block-size", 16, 1, 4096));
-  VC_ASSIGN_OR_RETURN(double temperature, a.Double("temperature", 0.0));
-  VC_ASSIGN_OR_RETURN(double top_p, a.Double("top-p", 1.0));
-  o.max_tokens = static_cast<int>(max_tokens);
-  o.block_size = static_cast<int>(block);
-  o.sampling.temperature = static_cast<float>(temperature);
-  o.sampling.top_k = static_cast<int>(top_k);
-  o.sampling.top_p = static_cast<float>(top_p);
-  o.sampling.seed = static_cast<uint64_t>(seed);
+  o.max_tokens = static_cast<int>(a.Int("max-tokens"));
+  o.block_size = static_cast<int>(a.Int("block-size"));
+  o.sampling.temperature = static_cast<float>(a.Double("temperature"));
+  o.sampling.top_k = static_cast<int>(a.Int("top-k"));
+  o.sampling.top_p = static_cast<float>(a.Double("top-p"));
+  o.sampling.seed = static_cast<uint64_t>(a.Int("seed"));
   VC_RETURN_IF_ERROR(ValidateSamplingParams(o.sampling));
 
-  const std::string mode = a.Str("mode", "full");
+  const std::string mode = a.Str("mode");
   if (mode != "full" && mode != "lossy" && mode != "vericache") {
     return absl::InvalidArgumentError(absl::StrCat("--mode must be full, lossy or vericache, got '", mode, "'"));
   }
-  const std::string compressor = a.Str("compressor", "kivi:bits=4,group=32,residual=32");
+  const std::string compressor = a.Str("compressor");
   VC_ASSIGN_OR_RETURN(const int draft_window, DraftWindow(a));
 
   VC_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, Model::Load(a.Str("model")));
@@ -144,8 +123,39 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
 
 }  // namespace
 
+const FlagSet& GenerateFlags() {
+  static const FlagSet* const flags = new FlagSet{
+      "generate",
+      "(--prompt TEXT | --prompt-file FILE)",
+      "Generates text from a checkpoint on this machine and prints it (or one JSON object with --json).",
+      {
+          Flag::Str("model", "", "the checkpoint's directory").Value("DIR").Required(),
+          Flag::Str("prompt", "", "the prompt (or --prompt-file)"),
+          Flag::Str("prompt-file", "", "a file that holds the prompt (or --prompt)").Value("FILE"),
+          Flag::Int("max-tokens", 128, 1, int64_t{1} << 30, "tokens to generate at most"),
+          Flag::Number("temperature", 0.0, "sampling temperature; 0: greedy").Value("T"),
+          Flag::Int("top-k", 0, 0, int64_t{1} << 30, "sample among the K likeliest tokens; 0: all").Value("K"),
+          Flag::Number("top-p", 1.0, "sample among the likeliest tokens whose probabilities add up to P").Value("P"),
+          Flag::Int("seed", 0, 0, INT64_MAX, "the sampler's seed: sampled runs with one are reproducible").Value("S"),
+          Flag::Int("block-size", 16, 1, 4096, "tokens per KV-cache block"),
+          Flag::Str("mode", "full",
+                    "full: sequential decoding with the full KV cache (the reference)\n"
+                    "lossy: decoding from the compressed cache alone (may diverge from full)\n"
+                    "vericache: draft from the compressed cache, verify with the full KV: identical to full")
+              .Value("full|lossy|vericache"),
+          Flag::Str("compressor", "kivi:bits=4,group=32,residual=32",
+                    "the compressed cache that lossy decodes from and vericache drafts from, e.g. "
+                    "kivi:bits=4,group=32,residual=32 | streaming:sinks=4,window=2000 | none")
+              .Value("SPEC"),
+          DraftWindowFlag(),
+          Flag::Switch("json", "print one JSON object: the text, the prompt's and the output's token ids, timings, "
+                               "and (lossy and vericache) the compressed cache's stats"),
+      }};
+  return *flags;
+}
+
 int RunGenerateCommand(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
-  return RunSubcommand("generate", kUsage, args, out, err, Run);
+  return RunSubcommand(GenerateFlags(), args, out, err, Run);
 }
 
 }  // namespace vc::cli

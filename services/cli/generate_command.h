@@ -6,7 +6,12 @@
 #include <string>
 #include <vector>
 
+#include "services/cli/flags.h"
+
 namespace vc::cli {
+
+// The subcommand's flags, which its usage lists.
+const FlagSet& GenerateFlags();
 
 // Runs the subcommand with `args` (the words after "generate"). Writes the generated text (or one
 // JSON object with --json) to `out` and errors to `err`. Returns the process exit code: 0 on

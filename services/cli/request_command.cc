@@ -13,17 +13,7 @@
 namespace vc::cli {
 namespace {
 
-constexpr char kUsage[] =
-    "usage: vericache request --target HOST:PORT (--prompt TEXT | --prompt-file FILE) [--max-tokens N]\n"
-    "                         [--mode vericache|full] [--temperature T] [--top-k K] [--top-p P] [--seed S]\n"
-    "                         [--token TOKEN] [--timeout-ms N] [--tls-ca PEM] [--stop TEXT]\n"
-    "  sends one Generate call to a worker, prints the generated text and the call's stats\n";
-
-absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
-  VC_ASSIGN_OR_RETURN(Args a, Args::Parse(argv, {"target", "prompt", "prompt-file", "max-tokens", "mode", "temperature",
-                                                 "top-k", "top-p", "seed", "token", "timeout-ms", "tls-ca", "stop"},
-                                          {}));
-  if (!a.Has("target")) return absl::InvalidArgumentError("--target is required");
+absl::Status Run(const Args& a, std::ostream& out) {
   VC_RETURN_IF_ERROR(CheckAddress("--target", a.Str("target"), false));
   if (a.Has("token")) VC_RETURN_IF_ERROR(CheckBearerToken(a.Str("token"), "--token"));
   if (a.Has("prompt") == a.Has("prompt-file")) return absl::InvalidArgumentError("give one of --prompt, --prompt-file");
@@ -35,12 +25,12 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
     req.set_text(std::move(text));
   }
   if (!IsUtf8(req.text())) return absl::InvalidArgumentError("the prompt is not UTF-8 text, which the Generate API takes");
-  VC_ASSIGN_OR_RETURN(int64_t max_tokens, a.Int("max-tokens", 128, 1, 1 << 20));
-  VC_ASSIGN_OR_RETURN(int64_t top_k, a.Int("top-k", 0, 0, 1 << 20));
-  VC_ASSIGN_OR_RETURN(int64_t seed, a.Int("seed", 0, 0, INT64_MAX));
-  VC_ASSIGN_OR_RETURN(double temperature, a.Double("temperature", 0));
-  VC_ASSIGN_OR_RETURN(double top_p, a.Double("top-p", 1));
-  VC_ASSIGN_OR_RETURN(int64_t timeout_ms, a.Int("timeout-ms", 600000, 1, INT64_MAX / 1000000));
+  const int64_t max_tokens = a.Int("max-tokens");
+  const int64_t top_k = a.Int("top-k");
+  const int64_t seed = a.Int("seed");
+  const double temperature = a.Double("temperature");
+  const double top_p = a.Double("top-p");
+  const int64_t timeout_ms = a.Int("timeout-ms");
   // Checked as the floats the request carries (there top_p 0 means "no cut", so 0, or a value
   // that rounds to it, is refused rather than sent).
   VC_RETURN_IF_ERROR(ValidateSamplingParams({static_cast<float>(temperature), 0, static_cast<float>(top_p), 0}));
@@ -50,7 +40,7 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
   req.mutable_sampling()->set_top_k(static_cast<uint32_t>(top_k));
   req.mutable_sampling()->set_top_p(static_cast<float>(top_p));
   req.mutable_sampling()->set_seed(static_cast<uint64_t>(seed));
-  const std::string mode = a.Str("mode", "vericache");
+  const std::string mode = a.Str("mode");
   if (mode == "vericache") {
     req.set_mode(vericache::v1::MODE_VERICACHE);
   } else if (mode == "full") {
@@ -87,8 +77,33 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
 
 }  // namespace
 
+const FlagSet& RequestFlags() {
+  static const FlagSet* const flags = new FlagSet{
+      "request",
+      "(--prompt TEXT | --prompt-file FILE)",
+      "Sends one Generate call to a worker, prints the generated text and the call's stats.",
+      {
+          Flag::Str("target", "", "the worker (or router)").Value("HOST:PORT").Required(),
+          Flag::Str("prompt", "", "the prompt (or --prompt-file)"),
+          Flag::Str("prompt-file", "", "a file that holds the prompt, UTF-8 text (or --prompt)").Value("FILE"),
+          Flag::Int("max-tokens", 128, 1, 1 << 20, "tokens to generate at most"),
+          Flag::Str("mode", "vericache", "vericache: draft from compressed KV, verify with the full KV; full: "
+                                         "decode with the full KV")
+              .Value("vericache|full"),
+          Flag::Number("temperature", 0, "sampling temperature; 0: greedy").Value("T"),
+          Flag::Int("top-k", 0, 0, 1 << 20, "sample among the K likeliest tokens; 0: all").Value("K"),
+          Flag::Number("top-p", 1, "sample among the likeliest tokens whose probabilities add up to P").Value("P"),
+          Flag::Int("seed", 0, 0, INT64_MAX, "the sampler's seed").Value("S"),
+          Flag::Str("token", "", "the bearer token the worker takes").Value("TOKEN"),
+          Flag::Int("timeout-ms", 600000, 1, INT64_MAX / 1000000, "the call's deadline"),
+          TlsCaFlag(),
+          Flag::Str("stop", "", "stop generating where the output holds this text"),
+      }};
+  return *flags;
+}
+
 int RunRequestCommand(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
-  return RunSubcommand("request", kUsage, args, out, err, Run);
+  return RunSubcommand(RequestFlags(), args, out, err, Run);
 }
 
 }  // namespace vc::cli

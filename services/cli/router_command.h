@@ -6,7 +6,12 @@
 #include <string>
 #include <vector>
 
+#include "services/cli/flags.h"
+
 namespace vc::cli {
+
+// The subcommand's flags, which its usage lists.
+const FlagSet& RouterFlags();
 
 int RunRouterCommand(const std::vector<std::string>& args, std::ostream& out, std::ostream& err);
 

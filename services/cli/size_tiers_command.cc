@@ -19,36 +19,7 @@
 namespace vc::cli {
 namespace {
 
-constexpr char kUsage[] =
-    "usage: vericache size-tiers --trace FILE (--model DIR | --kv-bytes-per-token N [--layers L])\n"
-    "                            --ram-bytes SIZE[,SIZE...] --disk-bytes SIZE[,SIZE...]\n"
-    "                            [--block-tokens N] [--first N] [--requests N] [--scratch-dir DIR]\n"
-    "                            [--ram-hot-fraction F] [--ram-slot-bytes N] [--scale N] [--replicas R]\n"
-    "                            [--json]\n"
-    "Replays a Mooncake-format trace (one JSON object per line: timestamp, input_length,\n"
-    "output_length, hash_ids; a file or a pipe, such as <(zcat trace.jsonl.gz)) through a real\n"
-    "cache store, RAM tier over RocksDB, once per pair of\n"
-    "sizes, as workers drive it: look a prompt's blocks up, read the leading ones present, put the\n"
-    "rest. Prints the prompt tokens each tier serves and the bytes per second each reads and writes.\n"
-    "  --model DIR      a checkpoint whose full-KV blocks the store would hold (float32 K and V of\n"
-    "                   every layer); or --kv-bytes-per-token N for any other model, whose blocks\n"
-    "                   carry a header for --layers L layers (default 1)\n"
-    "  SIZE             bytes, or with a binary suffix: 512M, 64G, 2T\n"
-    "  --block-tokens N tokens per hash id of the trace (512 for Mooncake's): a line's hash ids\n"
-    "                   must be its input_length over N, rounded up\n"
-    "  --ram-hot-fraction F, --ram-slot-bytes N  as the store's (vericache store --help)\n"
-    "  --scale N        sizes are divided by this power of two for the replay (default: blocks of\n"
-    "                   8 KiB or more)\n"
-    "  --scratch-dir DIR where the disk tier is made at that scale, in a new directory removed\n"
-    "                   afterwards, or on SIGINT or SIGTERM (default: the temporary directory)\n"
-    "  --replicas R     the workers' --store-replicas: the sizes are those of all the store's shards\n"
-    "                   together, which hold every block R times, so they are replayed as one store\n"
-    "                   of 1/R of each size, its disk writes counted R times (default 1). An\n"
-    "                   approximation: each shard keeps its own LRU over its share of the blocks, and\n"
-    "                   read repair's writes are not counted; block counts are of one copy\n";
-
 absl::StatusOr<std::vector<uint64_t>> Sizes(const Args& a, const std::string& name) {
-  if (!a.Has(name)) return absl::InvalidArgumentError(absl::StrCat("--", name, " is required"));
   std::vector<uint64_t> out;
   for (absl::string_view part : absl::StrSplit(a.Str(name), ',')) {
     absl::StatusOr<uint64_t> v = ParseByteSize(part);
@@ -113,25 +84,19 @@ void PrintRow(std::ostream& out, const std::string& ram, const std::string& disk
                          FormatBytes(s.peak_disk_write_bps) + "/s");
 }
 
-absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
-  VC_ASSIGN_OR_RETURN(Args a, Args::Parse(argv, {"trace", "model", "kv-bytes-per-token", "ram-bytes", "disk-bytes",
-                                                 "block-tokens", "first", "requests", "scratch-dir", "scale",
-                                                 "ram-hot-fraction", "ram-slot-bytes", "layers", "replicas"},
-                                          {"json"}));
-  if (!a.Has("trace")) return absl::InvalidArgumentError("--trace is required");
+absl::Status Run(const Args& a, std::ostream& out) {
   if (a.Has("model") == a.Has("kv-bytes-per-token")) {
     return absl::InvalidArgumentError("give one of --model and --kv-bytes-per-token");
   }
   VC_ASSIGN_OR_RETURN(const std::vector<uint64_t> rams, Sizes(a, "ram-bytes"));
   VC_ASSIGN_OR_RETURN(const std::vector<uint64_t> disks, Sizes(a, "disk-bytes"));
-  VC_ASSIGN_OR_RETURN(const int64_t block_tokens, a.Int("block-tokens", 512, 1, 1 << 20));
-  VC_ASSIGN_OR_RETURN(const int64_t first, a.Int("first", 0, 0, int64_t{1} << 40));
-  VC_ASSIGN_OR_RETURN(const int64_t requests, a.Int("requests", -1, 1, int64_t{1} << 40));
-  VC_ASSIGN_OR_RETURN(const double hot_fraction, HotFraction(a));
+  const int64_t block_tokens = a.Int("block-tokens");
+  const int64_t first = a.Int("first");
+  const int64_t requests = a.Has("requests") ? a.Int("requests") : -1;  // -1: to the trace's end
+  const double hot_fraction = a.Double("ram-hot-fraction");
   // (Checked against the RAM sizes below: each must hold a block's slot.)
   VC_ASSIGN_OR_RETURN(const uint64_t slot_bytes, RamSlotBytes(a, uint64_t{1} << 50));
-  VC_ASSIGN_OR_RETURN(const int64_t replicas, a.Int("replicas", 1, 1, 64));
-  const uint64_t copies = static_cast<uint64_t>(replicas);
+  const uint64_t copies = static_cast<uint64_t>(a.Int("replicas"));
 
   uint64_t block_bytes = 0;
   std::string what;
@@ -148,11 +113,11 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
     block_bytes = cachestore::BlockBytes(bl);
     what = absl::StrCat("blocks of ", a.Str("model"), "'s float32 KV");
   } else {
-    VC_ASSIGN_OR_RETURN(const int64_t per_token, a.Int("kv-bytes-per-token", 0, 1, int64_t{1} << 30));
+    const int64_t per_token = a.Int("kv-bytes-per-token");
     if (static_cast<uint64_t>(per_token) > (uint64_t{1} << 50) / static_cast<uint64_t>(block_tokens)) {
       return absl::InvalidArgumentError("--kv-bytes-per-token times --block-tokens is past 1 PiB");
     }
-    VC_ASSIGN_OR_RETURN(const int64_t layers, a.Int("layers", 1, 1, 4096));
+    const int64_t layers = a.Int("layers");
     block_bytes = static_cast<uint64_t>(per_token) * static_cast<uint64_t>(block_tokens) +
                   cachestore::BlockHeaderBytes(static_cast<uint32_t>(layers));
     what = absl::StrCat("blocks of ", per_token, " bytes per token and a header");
@@ -175,8 +140,7 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
   }
   uint64_t scale = 1;
   if (a.Has("scale")) {
-    VC_ASSIGN_OR_RETURN(const int64_t s, a.Int("scale", 1, 1, int64_t{1} << 40));
-    scale = static_cast<uint64_t>(s);
+    scale = static_cast<uint64_t>(a.Int("scale"));
     if ((scale & (scale - 1)) != 0) return absl::InvalidArgumentError("--scale must be a power of two");
   } else {
     while (block_bytes / (scale * 2) >= 8192) scale *= 2;
@@ -290,8 +254,59 @@ absl::StatusOr<uint64_t> ParseByteSize(absl::string_view text) {
   return v << shift;
 }
 
+const FlagSet& SizeTiersFlags() {
+  static const FlagSet* const flags = new FlagSet{
+      "size-tiers",
+      "(--model DIR | --kv-bytes-per-token N)",
+      "Replays a Mooncake-format trace (one JSON object per line: timestamp, input_length, output_length, "
+      "hash_ids) through a real cache store, RAM tier over RocksDB, once per pair of sizes, as workers drive it: "
+      "look a prompt's blocks up, read the leading ones present, put the rest. Prints the prompt tokens each tier "
+      "serves and the bytes per second each reads and writes. A SIZE is bytes, or with a binary suffix: 512M, "
+      "64G, 2T.",
+      {
+          Flag::Str("trace", "", "the trace: a file or a pipe, such as <(zcat trace.jsonl.gz)")
+              .Value("FILE")
+              .Required(),
+          Flag::Str("model", "", "a checkpoint whose full-KV blocks the store would hold (float32 K and V of every "
+                                 "layer)")
+              .Value("DIR"),
+          Flag::Int("kv-bytes-per-token", std::nullopt, 1, int64_t{1} << 30,
+                    "instead of --model, any other model's KV bytes per token, its blocks carrying a header for "
+                    "--layers layers"),
+          Flag::Int("layers", 1, 1, 4096, "with --kv-bytes-per-token, the model's layers").Value("L"),
+          Flag::Str("ram-bytes", "", "the RAM tier's sizes to replay, at most 16").Value("SIZE[,SIZE...]").Required(),
+          Flag::Str("disk-bytes", "", "the disk tier's sizes to replay, at most 16")
+              .Value("SIZE[,SIZE...]")
+              .Required(),
+          Flag::Int("block-tokens", 512, 1, 1 << 20,
+                    "tokens per hash id of the trace (512 for Mooncake's): a line's hash ids must be its "
+                    "input_length over N, rounded up"),
+          Flag::Int("first", 0, 0, int64_t{1} << 40, "requests at the start of the trace that are skipped"),
+          Flag::Int("requests", std::nullopt, 1, int64_t{1} << 40, "requests replayed")
+              .ShownDefault("all after --first"),
+          Flag::Str("scratch-dir", "",
+                    "where the disk tier is made at --scale, in a new directory removed afterwards, or on SIGINT or "
+                    "SIGTERM")
+              .Value("DIR")
+              .ShownDefault("the temporary directory"),
+          HotFractionFlag(),
+          RamSlotBytesFlag(),
+          Flag::Int("scale", std::nullopt, 1, int64_t{1} << 40,
+                    "sizes are divided by this power of two for the replay")
+              .ShownDefault("the largest that leaves blocks of 8 KiB or more"),
+          Flag::Int("replicas", 1, 1, 64,
+                    "the workers' --store-replicas: the sizes are those of all the store's shards together, which "
+                    "hold every block R times, so they are replayed as one store of 1/R of each size, its disk "
+                    "writes counted R times. An approximation: each shard keeps its own LRU over its share of the "
+                    "blocks, and read repair's writes are not counted; block counts are of one copy")
+              .Value("R"),
+          Flag::Switch("json", "print the results as one JSON object"),
+      }};
+  return *flags;
+}
+
 int RunSizeTiersCommand(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
-  return RunSubcommand("size-tiers", kUsage, args, out, err, Run);
+  return RunSubcommand(SizeTiersFlags(), args, out, err, Run);
 }
 
 }  // namespace vc::cli

@@ -10,8 +10,12 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "services/cli/flags.h"
 
 namespace vc::cli {
+
+// The subcommand's flags, which its usage lists.
+const FlagSet& SizeTiersFlags();
 
 int RunSizeTiersCommand(const std::vector<std::string>& args, std::ostream& out, std::ostream& err);
 

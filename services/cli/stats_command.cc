@@ -18,16 +18,6 @@ namespace {
 
 namespace v1 = vericache::v1;
 
-constexpr char kUsage[] =
-    "usage: vericache stats --target HOST:PORT [--token TOKEN | --token-file FILE] [--tls-ca PEM]\n"
-    "                       [--timeout-ms N] [--json] [--router]\n"
-    "  asks a worker (Inference.GetStats) or, when the target is a cache store, the store\n"
-    "  (CacheStore.Stats) what it has done since it started, and prints it. A router answers\n"
-    "  GetStats with its serving workers' stats summed\n"
-    "  --router         ask a router for its own counts instead (Router.GetRouterStats)\n"
-    "  --token, --token-file  the bearer token the target takes (a store always needs one)\n"
-    "  --tls-ca PEM     root certificates of a worker or store serving TLS\n";
-
 std::string Share(uint64_t part, uint64_t whole) {
   return whole == 0 ? "-" : absl::StrFormat("%.1f%%", 100.0 * static_cast<double>(part) / static_cast<double>(whole));
 }
@@ -139,10 +129,7 @@ void PrintRouter(const std::string& target, const v1::RouterStats& s, std::ostre
   }
 }
 
-absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
-  VC_ASSIGN_OR_RETURN(Args a,
-                      Args::Parse(argv, {"target", "token", "token-file", "tls-ca", "timeout-ms"}, {"json", "router"}));
-  if (!a.Has("target")) return absl::InvalidArgumentError("--target is required");
+absl::Status Run(const Args& a, std::ostream& out) {
   const std::string target = a.Str("target");
   VC_RETURN_IF_ERROR(CheckAddress("--target", target, false));
   if (a.Has("token") && a.Has("token-file")) return absl::InvalidArgumentError("give one of --token, --token-file");
@@ -151,7 +138,7 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
   if (a.Has("token-file")) {
     VC_ASSIGN_OR_RETURN(token, ReadBearerTokenFile(a.Str("token-file")));
   }
-  VC_ASSIGN_OR_RETURN(const int64_t timeout_ms, a.Int("timeout-ms", 5000, 1, int64_t{24} * 3600 * 1000));
+  const int64_t timeout_ms = a.Int("timeout-ms");
   std::string tls_roots;
   if (a.Has("tls-ca")) {
     VC_ASSIGN_OR_RETURN(tls_roots, ReadPemFile(a.Str("tls-ca"), "TLS root certificates", "CERTIFICATE"));
@@ -212,8 +199,27 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
 
 }  // namespace
 
+const FlagSet& StatsFlags() {
+  static const FlagSet* const flags = new FlagSet{
+      "stats",
+      "",
+      "Asks a worker (Inference.GetStats) or, when the target is a cache store, the store (CacheStore.Stats) what "
+      "it has done since it started, and prints it. A router answers GetStats with its serving workers' stats "
+      "summed.",
+      {
+          Flag::Str("target", "", "the worker, store or router").Value("HOST:PORT").Required(),
+          Flag::Str("token", "", "the bearer token the target takes (a store always needs one)").Value("TOKEN"),
+          Flag::Str("token-file", "", "the same, read from the first line of a file").Value("FILE"),
+          TlsCaFlag(),
+          Flag::Int("timeout-ms", 5000, 1, int64_t{24} * 3600 * 1000, "the deadline of each call"),
+          Flag::Switch("json", "print the stats as one JSON object"),
+          Flag::Switch("router", "ask a router for its own counts instead (Router.GetRouterStats)"),
+      }};
+  return *flags;
+}
+
 int RunStatsCommand(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
-  return RunSubcommand("stats", kUsage, args, out, err, Run);
+  return RunSubcommand(StatsFlags(), args, out, err, Run);
 }
 
 }  // namespace vc::cli

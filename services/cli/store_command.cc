@@ -17,52 +17,6 @@
 namespace vc::cli {
 namespace {
 
-constexpr char kUsage[] =
-    "usage: vericache store --listen HOST:PORT --data-dir DIR --tokens FILE [--ram-bytes N] [--disk-bytes N]\n"
-    "                       [--secret-file FILE] [--tls-cert PEM --tls-key PEM] [--ucx none|peer|off]\n"
-    "                       [--ucx-across-tenants]\n"
-    "                       [--lease-ttl-ms N] [--lease-bytes-per-tenant N] [--ram-hot-fraction F]\n"
-    "                       [--ram-slot-bytes N] [--metrics-listen HOST:PORT] [--disk-failure-grace-ms N]\n"
-    "                       [--disk-reserve-bytes N]\n"
-    "  --tokens FILE    lines of 'token tenant'; requests without a listed Bearer token are refused\n"
-    "  --ucx MODE       'none' (the default) or 'peer': one-sided UCX reads of the RAM tier (the two\n"
-    "                   are the same here: the error-handling mode is the reader's, the worker's\n"
-    "                   --ucx); 'off' serves every block inline over gRPC\n"
-    "  --ucx-across-tenants\n"
-    "                   let tenants share one-sided reads: a lease's UCX key reaches the whole RAM\n"
-    "                   region, every tenant's blocks in it. Without it a store whose --tokens name\n"
-    "                   more than one tenant does not start with --ucx on (use --ucx off, or a store\n"
-    "                   per tenant, where tenants must not read each other's blocks)\n"
-    "  --lease-ttl-ms N how long a remote read's lease pins its block if the reader never releases\n"
-    "                   it (default 30000, at least 2000); a read outlasting its lease is discarded\n"
-    "                   by the client\n"
-    "  --lease-bytes-per-tenant N\n"
-    "                   RAM one tenant's live leases may pin (default half of --ram-bytes; 0: no\n"
-    "                   cap); past it its blocks are served inline over gRPC\n"
-    "  --ram-hot-fraction F\n"
-    "                   share of RAM kept for blocks read since they were put (default 0.5; 0: plain\n"
-    "                   LRU); the rest holds new blocks, evicted first. vericache size-tiers replays\n"
-    "                   a trace to choose it\n"
-    "  --ram-slot-bytes N\n"
-    "                   RAM is handed out in slots of N bytes times a power of two (default 4096, a\n"
-    "                   multiple of 64); with N a block's size over a power of two, blocks of that\n"
-    "                   size fill their slots (vericache size-tiers prints the value for a model)\n"
-    "  --metrics-listen HOST:PORT\n"
-    "                   serve Prometheus metrics (tier use, hits, misses) at http://HOST:PORT/metrics,\n"
-    "                   plain HTTP without authentication (default: none)\n"
-    "  --disk-failure-grace-ms N\n"
-    "                   once writes to disk have failed this long (puts refused, a probe every second\n"
-    "                   failing too) other than for want of room, the gRPC health entry \"liveness\"\n"
-    "                   says NOT_SERVING, for a liveness probe to restart the store (RocksDB recovers\n"
-    "                   from some errors only when reopened; from a full disk, by itself once it has\n"
-    "                   room); default 60000, 0: never. Reads go on meanwhile\n"
-    "  --disk-reserve-bytes N\n"
-    "                   room kept free on --data-dir's filesystem: under it, puts evict blocks beyond\n"
-    "                   --disk-bytes. RocksDB's files take more than the blocks (its logs, and the\n"
-    "                   garbage of evicted blocks until it collects it: up to 2.3x --disk-bytes under\n"
-    "                   churn), and a filesystem they fill takes no more puts until cleared by hand.\n"
-    "                   Default 268435456 (256 MiB); 0: never\n";
-
 // --data-dir: a directory, or a new one in a directory that exists (RocksDB makes the last
 // component only).
 absl::Status CheckDataDir(const std::string& dir) {
@@ -82,39 +36,25 @@ absl::Status CheckDataDir(const std::string& dir) {
   return absl::OkStatus();
 }
 
-absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
+absl::Status Run(const Args& a, std::ostream& out) {
   // Before anything starts a thread (RocksDB, gRPC: credentials alone start gRPC's).
   const sigset_t sigs = BlockStopSignals();
-  VC_ASSIGN_OR_RETURN(Args a, Args::Parse(argv, {"listen", "data-dir", "tokens", "ram-bytes", "disk-bytes",
-                                                 "secret-file", "tls-cert", "tls-key", "ucx", "lease-ttl-ms",
-                                                 "lease-bytes-per-tenant", "ram-hot-fraction", "ram-slot-bytes",
-                                                 "metrics-listen", "disk-failure-grace-ms", "disk-reserve-bytes"},
-                                          {"ucx-across-tenants"}));
-  for (const char* req : {"listen", "data-dir", "tokens"}) {
-    if (!a.Has(req)) return absl::InvalidArgumentError(absl::StrCat("--", req, " is required"));
-  }
   StoreServerOptions server;
-  VC_ASSIGN_OR_RETURN(server.disk_failure_grace_ms,
-                      a.Int("disk-failure-grace-ms", server.disk_failure_grace_ms, 0, int64_t{24} * 3600 * 1000));
+  server.disk_failure_grace_ms = a.Int("disk-failure-grace-ms");
   cachestore::StoreOptions o;
-  VC_ASSIGN_OR_RETURN(int64_t ram, a.Int("ram-bytes", int64_t{1} << 30, 1 << 20, int64_t{1} << 40));
-  VC_ASSIGN_OR_RETURN(int64_t disk, a.Int("disk-bytes", int64_t{16} << 30, 1 << 20, int64_t{1} << 50));
-  // A reader trusts a read without asking the store afterwards whether its lease was still live
-  // only within the lease less a fifth of it, at least 1 s (StoreClient::LeaseTrustWindow): under
-  // 2 s that is under 1 s, at 1 s or less nothing, and reads slower than the lease are all thrown
-  // away (at 5 ms every stored prefix was recomputed while the store counted hits).
-  VC_ASSIGN_OR_RETURN(o.ram.lease_ttl_ms, a.Int("lease-ttl-ms", o.ram.lease_ttl_ms, 2000, int64_t{24} * 3600 * 1000));
+  const int64_t ram = a.Int("ram-bytes");
+  const int64_t disk = a.Int("disk-bytes");
+  o.ram.lease_ttl_ms = a.Int("lease-ttl-ms");
   o.ram.capacity_bytes = static_cast<uint64_t>(ram);
-  VC_ASSIGN_OR_RETURN(int64_t lease_cap, a.Int("lease-bytes-per-tenant", ram / 2, 0, ram));
+  VC_RETURN_IF_ERROR(a.CheckAtMost("lease-bytes-per-tenant", ram));
+  const int64_t lease_cap = a.Has("lease-bytes-per-tenant") ? a.Int("lease-bytes-per-tenant") : ram / 2;
   o.ram.max_leased_bytes_per_owner = static_cast<uint64_t>(lease_cap);
-  VC_ASSIGN_OR_RETURN(o.ram.hot_fraction, HotFraction(a));
+  o.ram.hot_fraction = a.Double("ram-hot-fraction");
   VC_ASSIGN_OR_RETURN(o.ram.min_slot_bytes, RamSlotBytes(a, static_cast<uint64_t>(ram)));
   o.disk.path = a.Str("data-dir");
   VC_RETURN_IF_ERROR(CheckDataDir(o.disk.path));
   o.disk.capacity_bytes = static_cast<uint64_t>(disk);
-  VC_ASSIGN_OR_RETURN(int64_t reserve, a.Int("disk-reserve-bytes", static_cast<int64_t>(o.disk.reserve_bytes), 0,
-                                               int64_t{1} << 50));
-  o.disk.reserve_bytes = static_cast<uint64_t>(reserve);
+  o.disk.reserve_bytes = static_cast<uint64_t>(a.Int("disk-reserve-bytes"));
   StoreServiceOptions so;
   VC_ASSIGN_OR_RETURN(so.tokens, ReadTokenFile(a.Str("tokens")));
   if (so.tokens.empty()) return absl::InvalidArgumentError("the token file lists no tenant");
@@ -124,12 +64,12 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
   server.listen = a.Str("listen");
   server.store = o;
   server.service = so;
-  server.ucx = a.Str("ucx", "none");
+  server.ucx = a.Str("ucx");
   server.ucx_across_tenants = a.Has("ucx-across-tenants");
   if (server.ucx_across_tenants && server.ucx == "off") {
     return absl::InvalidArgumentError("--ucx-across-tenants has no effect with --ucx off");
   }
-  server.metrics_listen = a.Str("metrics-listen", "");
+  server.metrics_listen = a.Str("metrics-listen");
   VC_ASSIGN_OR_RETURN(server.credentials, ServerTls(a));
   VC_ASSIGN_OR_RETURN(std::unique_ptr<StoreServer> running, StoreServer::Start(server));
   std::set<std::string> tenants;
@@ -153,8 +93,73 @@ absl::Status Run(const std::vector<std::string>& argv, std::ostream& out) {
 
 }  // namespace
 
+const FlagSet& StoreFlags() {
+  static const FlagSet* const flags = new FlagSet{
+      "store",
+      "",
+      "Runs a cache store until SIGINT or SIGTERM: workers' full-KV blocks in a RAM tier over RocksDB on disk, "
+      "served over gRPC (the CacheStore API) and read one-sided over UCX.",
+      {
+          Flag::Str("listen", "", "the address to serve on").Value("HOST:PORT").Required(),
+          Flag::Str("data-dir", "", "the disk tier's RocksDB directory: one that exists, or a new one in one that "
+                                    "does")
+              .Value("DIR")
+              .Required(),
+          Flag::Str("tokens", "", "lines of 'token tenant'; requests without a listed Bearer token are refused")
+              .Value("FILE")
+              .Required(),
+          Flag::Int("ram-bytes", int64_t{1} << 30, 1 << 20, int64_t{1} << 40, "the RAM tier's size in bytes")
+              .ShownDefault("1073741824: 1 GiB"),
+          Flag::Int("disk-bytes", int64_t{16} << 30, 1 << 20, int64_t{1} << 50,
+                    "the disk tier's size in bytes: the blocks it holds (see --disk-reserve-bytes)")
+              .ShownDefault("17179869184: 16 GiB"),
+          Flag::Str("secret-file", "", "a secret mixed into every tenant's salt, so that stored blocks' names "
+                                       "cannot be computed from a guessed prompt without it: the file's bytes, a "
+                                       "final newline included")
+              .Value("FILE"),
+          TlsCertFlag(),
+          TlsKeyFlag(),
+          Flag::Str("ucx", "none", "'none' or 'peer': one-sided UCX reads of the RAM tier (the two are the same "
+                                   "here: the error-handling mode is the reader's, the worker's --ucx); 'off' "
+                                   "serves every block inline over gRPC")
+              .Value("none|peer|off"),
+          Flag::Switch("ucx-across-tenants",
+                       "let tenants share one-sided reads: a lease's UCX key reaches the whole RAM region, every "
+                       "tenant's blocks in it. Without it a store whose --tokens name more than one tenant does not "
+                       "start with --ucx on (use --ucx off, or a store per tenant, where tenants must not read "
+                       "each other's blocks)"),
+          // A reader trusts a read without asking the store afterwards whether its lease was still
+          // live only within the lease less a fifth of it, at least 1 s (StoreClient::LeaseTrustWindow):
+          // under 2 s that is under 1 s, at 1 s or less nothing, and reads slower than the lease are all
+          // thrown away (at 5 ms every stored prefix was recomputed while the store counted hits).
+          Flag::Int("lease-ttl-ms", cachestore::StoreOptions{}.ram.lease_ttl_ms, 2000, int64_t{24} * 3600 * 1000,
+                    "how long a remote read's lease pins its block if the reader never releases it (at least "
+                    "2000); a read outlasting its lease is discarded by the client"),
+          Flag::Int("lease-bytes-per-tenant", std::nullopt, 0, int64_t{1} << 40,
+                    "RAM one tenant's live leases may pin, at most --ram-bytes (0: no cap); past it its blocks are "
+                    "served inline over gRPC")
+              .ShownDefault("half of --ram-bytes"),
+          HotFractionFlag(),
+          RamSlotBytesFlag(),
+          MetricsListenFlag("tier use, hits, misses"),
+          Flag::Int("disk-failure-grace-ms", StoreServerOptions{}.disk_failure_grace_ms, 0, int64_t{24} * 3600 * 1000,
+                    "once writes to disk have failed this long (puts refused, a probe every second failing too) "
+                    "other than for want of room, the gRPC health entry \"liveness\" says NOT_SERVING, for a "
+                    "liveness probe to restart the store (RocksDB recovers from some errors only when reopened; "
+                    "from a full disk, by itself once it has room); 0: never. Reads go on meanwhile"),
+          Flag::Int("disk-reserve-bytes", static_cast<int64_t>(cachestore::StoreOptions{}.disk.reserve_bytes), 0,
+                    int64_t{1} << 50,
+                    "room kept free on --data-dir's filesystem: under it, puts evict blocks beyond --disk-bytes. "
+                    "RocksDB's files take more than the blocks (its logs, and the garbage of evicted blocks until "
+                    "it collects it: up to 2.3x --disk-bytes under churn), and a filesystem they fill takes no more "
+                    "puts until cleared by hand. 0: never")
+              .ShownDefault("268435456: 256 MiB"),
+      }};
+  return *flags;
+}
+
 int RunStoreCommand(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
-  return RunSubcommand("store", kUsage, args, out, err, Run);
+  return RunSubcommand(StoreFlags(), args, out, err, Run);
 }
 
 }  // namespace vc::cli
