@@ -306,7 +306,10 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(WorkerServerOp
     backend = kernels::BackendByName(options.kernels);
     if (backend == nullptr) return absl::InvalidArgumentError(absl::StrCat("no kernels \"", options.kernels, "\" here"));
   }
-  VC_ASSIGN_OR_RETURN(w->model_, Model::Load(options.model_dir, backend));
+  ModelOptions mo;
+  mo.backend = backend;
+  mo.kv_dtype = options.kv_dtype;
+  VC_ASSIGN_OR_RETURN(w->model_, Model::Load(options.model_dir, mo));
   using Fingerprint = std::array<uint8_t, 32>;
   VC_ASSIGN_OR_RETURN(Fingerprint fingerprint, ModelFingerprint(options.model_dir));
   EngineOptions& eo = options.service.engine;

@@ -9,6 +9,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -94,6 +95,8 @@ class StoreServer {
 
 struct WorkerServerOptions {
   std::string model_dir = "models/vc-code-4m";
+  // The full KV's element type; unset: the checkpoint's (ModelOptions::kv_dtype).
+  std::optional<DType> kv_dtype;
   // The kernel backend by name (kernels::BackendByName); empty: kernels::DefaultBackend(), which
   // the command line picks with VC_KERNELS.
   std::string kernels;

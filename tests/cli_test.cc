@@ -116,6 +116,25 @@ TEST_F(CliTest, EveryModeAgainstFullDecoding) {
   }
 }
 
+// --kv-dtype: each KV dtype's vericache output is its own full decoding's, and a value that names
+// no dtype is refused.
+TEST_F(CliTest, KvDTypeEveryModeAgainstItsFullDecoding) {
+  for (const char* dtype : {"f32", "bf16", "f16", "auto"}) {
+    auto run = [&](const std::vector<std::string>& mode) {
+      std::vector<std::string> args = {"--model", dir_, "--prompt", "class A:\n    def", "--max-tokens", "24",
+                                       "--json", "--kv-dtype", dtype};
+      args.insert(args.end(), mode.begin(), mode.end());
+      CliRun r = Generate(args);
+      EXPECT_EQ(r.code, 0) << r.err;
+      return r.code == 0 ? nlohmann::json::parse(r.out) : nlohmann::json::object();
+    };
+    const nlohmann::json want = run({"--mode", "full"})["token_ids"];
+    ASSERT_GT(want.size(), 0u) << dtype;
+    EXPECT_EQ(run({"--mode", "vericache", "--draft-window", "4"})["token_ids"], want) << dtype;
+  }
+  ExpectRefused(RunGenerateCommand, {"--model", dir_, "--prompt", "x"}, "--kv-dtype", {"fp8", "BF16", ""});
+}
+
 TEST_F(CliTest, BadInputsExitNonZeroWithAMessage) {
   struct Case {
     std::vector<std::string> args;

@@ -16,6 +16,7 @@
 #include "common/status_macros.h"
 #include "common/text_checks.h"
 #include "grpcpp/security/credentials.h"
+#include "worker/runtime/model.h"
 
 namespace vc::cli {
 
@@ -56,6 +57,20 @@ absl::StatusOr<int> DraftWindow(const Args& a) {
   if (window == "auto") return 0;
   VC_ASSIGN_OR_RETURN(const int64_t k, ParseIntFlag("draft-window", window, 0, 64));
   return static_cast<int>(k);
+}
+
+Flag KvDTypeFlag() {
+  return Flag::Str("kv-dtype", "auto",
+                   "the element type of the full KV: auto (the checkpoint's torch_dtype, else its weights'), bf16, "
+                   "f16 or f32. 16-bit KV halves the memory of every full-KV holder, the bytes a fetch moves and "
+                   "the store's space per token")
+      .Value("auto|bf16|f16|f32");
+}
+
+absl::StatusOr<std::optional<DType>> KvDType(const Args& a) {
+  absl::StatusOr<std::optional<DType>> d = ParseKvDType(a.Str("kv-dtype"));
+  if (!d.ok()) return absl::InvalidArgumentError(absl::StrCat("--kv-dtype: ", d.status().message()));
+  return d;
 }
 
 Flag KeepaliveFlag(std::string help) { return Flag::Int("keepalive-ms", 20000, 0, 86400000, std::move(help)); }

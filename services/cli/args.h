@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <ostream>
 #include <map>
 #include <memory>
@@ -18,6 +19,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "common/dtype.h"
 #include "grpcpp/security/server_credentials.h"
 #include "services/cli/flags.h"
 
@@ -83,6 +85,11 @@ void WaitAndDrain(const sigset_t& sigs, int64_t drain_seconds, std::ostream& out
 Flag DraftWindowFlag();
 // Its value as EngineOptions::draft_window (0 for auto); kInvalidArgument for anything else.
 absl::StatusOr<int> DraftWindow(const Args& a);
+
+// --kv-dtype auto|bf16|f16|f32: the element type of the full KV.
+Flag KvDTypeFlag();
+// Its value as ModelOptions::kv_dtype (nullopt for auto); kInvalidArgument naming the flag otherwise.
+absl::StatusOr<std::optional<DType>> KvDType(const Args& a);
 
 // --keepalive-ms of a server, `help` saying what it does there.
 Flag KeepaliveFlag(std::string help);

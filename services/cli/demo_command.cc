@@ -80,6 +80,7 @@ absl::Status Run(const Args& a, std::ostream& out) {
 
   WorkerServerOptions wo;
   wo.model_dir = model_dir;
+  VC_ASSIGN_OR_RETURN(wo.kv_dtype, KvDType(a));
   wo.store_target = store->target();
   wo.store_token = "demo-token";
   wo.ucx = so.ucx;
@@ -220,6 +221,7 @@ const FlagSet& DemoFlags() {
                     "bytes of --prefix-file the requests share, cut at the last line's end. The default stays "
                     "within the 2048-token context the test model was trained at; it runs at longer ones, but "
                     "writes worse code there"),
+          KvDTypeFlag(),
           Flag::Str("compressor", WorkerServerOptions{}.service.engine.compressor,
                     "the compressed KV that sequences draft from (see vericache generate --help)")
               .Value("SPEC"),

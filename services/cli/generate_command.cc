@@ -44,7 +44,9 @@ absl::Status Run(const Args& a, std::ostream& out) {
   const std::string compressor = a.Str("compressor");
   VC_ASSIGN_OR_RETURN(const int draft_window, DraftWindow(a));
 
-  VC_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, Model::Load(a.Str("model")));
+  ModelOptions mo;
+  VC_ASSIGN_OR_RETURN(mo.kv_dtype, KvDType(a));
+  VC_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, Model::Load(a.Str("model"), mo));
   // A compressor given is checked in full mode too, which does not use it; a draft window is
   // checked against what the compressor rolls back, and refused where nothing drafts.
   if (a.Has("draft-window") && mode != "vericache") {
@@ -138,6 +140,7 @@ const FlagSet& GenerateFlags() {
           Flag::Number("top-p", 1.0, "sample among the likeliest tokens whose probabilities add up to P").Value("P"),
           Flag::Int("seed", 0, 0, INT64_MAX, "the sampler's seed: sampled runs with one are reproducible").Value("S"),
           Flag::Int("block-size", 16, 1, 4096, "tokens per KV-cache block"),
+          KvDTypeFlag(),
           Flag::Str("mode", "full",
                     "full: sequential decoding with the full KV cache (the reference)\n"
                     "lossy: decoding from the compressed cache alone (may diverge from full)\n"

@@ -14,6 +14,7 @@
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
 #include "services/cli/args.h"
+#include "worker/runtime/model.h"
 #include "worker/runtime/model_config.h"
 
 namespace vc::cli {
@@ -103,15 +104,21 @@ absl::Status Run(const Args& a, std::ostream& out) {
   if (a.Has("layers") && !a.Has("kv-bytes-per-token")) {
     return absl::InvalidArgumentError("--layers goes with --kv-bytes-per-token");
   }
+  if (a.Has("kv-dtype") && !a.Has("model")) return absl::InvalidArgumentError("--kv-dtype goes with --model");
   if (a.Has("model")) {
     VC_ASSIGN_OR_RETURN(const ModelConfig c, LoadModelConfig(a.Str("model")));
+    VC_ASSIGN_OR_RETURN(const std::optional<DType> asked, KvDType(a));
+    VC_ASSIGN_OR_RETURN(const DType dtype, ModelKvDType(a.Str("model"), asked));
     cachestore::BlockLayout bl;
     bl.num_layers = static_cast<uint32_t>(c.num_layers);
     bl.num_kv_heads = static_cast<uint32_t>(c.num_kv_heads);
     bl.head_dim = static_cast<uint32_t>(c.head_dim);
     bl.tokens = static_cast<uint32_t>(block_tokens);
+    bl.encoding = dtype == DType::kBF16  ? cachestore::BlockEncoding::kBFloat16
+                  : dtype == DType::kF16 ? cachestore::BlockEncoding::kFloat16
+                                         : cachestore::BlockEncoding::kFloat32;
     block_bytes = cachestore::BlockBytes(bl);
-    what = absl::StrCat("blocks of ", a.Str("model"), "'s float32 KV");
+    what = absl::StrCat("blocks of ", a.Str("model"), "'s ", absl::AsciiStrToLower(DTypeName(dtype)), " KV");
   } else {
     const int64_t per_token = a.Int("kv-bytes-per-token");
     if (static_cast<uint64_t>(per_token) > (uint64_t{1} << 50) / static_cast<uint64_t>(block_tokens)) {
@@ -267,9 +274,10 @@ const FlagSet& SizeTiersFlags() {
           Flag::Str("trace", "", "the trace: a file or a pipe, such as <(zcat trace.jsonl.gz)")
               .Value("FILE")
               .Required(),
-          Flag::Str("model", "", "a checkpoint whose full-KV blocks the store would hold (float32 K and V of every "
-                                 "layer)")
+          Flag::Str("model", "", "a checkpoint whose full-KV blocks the store would hold (K and V of every layer, "
+                                 "in --kv-dtype)")
               .Value("DIR"),
+          KvDTypeFlag(),
           Flag::Int("kv-bytes-per-token", std::nullopt, 1, int64_t{1} << 30,
                     "instead of --model, any other model's KV bytes per token, its blocks carrying a header for "
                     "--layers layers"),

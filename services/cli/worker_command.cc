@@ -25,6 +25,7 @@ absl::Status Run(const Args& a, std::ostream& out) {
   }
   WorkerServerOptions o;
   o.model_dir = a.Str("model");
+  VC_ASSIGN_OR_RETURN(o.kv_dtype, KvDType(a));
   o.listen = a.Str("listen");
   o.metrics_listen = a.Str("metrics-listen");
   o.store_target = a.Str("store");
@@ -150,6 +151,7 @@ const FlagSet& WorkerFlags() {
                                    "(TCP only on one host); 'off': blocks inline over gRPC")
               .Value("none|peer|off"),
           Flag::Int("block-tokens", 256, 16, 1 << 16, "tokens per store block, a multiple of 16"),
+          KvDTypeFlag(),
           Flag::Str("compressor", WorkerServerOptions{}.service.engine.compressor,
                     "the compressed KV that sequences draft from (see vericache generate --help); with --store, "
                     "not snapkv (it chooses by the prompt's queries, which stored blocks do not carry)")

@@ -64,6 +64,16 @@ absl::StatusOr<std::optional<DType>> ParseKvDType(absl::string_view name) {
   return absl::InvalidArgumentError(absl::StrCat("KV dtype '", name, "': expected auto, bf16, f16 or f32"));
 }
 
+absl::StatusOr<DType> ModelKvDType(const std::string& dir, std::optional<DType> asked) {
+  if (asked.has_value()) return *asked;
+  VC_ASSIGN_OR_RETURN(const ModelConfig c, LoadModelConfig(dir));
+  if (c.torch_dtype.has_value()) return *c.torch_dtype;
+  VC_ASSIGN_OR_RETURN(const std::unique_ptr<TensorStore> t, TensorStore::Open(dir));
+  VC_ASSIGN_OR_RETURN(const TensorView embed,
+                      t->Get("model.embed_tokens.weight", {c.vocab_size, int64_t{c.hidden_size}}));
+  return embed.dtype;
+}
+
 absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir, const kernels::Backend* backend) {
   ModelOptions options;
   options.backend = backend;

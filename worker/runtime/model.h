@@ -40,6 +40,11 @@ absl::Status NonFiniteLogits();
 // anything else.
 absl::StatusOr<std::optional<DType>> ParseKvDType(absl::string_view name);
 
+// The KV dtype a model of the checkpoint in `dir` runs with: `asked` if set, else the checkpoint's
+// torch_dtype, else the dtype of its embedding weights (what Model::Load picks). Errors as reading
+// its config and tensors.
+absl::StatusOr<DType> ModelKvDType(const std::string& dir, std::optional<DType> asked);
+
 struct ModelOptions {
   const kernels::Backend* backend = nullptr;  // kernels::DefaultBackend() when null; must outlive the model
   std::optional<DType> kv_dtype;              // unset: the checkpoint's (ParseKvDType's "auto")
