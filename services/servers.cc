@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
@@ -320,7 +321,12 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(WorkerServerOp
   eo.compressed_bytes = options.compressed_kv_bytes;
   options.service.full_kv_blocks = options.full_kv_bytes / block_bytes;
   options.service.fingerprint_hex = HexString(fingerprint);
+  // 16-bit KV gives other outputs than float32 KV, as other kernels do: a router keeps workers of
+  // one numerics together. Float32 KV keeps the kernels' own name (what workers reported before).
   options.service.numerics = backend->numerics();
+  if (layout.dtype != DType::kF32) {
+    absl::StrAppend(&options.service.numerics, "+kv-", absl::AsciiStrToLower(DTypeName(layout.dtype)));
+  }
   if (eo.staging_blocks < 1) return absl::InvalidArgumentError("the staging memory holds no KV block");
   if (options.full_kv_bytes > 0 && options.service.full_kv_blocks < 1) {
     return absl::InvalidArgumentError(

@@ -290,6 +290,9 @@ grpc::Status WorkerService::GetModelInfo(grpc::ServerContext* ctx, const v1::Get
   resp->set_tokenizer(model_.tokenizer().handles_text() ? c.tokenizer : "token-ids-only");
   resp->set_fingerprint_hex(options_.fingerprint_hex);
   resp->set_numerics(options_.numerics);
+  const KvLayout layout = model_.kv_layout(options_.engine.block_size);
+  resp->set_kv_dtype(std::string(DTypeName(layout.dtype)));
+  resp->set_kv_bytes_per_token(static_cast<uint64_t>(layout.bytes_per_token()));
   resp->set_compressor(compressor_);
   resp->set_prefix_block_tokens(prefixes_ != nullptr ? static_cast<uint32_t>(prefixes_->block_tokens()) : 0);
   resp->set_max_batch(static_cast<uint32_t>(options_.engine.max_batch));

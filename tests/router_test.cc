@@ -539,7 +539,7 @@ TEST_F(RouterTest, AWorkerOfOtherKernelsIsKeptOut) {
   const v1::RouterStats s = Stats(**router);
   ASSERT_EQ(s.workers_size(), 3);
   EXPECT_EQ(s.workers(0).serving(), 0u);
-  EXPECT_NE(s.workers(0).state().find("computes with other kernels: numerics \"reference\""), std::string::npos)
+  EXPECT_NE(s.workers(0).state().find("computes with other kernels: numerics \"reference+kv-bf16\""), std::string::npos)
       << s.workers(0).state();
   EXPECT_EQ(s.workers(1).serving() + s.workers(2).serving(), 2u);
 }

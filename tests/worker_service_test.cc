@@ -1069,7 +1069,8 @@ TEST_F(WorkerServiceTest, TenantsFindOnlyTheirOwnPrefixes) {
 // Workers whose kernels compute different bits share no blocks through the store: each finds only
 // what its own numerics computed, and each output is its own kernels' full decode. (KV of the
 // reference kernels is near the AVX2 kernels' but not bitwise, so a worker that read it would emit
-// what no decode of its own gives.) GetModelInfo reports the numerics.
+// what no decode of its own gives.) Nor do workers of other KV dtypes. GetModelInfo reports the
+// numerics and the KV dtype.
 TEST_F(WorkerServiceTest, WorkersOfOtherKernelsShareNoBlocks) {
   if (kernels::BackendByName("avx2") == nullptr) GTEST_SKIP() << "no AVX2 here";
   auto store = StartStore();
@@ -1113,8 +1114,33 @@ TEST_F(WorkerServiceTest, WorkersOfOtherKernelsShareNoBlocks) {
     grpc::ClientContext ctx;
     v1::ModelInfo info;
     ASSERT_TRUE(stub->GetModelInfo(&ctx, v1::GetModelInfoRequest(), &info).ok());
-    EXPECT_EQ(info.numerics(), stub == ref_stub.get() ? "reference" : "avx2");
+    // The test model's KV is bf16, its checkpoint's dtype.
+    EXPECT_EQ(info.numerics(), stub == ref_stub.get() ? "reference+kv-bf16" : "avx2+kv-bf16");
+    EXPECT_EQ(info.kv_dtype(), "BF16");
   }
+
+  // KV of another dtype is another KV: a worker with float32 KV finds none of the bf16 blocks, and
+  // its output is its own full decode with float32 KV.
+  WorkerServerOptions f32o = ao;
+  f32o.kv_dtype = DType::kF32;
+  auto f32 = StartWorker(store->target(), f32o);
+  ASSERT_NE(f32, nullptr);
+  auto f32_stub = InferenceStub(f32->target());
+  ModelOptions mo;
+  mo.backend = kernels::BackendByName("avx2");
+  mo.kv_dtype = DType::kF32;
+  auto f32_model = Model::Load(dir_ + "/model", mo);
+  ASSERT_TRUE(f32_model.ok()) << f32_model.status();
+  r = call(*f32_stub, *f32);
+  EXPECT_EQ(r.tokens, GenerateFull(**f32_model, p, go)->tokens);
+  EXPECT_EQ(r.stats.prefix_store_tokens(), 0u) << "read bf16 blocks into float32 KV";
+  EXPECT_EQ(call(*f32_stub, *f32).stats.prefix_store_tokens(), 18u * 32);
+  grpc::ClientContext ctx;
+  v1::ModelInfo info;
+  ASSERT_TRUE(f32_stub->GetModelInfo(&ctx, v1::GetModelInfoRequest(), &info).ok());
+  EXPECT_EQ(info.numerics(), "avx2");
+  EXPECT_EQ(info.kv_dtype(), "F32");
+  EXPECT_EQ(info.kv_bytes_per_token(), static_cast<uint64_t>((*f32_model)->kv_layout(16).bytes_per_token()));
 }
 
 // A tenant at its request limit is refused while another tenant's requests are admitted; the
