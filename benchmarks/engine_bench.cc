@@ -13,7 +13,8 @@
 //   engine_bench [--model DIR] [--corpus DIR] [--contexts 1024,4096,16384] [--batches 1,4]
 //                [--tokens 64] [--compressor SPEC] [--draft-window 0|auto|k] [--link-ratios 0,60]
 //                [--modes full,offload,lossy,vericache,resident] [--budget-mib 0] [--rounds 1]
-//                [--json FILE]
+//                [--kv-dtypes auto|bf16|f16|f32[,...]] [--json FILE]
+// With several --kv-dtypes the whole run repeats for each, one after the other, in one process.
 // With --rounds N > 1 the modes without a link (full, lossy, resident) run N times each, in rounds
 // of one run of each mode; a row gives its mode's median run, and its speedup over (a) as the
 // median of the rounds' ratios. Runs of one round are seconds apart, where on a shared machine the
@@ -24,6 +25,7 @@
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <optional>
 #include <set>
 #include <sstream>
 
@@ -172,12 +174,7 @@ ModeResult RunFull(const Model& m, const PagedKvCache& master, const std::vector
     const SeqId s = cache.NewSequence();
     const int64_t n = static_cast<int64_t>(prompts[i].size()) - 1;
     (void)cache.Reserve(s, n);
-    std::vector<float> krow(static_cast<size_t>(layout.row_elems())), vrow(krow.size());
-    for (int l = 0; l < layout.num_layers; ++l) {
-      for (int64_t p = 0; p < n; ++p) {
-        cache.Write(l, s, p, master.KFloat(l, src[i], p, krow.data()), master.VFloat(l, src[i], p, vrow.data()));
-      }
-    }
+    master.CopyTo(src[i], 0, n, cache, s);
     cache.Commit(s, n);
     seqs.push_back(s);
   }
@@ -356,220 +353,237 @@ int main(int argc, char** argv) {
       {"contexts", "1024,4096,16384"}, {"batches", "1,4"}, {"tokens", "64"},
       {"compressor", "kivi:bits=4,group=32,residual=32"}, {"draft-window", "0"},
       {"link-ratios", "0,60,250"}, {"modes", "full,offload,lossy,vericache,resident"}, {"json", ""},
-      {"budget-mib", "0"}, {"budget-context", "16384"}, {"rounds", "1"}};
+      {"budget-mib", "0"}, {"budget-context", "16384"}, {"rounds", "1"}, {"kv-dtypes", "auto"}};
   if (!vc::bench::ParseFlags(argc, argv, &flags)) return 2;
-  auto model = Model::Load(flags["model"]);
-  if (!model.ok()) {
-    std::cerr << model.status() << "\n";
-    return 1;
-  }
-  const Model& m = **model;
-  if (absl::Status s = m.tokenizer().CheckHandlesText("engine_bench"); !s.ok()) {
-    std::cerr << s.message() << "\n";
-    return 1;
-  }
-  // Every number is checked before anything runs: a bad one exits naming it.
-  const int tokens = static_cast<int>(Int(flags, "tokens", 1, m.config().max_position_embeddings - 2));
-  // 0 or auto: the adaptive window.
-  const int draft_window =
-      flags["draft-window"] == "auto" ? 0 : static_cast<int>(Int(flags, "draft-window", 0, 64));
-  const int64_t round_count = Int(flags, "rounds", 1, 1000);
-  const std::vector<int64_t> contexts = Ints(flags, "contexts", 2, m.config().max_position_embeddings - tokens);
-  const std::vector<int64_t> batches = Ints(flags, "batches", 1, 1024);
-  const std::vector<int64_t> link_ratios = Ints(flags, "link-ratios", 0, 1000000);
-  const int64_t budget = Int(flags, "budget-mib", 0, bench::kMaxMiB) << 20;
-  const int64_t budget_context =
-      budget > 0 ? Int(flags, "budget-context", 2, m.config().max_position_embeddings - tokens) : 0;
-  std::set<std::string> modes;
-  for (absl::string_view s : absl::StrSplit(flags["modes"], ',')) {
-    if (s != "full" && s != "offload" && s != "lossy" && s != "vericache" && s != "resident") {
-      std::cerr << "--modes '" << flags["modes"] << "': expected some of full,offload,lossy,vericache,resident\n";
+  std::vector<std::optional<DType>> kv_dtypes;
+  for (absl::string_view name : absl::StrSplit(flags["kv-dtypes"], ',')) {
+    auto d = ParseKvDType(name);
+    if (!d.ok()) {
+      std::cerr << "--kv-dtypes: " << d.status().message() << "\n";
       return 2;
     }
-    modes.insert(std::string(s));
+    kv_dtypes.push_back(*d);
   }
-  const double bw = bench::MeasureMemcpyBandwidth();
-  std::cout << absl::StrFormat("memcpy bandwidth %.2f GB/s; compressor %s; draft window %s; %d tokens per sequence\n",
-                               bw / 1e9, flags["compressor"], draft_window ? std::to_string(draft_window) : "auto",
-                               tokens);
-  const int64_t max_batch = *std::max_element(batches.begin(), batches.end());
-  const int64_t max_context = std::max(*std::max_element(contexts.begin(), contexts.end()), budget > 0 ? budget_context : 0);
-  const std::string corpus = LoadCorpus(flags["corpus"], static_cast<size_t>(max_context * (max_batch + 1)));
-  if (static_cast<int64_t>(corpus.size()) < max_context) {
-    std::cerr << "--corpus " << flags["corpus"] << ": " << corpus.size() << " bytes of .py files, less than a context of "
-              << max_context << "\n";
-    return 2;
-  }
-  auto probe = MakeCompressedKvCache(flags["compressor"], m.kv_layout(16), m.config().num_heads);
-  if (!probe.ok()) {
-    std::cerr << probe.status().message() << "\n";
-    return 2;
-  }
-  // Compressors that choose what to keep from the prompt's last queries (SnapKV) get them recorded
-  // at the shared prefill.
-  const int64_t query_window = (*probe)->prompt_query_window();
-
   nlohmann::json all = nlohmann::json::array();
-  std::cout << "| context | batch | link | mode | tokens/s | ms/token/seq | bytes read/token | speedup vs full | "
-               "speedup vs offload | identical to full | notes |\n|---:|---:|---|---|---:|---:|---:|---:|---:|---|---|\n";
-  for (int64_t ctx : contexts) {
-    // Distinct prompts (one per sequence of the largest batch), each prefilled once.
-    std::vector<std::vector<int32_t>> prompts;
-    for (int64_t b = 0; b < max_batch; ++b) {
-      const size_t start = static_cast<size_t>(b * ctx) % std::max<size_t>(1, corpus.size() - ctx);
-      prompts.push_back(m.tokenizer().Encode(corpus.substr(start, static_cast<size_t>(ctx - 1))));
+  auto run = [&](std::optional<DType> kv_dtype) -> int {
+    ModelOptions mo;
+    mo.kv_dtype = kv_dtype;
+    auto model = Model::Load(flags["model"], mo);
+    if (!model.ok()) {
+      std::cerr << model.status() << "\n";
+      return 1;
     }
-    const KvLayout layout = m.kv_layout(16);
-    PagedKvCache master(layout, max_batch * (ctx / 16 + 2));
-    std::vector<SeqId> src;
-    std::vector<PromptQueries> queries;
-    const absl::Time p0 = absl::Now();
-    for (const auto& p : prompts) {
-      const SeqId s = master.NewSequence();
-      auto q = PrefillPrompt(m, p, s, master, query_window);
-      if (!q.ok()) {
-        std::cerr << q.status() << "\n";
+    const Model& m = **model;
+    std::cout << "KV dtype " << DTypeName(m.kv_dtype()) << "\n";
+    if (absl::Status s = m.tokenizer().CheckHandlesText("engine_bench"); !s.ok()) {
+      std::cerr << s.message() << "\n";
+      return 1;
+    }
+    // Every number is checked before anything runs: a bad one exits naming it.
+    const int tokens = static_cast<int>(Int(flags, "tokens", 1, m.config().max_position_embeddings - 2));
+    // 0 or auto: the adaptive window.
+    const int draft_window =
+        flags["draft-window"] == "auto" ? 0 : static_cast<int>(Int(flags, "draft-window", 0, 64));
+    const int64_t round_count = Int(flags, "rounds", 1, 1000);
+    const std::vector<int64_t> contexts = Ints(flags, "contexts", 2, m.config().max_position_embeddings - tokens);
+    const std::vector<int64_t> batches = Ints(flags, "batches", 1, 1024);
+    const std::vector<int64_t> link_ratios = Ints(flags, "link-ratios", 0, 1000000);
+    const int64_t budget = Int(flags, "budget-mib", 0, bench::kMaxMiB) << 20;
+    const int64_t budget_context =
+        budget > 0 ? Int(flags, "budget-context", 2, m.config().max_position_embeddings - tokens) : 0;
+    std::set<std::string> modes;
+    for (absl::string_view s : absl::StrSplit(flags["modes"], ',')) {
+      if (s != "full" && s != "offload" && s != "lossy" && s != "vericache" && s != "resident") {
+        std::cerr << "--modes '" << flags["modes"] << "': expected some of full,offload,lossy,vericache,resident\n";
+        return 2;
+      }
+      modes.insert(std::string(s));
+    }
+    const double bw = bench::MeasureMemcpyBandwidth();
+    std::cout << absl::StrFormat("memcpy bandwidth %.2f GB/s; compressor %s; draft window %s; %d tokens per sequence\n",
+                                 bw / 1e9, flags["compressor"], draft_window ? std::to_string(draft_window) : "auto",
+                                 tokens);
+    const int64_t max_batch = *std::max_element(batches.begin(), batches.end());
+    const int64_t max_context = std::max(*std::max_element(contexts.begin(), contexts.end()), budget > 0 ? budget_context : 0);
+    const std::string corpus = LoadCorpus(flags["corpus"], static_cast<size_t>(max_context * (max_batch + 1)));
+    if (static_cast<int64_t>(corpus.size()) < max_context) {
+      std::cerr << "--corpus " << flags["corpus"] << ": " << corpus.size() << " bytes of .py files, less than a context of "
+                << max_context << "\n";
+      return 2;
+    }
+    auto probe = MakeCompressedKvCache(flags["compressor"], m.kv_layout(16), m.config().num_heads);
+    if (!probe.ok()) {
+      std::cerr << probe.status().message() << "\n";
+      return 2;
+    }
+    // Compressors that choose what to keep from the prompt's last queries (SnapKV) get them recorded
+    // at the shared prefill.
+    const int64_t query_window = (*probe)->prompt_query_window();
+
+    std::cout << "| context | batch | link | mode | tokens/s | ms/token/seq | bytes read/token | speedup vs full | "
+                 "speedup vs offload | identical to full | notes |\n|---:|---:|---|---|---:|---:|---:|---:|---:|---|---|\n";
+    for (int64_t ctx : contexts) {
+      // Distinct prompts (one per sequence of the largest batch), each prefilled once.
+      std::vector<std::vector<int32_t>> prompts;
+      for (int64_t b = 0; b < max_batch; ++b) {
+        const size_t start = static_cast<size_t>(b * ctx) % std::max<size_t>(1, corpus.size() - ctx);
+        prompts.push_back(m.tokenizer().Encode(corpus.substr(start, static_cast<size_t>(ctx - 1))));
+      }
+      const KvLayout layout = m.kv_layout(16);
+      PagedKvCache master(layout, max_batch * (ctx / 16 + 2));
+      std::vector<SeqId> src;
+      std::vector<PromptQueries> queries;
+      const absl::Time p0 = absl::Now();
+      for (const auto& p : prompts) {
+        const SeqId s = master.NewSequence();
+        auto q = PrefillPrompt(m, p, s, master, query_window);
+        if (!q.ok()) {
+          std::cerr << q.status() << "\n";
+          return 1;
+        }
+        src.push_back(s);
+        queries.push_back(*std::move(q));
+      }
+      std::cerr << absl::StrFormat("context %d: prefilled %d prompts in %.1f s\n", ctx, prompts.size(),
+                                   absl::ToDoubleSeconds(absl::Now() - p0));
+      for (int64_t batch : batches) {
+        std::vector<std::vector<int32_t>> bp(prompts.begin(), prompts.begin() + batch);
+        std::vector<SeqId> bs(src.begin(), src.begin() + batch);
+        std::vector<std::vector<ModeResult>> rounds(static_cast<size_t>(round_count));
+        for (std::vector<ModeResult>& round : rounds) {
+          if (modes.count("full")) round.push_back(RunFull(m, master, bs, bp, tokens));
+          if (modes.count("lossy")) round.push_back(RunLossy(m, master, bs, queries, bp, tokens, flags["compressor"]));
+          if (modes.count("resident")) {
+            round.push_back(
+                RunVeriCache(m, master, bs, queries, bp, tokens, flags["compressor"], draft_window, 0.0, 0, true));
+          }
+        }
+        std::vector<ModeResult> local;
+        if (!MedianRounds(rounds, &local)) {
+          std::cerr << "EXACTNESS FAILURE: a mode's output differs between rounds\n";
+          return 3;
+        }
+        for (int64_t ratio : link_ratios) {
+          const double link = ratio > 0 ? bw / ratio : 0.0;
+          std::vector<ModeResult> linked;
+          if (modes.count("offload")) linked.push_back(RunOffload(m, master, bs, bp, tokens, link));
+          if (modes.count("vericache")) {
+            linked.push_back(RunVeriCache(m, master, bs, queries, bp, tokens, flags["compressor"], draft_window, link));
+          }
+          const std::string link_name = ratio > 0 ? absl::StrFormat("1/%d", ratio) : "unpaced";
+          std::vector<ModeResult*> rows;
+          for (auto& r : local) rows.push_back(&r);
+          for (auto& r : linked) rows.push_back(&r);
+          const ModeResult* full = nullptr;
+          const ModeResult* offload = nullptr;
+          for (auto* r : rows) {
+            if (r->mode == "full") full = r;
+            if (r->mode == "offload") offload = r;
+          }
+          for (auto* r : rows) {
+            const bool linked_mode = r->mode == "offload" || r->mode == "vericache";
+            if (!linked_mode && ratio != link_ratios.front()) continue;  // print once
+            const double tps = Rate(*r);
+            std::string identical = "-";
+            if (full != nullptr && r != full) {
+              int same = 0;
+              for (size_t i = 0; i < r->outputs.size(); ++i) same += r->outputs[i] == full->outputs[i];
+              identical = absl::StrFormat("%d/%d", same, r->outputs.size());
+              if (absl::StartsWith(r->mode, "vericache") && same != static_cast<int>(r->outputs.size())) {
+                std::cerr << "EXACTNESS FAILURE: vericache output differs from full-KV decoding\n";
+                return 3;
+              }
+            }
+            const double vs_full = r->rounds_vs_full > 0 ? r->rounds_vs_full : full ? tps / Rate(*full) : 0;
+            const double vs_off = offload ? tps / Rate(*offload) : 0;
+            std::cout << absl::StrFormat("| %d | %d | %s | %s | %.1f | %.2f | %.0f | %.2f | %s | %s | %s |\n", ctx, batch,
+                                         linked_mode ? link_name : "-", r->mode, tps, 1e3 * r->decode_seconds / tokens,
+                                         r->bytes_read / r->tokens, vs_full,
+                                         linked_mode && offload ? absl::StrFormat("%.2f", vs_off) : "-", identical,
+                                         r->extra.is_null() ? "" : r->extra.dump());
+            std::cout.flush();
+            nlohmann::json j = {{"context", ctx}, {"batch", batch}, {"link_ratio", linked_mode ? ratio : 0},
+                                {"mode", r->mode}, {"tokens_per_s", tps}, {"bytes_per_token", r->bytes_read / r->tokens},
+                                {"identical", identical}, {"extra", r->extra}, {"memcpy_gbps", bw / 1e9}};
+            all.push_back(j);
+          }
+        }
+      }
+    }
+    // A fixed worker memory budget for KV: the full-KV decoder fits as many sequences as their full
+    // KV allows; VeriCache fits compressed copies plus staging for one sequence's full KV (the one
+    // being verified), so its batch is larger. Both run at the same context with their own batch.
+    if (budget > 0) {
+      const int64_t ctx = budget_context;
+      const KvLayout layout = m.kv_layout(16);
+      const int64_t full_seq = (ctx + tokens + 16) * layout.bytes_per_token();
+      // Compressed bytes per sequence, measured on one sequence built from real KV.
+      std::vector<int32_t> prompt = m.tokenizer().Encode(corpus.substr(0, static_cast<size_t>(ctx - 1)));
+      PagedKvCache one(layout, ctx / 16 + 2);
+      const SeqId s0 = one.NewSequence();
+      auto q0 = PrefillPrompt(m, prompt, s0, one, query_window);
+      if (!q0.ok()) {
+        std::cerr << q0.status() << "\n";
         return 1;
       }
-      src.push_back(s);
-      queries.push_back(*std::move(q));
-    }
-    std::cerr << absl::StrFormat("context %d: prefilled %d prompts in %.1f s\n", ctx, prompts.size(),
-                                 absl::ToDoubleSeconds(absl::Now() - p0));
-    for (int64_t batch : batches) {
-      std::vector<std::vector<int32_t>> bp(prompts.begin(), prompts.begin() + batch);
-      std::vector<SeqId> bs(src.begin(), src.begin() + batch);
-      std::vector<std::vector<ModeResult>> rounds(static_cast<size_t>(round_count));
-      for (std::vector<ModeResult>& round : rounds) {
-        if (modes.count("full")) round.push_back(RunFull(m, master, bs, bp, tokens));
-        if (modes.count("lossy")) round.push_back(RunLossy(m, master, bs, queries, bp, tokens, flags["compressor"]));
-        if (modes.count("resident")) {
-          round.push_back(
-              RunVeriCache(m, master, bs, queries, bp, tokens, flags["compressor"], draft_window, 0.0, 0, true));
-        }
+      const SeqId c0 = (*probe)->NewSequence();
+      if (absl::Status st = (*probe)->BuildFrom(c0, one, s0, static_cast<int64_t>(prompt.size()) - 1, RecordedQueries(*q0));
+          !st.ok()) {
+        std::cerr << st << "\n";
+        return 1;
       }
-      std::vector<ModeResult> local;
-      if (!MedianRounds(rounds, &local)) {
-        std::cerr << "EXACTNESS FAILURE: a mode's output differs between rounds\n";
-        return 3;
-      }
-      for (int64_t ratio : link_ratios) {
-        const double link = ratio > 0 ? bw / ratio : 0.0;
-        std::vector<ModeResult> linked;
-        if (modes.count("offload")) linked.push_back(RunOffload(m, master, bs, bp, tokens, link));
-        if (modes.count("vericache")) {
-          linked.push_back(RunVeriCache(m, master, bs, queries, bp, tokens, flags["compressor"], draft_window, link));
+      const int64_t comp_seq = (*probe)->Bytes(c0) * (ctx + tokens) / ctx + 1;
+      const int64_t batch_full = budget / full_seq;
+      const int64_t batch_vc = std::max<int64_t>(0, (budget - full_seq) / comp_seq);
+      std::cout << absl::StrFormat("\nmemory budget %d MiB at context %d: full KV %.1f MiB/sequence -> batch %d; "
+                                   "compressed %.2f MiB/sequence + one staging sequence -> batch %d\n",
+                                   budget >> 20, ctx, full_seq / 1048576.0, batch_full, comp_seq / 1048576.0, batch_vc);
+      if (batch_full >= 1 && batch_vc >= 1) {
+        std::vector<std::vector<int32_t>> prompts;
+        PagedKvCache master(layout, batch_vc * (ctx / 16 + 2));
+        std::vector<SeqId> src;
+        for (int64_t b = 0; b < batch_vc; ++b) {
+          // One real prefill, copied: each sequence holds its own KV, identical content.
+          const SeqId sq = master.NewSequence();
+          if (!master.Reserve(sq, static_cast<int64_t>(prompt.size()) - 1).ok()) return 1;
+          one.CopyTo(s0, 0, static_cast<int64_t>(prompt.size()) - 1, master, sq);
+          master.Commit(sq, static_cast<int64_t>(prompt.size()) - 1);
+          src.push_back(sq);
+          prompts.push_back(prompt);
         }
-        const std::string link_name = ratio > 0 ? absl::StrFormat("1/%d", ratio) : "unpaced";
-        std::vector<ModeResult*> rows;
-        for (auto& r : local) rows.push_back(&r);
-        for (auto& r : linked) rows.push_back(&r);
-        const ModeResult* full = nullptr;
-        const ModeResult* offload = nullptr;
-        for (auto* r : rows) {
-          if (r->mode == "full") full = r;
-          if (r->mode == "offload") offload = r;
-        }
-        for (auto* r : rows) {
-          const bool linked_mode = r->mode == "offload" || r->mode == "vericache";
-          if (!linked_mode && ratio != link_ratios.front()) continue;  // print once
-          const double tps = Rate(*r);
-          std::string identical = "-";
-          if (full != nullptr && r != full) {
-            int same = 0;
-            for (size_t i = 0; i < r->outputs.size(); ++i) same += r->outputs[i] == full->outputs[i];
-            identical = absl::StrFormat("%d/%d", same, r->outputs.size());
-            if (absl::StartsWith(r->mode, "vericache") && same != static_cast<int>(r->outputs.size())) {
-              std::cerr << "EXACTNESS FAILURE: vericache output differs from full-KV decoding\n";
+        const std::vector<PromptQueries> queries(static_cast<size_t>(batch_vc), *q0);
+        std::vector<std::vector<int32_t>> pf(prompts.begin(), prompts.begin() + batch_full);
+        std::vector<SeqId> sf(src.begin(), src.begin() + batch_full);
+        ModeResult full = RunFull(m, master, sf, pf, tokens);
+        const int64_t staging = full_seq / (layout.bytes_per_token() * 16) + 1;
+        for (int64_t ratio : link_ratios) {
+          const double link = ratio > 0 ? bw / ratio : 0.0;
+          ModeResult vcr =
+              RunVeriCache(m, master, src, queries, prompts, tokens, flags["compressor"], draft_window, link, staging);
+          for (size_t i = 0; i < vcr.outputs.size(); ++i) {
+            if (vcr.outputs[i] != full.outputs[0]) {
+              std::cerr << "EXACTNESS FAILURE under the memory budget\n";
               return 3;
             }
           }
-          const double vs_full = r->rounds_vs_full > 0 ? r->rounds_vs_full : full ? tps / Rate(*full) : 0;
-          const double vs_off = offload ? tps / Rate(*offload) : 0;
-          std::cout << absl::StrFormat("| %d | %d | %s | %s | %.1f | %.2f | %.0f | %.2f | %s | %s | %s |\n", ctx, batch,
-                                       linked_mode ? link_name : "-", r->mode, tps, 1e3 * r->decode_seconds / tokens,
-                                       r->bytes_read / r->tokens, vs_full,
-                                       linked_mode && offload ? absl::StrFormat("%.2f", vs_off) : "-", identical,
-                                       r->extra.is_null() ? "" : r->extra.dump());
-          std::cout.flush();
-          nlohmann::json j = {{"context", ctx}, {"batch", batch}, {"link_ratio", linked_mode ? ratio : 0},
-                              {"mode", r->mode}, {"tokens_per_s", tps}, {"bytes_per_token", r->bytes_read / r->tokens},
-                              {"identical", identical}, {"extra", r->extra}, {"memcpy_gbps", bw / 1e9}};
-          all.push_back(j);
+          const double tf = Rate(full), tv = Rate(vcr);
+          std::cout << absl::StrFormat("budget run, link %s: full batch %d %.1f tokens/s; vericache batch %d %.1f "
+                                       "tokens/s (%.2fx), outputs identical\n",
+                                       ratio > 0 ? absl::StrFormat("1/%d", ratio) : "unpaced", batch_full, tf, batch_vc,
+                                       tv, tv / tf);
+          all.push_back({{"budget_mib", budget >> 20}, {"context", ctx}, {"link_ratio", ratio},
+                         {"full_batch", batch_full}, {"full_tokens_per_s", tf}, {"vericache_batch", batch_vc},
+                         {"vericache_tokens_per_s", tv}});
         }
       }
     }
-  }
-  // A fixed worker memory budget for KV: the full-KV decoder fits as many sequences as their full
-  // KV allows; VeriCache fits compressed copies plus staging for one sequence's full KV (the one
-  // being verified), so its batch is larger. Both run at the same context with their own batch.
-  if (budget > 0) {
-    const int64_t ctx = budget_context;
-    const KvLayout layout = m.kv_layout(16);
-    const int64_t full_seq = (ctx + tokens + 16) * layout.bytes_per_token();
-    // Compressed bytes per sequence, measured on one sequence built from real KV.
-    std::vector<int32_t> prompt = m.tokenizer().Encode(corpus.substr(0, static_cast<size_t>(ctx - 1)));
-    PagedKvCache one(layout, ctx / 16 + 2);
-    const SeqId s0 = one.NewSequence();
-    auto q0 = PrefillPrompt(m, prompt, s0, one, query_window);
-    if (!q0.ok()) {
-      std::cerr << q0.status() << "\n";
-      return 1;
-    }
-    const SeqId c0 = (*probe)->NewSequence();
-    if (absl::Status st = (*probe)->BuildFrom(c0, one, s0, static_cast<int64_t>(prompt.size()) - 1, RecordedQueries(*q0));
-        !st.ok()) {
-      std::cerr << st << "\n";
-      return 1;
-    }
-    const int64_t comp_seq = (*probe)->Bytes(c0) * (ctx + tokens) / ctx + 1;
-    const int64_t batch_full = budget / full_seq;
-    const int64_t batch_vc = std::max<int64_t>(0, (budget - full_seq) / comp_seq);
-    std::cout << absl::StrFormat("\nmemory budget %d MiB at context %d: full KV %.1f MiB/sequence -> batch %d; "
-                                 "compressed %.2f MiB/sequence + one staging sequence -> batch %d\n",
-                                 budget >> 20, ctx, full_seq / 1048576.0, batch_full, comp_seq / 1048576.0, batch_vc);
-    if (batch_full >= 1 && batch_vc >= 1) {
-      std::vector<std::vector<int32_t>> prompts;
-      PagedKvCache master(layout, batch_vc * (ctx / 16 + 2));
-      std::vector<SeqId> src;
-      for (int64_t b = 0; b < batch_vc; ++b) {
-        // One real prefill, copied: each sequence holds its own KV, identical content.
-        const SeqId sq = master.NewSequence();
-        if (!master.Reserve(sq, static_cast<int64_t>(prompt.size()) - 1).ok()) return 1;
-        std::vector<float> krow(static_cast<size_t>(layout.row_elems())), vrow(krow.size());
-        for (int l = 0; l < layout.num_layers; ++l) {
-          for (int64_t p = 0; p + 1 < static_cast<int64_t>(prompt.size()); ++p) {
-            master.Write(l, sq, p, one.KFloat(l, s0, p, krow.data()), one.VFloat(l, s0, p, vrow.data()));
-          }
-        }
-        master.Commit(sq, static_cast<int64_t>(prompt.size()) - 1);
-        src.push_back(sq);
-        prompts.push_back(prompt);
-      }
-      const std::vector<PromptQueries> queries(static_cast<size_t>(batch_vc), *q0);
-      std::vector<std::vector<int32_t>> pf(prompts.begin(), prompts.begin() + batch_full);
-      std::vector<SeqId> sf(src.begin(), src.begin() + batch_full);
-      ModeResult full = RunFull(m, master, sf, pf, tokens);
-      const int64_t staging = full_seq / (layout.bytes_per_token() * 16) + 1;
-      for (int64_t ratio : link_ratios) {
-        const double link = ratio > 0 ? bw / ratio : 0.0;
-        ModeResult vcr =
-            RunVeriCache(m, master, src, queries, prompts, tokens, flags["compressor"], draft_window, link, staging);
-        for (size_t i = 0; i < vcr.outputs.size(); ++i) {
-          if (vcr.outputs[i] != full.outputs[0]) {
-            std::cerr << "EXACTNESS FAILURE under the memory budget\n";
-            return 3;
-          }
-        }
-        const double tf = Rate(full), tv = Rate(vcr);
-        std::cout << absl::StrFormat("budget run, link %s: full batch %d %.1f tokens/s; vericache batch %d %.1f "
-                                     "tokens/s (%.2fx), outputs identical\n",
-                                     ratio > 0 ? absl::StrFormat("1/%d", ratio) : "unpaced", batch_full, tf, batch_vc,
-                                     tv, tv / tf);
-        all.push_back({{"budget_mib", budget >> 20}, {"context", ctx}, {"link_ratio", ratio},
-                       {"full_batch", batch_full}, {"full_tokens_per_s", tf}, {"vericache_batch", batch_vc},
-                       {"vericache_tokens_per_s", tv}});
-      }
+    return 0;
+  };
+  for (const std::optional<DType>& kv_dtype : kv_dtypes) {
+    const size_t before = all.size();
+    if (const int rc = run(kv_dtype); rc != 0) return rc;
+    for (size_t i = before; i < all.size(); ++i) {
+      all[i]["kv_dtype"] = kv_dtype ? std::string(DTypeName(*kv_dtype)) : std::string("auto");
     }
   }
   if (!flags["json"].empty()) std::ofstream(flags["json"]) << all.dump(1) << "\n";

@@ -59,16 +59,13 @@ absl::Status QuestCache::BuildFrom(SeqId seq, const PagedKvCache& full, SeqId fu
         absl::StrCat("build from ", length, " positions but the full cache holds ", full.Length(full_seq)));
   }
   Sequence& s = seqs_[seq];
-  std::vector<float> krow(static_cast<size_t>(full.layout().row_elems())), vrow(krow.size());
   for (int l = 0; l < layout_.num_layers; ++l) {
     s.k[l].clear();
     s.v[l].clear();
     s.kmin[l].clear();
     s.kmax[l].clear();
-    for (int64_t p = 0; p < length; ++p) {
-      Write(l, seq, p, full.KFloat(l, full_seq, p, krow.data()), full.VFloat(l, full_seq, p, vrow.data()));
-    }
   }
+  full.CopyTo(full_seq, 0, length, *this, seq);
   s.length = length;
   return absl::OkStatus();
 }

@@ -42,15 +42,14 @@ absl::Status StreamingCache::BuildFrom(SeqId seq, const PagedKvCache& full, SeqI
         absl::StrCat("build from ", length, " positions but the full cache holds ", full.Length(full_seq)));
   }
   Sequence& s = seqs_[seq];
-  std::vector<float> krow(static_cast<size_t>(full.layout().row_elems())), vrow(krow.size());
   for (int l = 0; l < layout_.num_layers; ++l) {
     s.k[l].clear();
     s.v[l].clear();
-    for (int64_t p = 0; p < length; ++p) {
-      if (p >= sinks_ && p < length - ring_) continue;  // never visible again
-      Write(l, seq, p, full.KFloat(l, full_seq, p, krow.data()), full.VFloat(l, full_seq, p, vrow.data()));
-    }
   }
+  // The sinks and the recent ring: the positions between are never visible again.
+  const int64_t sinks = std::min<int64_t>(sinks_, length);
+  full.CopyTo(full_seq, 0, sinks, *this, seq);
+  full.CopyTo(full_seq, std::max(sinks, length - ring_), length, *this, seq);
   s.length = length;
   s.longest = length;
   return absl::OkStatus();

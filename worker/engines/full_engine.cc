@@ -159,13 +159,7 @@ void FullKvEngine::Admit(Sequence& s) {
   const PrefilledKv& pre = s.request.prefilled;
   if (pre.cache != nullptr) {
     const int64_t n = s.prompt_len - 1;
-    std::vector<float> krow(static_cast<size_t>(cache_.layout().row_elems())), vrow(krow.size());
-    for (int l = 0; l < cache_.layout().num_layers; ++l) {
-      for (int64_t p = 0; p < n; ++p) {
-        cache_.Write(l, s.seq, p, pre.cache->KFloat(l, pre.seq, p, krow.data()),
-                     pre.cache->VFloat(l, pre.seq, p, vrow.data()));
-      }
-    }
+    pre.cache->CopyTo(pre.seq, 0, n, cache_, s.seq);
     cache_.Commit(s.seq, n);
   } else if (UsesStore(s)) {
     FetchPrefix(s);

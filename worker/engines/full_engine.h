@@ -55,36 +55,26 @@ struct FullEngineOptions {
 // Not thread-safe: one thread calls Submit, Cancel and Step (or Generate).
 class FullKvEngine final : public Engine {
  public:
-
   // kInvalidArgument for options out of range (kv_blocks, block_size, max_batch < 1). `model` and
   // `prefixes` (optional) must outlive the engine.
   static absl::StatusOr<std::unique_ptr<FullKvEngine>> Create(const Model& model, const FullEngineOptions& options,
                                                               PrefixStore* prefixes = nullptr);
   ~FullKvEngine() override;
 
-  // Queues a request, checked with ValidateGenerate when the next Step looks at it. The stats
-  // filled in are prompt_tokens, emitted, the prefix counters, bytes_fetched and the timings
-  // (queue, prefill, first token, total). `request.prefilled`, if set, supplies the K/V of
-  // positions [0, prompt.size() - 1); only the last prompt token is then computed.
+  // Engine (engine.h). The stats filled in are prompt_tokens, emitted, the prefix counters,
+  // bytes_fetched and the timings (queue, prefill, first token, total). `request.prefilled`, if
+  // set, supplies the K/V of positions [0, prompt.size() - 1); only the last prompt token is then
+  // computed. A Step admits queued requests in order while max_batch and the pool allow (one
+  // waiting for room is passed by 8 later ones that fit, at most), then runs one batched pass over
+  // every sequence whose stored prefix, if it reads one, has arrived; with `may_wait` it may wait
+  // for the first to arrive when no other sequence can run. Generate returns the first error a
+  // request ended with.
   RequestId Submit(EngineRequest request, DoneCallback on_done) override;
   void Cancel(RequestId id) override;
-  // One scheduling step: ends cancelled and expired requests, fails queued requests that are
-  // invalid (kInvalidArgument) or that the pool could never hold (kResourceExhausted), admits
-  // queued ones in order while max_batch and the pool allow (one waiting for room is passed by 8
-  // later ones that fit, at most), then runs one batched pass over every sequence in flight whose
-  // stored prefix, if it reads one, has arrived (waiting for the first to arrive when no other
-  // sequence can run; store lookups and reads run on threads of their own). An error is the engine's own (a failed pass); every request in flight has
-  // been ended with it.
-  // `may_wait`: as VeriCacheEngine::Step's (here also for a stored prefix being read).
   absl::Status Step(bool may_wait = true) override;
   bool Idle() const override { return requests_.Idle(); }
   size_t queued() const override { return requests_.pending.size(); }
   size_t active() const override { return requests_.active.size(); }
-
-  // Generates for every request and returns their results in request order. kInvalidArgument
-  // for a bad request (see ValidateGenerate) and kResourceExhausted for one the pool can never
-  // hold, both before anything runs; otherwise the first error a request ended with. Only when
-  // no Submit-ted request is in flight.
   absl::StatusOr<std::vector<EngineResult>> Generate(absl::Span<const EngineRequest> requests) override;
 
   // Free blocks of the KV pool (all of them when idle).

@@ -567,13 +567,7 @@ absl::Status VeriCacheEngine::Rebuild(Sequence& s, int64_t length) {
 
 absl::Status VeriCacheEngine::AppendExact(Sequence& s, int64_t from, int64_t to) {
   VC_RETURN_IF_ERROR(compressed_->Reserve(s.cseq, to));
-  std::vector<float> krow(static_cast<size_t>(staging_->layout().row_elems())), vrow(krow.size());
-  for (int l = 0; l < model_.config().num_layers; ++l) {
-    for (int64_t p = from; p < to; ++p) {
-      compressed_->Write(l, s.cseq, p, staging_->KFloat(l, s.sseq, p, krow.data()),
-                         staging_->VFloat(l, s.sseq, p, vrow.data()));
-    }
-  }
+  staging_->CopyTo(s.sseq, from, to, *compressed_, s.cseq);
   compressed_->Commit(s.cseq, to);
   return absl::OkStatus();
 }

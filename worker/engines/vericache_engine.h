@@ -92,31 +92,22 @@ struct EngineOptions {
 // Not thread-safe: one thread calls Submit, Cancel and Step (or Generate).
 class VeriCacheEngine final : public Engine {
  public:
-
   // `model`, `tier` and `prefixes` (optional) must outlive the engine.
   static absl::StatusOr<std::unique_ptr<VeriCacheEngine>> Create(const Model& model, FullKvTier* tier,
                                                                  const EngineOptions& options,
                                                                  PrefixStore* prefixes = nullptr);
   ~VeriCacheEngine() override;
 
-  // Queues a request (checked with ValidateGenerate when admitted). Needs staging_blocks > 0.
+  // Engine (engine.h). Submit needs staging_blocks > 0. A Step runs the batched verify pass of the
+  // sequences ready for one and the batched draft step of those drafting; with neither and
+  // `may_wait`, it waits for a fetch, or (up to PrefixLookups::kIdleWait) for the store's answer
+  // about a queued request. Generate's kResourceExhausted: staging cannot hold one sequence.
   RequestId Submit(EngineRequest request, DoneCallback on_done) override;
   void Cancel(RequestId id) override;
-  // One scheduling step: ends cancelled and expired requests, admits queued ones while there is
-  // room, then runs the batched verify pass of the sequences ready for one and the batched draft
-  // step of those drafting (or, with neither, waits for a fetch). An error is the engine's own (a
-  // failed pass); every request in flight has been ended with it. `may_wait`: with nothing of its
-  // own to run, the step may wait for a fetch, or (up to PrefixLookups::kIdleWait) for the store's
-  // answer about a queued request; a caller that drives other work on the same thread passes false
-  // while that work is in flight.
   absl::Status Step(bool may_wait = true) override;
   bool Idle() const override { return requests_.Idle(); }
   size_t queued() const override { return requests_.pending.size(); }
   size_t active() const override { return requests_.active.size(); }
-
-  // Generates for every request and returns their results in request order. kInvalidArgument
-  // for a bad request (see ValidateGenerate); kResourceExhausted if staging memory cannot hold
-  // one sequence. Only when no Submit-ted request is in flight.
   absl::StatusOr<std::vector<EngineResult>> Generate(absl::Span<const EngineRequest> requests) override;
   // Checks `requests` as Generate does and, with staging_blocks 0, allocates staging for all of
   // them (each prompt, its output and one draft window) unless what is allocated already holds

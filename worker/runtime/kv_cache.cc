@@ -91,6 +91,13 @@ const float* PagedKvCache::VFloat(int layer, SeqId seq, int64_t pos, float* scra
   return scratch;
 }
 
+void PagedKvCache::CopyTo(SeqId seq, int64_t from, int64_t to, AttentionCache& dst, SeqId dst_seq) const {
+  std::vector<float> k(static_cast<size_t>(layout_.row_elems())), v(k.size());
+  for (int l = 0; l < layout_.num_layers; ++l) {
+    for (int64_t p = from; p < to; ++p) dst.Write(l, dst_seq, p, KFloat(l, seq, p, k.data()), VFloat(l, seq, p, v.data()));
+  }
+}
+
 void PagedKvCache::Write(int layer, SeqId seq, int64_t pos, const float* k, const float* v) {
   NarrowFromF32(k, layout_.row_elems(), layout_.dtype, KRow(layer, seq, pos));
   NarrowFromF32(v, layout_.row_elems(), layout_.dtype, VRow(layer, seq, pos));

@@ -80,6 +80,11 @@ class PagedKvCache final : public AttentionCache {
   const float* KFloat(int layer, SeqId seq, int64_t pos, float* scratch) const;
   const float* VFloat(int layer, SeqId seq, int64_t pos, float* scratch) const;
 
+  // Writes positions [from, to) of `seq` into `dst_seq` of `dst` (a compressed cache, or a paged
+  // cache of any dtype) with dst.Write, as float32 rows, layer by layer. Reserving and committing
+  // them there is the caller's.
+  void CopyTo(SeqId seq, int64_t from, int64_t to, AttentionCache& dst, SeqId dst_seq) const;
+
   const std::vector<int32_t>& BlockTable(SeqId seq) const { return seqs_[seq].blocks; }
   kernels::PagedKvLayer LayerView(int layer) const;
 
