@@ -249,7 +249,7 @@ int Run(std::map<std::string, std::string> flags) {
     std::cerr << store.status() << "\n";
     return 1;
   }
-  CacheStoreService service(store->get(), StoreServiceOptions{{{"bench-token", "bench"}}, "secret", ucx->get()});
+  CacheStoreService service(store->get(), StoreServiceOptions{{{"bench-token", "bench"}}, "secret", ucx->get(), {"bench"}});
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);

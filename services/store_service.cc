@@ -50,7 +50,7 @@ grpc::ServerUnaryReactor* Done(grpc::CallbackServerContext* ctx, const absl::Sta
 CacheStoreService::CacheStoreService(cachestore::BlockStore* store, StoreServiceOptions options)
     : store_(store), options_(std::move(options)) {}
 
-absl::StatusOr<std::string> CacheStoreService::TenantSalt(grpc::CallbackServerContext* ctx) const {
+absl::StatusOr<std::string> CacheStoreService::Tenant(grpc::CallbackServerContext* ctx) const {
   const auto& md = ctx->client_metadata();
   auto it = md.find("authorization");
   if (it == md.end()) return absl::UnauthenticatedError("missing authorization metadata (Bearer token)");
@@ -58,7 +58,13 @@ absl::StatusOr<std::string> CacheStoreService::TenantSalt(grpc::CallbackServerCo
   if (!absl::ConsumePrefix(&v, "Bearer ")) return absl::UnauthenticatedError("authorization is not a Bearer token");
   auto t = options_.tokens.find(std::string(v));
   if (t == options_.tokens.end()) return absl::UnauthenticatedError("unknown token");
-  return cachestore::BlockStore::TenantSalt(options_.secret, t->second);
+  return t->second;
+}
+
+absl::StatusOr<std::string> CacheStoreService::TenantSalt(grpc::CallbackServerContext* ctx) const {
+  absl::StatusOr<std::string> tenant = Tenant(ctx);
+  if (!tenant.ok()) return tenant.status();
+  return cachestore::BlockStore::TenantSalt(options_.secret, *tenant);
 }
 
 absl::StatusOr<cachestore::BlockKey> CacheStoreService::ScopedKey(const std::string& salt,
@@ -75,7 +81,10 @@ grpc::ServerUnaryReactor* CacheStoreService::Lookup(grpc::CallbackServerContext*
                                                     LookupResponse* resp) {
   absl::StatusOr<std::string> salt = TenantSalt(ctx);
   if (!salt.ok()) return Done(ctx, salt.status());
-  if (req->keys_size() > 1 << 20) return Done(ctx, absl::InvalidArgumentError("too many keys in one lookup"));
+  // A prompt of 2M tokens in 512-token blocks; each key costs store time, so no call asks for more.
+  if (req->keys_size() > kMaxKeysPerLeaseCall) {
+    return Done(ctx, absl::InvalidArgumentError(absl::StrCat("more than ", kMaxKeysPerLeaseCall, " keys in one lookup")));
+  }
   std::vector<cachestore::BlockKey> keys;
   for (const std::string& k : req->keys()) {
     absl::StatusOr<cachestore::BlockKey> sk = ScopedKey(*salt, k);
@@ -239,8 +248,12 @@ grpc::ServerUnaryReactor* CacheStoreService::Delete(grpc::CallbackServerContext*
 
 grpc::ServerUnaryReactor* CacheStoreService::Stats(grpc::CallbackServerContext* ctx, const StatsRequest*,
                                                    StatsResponse* resp) {
-  absl::StatusOr<std::string> salt = TenantSalt(ctx);
-  if (!salt.ok()) return Done(ctx, salt.status());
+  absl::StatusOr<std::string> tenant = Tenant(ctx);
+  if (!tenant.ok()) return Done(ctx, tenant.status());
+  if (!options_.stats_tenants.contains(*tenant)) {
+    return Done(ctx, absl::PermissionDeniedError("the store's stats count every tenant's blocks and requests: they are "
+                                                 "for the tenants of --stats-tenants"));
+  }
   CurrentStats(resp);
   return Done(ctx, absl::OkStatus());
 }

@@ -3,6 +3,7 @@
 #define VC_SERVICES_STORE_SERVICE_H_
 
 #include <map>
+#include <set>
 #include <memory>
 #include <string>
 
@@ -22,6 +23,10 @@ struct StoreServiceOptions {
   std::string secret;                         // server secret mixed into every tenant salt
   // The UCX server of the store's RAM region; null serves every Get inline.
   const cachestore::UcxRegionServer* ucx = nullptr;
+  // Tenants whose tokens may read Stats: its counts are the whole store's, every tenant's activity
+  // in them, so other tenants are refused (PERMISSION_DENIED). Empty: nobody (the metrics endpoint
+  // still serves them, to the operator's network).
+  std::set<std::string> stats_tenants;
 };
 
 // Thread-safe. Handlers run on gRPC's callback threads; they block on the store (RocksDB), which
@@ -61,7 +66,8 @@ class CacheStoreService final : public vericache::v1::CacheStore::CallbackServic
   void CurrentStats(vericache::v1::StatsResponse* resp) const;
 
  private:
-  // The tenant salt of the call's bearer token; kUnauthenticated without a valid one.
+  // The caller's tenant, and its salt, from its bearer token; kUnauthenticated without a known one.
+  absl::StatusOr<std::string> Tenant(grpc::CallbackServerContext* ctx) const;
   absl::StatusOr<std::string> TenantSalt(grpc::CallbackServerContext* ctx) const;
   // The tenant-scoped key of a request key; kInvalidArgument unless it is 32 bytes.
   absl::StatusOr<cachestore::BlockKey> ScopedKey(const std::string& salt, const std::string& key) const;

@@ -1,6 +1,8 @@
 // `vericache generate` end to end, in process: output formats and every bad-input exit; the
 // store and worker commands' flag checks; and the flag declarations every command parses and
 // prints its usage from.
+#include <sys/stat.h>
+
 #include <fstream>
 #include <initializer_list>
 #include <sstream>
@@ -133,6 +135,35 @@ TEST_F(CliTest, KvDTypeEveryModeAgainstItsFullDecoding) {
     EXPECT_EQ(run({"--mode", "vericache", "--draft-window", "4"})["token_ids"], want) << dtype;
   }
   ExpectRefused(RunGenerateCommand, {"--model", dir_, "--prompt", "x"}, "--kv-dtype", {"fp8", "BF16", ""});
+}
+
+// Secrets and cached KV stay their user's: a store's data directory is made 0700 (created so, or
+// narrowed), and a token file others can read is named on stderr.
+TEST_F(CliTest, DataDirIsMadePrivateAndOpenTokenFilesAreNamed) {
+  const std::string fresh = dir_ + "/data-fresh", open_dir = dir_ + "/data-open";
+  std::ostringstream out;
+  ASSERT_TRUE(MakeDirPrivate(fresh, "--data-dir", out).ok());
+  struct stat st;
+  ASSERT_EQ(stat(fresh.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0700u);
+  EXPECT_EQ(out.str(), "");
+  ASSERT_EQ(mkdir(open_dir.c_str(), 0755), 0);
+  ASSERT_EQ(chmod(open_dir.c_str(), 0755), 0);
+  ASSERT_TRUE(MakeDirPrivate(open_dir, "--data-dir", out).ok());
+  ASSERT_EQ(stat(open_dir.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0700u);
+  EXPECT_NE(out.str().find("made it 0700"), std::string::npos) << out.str();
+  EXPECT_FALSE(MakeDirPrivate(dir_ + "/no/such/parent", "--data-dir", out).ok());
+
+  const std::string token = dir_ + "/token";
+  vc::testing::WriteFile(token, "a-token\n");
+  for (const auto& [mode, named] : {std::pair<mode_t, bool>{0600, false}, {0644, true}, {0640, true}}) {
+    ASSERT_EQ(chmod(token.c_str(), mode), 0);
+    ::testing::internal::CaptureStderr();
+    EXPECT_EQ(*ReadBearerTokenFile(token), "a-token");
+    const std::string err = ::testing::internal::GetCapturedStderr();
+    EXPECT_EQ(err.find("can be read by other users") != std::string::npos, named) << std::oct << mode << ": " << err;
+  }
 }
 
 TEST_F(CliTest, BadInputsExitNonZeroWithAMessage) {

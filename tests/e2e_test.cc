@@ -166,7 +166,7 @@ class EndToEnd : public ::testing::Test {
         "store", "--listen", absl::StrCat("127.0.0.1:", store_port_), "--data-dir", dir_ + "/db", "--tokens",
         dir_ + "/tokens", "--ram-bytes", "67108864", "--disk-bytes", "1073741824"});
     auto client = *cachestore::StoreClient::Create({absl::StrCat("127.0.0.1:", store_port_), "worker-token", 300, ""});
-    EXPECT_TRUE(WaitFor(*p, [&] { return client->Stats().ok(); })) << "store did not start";
+    EXPECT_TRUE(WaitFor(*p, [&] { return client->Lookup({}).ok(); })) << "store did not start";
     return p;
   }
 

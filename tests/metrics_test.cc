@@ -317,6 +317,7 @@ TEST(StoreHealth, LivenessFollowsDiskWrites) {
   t.store.store.disk.env = disk.env.get();
   t.store.metrics_listen = "127.0.0.1:0";
   t.store.disk_failure_grace_ms = 1000;
+  t.store.service.stats_tenants = {"workers"};  // `vericache stats` below asks as this tenant
   auto store = StoreServer::Start(t.store);
   ASSERT_TRUE(store.ok()) << store.status();
   const std::string target = (*store)->target();

@@ -27,7 +27,7 @@ bool WaitUp(pid_t pid, const std::string& target) {
   while (std::chrono::steady_clock::now() < until) {
     if (waitpid(pid, nullptr, WNOHANG) == pid) return false;
     // A new channel each time: one that failed to connect waits out gRPC's reconnect backoff.
-    if ((*cachestore::StoreClient::Create({target, "tok", 300, ""}))->Stats().ok()) return true;
+    if ((*cachestore::StoreClient::Create({target, "tok", 300, ""}))->Lookup({}).ok()) return true;
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   return false;

@@ -113,7 +113,7 @@ class StoreServer {
       ucx_ = *cachestore::UcxRegionServer::Create(store_->ram().region(), store_->ram().region_bytes(), mode);
     }
     service_ = std::make_unique<CacheStoreService>(
-        store_.get(), StoreServiceOptions{{{"token-a", "alice"}, {"token-b", "bob"}}, "secret", ucx_.get()});
+        store_.get(), StoreServiceOptions{{{"token-a", "alice"}, {"token-b", "bob"}}, "secret", ucx_.get(), {"alice"}});
     grpc::ServerBuilder b;
     b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
     b.SetMaxReceiveMessageSize(256 << 20);
@@ -975,6 +975,9 @@ TEST(StoreService, AuthenticationAndTenantIsolation) {
   auto nobody = server.Client("token-x");
   const auto keys = Chain(2, 2);
   ASSERT_TRUE(a->Put(keys[0], MakeBlock(0)).ok());
+  // The store-wide counts are Alice's to read (--stats-tenants), not Bob's: they hold her activity.
+  EXPECT_EQ(b->Stats().status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(nobody->Stats().status().code(), absl::StatusCode::kUnauthenticated);
   EXPECT_EQ(nobody->Lookup(keys).status().code(), absl::StatusCode::kUnauthenticated);
   EXPECT_EQ(nobody->Put(keys[1], MakeBlock(1)).code(), absl::StatusCode::kUnauthenticated);
   // Bob's lookups of Alice's prefix find nothing, and his reads miss.

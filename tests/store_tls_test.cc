@@ -102,7 +102,7 @@ class TlsStoreServer {
     ucx_ = *cachestore::UcxRegionServer::Create(store_->ram().region(), store_->ram().region_bytes(),
                                                 cachestore::UcxErrorMode::kNone);
     service_ = std::make_unique<CacheStoreService>(store_.get(),
-                                                   StoreServiceOptions{{{"token-a", "alice"}}, "secret", ucx_.get()});
+                                                   StoreServiceOptions{{{"token-a", "alice"}}, "secret", ucx_.get(), {"alice"}});
     grpc::SslServerCredentialsOptions ssl;
     ssl.pem_key_cert_pairs.push_back({identity.key_pem, identity.cert_pem});
     grpc::ServerBuilder b;

@@ -80,6 +80,7 @@ class WorkerServiceTest : public ::testing::Test {
     so.store.disk.path = dir_ + "/" + db;
     so.store.disk.capacity_bytes = uint64_t{256} << 20;
     so.service.tokens = {{"tok", "tenant"}};
+    so.service.stats_tenants = {"tenant"};
     so.service.secret = "s";
     auto s = StoreServer::Start(so);
     EXPECT_TRUE(s.ok()) << s.status();
@@ -99,7 +100,7 @@ class WorkerServiceTest : public ::testing::Test {
     return w.ok() ? std::move(*w) : nullptr;
   }
 
-  // The store's stats, asked as the workers' tenant.
+  // The store's stats, asked as the workers' tenant (one of the store's --stats-tenants here).
   static v1::StatsResponse StoreStats(StoreServer& s) {
     v1::StatsResponse r;
     grpc::ClientContext ctx;

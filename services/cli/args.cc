@@ -2,8 +2,13 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
+#include <iostream>
 #include <thread>
+
+#include <sys/stat.h>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -33,8 +38,50 @@ std::string FormatBytes(double bytes) {
   return absl::StrFormat(bytes < 10 ? "%.2f %s" : bytes < 100 ? "%.1f %s" : "%.0f %s", bytes, units[u]);
 }
 
+void WarnIfOthersCanRead(const std::string& path, absl::string_view what) {
+  struct stat st;
+  if (stat(path.c_str(), &st) != 0 || (st.st_mode & 077) == 0) return;
+  std::cerr << absl::StrFormat("vericache: warning: %s %s can be read by other users (mode %04o): chmod 600 it\n",
+                               what, path, st.st_mode & 07777);
+}
+
+absl::Status MakeDirPrivate(const std::string& dir, absl::string_view flag, std::ostream& out) {
+  struct stat st;
+  if (stat(dir.c_str(), &st) != 0) {
+    if (mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
+      return absl::InvalidArgumentError(absl::StrCat(flag, " ", dir, ": cannot create it: ", std::strerror(errno)));
+    }
+    return absl::OkStatus();
+  }
+  if ((st.st_mode & 077) == 0) return absl::OkStatus();
+  if (chmod(dir.c_str(), st.st_mode & 0700) != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(flag, " ", dir, " can be read by other users and cannot be made private: ", std::strerror(errno)));
+  }
+  out << absl::StrFormat("%s %s could be reached by other users (mode %04o): made it %04o\n", flag, dir,
+                         st.st_mode & 07777, st.st_mode & 0700);
+  return absl::OkStatus();
+}
+
+Flag TokenFlag(std::string help) { return Flag::Str("token", "", std::move(help)).Value("TOKEN"); }
+
+Flag TokenFileFlag() {
+  return Flag::Str("token-file", "",
+                   "the same, read from the first line of a file (on a shared machine, --token is visible to every "
+                   "local user)")
+      .Value("FILE");
+}
+
+absl::StatusOr<std::string> ClientToken(const Args& a) {
+  if (a.Has("token") && a.Has("token-file")) return absl::InvalidArgumentError("give one of --token, --token-file");
+  if (a.Has("token-file")) return ReadBearerTokenFile(a.Str("token-file"));
+  if (a.Has("token")) VC_RETURN_IF_ERROR(CheckBearerToken(a.Str("token"), "--token"));
+  return a.Str("token");
+}
+
 absl::StatusOr<std::string> ReadBearerTokenFile(const std::string& path) {
   VC_ASSIGN_OR_RETURN(const std::string text, ReadFileLimited(path, 1 << 20, "token file"));
+  WarnIfOthersCanRead(path, "the token file");
   const size_t end = text.find('\n');
   const std::string line(absl::StripAsciiWhitespace(text.substr(0, end)));
   if (line.empty()) return absl::InvalidArgumentError(absl::StrCat(path, " holds no token"));
@@ -155,6 +202,7 @@ int RunSubcommand(const FlagSet& flags, const std::vector<std::string>& args, st
 
 absl::StatusOr<std::map<std::string, std::string>> ReadClientTokens(const std::string& path) {
   VC_ASSIGN_OR_RETURN(const std::string text, ReadFileLimited(path, 16 << 20, "client token file"));
+  WarnIfOthersCanRead(path, "the client token file");
   std::map<std::string, std::string> tokens;
   int n = 0;
   for (absl::string_view line : absl::StrSplit(text, '\n')) {
@@ -199,6 +247,7 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerTls(const Args& a
   grpc::SslServerCredentialsOptions ssl;
   VC_ASSIGN_OR_RETURN(std::string cert, ReadPemFile(a.Str("tls-cert"), "TLS certificate", "CERTIFICATE"));
   VC_ASSIGN_OR_RETURN(std::string key, ReadPemFile(a.Str("tls-key"), "TLS key", "PRIVATE KEY"));
+  WarnIfOthersCanRead(a.Str("tls-key"), "the TLS key");
   ssl.pem_key_cert_pairs.push_back({key, cert});
   return grpc::SslServerCredentials(ssl);
 }

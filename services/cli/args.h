@@ -41,6 +41,24 @@ absl::StatusOr<std::string> ReadBearerTokenFile(const std::string& path);
 // listed twice, or no token.
 absl::StatusOr<std::map<std::string, std::string>> ReadClientTokens(const std::string& path);
 
+// A line on stderr when the file at `path`, which holds `what` (a token, a key), may be read by
+// users other than its owner (group or other permission bits): any local user could take it.
+void WarnIfOthersCanRead(const std::string& path, absl::string_view what);
+
+// Makes `dir` (named `flag` in messages) its user's alone: creates it with mode 0700 when missing
+// (its parent must exist), or takes the group and other permission bits off it, saying so on
+// `out`. kInvalidArgument when neither can be done.
+absl::Status MakeDirPrivate(const std::string& dir, absl::string_view flag, std::ostream& out);
+
+// --token TOKEN and --token-file FILE of a client: the bearer token it presents. On a shared
+// machine a token on the command line is visible to every local user (/proc), so --token-file is
+// the one to use there.
+Flag TokenFlag(std::string help);
+Flag TokenFileFlag();
+// The token of --token or --token-file (empty with neither); kInvalidArgument for both, or for a
+// token that is not one.
+absl::StatusOr<std::string> ClientToken(const Args& a);
+
 // A secret, certificate or key file: at most 1 MiB, and not empty (kInvalidArgument naming `what`).
 absl::StatusOr<std::string> ReadSmallFile(const std::string& path, absl::string_view what);
 // ReadSmallFile of a PEM file that holds at least one block whose label ends with `label`

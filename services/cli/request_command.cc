@@ -15,7 +15,7 @@ namespace {
 
 absl::Status Run(const Args& a, std::ostream& out) {
   VC_RETURN_IF_ERROR(CheckAddress("--target", a.Str("target"), false));
-  if (a.Has("token")) VC_RETURN_IF_ERROR(CheckBearerToken(a.Str("token"), "--token"));
+  VC_ASSIGN_OR_RETURN(const std::string token, ClientToken(a));
   if (a.Has("prompt") == a.Has("prompt-file")) return absl::InvalidArgumentError("give one of --prompt, --prompt-file");
   vericache::v1::GenerateRequest req;
   if (a.Has("prompt")) {
@@ -53,7 +53,7 @@ absl::Status Run(const Args& a, std::ostream& out) {
     VC_ASSIGN_OR_RETURN(root_pem, ReadPemFile(a.Str("tls-ca"), "TLS root certificates", "CERTIFICATE"));
   }
   auto stub = InferenceStub(a.Str("target"), root_pem);
-  GenerateReply r = CallGenerate(*stub, req, a.Str("token"), absl::Milliseconds(timeout_ms));
+  GenerateReply r = CallGenerate(*stub, req, token, absl::Milliseconds(timeout_ms));
   if (absl::IsUnimplemented(r.status)) {
     return absl::FailedPreconditionError(absl::StrCat(a.Str("target"), " serves no Inference API (is it a store?)",
                                                       r.status.message().empty() ? "" : ": ", r.status.message()));
@@ -94,7 +94,8 @@ const FlagSet& RequestFlags() {
           Flag::Int("top-k", 0, 0, 1 << 20, "sample among the K likeliest tokens; 0: all").Value("K"),
           Flag::Number("top-p", 1, "sample among the likeliest tokens whose probabilities add up to P").Value("P"),
           Flag::Int("seed", 0, 0, INT64_MAX, "the sampler's seed").Value("S"),
-          Flag::Str("token", "", "the bearer token the worker takes").Value("TOKEN"),
+          TokenFlag("the bearer token the worker takes"),
+          TokenFileFlag(),
           Flag::Int("timeout-ms", 600000, 1, INT64_MAX / 1000000, "the call's deadline"),
           TlsCaFlag(),
           Flag::Str("stop", "", "stop generating where the output holds this text"),

@@ -132,12 +132,7 @@ void PrintRouter(const std::string& target, const v1::RouterStats& s, std::ostre
 absl::Status Run(const Args& a, std::ostream& out) {
   const std::string target = a.Str("target");
   VC_RETURN_IF_ERROR(CheckAddress("--target", target, false));
-  if (a.Has("token") && a.Has("token-file")) return absl::InvalidArgumentError("give one of --token, --token-file");
-  std::string token = a.Str("token");
-  if (a.Has("token")) VC_RETURN_IF_ERROR(CheckBearerToken(token, "--token"));
-  if (a.Has("token-file")) {
-    VC_ASSIGN_OR_RETURN(token, ReadBearerTokenFile(a.Str("token-file")));
-  }
+  VC_ASSIGN_OR_RETURN(const std::string token, ClientToken(a));
   const int64_t timeout_ms = a.Int("timeout-ms");
   std::string tls_roots;
   if (a.Has("tls-ca")) {
@@ -208,8 +203,8 @@ const FlagSet& StatsFlags() {
       "summed.",
       {
           Flag::Str("target", "", "the worker, store or router").Value("HOST:PORT").Required(),
-          Flag::Str("token", "", "the bearer token the target takes (a store always needs one)").Value("TOKEN"),
-          Flag::Str("token-file", "", "the same, read from the first line of a file").Value("FILE"),
+          TokenFlag("the bearer token the target takes (a store needs one of a tenant of its --stats-tenants)"),
+          TokenFileFlag(),
           TlsCaFlag(),
           Flag::Int("timeout-ms", 5000, 1, int64_t{24} * 3600 * 1000, "the deadline of each call"),
           Flag::Switch("json", "print the stats as one JSON object"),

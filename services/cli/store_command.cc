@@ -1,11 +1,17 @@
 #include "services/cli/store_command.h"
 
 #include <signal.h>
+#include <sys/stat.h>
 
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "common/files.h"
 #include "common/status_macros.h"
@@ -53,13 +59,24 @@ absl::Status Run(const Args& a, std::ostream& out) {
   VC_ASSIGN_OR_RETURN(o.ram.min_slot_bytes, RamSlotBytes(a, static_cast<uint64_t>(ram)));
   o.disk.path = a.Str("data-dir");
   VC_RETURN_IF_ERROR(CheckDataDir(o.disk.path));
+  // The cached KV is the tenants' prompts: no other local user may reach the files.
+  VC_RETURN_IF_ERROR(MakeDirPrivate(o.disk.path, "--data-dir", out));
   o.disk.capacity_bytes = static_cast<uint64_t>(disk);
   o.disk.reserve_bytes = static_cast<uint64_t>(a.Int("disk-reserve-bytes"));
   StoreServiceOptions so;
   VC_ASSIGN_OR_RETURN(so.tokens, ReadTokenFile(a.Str("tokens")));
+  WarnIfOthersCanRead(a.Str("tokens"), "the token file");
   if (so.tokens.empty()) return absl::InvalidArgumentError("the token file lists no tenant");
   if (a.Has("secret-file")) {
     VC_ASSIGN_OR_RETURN(so.secret, ReadSmallFile(a.Str("secret-file"), "secret file"));
+    WarnIfOthersCanRead(a.Str("secret-file"), "the secret file");
+  }
+  for (absl::string_view t : absl::StrSplit(a.Str("stats-tenants"), ',', absl::SkipEmpty())) {
+    const std::string tenant(t);
+    if (std::none_of(so.tokens.begin(), so.tokens.end(), [&](const auto& kv) { return kv.second == tenant; })) {
+      return absl::InvalidArgumentError(absl::StrCat("--stats-tenants: no token of --tokens is tenant '", tenant, "'"));
+    }
+    so.stats_tenants.insert(tenant);
   }
   server.listen = a.Str("listen");
   server.store = o;
@@ -108,6 +125,11 @@ const FlagSet& StoreFlags() {
           Flag::Str("tokens", "", "lines of 'token tenant'; requests without a listed Bearer token are refused")
               .Value("FILE")
               .Required(),
+          Flag::Str("stats-tenants", "",
+                    "tenants of --tokens whose tokens may read the store's stats (vericache stats): they count "
+                    "every tenant's blocks and requests, so other tenants are refused; comma-separated "
+                    "(default: none; the metrics endpoint serves them to the operator's network)")
+              .Value("TENANT[,...]"),
           Flag::Int("ram-bytes", int64_t{1} << 30, 1 << 20, int64_t{1} << 40, "the RAM tier's size in bytes")
               .ShownDefault("1073741824: 1 GiB"),
           Flag::Int("disk-bytes", int64_t{16} << 30, 1 << 20, int64_t{1} << 50,

@@ -109,8 +109,9 @@ absl::StatusOr<std::unique_ptr<StorePrefixes>> StorePrefixes::Create(const Store
     o.target = target;
     VC_ASSIGN_OR_RETURN(shard.client, cachestore::StoreClient::Create(o));
     // A store that refuses the token, or a target that is no store, would only ever look like a
-    // store without prefixes: an error now. (One that is down may come up later.)
-    if (const absl::Status st = shard.client->Stats().status();
+    // store without prefixes: an error now. (One that is down may come up later.) A lookup of no
+    // keys asks only that.
+    if (const absl::Status st = shard.client->Lookup({}).status();
         absl::IsUnauthenticated(st) || absl::IsPermissionDenied(st) || absl::IsUnimplemented(st)) {
       return absl::FailedPreconditionError(absl::StrCat(
           "the store at ", target, " refused this worker: ",
