@@ -87,7 +87,7 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir, const
   std::unique_ptr<Model> m(new Model());
   m->backend_ = options.backend != nullptr ? options.backend : &kernels::DefaultBackend();
   VC_ASSIGN_OR_RETURN(m->config_, LoadModelConfig(dir));
-  VC_ASSIGN_OR_RETURN(m->tokenizer_, MakeTokenizer(m->config_));
+  VC_ASSIGN_OR_RETURN(m->tokenizer_, MakeTokenizer(m->config_, dir));
   VC_ASSIGN_OR_RETURN(m->tensors_, TensorStore::Open(dir));
   VC_RETURN_IF_ERROR(m->LoadWeights());
   m->kv_dtype_ = options.kv_dtype.value_or(m->config_.torch_dtype.value_or(m->embed_.dtype));

@@ -1,6 +1,9 @@
 #include "worker/runtime/tokenizer.h"
 
+#include <filesystem>
+
 #include "absl/strings/str_cat.h"
+#include "worker/runtime/hf_tokenizer.h"
 
 namespace vc {
 
@@ -20,7 +23,7 @@ std::string ByteTokenizer::Decode(absl::Span<const int32_t> ids) const {
   return out;
 }
 
-absl::StatusOr<std::unique_ptr<Tokenizer>> MakeTokenizer(const ModelConfig& config) {
+absl::StatusOr<std::unique_ptr<Tokenizer>> MakeTokenizer(const ModelConfig& config, const std::string& dir) {
   if (config.tokenizer == "vericache-byte") {
     if (config.vocab_size < 258) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -40,13 +43,24 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> MakeTokenizer(const ModelConfig& conf
     }
     return std::make_unique<ByteTokenizer>();
   }
+  std::error_code ec;
+  if (!dir.empty() && std::filesystem::exists(dir + "/tokenizer.json", ec)) {
+    absl::StatusOr<std::unique_ptr<HfTokenizer>> hf = LoadHfTokenizer(dir, config.bos_token_id, config.eos_token_ids);
+    if (!hf.ok()) return absl::InvalidArgumentError(hf.status().message());
+    // An id past the embedding table would be read out of bounds.
+    if ((*hf)->id_limit() > config.vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat(dir, "/tokenizer.json has ids up to ", (*hf)->id_limit() - 1,
+                                                     ", past the model's vocab_size ", config.vocab_size));
+    }
+    return std::unique_ptr<Tokenizer>(*std::move(hf));
+  }
   return std::make_unique<TokenIdsOnly>(config.bos_token_id, config.eos_token_ids);
 }
 
 absl::Status Tokenizer::CheckHandlesText(absl::string_view who) const {
   if (handles_text()) return absl::OkStatus();
   return absl::InvalidArgumentError(
-      absl::StrCat(who, " works on text: the model needs its built-in tokenizer (vericache-byte)"));
+      absl::StrCat(who, " works on text: the model needs a tokenizer (a tokenizer.json in its folder, or the built-in vericache-byte)"));
 }
 
 }  // namespace vc

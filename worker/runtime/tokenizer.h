@@ -1,5 +1,5 @@
-// Tokenizers a checkpoint can declare. The byte-level one is built in; a checkpoint that declares
-// another (or none) is served on token ids alone.
+// Tokenizers of a checkpoint: the built-in byte-level one, a Hugging Face tokenizer.json in the
+// checkpoint's folder (hf_tokenizer.h), or, with neither, none: token ids alone.
 #ifndef VC_WORKER_RUNTIME_TOKENIZER_H_
 #define VC_WORKER_RUNTIME_TOKENIZER_H_
 
@@ -25,6 +25,10 @@ class Tokenizer {
   virtual std::vector<int32_t> Encode(absl::string_view text) const = 0;
   // The text of `ids`; special tokens are dropped.
   virtual std::string Decode(absl::Span<const int32_t> ids) const = 0;
+  // The bytes of `ids` before any repair of invalid UTF-8 (so a character may be cut short at the
+  // end): what TextStream reads to hold back a character until its last byte has come. Decode(ids)
+  // is these bytes, repaired where the tokenizer repairs them.
+  virtual std::string DecodeBytes(absl::Span<const int32_t> ids) const { return Decode(ids); }
   virtual int32_t bos() const = 0;
   // Whether `id` ends a generation (with none, a generation ends at max_tokens only).
   virtual bool IsEos(int32_t id) const = 0;
@@ -34,7 +38,7 @@ class Tokenizer {
   // too long for the context be refused before its text is encoded.
   virtual int64_t MinTokens(size_t /*bytes*/) const { return 0; }
   // OK when it handles text; otherwise kInvalidArgument saying that `who` (a tool that sends or
-  // reads text) needs a model with the built-in tokenizer.
+  // reads text) needs a model with a tokenizer (the built-in one or a tokenizer.json).
   absl::Status CheckHandlesText(absl::string_view who) const;
 };
 
@@ -50,9 +54,9 @@ class ByteTokenizer final : public Tokenizer {
   int64_t MinTokens(size_t bytes) const override { return static_cast<int64_t>(bytes) + 1; }
 };
 
-// A checkpoint whose tokenizer is not built in (Hugging Face tokenizers, say): prompts come as
-// token ids and outputs go out as token ids; Encode gives nothing and Decode no text. BOS is the
-// config's id (-1 when it names none), and each of its EOS ids ends a generation.
+// A checkpoint with no tokenizer this worker can run (neither the built-in one nor a tokenizer.json):
+// prompts come as token ids and outputs go out as token ids; Encode gives nothing and Decode no
+// text. BOS is the config's id (-1 when it names none), and each of its EOS ids ends a generation.
 class TokenIdsOnly final : public Tokenizer {
  public:
   TokenIdsOnly(int32_t bos, std::vector<int32_t> eos) : bos_(bos), eos_(std::move(eos)) {}
@@ -67,10 +71,13 @@ class TokenIdsOnly final : public Tokenizer {
   const std::vector<int32_t> eos_;
 };
 
-// The tokenizer the config declares: the byte-level one, or TokenIdsOnly for any other (or none).
-// kInvalidArgument when the vocabulary cannot hold the byte-level tokenizer's ids or the config's
-// BOS or EOS are not its own.
-absl::StatusOr<std::unique_ptr<Tokenizer>> MakeTokenizer(const ModelConfig& config);
+// The checkpoint's tokenizer: the byte-level one when the config declares it; otherwise the
+// Hugging Face tokenizer of `dir`/tokenizer.json (and tokenizer_config.json) when `dir` has one
+// (the config's BOS and EOS ids kept, tokenizer_config.json's eos_token added); otherwise
+// TokenIdsOnly. kInvalidArgument when the vocabulary cannot hold the byte-level tokenizer's ids or
+// the config's BOS or EOS are not its own, when tokenizer.json is malformed (naming what is wrong),
+// or when it gives ids the model's vocabulary does not have.
+absl::StatusOr<std::unique_ptr<Tokenizer>> MakeTokenizer(const ModelConfig& config, const std::string& dir = "");
 
 }  // namespace vc
 
