@@ -22,6 +22,7 @@ GenerateReply CallGenerate(vericache::v1::Inference::Stub& stub, const vericache
     if (r.tokens.empty() && resp.token_ids_size() > 0) r.first_token_seconds = absl::ToDoubleSeconds(absl::Now() - t0);
     r.tokens.insert(r.tokens.end(), resp.token_ids().begin(), resp.token_ids().end());
     r.text += resp.text();
+    if (resp.token_ids_size() > 0) r.texts.push_back(resp.text());
     if (resp.has_stats()) r.stats = resp.stats();
   }
   const grpc::Status s = reader->Finish();

@@ -21,6 +21,7 @@ struct GenerateReply {
   absl::Status status;
   std::vector<int32_t> tokens;
   std::string text;
+  std::vector<std::string> texts;  // each message's text, in order
   vericache::v1::GenerateStats stats;
   double first_token_seconds = 0;  // as the client saw it: call start to the first token
   double total_seconds = 0;

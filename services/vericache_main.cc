@@ -10,6 +10,7 @@
 #include "services/cli/size_tiers_command.h"
 #include "services/cli/stats_command.h"
 #include "services/cli/store_command.h"
+#include "services/cli/tokenize_command.h"
 #include "services/cli/worker_command.h"
 
 namespace {
@@ -26,7 +27,8 @@ constexpr char kUsage[] =
     "  request    send one request to a worker (vericache request --help)\n"
     "  stats      what a running worker or cache store reports of itself (vericache stats --help)\n"
     "  size-tiers replay a request trace through the store's tiers at several sizes, to size them\n"
-    "             (vericache size-tiers --help)\n";
+    "             (vericache size-tiers --help)\n"
+    "  tokenize   text to token ids, or back, with a checkpoint's tokenizer (vericache tokenize --help)\n";
 
 }  // namespace
 
@@ -45,6 +47,7 @@ int main(int argc, char** argv) {
   if (cmd == "request") return vc::cli::RunRequestCommand(args, std::cout, std::cerr);
   if (cmd == "stats") return vc::cli::RunStatsCommand(args, std::cout, std::cerr);
   if (cmd == "size-tiers") return vc::cli::RunSizeTiersCommand(args, std::cout, std::cerr);
+  if (cmd == "tokenize") return vc::cli::RunTokenizeCommand(args, std::cout, std::cerr);
   std::cerr << "vericache: unknown command '" << cmd << "'\n" << kUsage;
   return 2;
 }

@@ -26,7 +26,7 @@ absl::Status NoText(const ModelConfig& c) {
   return absl::InvalidArgumentError(absl::StrCat(
       "this worker has no tokenizer for the model (its config names ",
       c.tokenizer.empty() ? std::string("none") : absl::StrCat("'", c.tokenizer, "'"),
-      "; built in: vericache-byte): send token_ids, without stop sequences"));
+      ", its folder no tokenizer.json; built in: vericache-byte): send token_ids, without stop sequences"));
 }
 
 constexpr int kMaxStops = 16;
@@ -240,6 +240,8 @@ grpc::Status WorkerService::Generate(grpc::ServerContext* ctx, const v1::Generat
     watchdog_->Write(ctx, [&] { return writer->Write(last); });
     return grpc::Status::OK;
   }
+  const std::vector<int32_t> context(parsed->prompt.end() - std::min<size_t>(parsed->prompt.size(), 8),
+                                     parsed->prompt.end());
   auto stream = std::make_shared<RequestStream>();
   parsed->on_tokens = [stream](absl::Span<const int32_t> t) { stream->Push(t); };
   if (absl::Status q = scheduler_->Enqueue(*std::move(parsed), engine, stream); !q.ok()) return ToGrpcStatus(q);
@@ -247,21 +249,23 @@ grpc::Status WorkerService::Generate(grpc::ServerContext* ctx, const v1::Generat
   std::vector<int32_t> tokens;
   bool writable = true;
   size_t sent = 0;
-  StopScanner stops(model_.tokenizer(), {req->stop().begin(), req->stop().end()});
+  // The prompt (with any generated_ids) as the decoders' context: the output's text is what it adds
+  // to the prompt's.
+  StopScanner stops(model_.tokenizer(), {req->stop().begin(), req->stop().end()}, context);
   while (true) {
     const bool done = stream->Take(absl::Milliseconds(20), &tokens);
     // Tokens held back at an end with an error stay unsent: a stop may begin in them, and a router
     // that moves the call on (generated_ids) would otherwise pass them on as output.
-    tokens = stops.Take(tokens, done && stream->status().ok());
+    StopScanner::Sendable out = stops.Take(tokens, done && stream->status().ok());
     // Once: a stop request is a cancel too. (A client that cancelled first has cancelled: a stop
     // found after that does not make the request end well.)
     if (stops.stopped() && !stream->cancel_requested()) stream->RequestStop();
-    if (!tokens.empty() && writable) {
+    if (!out.tokens.empty() && writable) {
       v1::GenerateResponse resp;
-      resp.mutable_token_ids()->Add(tokens.begin(), tokens.end());
-      resp.set_text(model_.tokenizer().Decode(tokens));
+      resp.mutable_token_ids()->Add(out.tokens.begin(), out.tokens.end());
+      resp.set_text(std::move(out.text));
       writable = watchdog_->Write(ctx, [&] { return writer->Write(resp); });
-      if (writable) sent += tokens.size();
+      if (writable) sent += out.tokens.size();
     }
     if (done) break;
     if (ctx->IsCancelled() || !writable) stream->RequestCancel();
@@ -286,8 +290,11 @@ grpc::Status WorkerService::GetModelInfo(grpc::ServerContext* ctx, const v1::Get
   resp->set_vocab_size(static_cast<uint32_t>(c.vocab_size));
   resp->set_max_context_tokens(static_cast<uint32_t>(c.max_position_embeddings));
   resp->set_num_layers(static_cast<uint32_t>(c.num_layers));
-  // A tokenizer that is not built in is named as served: token ids only.
-  resp->set_tokenizer(model_.tokenizer().handles_text() ? c.tokenizer : "token-ids-only");
+  // The built-in tokenizer by its name, a Hugging Face one as "tokenizer.json", none as served:
+  // token ids only.
+  resp->set_tokenizer(!model_.tokenizer().handles_text() ? "token-ids-only"
+                      : c.tokenizer == "vericache-byte" ? c.tokenizer
+                                                        : "tokenizer.json");
   resp->set_fingerprint_hex(options_.fingerprint_hex);
   resp->set_numerics(options_.numerics);
   const KvLayout layout = model_.kv_layout(options_.engine.block_size);

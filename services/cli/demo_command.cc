@@ -56,7 +56,7 @@ absl::Status Run(const Args& a, std::ostream& out) {
 
   {  // The demo sends text: checked before anything starts.
     VC_ASSIGN_OR_RETURN(const ModelConfig config, LoadModelConfig(model_dir));
-    VC_ASSIGN_OR_RETURN(const std::unique_ptr<Tokenizer> tokenizer, MakeTokenizer(config));
+    VC_ASSIGN_OR_RETURN(const std::unique_ptr<Tokenizer> tokenizer, MakeTokenizer(config, model_dir));
     VC_RETURN_IF_ERROR(tokenizer->CheckHandlesText("the demo"));
   }
   char tmpl[] = "/tmp/vericache-demo-XXXXXX";

@@ -59,8 +59,10 @@ absl::Status Run(const Args& a, std::ostream& out) {
   }
   if (!model->tokenizer().handles_text()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "the model's tokenizer (", model->config().tokenizer.empty() ? "none named" : model->config().tokenizer,
-        ") is not built in, and generate takes text: serve it with vericache worker and send token ids"));
+        "the model has no tokenizer (its config names ",
+        model->config().tokenizer.empty() ? "none" : model->config().tokenizer,
+        ", its folder no tokenizer.json), and generate takes text: serve it with vericache worker and send "
+        "token ids"));
   }
   const std::vector<int32_t> ids = model->tokenizer().Encode(prompt);
   GenerateResult r;
