@@ -24,6 +24,7 @@
 #include "kernels/backends.h"
 #include "services/inference_client.h"
 #include "services/metrics.h"
+#include "services/protobuf_log.h"
 #include "worker/compression/registry.h"
 
 namespace vc {
@@ -201,6 +202,7 @@ Ticker::~Ticker() {
 }
 
 absl::StatusOr<std::unique_ptr<StoreServer>> StoreServer::Start(StoreServerOptions options) {
+  RateLimitProtobufLog();
   std::unique_ptr<StoreServer> s(new StoreServer());
   VC_RETURN_IF_ERROR(CheckAddress("listen address", options.listen, true));
   if (options.disk_failure_grace_ms < 0) return absl::InvalidArgumentError("the disk failure grace is negative");
@@ -292,6 +294,7 @@ absl::Status CheckDrafting(const EngineOptions& eo, const WorkerServerOptions& o
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(WorkerServerOptions options) {
+  RateLimitProtobufLog();
   std::unique_ptr<WorkerServer> w(new WorkerServer());
   VC_RETURN_IF_ERROR(CheckAddress("listen address", options.listen, true));
   if (options.host_kv_bytes < 1) return absl::InvalidArgumentError("the host KV tier has no memory");
@@ -391,6 +394,7 @@ void WorkerServer::WatchStalls(absl::Duration grace) {
 }
 
 absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(RouterServerOptions options) {
+  RateLimitProtobufLog();
   std::unique_ptr<RouterServer> r(new RouterServer());
   VC_RETURN_IF_ERROR(CheckAddress("listen address", options.listen, true));
   options.service.worker_keepalive_ms = options.keepalive_ms;

@@ -30,6 +30,7 @@
 #include "services/cli/request_command.h"
 #include "services/cli/stats_command.h"
 #include "services/inference_client.h"
+#include "services/protobuf_log.h"
 #include "services/servers.h"
 #include "services/stop_scanner.h"
 #include "services/write_watchdog.h"
@@ -659,6 +660,44 @@ TEST_F(WorkerServiceTest, ARequestResumedAfterItsFirstTokensGivesTheRest) {
   at_eos.set_ignore_eos(false);
   at_eos.add_generated_ids(66);
   EXPECT_EQ(CallGenerate(*stub, at_eos).status.code(), absl::StatusCode::kInvalidArgument);
+}
+
+// A request whose text is not UTF-8 fails to parse before its handler can check the token, and
+// protobuf logs a line for it: 200 such unauthenticated calls write one line to stderr, not 200.
+TEST_F(WorkerServiceTest, UnparsableUnauthenticatedRequestsWriteARateLimitedLine) {
+  WorkerServerOptions o;
+  o.service.client_tokens = {{"client-token", ""}};
+  auto worker = StartWorker("", o);
+  ASSERT_NE(worker, nullptr);
+  v1::GenerateRequest req;
+  req.set_text("x");
+  req.set_max_tokens(4);
+  std::string bytes = req.SerializeAsString();
+  const size_t at = bytes.find('x');
+  ASSERT_NE(at, std::string::npos);
+  bytes[at] = static_cast<char>(0xff);  // not UTF-8
+  ::testing::internal::CaptureStderr();
+  for (int i = 0; i < 200; ++i) {
+    const grpc::Status st = testing::CallRaw(worker->target(), "/vericache.v1.Inference/Generate", bytes);
+    ASSERT_FALSE(st.ok());
+    ASSERT_NE(st.error_code(), grpc::StatusCode::UNAVAILABLE) << st.error_message();
+  }
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  int lines = 0;
+  for (size_t p = err.find("libprotobuf"); p != std::string::npos; p = err.find("libprotobuf", p + 1)) ++lines;
+  EXPECT_LE(lines, 1) << err.substr(0, 2000);
+  EXPECT_NE(CallGenerate(*InferenceStub(worker->target()), Request(Prompt(40, 1), 4), "client-token").status.code(),
+            absl::StatusCode::kUnavailable);
+}
+
+TEST(LogRateLimit, OneLineAWindowCountingThoseLeftOut) {
+  LogRateLimit limit(absl::Seconds(10));
+  const absl::Duration t0 = absl::Seconds(100);
+  EXPECT_EQ(limit.Take("a", t0), "a");
+  EXPECT_EQ(limit.Take("b", t0 + absl::Seconds(1)), "");
+  EXPECT_EQ(limit.Take("c", t0 + absl::Seconds(9)), "");
+  EXPECT_EQ(limit.Take("d", t0 + absl::Seconds(10)), "d (2 more protobuf messages left out before this one)");
+  EXPECT_EQ(limit.Take("e", t0 + absl::Seconds(21)), "e");
 }
 
 TEST_F(WorkerServiceTest, OverloadCancellationAndAuthentication) {
