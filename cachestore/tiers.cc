@@ -24,17 +24,17 @@
 namespace vc::cachestore {
 namespace {
 
-// RocksDB's info log: the LOG file in the data directory, rolled at 16 MiB with four old ones kept
-// (LOG.old.1 the newest), as RocksDB's own would be, but written with plain stdio that drops a line
+// RocksDB's info log: the LOG file in the data directory, rolled at `roll_bytes` with four old ones
+// kept (LOG.old.1 the newest), as RocksDB's own would be, but written with plain stdio that drops a line
 // it cannot write. RocksDB's own writer asserts on a write after a failed one: on a full disk,
 // Debian's RocksDB (built with assertions) would abort the store at open, at shutdown, or seconds
 // after puts began to fail. Without a LOG (it cannot be created), warnings and worse go to stderr.
 class InfoLog final : public rocksdb::Logger {
  public:
-  static constexpr long kRollBytes = long{16} << 20;
   static constexpr int kOld = 4;
 
-  explicit InfoLog(std::string path) : rocksdb::Logger(rocksdb::InfoLogLevel::INFO_LEVEL), path_(std::move(path)) {
+  InfoLog(std::string path, long roll_bytes)
+      : rocksdb::Logger(rocksdb::InfoLogLevel::INFO_LEVEL), path_(std::move(path)), roll_bytes_(roll_bytes) {
     // RocksDB's own old logs (LOG.old.<microseconds>), from before this one was: at most four.
     std::error_code ec;
     const std::filesystem::path p(path_);
@@ -62,7 +62,7 @@ class InfoLog final : public rocksdb::Logger {
     const absl::Time now = absl::Now();
     std::fprintf(file_, "%s %s\n", absl::FormatTime("%Y/%m/%d-%H:%M:%E6S", now, absl::UTCTimeZone()).c_str(), line);
     std::fflush(file_);  // a failed write or flush loses this line only
-    if (std::ftell(file_) >= kRollBytes) Roll();
+    if (std::ftell(file_) >= roll_bytes_) Roll();
   }
 
   // Without a LOG, stderr gets warnings and worse only.
@@ -88,6 +88,7 @@ class InfoLog final : public rocksdb::Logger {
   }
 
   const std::string path_;
+  const long roll_bytes_;
   std::mutex mu_;
   std::FILE* file_ = nullptr;
 };
@@ -488,20 +489,42 @@ absl::Status DiskTier::ScanSalvaging(const rocksdb::ReadOptions& options,
   return error;
 }
 
+namespace {
+
+constexpr uint64_t kMiB = uint64_t{1} << 20;
+
+// RocksDB's memtable and blob file sizes under a budget: what was asked, capped so that the logs
+// and files in flight of a small budget fit in it.
+uint64_t MemtableBytes(const DiskTierOptions& o) {
+  return std::min(o.memtable_bytes, std::max<uint64_t>(256 << 10, o.capacity_bytes / 32));
+}
+uint64_t BlobFileBytes(const DiskTierOptions& o) {
+  return std::min(o.blob_file_bytes, std::max<uint64_t>(kMiB, o.capacity_bytes / 32));
+}
+long InfoLogRollBytes(const DiskTierOptions& o) {
+  return std::clamp<long>(static_cast<long>(o.capacity_bytes / 256), 64 << 10, 16 << 20);
+}
+constexpr uint64_t kManifestPreallocation = 64 << 10;
+
+// The files' budget, at least what an empty database's own files take.
+uint64_t FilesBudgetOf(const DiskTierOptions& o) { return std::max(o.capacity_bytes, 8 * kMiB); }
+
+// The blocks' share of the budget: what is left beside RocksDB's write-ahead logs (two memtables,
+// and one more for the log being written and its preallocation), its info logs, a blob file being
+// written and one being rewritten by garbage collection, and a mebibyte for the manifest, SSTs and
+// options files; at least half the budget, and no more than the budget.
+uint64_t BlockBudgetOf(const DiskTierOptions& o) {
+  const uint64_t files = 4 * MemtableBytes(o) + (InfoLog::kOld + 1) * static_cast<uint64_t>(InfoLogRollBytes(o)) +
+                         2 * BlobFileBytes(o) + kMiB;
+  const uint64_t budget = FilesBudgetOf(o);
+  return std::min(o.capacity_bytes, files < budget / 2 ? budget - files : budget / 2);
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<DiskTier>> DiskTier::Open(const DiskTierOptions& options) {
   std::unique_ptr<DiskTier> t(new DiskTier());
   t->options_ = options;
-  // Two column families: the blocks (payloads in blob files, keys and offsets in SSTs), and each
-  // block's size (8 bytes, inline in SSTs) written with it in one batch, so that Open rebuilds the
-  // index without reading a payload. A damaged blob file then costs the blocks in it (each found
-  // and dropped when it is read) and not the store.
-  // (A database opened here once cannot be opened by a build without the sizes family.)
-  rocksdb::DBOptions db_options;
-  db_options.create_if_missing = true;
-  db_options.create_missing_column_families = true;
-  // The small sizes family would hold back the deletion of every log file until it flushes; logs
-  // past two memtables make it flush.
-  db_options.max_total_wal_size = 2 * options.memtable_bytes;
   // (RocksDB opens no logger of its own when given one; the directory must exist for this one.)
   std::error_code ec;
   std::filesystem::create_directories(options.path, ec);
@@ -522,39 +545,85 @@ absl::StatusOr<std::unique_ptr<DiskTier>> DiskTier::Open(const DiskTierOptions& 
           " bytes free needs more than the filesystem at ", options.path, " (", size, " bytes)"));
     }
   }
-  db_options.info_log = std::make_shared<InfoLog>(options.path + "/LOG");
-  if (options.env != nullptr) db_options.env = options.env;
+  absl::Status opened = t->OpenDatabase();
+  if (absl::IsDataLoss(opened)) opened = t->ResetDatabase(opened.message());
+  if (!opened.ok()) return opened;
+  if (options.maintain_every_ms > 0) {
+    t->maintainer_ = std::thread([p = t.get()] {
+      for (;;) {
+        {
+          absl::MutexLock l(&p->mu_);
+          p->mu_.AwaitWithTimeout(absl::Condition(&p->wake_), absl::Milliseconds(p->options_.maintain_every_ms));
+          p->wake_ = false;
+        }
+        if (p->stop_.HasBeenNotified()) return;
+        p->Maintain();
+      }
+    });
+  }
+  return t;
+}
+
+absl::Status DiskTier::OpenDatabase() {
+  // Two column families: the blocks (payloads in blob files, keys and offsets in SSTs), and each
+  // block's size (8 bytes, inline in SSTs) written with it in one batch, so that Open rebuilds the
+  // index without reading a payload. A damaged blob file then costs the blocks in it (each found
+  // and dropped when it is read) and not the store.
+  // (A database opened here once cannot be opened by a build without the sizes family.)
+  const uint64_t memtable = MemtableBytes(options_);
+  rocksdb::DBOptions db_options;
+  db_options.create_if_missing = true;
+  db_options.create_missing_column_families = true;
+  // The small sizes family would hold back the deletion of every log file until it flushes; logs
+  // past two memtables make it flush.
+  db_options.max_total_wal_size = 2 * memtable;
+  db_options.max_manifest_file_size = std::max<uint64_t>(kMiB, options_.capacity_bytes / 256);
+  db_options.manifest_preallocation_size = kManifestPreallocation;
+  db_options.info_log = std::make_shared<InfoLog>(options_.path + "/LOG", InfoLogRollBytes(options_));
+  if (options_.env != nullptr) db_options.env = options_.env;
   rocksdb::ColumnFamilyOptions blocks;
   blocks.enable_blob_files = true;
   blocks.min_blob_size = 4096;
   blocks.enable_blob_garbage_collection = true;
-  blocks.blob_file_size = options.blob_file_bytes;
-  blocks.write_buffer_size = options.memtable_bytes;
-  const std::vector<rocksdb::ColumnFamilyDescriptor> families = {
-      {rocksdb::kDefaultColumnFamilyName, blocks}, {kSizesFamily, rocksdb::ColumnFamilyOptions()}};
+  blocks.blob_file_size = BlobFileBytes(options_);
+  blocks.write_buffer_size = memtable;
+  // Both families' memtables the same size: RocksDB keeps the largest free on the disk before it
+  // resumes writes after a full disk (64 MiB by default, more than a small budget's filesystem).
+  rocksdb::ColumnFamilyOptions sizes;
+  sizes.write_buffer_size = memtable;
+  blocks.disable_auto_compactions = sizes.disable_auto_compactions = pause_compactions_;
+  const std::vector<rocksdb::ColumnFamilyDescriptor> families = {{rocksdb::kDefaultColumnFamilyName, blocks},
+                                                                 {kSizesFamily, sizes}};
   std::vector<rocksdb::ColumnFamilyHandle*> handles;
   rocksdb::DB* db = nullptr;
-  rocksdb::Status s = rocksdb::DB::Open(db_options, options.path, families, &handles, &db);
-  if (!s.ok()) return absl::UnavailableError(absl::StrCat("open RocksDB at ", options.path, ": ", s.ToString()));
-  t->db_.reset(db);
-  t->blocks_ = handles[0];
-  t->sizes_cf_ = handles[1];
+  rocksdb::Status s = rocksdb::DB::Open(db_options, options_.path, families, &handles, &db);
+  if (s.IsCorruption()) return absl::DataLossError(absl::StrCat("RocksDB at ", options_.path, ": ", s.ToString()));
+  if (!s.ok()) return absl::UnavailableError(absl::StrCat("open RocksDB at ", options_.path, ": ", s.ToString()));
+  db_.reset(db);
+  blocks_ = handles[0];
+  sizes_cf_ = handles[1];
+  {
+    absl::MutexLock l(&mu_);
+    sizes_.clear();
+    order_.clear();
+    used_ = 0;
+  }
   rocksdb::ReadOptions scan;
   scan.fill_cache = false;
   std::vector<Victim> victims;
   {
-    absl::MutexLock l(&t->mu_);
+    absl::MutexLock l(&mu_);
     auto index = [&](const BlockKey& k, uint64_t size) {
-      if (t->sizes_.contains(k)) return false;  // met the other scan
-      t->Index(k, size);
+      if (sizes_.contains(k)) return false;  // met the other scan
+      Index(k, size);
       return true;
     };
     std::string complete;
-    const bool had_sizes = db->Get(rocksdb::ReadOptions(), t->sizes_cf_, kSizesComplete, &complete).ok();
+    const bool had_sizes = db_->Get(rocksdb::ReadOptions(), sizes_cf_, kSizesComplete, &complete).ok();
     absl::Status scanned;
     if (had_sizes) {
       std::vector<std::string> damaged;  // keys whose size entry is not 8 bytes
-      scanned = t->ScanSalvaging(scan, [&](const rocksdb::Iterator& it) {
+      scanned = ScanSalvaging(scan, [&](const rocksdb::Iterator& it) {
         if (it.key().size() != 32) return true;
         if (it.value().size() != 8) {
           damaged.push_back(it.key().ToString());
@@ -569,69 +638,99 @@ absl::StatusOr<std::unique_ptr<DiskTier>> DiskTier::Open(const DiskTierOptions& 
       if (!damaged.empty()) {
         rocksdb::WriteBatch drop;
         for (const std::string& k : damaged) {
-          (void)drop.Delete(t->blocks_, k);
-          (void)drop.Delete(t->sizes_cf_, k);
+          (void)drop.Delete(blocks_, k);
+          (void)drop.Delete(sizes_cf_, k);
         }
         rocksdb::WriteOptions sync;
         sync.sync = true;
-        if (rocksdb::Status w = db->Write(sync, &drop); !w.ok()) {
+        if (rocksdb::Status w = db_->Write(sync, &drop); !w.ok()) {
           return absl::UnavailableError(
-              absl::StrCat("RocksDB at ", options.path, ": deleting blocks with damaged sizes: ", w.ToString()));
+              absl::StrCat("RocksDB at ", options_.path, ": deleting blocks with damaged sizes: ", w.ToString()));
         }
         std::fprintf(stderr, "RocksDB at %s: %zu blocks had a damaged size entry and were deleted\n",
-                     options.path.c_str(), damaged.size());
+                     options_.path.c_str(), damaged.size());
       }
     } else {
       // A database from before the sizes were kept (or a new one, or one whose first indexing was
       // cut short): sizes from the payloads, all in one synced write with the mark that they are
       // complete. Only sizes are needed, so RocksDB's value checksums are skipped (each block's own
       // are checked when it is read). A payload RocksDB cannot read at all stops the indexing: keys
-      // are hashes, so what it hides is spread over every key, and the database is left as it is.
+      // are hashes, so what it hides is spread over every key, and Open drops the database.
       scan.verify_checksums = false;
       rocksdb::WriteBatch batch;
-      std::unique_ptr<rocksdb::Iterator> it(db->NewIterator(scan, t->blocks_));
+      std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(scan, blocks_));
       for (it->SeekToFirst(); it->Valid(); it->Next()) {
         if (it->key().size() != 32) continue;
         BlockKey k;
         std::memcpy(k.bytes.data(), it->key().data(), 32);
         index(k, it->value().size());
-        (void)batch.Put(t->sizes_cf_, it->key(), SizeValue(it->value().size()));
+        (void)batch.Put(sizes_cf_, it->key(), SizeValue(it->value().size()));
       }
       if (!it->status().ok()) {
         return absl::DataLossError(absl::StrCat(
-            "RocksDB at ", options.path, " (written before block sizes were kept) has a block it cannot read, so it ",
-            "cannot be indexed: ", it->status().ToString(), "; move it aside to start with an empty store"));
+            "RocksDB at ", options_.path, " has no index of block sizes (written before they were kept, or its ",
+            "index is lost) and a block it cannot read, so it cannot be indexed: ", it->status().ToString()));
       }
-      (void)batch.Put(t->sizes_cf_, kSizesComplete, "");
+      (void)batch.Put(sizes_cf_, kSizesComplete, "");
       rocksdb::WriteOptions sync;
       sync.sync = true;
-      if (rocksdb::Status w = db->Write(sync, &batch); !w.ok()) {
+      if (rocksdb::Status w = db_->Write(sync, &batch); !w.ok()) {
         return absl::UnavailableError(
-            absl::StrCat("RocksDB at ", options.path, ": writing block sizes: ", w.ToString()));
+            absl::StrCat("RocksDB at ", options_.path, ": writing block sizes: ", w.ToString()));
       }
     }
     if (!scanned.ok()) {
       std::fprintf(stderr,
                    "RocksDB at %s: an index entry could not be read (%s); serving the %zu blocks read around it\n",
-                   options.path.c_str(), std::string(scanned.message()).c_str(), t->sizes_.size());
+                   options_.path.c_str(), std::string(scanned.message()).c_str(), sizes_.size());
     }
     // A budget smaller than at the last run: down to it now, not at the first put (a store that
     // only serves reads would stay over it).
-    victims = t->TakeVictims(/*short_of_reserve=*/0, /*keep=*/0);
+    victims = TakeVictims(/*short_of_reserve=*/0, /*keep=*/0);
   }
   if (!victims.empty()) {
-    std::fprintf(stderr, "RocksDB at %s: %zu blocks over the budget of %llu bytes evicted\n", options.path.c_str(),
-                 victims.size(), static_cast<unsigned long long>(options.capacity_bytes));
+    std::fprintf(stderr, "RocksDB at %s: %zu blocks over the budget of %llu bytes evicted\n", options_.path.c_str(),
+                 victims.size(), static_cast<unsigned long long>(BlockBudgetOf(options_)));
   }
-  for (const Victim& v : victims) t->EraseEvicted(v.key, v.size, v.for_reserve);
-  return t;
+  for (const Victim& v : victims) EraseEvicted(v.key, v.size, v.for_reserve);
+  return absl::OkStatus();
 }
 
-DiskTier::~DiskTier() {
+void DiskTier::CloseDatabase() {
   if (db_ == nullptr) return;
   for (rocksdb::ColumnFamilyHandle* h : {blocks_, sizes_cf_}) {
     if (h != nullptr) (void)db_->DestroyColumnFamilyHandle(h);
   }
+  blocks_ = sizes_cf_ = nullptr;
+  (void)db_->Close();
+  db_.reset();
+}
+
+absl::Status DiskTier::ResetDatabase(absl::string_view why) {
+  CloseDatabase();
+  size_t blocks = 0;
+  {
+    absl::MutexLock l(&mu_);
+    blocks = sizes_.size();
+    resets_++;
+  }
+  std::fprintf(stderr, "RocksDB at %s: %s; dropping the database (%zu blocks) and starting empty\n",
+               options_.path.c_str(), std::string(why).c_str(), blocks);
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(options_.path, ec)) {
+    std::filesystem::remove_all(e.path(), ec);
+  }
+  return OpenDatabase();
+}
+
+DiskTier::~DiskTier() {
+  stop_.Notify();
+  {
+    absl::MutexLock l(&mu_);
+    wake_ = true;
+  }
+  if (maintainer_.joinable()) maintainer_.join();
+  CloseDatabase();
 }
 
 absl::Status DiskTier::Put(const BlockKey& key, absl::string_view block) {
@@ -639,14 +738,29 @@ absl::Status DiskTier::Put(const BlockKey& key, absl::string_view block) {
     return absl::ResourceExhaustedError(
         absl::StrCat("block of ", block.size(), " bytes exceeds the disk tier's ", options_.capacity_bytes));
   }
+  // The files at their budget: the maintainer evicts and collects garbage, and the put waits for
+  // it (a little), so that the files never outgrow the budget by more than a put.
+  uint64_t short_of_reserve = ShortOfReserve(block.size());
+  {
+    absl::MutexLock l(&mu_);
+    if (files_full_) {
+      wake_ = true;
+      const auto room = [this] { return !files_full_; };
+      if (!mu_.AwaitWithTimeout(absl::Condition(&room), absl::Seconds(2))) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "the disk tier's files are at their budget of ", FilesBudget(), " bytes; collecting garbage, retry"));
+      }
+    }
+  }
   rocksdb::WriteOptions w;
   w.sync = options_.sync_writes;
+  absl::ReaderMutexLock db(&db_mu_);
+  if (db_ == nullptr) return absl::UnavailableError("put: the disk tier is being reopened");
   // One RocksDB write is atomic: a reader sees the whole value or none of it, and its size with it.
   rocksdb::WriteBatch batch;
   (void)batch.Put(blocks_, KeySlice(key), rocksdb::Slice(block.data(), block.size()));
   (void)batch.Put(sizes_cf_, KeySlice(key), SizeValue(block.size()));
   std::vector<Victim> victims;
-  uint64_t short_of_reserve = ShortOfReserve(block.size());
   {
     absl::MutexLock stripe(&Stripe(key));
     const rocksdb::Status written = db_->Write(w, &batch);
@@ -667,10 +781,11 @@ absl::Status DiskTier::Put(const BlockKey& key, absl::string_view block) {
 
 std::vector<DiskTier::Victim> DiskTier::TakeVictims(uint64_t short_of_reserve, size_t keep) {
   std::vector<Victim> victims;
-  while ((used_ > options_.capacity_bytes || short_of_reserve > 0) && order_.size() > keep) {
+  const uint64_t budget = BlockBudgetOf(options_);
+  while ((used_ > budget || short_of_reserve > 0) && order_.size() > keep) {
     const BlockKey victim = order_.front();
     const uint64_t size = sizes_[victim].first;
-    const bool for_reserve = used_ <= options_.capacity_bytes;
+    const bool for_reserve = used_ <= budget;
     if (for_reserve) short_of_reserve -= std::min(short_of_reserve, size);
     victims.push_back({victim, size, for_reserve});
     Unindex(victim);
@@ -679,15 +794,19 @@ std::vector<DiskTier::Victim> DiskTier::TakeVictims(uint64_t short_of_reserve, s
 }
 
 uint64_t DiskTier::ShortOfReserve(uint64_t put_bytes) {
-  if (options_.reserve_bytes == 0) return 0;
   {
     absl::MutexLock l(&mu_);
     put_since_look_ += put_bytes;
     // Often enough that the garbage of what is put between two looks fits in the reserve.
-    const uint64_t every = std::min(options_.capacity_bytes / 32, options_.reserve_bytes / 4);
+    uint64_t every = options_.capacity_bytes / 32;
+    if (options_.reserve_bytes > 0) every = std::min(every, options_.reserve_bytes / 4);
+    // Near the budget, at every put.
+    if (put_since_look_ < every && files_near_budget_) every = 0;
     if (put_since_look_ < every) return 0;
     put_since_look_ = 0;
   }
+  const uint64_t files_over = FilesOver(footprint_bytes(), put_bytes);
+  if (options_.reserve_bytes == 0) return files_over;
   const uint64_t free = FreeBytes();
   const uint64_t short_of_reserve = free < options_.reserve_bytes ? options_.reserve_bytes - free : 0;
   absl::MutexLock l(&mu_);
@@ -701,7 +820,31 @@ uint64_t DiskTier::ShortOfReserve(uint64_t put_bytes) {
     }
     short_of_reserve_ = short_of_reserve > 0;
   }
-  return short_of_reserve;
+  return std::max(short_of_reserve, files_over);
+}
+
+uint64_t DiskTier::FilesBudget() const { return FilesBudgetOf(options_); }
+
+uint64_t DiskTier::block_budget_bytes() const { return BlockBudgetOf(options_); }
+
+uint64_t DiskTier::FilesOver(uint64_t footprint, uint64_t put_bytes) {
+  absl::MutexLock l(&mu_);
+  files_near_budget_ = footprint + FilesBudget() / 16 > FilesBudget();
+  files_full_ = footprint + put_bytes > FilesBudget();
+  if (files_full_) wake_ = true;
+  const uint64_t budget = FilesBudget() + files_evicted_;
+  const bool over = footprint > budget;
+  if (over != files_over_) {
+    std::fprintf(stderr, over ? "RocksDB at %s: its files take %llu bytes, over the budget of %llu; evicting blocks "
+                                "beyond it and collecting garbage\n"
+                              : "RocksDB at %s: its files take %llu bytes, within the budget of %llu again\n",
+                 options_.path.c_str(), static_cast<unsigned long long>(footprint),
+                 static_cast<unsigned long long>(FilesBudget()));
+    files_over_ = over;
+  }
+  if (!over) return 0;
+  files_evicted_ += footprint - budget;
+  return footprint - budget;
 }
 
 uint64_t DiskTier::FreeBytes() const {
@@ -739,6 +882,7 @@ void DiskTier::EraseEvicted(const BlockKey& key, uint64_t size, bool for_reserve
 }
 
 absl::Status DiskTier::Erase(const BlockKey& key) {
+  if (db_ == nullptr) return absl::UnavailableError("delete: the disk tier is being reopened");
   rocksdb::WriteBatch batch;
   (void)batch.Delete(blocks_, KeySlice(key));
   (void)batch.Delete(sizes_cf_, KeySlice(key));
@@ -746,6 +890,8 @@ absl::Status DiskTier::Erase(const BlockKey& key) {
 }
 
 absl::StatusOr<std::string> DiskTier::Get(const BlockKey& key) {
+  absl::ReaderMutexLock db(&db_mu_);
+  if (db_ == nullptr) return absl::UnavailableError("get: the disk tier is being reopened");
   std::string value;
   absl::Status s = FromRocks(db_->Get(rocksdb::ReadOptions(), blocks_, KeySlice(key), &value), "get");
   if (!s.ok()) return s;
@@ -753,6 +899,7 @@ absl::StatusOr<std::string> DiskTier::Get(const BlockKey& key) {
 }
 
 absl::Status DiskTier::Delete(const BlockKey& key) {
+  absl::ReaderMutexLock db(&db_mu_);
   absl::MutexLock stripe(&Stripe(key));
   // Erased first: a delete that fails leaves the block stored, and so still counted against the
   // budget and still in the eviction order.
@@ -839,6 +986,7 @@ void DiskTier::NoteWrite(const absl::Status& s, bool no_space) {
   }
   writes_failing_ = true;
   failing_for_room_ = no_space;
+  failing_corrupt_ = absl::IsDataLoss(s);
 }
 
 DiskWriteFailure DiskTier::write_failure() const {
@@ -854,12 +1002,179 @@ absl::Status DiskTier::ProbeWrites() {
     if (!writes_failing_) return absl::OkStatus();
     run = failure_runs_;
   }
-  const rocksdb::Status deleted = db_->Delete(rocksdb::WriteOptions(), sizes_cf_, kWriteProbe);
+  absl::ReaderMutexLock db(&db_mu_);
+  const rocksdb::Status deleted = db_ == nullptr ? rocksdb::Status::Incomplete("the database is not open")
+                                                 : db_->Delete(rocksdb::WriteOptions(), sizes_cf_, kWriteProbe);
   const absl::Status s = FromRocks(deleted, "write probe");
   absl::MutexLock l(&mu_);
   // Only for the run it probed: a put may have ended that run, and another begun, meanwhile.
   if (writes_failing_ && failure_runs_ == run) NoteWrite(s, deleted.IsNoSpace());
   return s;
+}
+
+uint64_t DiskTier::reopens() const {
+  absl::MutexLock l(&mu_);
+  return reopens_;
+}
+
+uint64_t DiskTier::resets() const {
+  absl::MutexLock l(&mu_);
+  return resets_;
+}
+
+void DiskTier::Maintain() {
+  (void)ProbeWrites();
+  bool failing = false, no_space = false, corrupt = false;
+  absl::Duration failing_for;
+  {
+    absl::MutexLock l(&mu_);
+    failing = writes_failing_;
+    no_space = failing_for_room_;
+    corrupt = failing_corrupt_;
+    failing_for = SteadyClock()->Now() - failing_since_;
+  }
+  if (failing) Heal(failing_for, no_space, corrupt);
+  KeepFilesInBudget();
+}
+
+void DiskTier::Heal(absl::Duration failing_for, bool no_space, bool corrupt) {
+  const absl::Duration now = SteadyClock()->Now();
+  absl::Duration since_reopen;
+  {
+    absl::MutexLock l(&mu_);
+    since_reopen = now - last_reopen_;
+  }
+  if (corrupt) {
+    Reopen(/*verify=*/true);
+    return;
+  }
+  bool db_open = false;
+  {
+    absl::ReaderMutexLock db(&db_mu_);
+    db_open = db_ != nullptr;
+  }
+  if (db_open && no_space) {
+    // RocksDB polls for room and resumes by itself; this is for when it does not.
+    if (failing_for < absl::Seconds(5) || FreeBytes() < 2 * MemtableBytes(options_)) return;
+    {
+      absl::ReaderMutexLock db(&db_mu_);
+      if (db_ != nullptr) (void)db_->Resume();
+    }
+    if (ProbeWrites().ok() || failing_for < absl::Seconds(15) || since_reopen < absl::Seconds(10)) return;
+  } else if (db_open) {
+    if (failing_for < absl::Seconds(1)) return;
+    {
+      absl::ReaderMutexLock db(&db_mu_);
+      if (db_ != nullptr) (void)db_->Resume();
+    }
+    if (ProbeWrites().ok() || since_reopen < absl::Seconds(10)) return;
+  } else if (since_reopen < absl::Seconds(1)) {
+    return;
+  }
+  Reopen(/*verify=*/false);
+}
+
+void DiskTier::Reopen(bool verify) {
+  {
+    absl::MutexLock l(&mu_);
+    reopens_++;
+    last_reopen_ = SteadyClock()->Now();
+  }
+  std::fprintf(stderr, "RocksDB at %s: reopening it to take writes again%s\n", options_.path.c_str(),
+               verify ? ", reading every block to drop the corrupt ones" : "");
+  {
+    absl::WriterMutexLock db(&db_mu_);
+    CloseDatabase();
+    // Verifying: no compaction until the corrupt blocks are deleted (it would meet them first).
+    pause_compactions_ = verify;
+    absl::Status opened = OpenDatabase();
+    pause_compactions_ = false;
+    if (absl::IsDataLoss(opened)) opened = ResetDatabase(opened.message());
+    if (!opened.ok()) {
+      std::fprintf(stderr, "RocksDB at %s: %s; trying again\n", options_.path.c_str(),
+                   std::string(opened.message()).c_str());
+      return;
+    }
+  }
+  // Writes fail until the probe says otherwise.
+  (void)ProbeWrites();
+  if (!verify) return;
+  // Every block read (the index copied first: reads and puts go on meanwhile), and those RocksDB
+  // cannot read deleted, so that no compaction meets them again.
+  std::vector<BlockKey> keys;
+  {
+    absl::MutexLock l(&mu_);
+    keys.assign(order_.begin(), order_.end());
+  }
+  size_t dropped = 0;
+  for (const BlockKey& key : keys) {
+    absl::ReaderMutexLock db(&db_mu_);
+    if (db_ == nullptr) break;
+    std::string value;
+    const rocksdb::Status got = db_->Get(rocksdb::ReadOptions(), blocks_, KeySlice(key), &value);
+    if (!got.IsCorruption() && !got.IsPathNotFound()) continue;
+    absl::MutexLock stripe(&Stripe(key));
+    if (Erase(key).ok()) {
+      absl::MutexLock l(&mu_);
+      Unindex(key);
+      ++dropped;
+    }
+  }
+  absl::Status collected = CollectGarbage(/*age_cutoff=*/1.0);
+  {
+    absl::ReaderMutexLock db(&db_mu_);
+    for (rocksdb::ColumnFamilyHandle* h : {blocks_, sizes_cf_}) {
+      if (db_ == nullptr || !collected.ok()) break;
+      collected = FromRocks(db_->SetOptions(h, {{"disable_auto_compactions", "false"}}), "resume compactions");
+    }
+  }
+  std::fprintf(stderr, "RocksDB at %s: %zu of %zu blocks were corrupt and deleted; compacting the rest: %s\n",
+               options_.path.c_str(), dropped, keys.size(),
+               collected.ok() ? "OK" : std::string(collected.message()).c_str());
+  if (collected.ok() && ProbeWrites().ok()) return;
+  absl::WriterMutexLock db(&db_mu_);
+  if (const absl::Status reset = ResetDatabase(absl::StrCat("a compaction after dropping the corrupt blocks failed (",
+                                                            collected.message(), ")"));
+      !reset.ok()) {
+    std::fprintf(stderr, "RocksDB at %s: %s; trying again\n", options_.path.c_str(), std::string(reset.message()).c_str());
+  }
+  {
+    absl::MutexLock l(&mu_);
+    files_evicted_ = 0;
+  }
+}
+
+absl::Status DiskTier::CollectGarbage(double age_cutoff) {
+  absl::ReaderMutexLock db(&db_mu_);
+  if (db_ == nullptr) return absl::UnavailableError("compact: the disk tier is being reopened");
+  rocksdb::CompactRangeOptions o;
+  o.blob_garbage_collection_policy = rocksdb::BlobGarbageCollectionPolicy::kForce;
+  o.blob_garbage_collection_age_cutoff = age_cutoff;
+  o.bottommost_level_compaction = rocksdb::BottommostLevelCompaction::kForce;
+  return FromRocks(db_->CompactRange(o, blocks_, nullptr, nullptr), "compact");
+}
+
+void DiskTier::KeepFilesInBudget() {
+  const uint64_t over = FilesOver(footprint_bytes(), 0);
+  std::vector<Victim> victims;
+  bool collect = false;
+  {
+    absl::MutexLock l(&mu_);
+    if (over > 0) victims = TakeVictims(over, /*keep=*/0);
+    collect = files_evicted_ > 0;
+  }
+  {
+    absl::ReaderMutexLock db(&db_mu_);
+    for (const Victim& v : victims) EraseEvicted(v.key, v.size, v.for_reserve);
+  }
+  if (!collect) return;
+  // The oldest quarter of the blob files: those of the least recently put blocks, mostly evicted.
+  if (CollectGarbage(/*age_cutoff=*/0.25).ok()) {
+    absl::MutexLock l(&mu_);
+    files_evicted_ = 0;
+  }
+  // Puts waiting for room see what the collection freed.
+  (void)FilesOver(footprint_bytes(), 0);
 }
 
 }  // namespace vc::cachestore

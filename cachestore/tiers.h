@@ -27,6 +27,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -34,6 +35,7 @@
 #include "absl/hash/hash.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "cachestore/block_key.h"
 #include "common/clock.h"
@@ -206,6 +208,10 @@ class RamTier {
 
 struct DiskTierOptions {
   std::string path;
+  // The budget of everything the tier writes in `path`: blocks, RocksDB's write-ahead logs,
+  // memtables as they flush, SST and blob files with the garbage of evicted blocks until it is
+  // collected, manifest and info logs. Blocks alone never take more than this; the files are kept
+  // within it too (see DiskTier::Maintain), never under 8 MiB (an empty database's own files).
   uint64_t capacity_bytes = uint64_t{8} << 30;
   bool sync_writes = false;  // fsync every put (survives power loss, not only kill -9)
   rocksdb::Env* env = nullptr;  // RocksDB's environment (tests: one whose writes fail); null: the default
@@ -213,21 +219,22 @@ struct DiskTierOptions {
   // disk fills), unless this is set: a trace replay's tier takes only what its trace puts.
   bool allow_past_filesystem = false;
   // RocksDB's memtable of blocks (write_buffer_size; a write-ahead log past two of them makes it
-  // flush), written to a blob file when full, and its largest blob file. The budget counts stored
-  // blocks; the disk also holds the logs and the blob garbage of evicted blocks until RocksDB
-  // collects it: under churn the files reached 2.3 times the budget (DiskTier::footprint_bytes;
-  // benchmarks/disk_footprint.cc measures it).
+  // flush), written to a blob file when full, and its largest blob file. Both are capped at a
+  // thirty-second and a sixteenth of the budget (at least 256 KiB and 1 MiB), so that the logs of
+  // a small budget fit in it.
   uint64_t memtable_bytes = uint64_t{64} << 20;
   uint64_t blob_file_bytes = uint64_t{256} << 20;
   // Room kept free on the filesystem. A filesystem RocksDB's files fill stops its writes, and then
-  // nothing frees the garbage that filled it: puts fail until the store's disk is cleared by hand.
-  // So whenever less than this is free (looked at every 1/32 of the budget or a quarter of this
-  // put, whichever is less), a put evicts the least recently used blocks beyond the budget, as
-  // many bytes as are missing, and RocksDB's compactions free their room. Open refuses a reserve
-  // the filesystem cannot keep beside the budget (unless allow_past_filesystem). 0: never.
+  // nothing frees the garbage that filled it. So whenever less than this is free (looked at every
+  // 1/32 of the budget or a quarter of this put, whichever is less), a put evicts the least
+  // recently used blocks beyond the budget, as many bytes as are missing, and RocksDB's
+  // compactions free their room. Open refuses a reserve the filesystem cannot keep beside the
+  // budget (unless allow_past_filesystem). 0: never.
   uint64_t reserve_bytes = uint64_t{256} << 20;
   // The filesystem's free bytes, for tests; null: statvfs of `path`.
   std::function<uint64_t()> free_bytes = nullptr;
+  // How often the tier's own thread calls DiskTier::Maintain; 0: never (tests call it).
+  int64_t maintain_every_ms = 1000;
 };
 
 // Puts failing on disk: since when, and whether for want of room.
@@ -261,6 +268,9 @@ class DiskTier {
   uint64_t SizeOf(const BlockKey& key) const;
   uint64_t used_bytes() const;
   uint64_t capacity_bytes() const { return options_.capacity_bytes; }
+  // What blocks may take of it: the budget less room for RocksDB's logs and files in flight (at
+  // least half the budget; all of a budget under 8 MiB). Eviction keeps used_bytes() within it.
+  uint64_t block_budget_bytes() const;
   // What the tier takes on the filesystem now: the space allocated to the files in its directory
   // (blob files, with the garbage of deleted blocks until garbage collection rewrites them; SSTs;
   // write-ahead logs; RocksDB's own logs and manifest). A listing of the directory; 0 if it
@@ -272,10 +282,8 @@ class DiskTier {
   // Of those, the ones evicted within the budget to keep room free on the filesystem
   // (DiskTierOptions::reserve_bytes).
   uint64_t reserve_evictions() const;
-  // Puts that failed in RocksDB (a full disk, an I/O error), since the tier opened. After such a
-  // failure RocksDB takes no writes until it recovers, by itself within a moment once a full disk
-  // has room again (or after an error it deems retryable); after others (a log write failing with
-  // EIO, for one), not before the store restarts.
+  // Puts that failed in RocksDB (a full disk, an I/O error, a corrupt file), since the tier
+  // opened. After such a failure RocksDB takes no writes until it recovers (see Maintain).
   uint64_t write_errors() const;
   // Whether writes are failing now, and how: see DiskWriteFailure.
   DiskWriteFailure write_failure() const;
@@ -283,9 +291,65 @@ class DiskTier {
   // RocksDB takes writes again (puts may have stopped coming); OK when it does, or when writes
   // were not failing.
   absl::Status ProbeWrites();
+  // Keeps the tier taking puts and its files within the budget; its own thread calls it every
+  // maintain_every_ms. While puts fail it probes (ProbeWrites) and heals:
+  //  - a full disk: RocksDB resumes by itself once there is room; after 5 s with room and no
+  //    recovery, RocksDB is told to resume, and after 15 s the database is reopened;
+  //  - a corrupt file (puts fail with kDataLoss once a compaction meets it): the database is
+  //    reopened, every block is read and those that fail their checksums are deleted, and a
+  //    compaction rewrites the rest; when that still meets corruption (a damaged SST), the whole
+  //    database is dropped and opened empty (a cache may lose blocks, never the ability to cache);
+  //  - another error (an I/O error): RocksDB is told to resume after 1 s, and the database is
+  //    reopened when it does not (at most every 10 s).
+  // Then, when the files take more than the budget, it evicts the least recently used blocks by
+  // as many bytes as they are over (less the garbage of earlier such evictions not yet collected)
+  // and has RocksDB collect the oldest blob files' garbage. Reads and puts wait only while the
+  // database is closed and opened again.
+  void Maintain();
+  // Times the tier was reopened, and dropped whole, to heal (see Maintain), since it opened.
+  uint64_t reopens() const;
+  uint64_t resets() const;
 
  private:
   DiskTier() = default;
+  // Opens RocksDB at options_.path and indexes the blocks there into an empty index; kDataLoss when
+  // RocksDB finds the database corrupt. db_ must be closed, and db_mu_ held exclusively once
+  // others can see the tier.
+  absl::Status OpenDatabase();
+  void CloseDatabase();
+  // Deletes every file in the directory and opens an empty database (db_mu_ held exclusively).
+  absl::Status ResetDatabase(absl::string_view why);
+  // Maintain's steps: healing failed writes (`corrupt`: the last failure was kDataLoss), and
+  // keeping the files within the budget.
+  void Heal(absl::Duration failing_for, bool no_space, bool corrupt);
+  void KeepFilesInBudget();
+  // Closes and opens the database again (reads and puts wait meanwhile); with `verify`, then reads
+  // every block, deletes those RocksDB reports as lost, and compacts every file; drops the whole
+  // database when that does not bring writes back.
+  void Reopen(bool verify);
+  // Compacts the blocks' files, rewriting the live blocks of the oldest `age_cutoff` of the blob
+  // files so that RocksDB deletes them with their garbage.
+  absl::Status CollectGarbage(double age_cutoff);
+  // Bytes the files take past the budget, less those evicted for the files and not yet collected.
+  // Also notes whether the files are near the budget (looked at every put then), and whether
+  // a put of `put_bytes` would take them past it (it waits for the maintainer then, woken).
+  uint64_t FilesOver(uint64_t footprint, uint64_t put_bytes);
+  uint64_t FilesBudget() const;
+  // Shared for every use of db_ and its handles; exclusive to close and open it (db_ is null while
+  // an open failed: reads and puts fail with kUnavailable then).
+  mutable absl::Mutex db_mu_;
+  absl::Notification stop_;
+  std::thread maintainer_;
+  int64_t reopens_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t resets_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Duration last_reopen_ ABSL_GUARDED_BY(mu_) = -absl::InfiniteDuration();
+  bool failing_corrupt_ ABSL_GUARDED_BY(mu_) = false;  // the last failure was kDataLoss
+  bool pause_compactions_ = false;  // OpenDatabase opens with automatic compactions off (db_mu_ held)
+  uint64_t files_evicted_ ABSL_GUARDED_BY(mu_) = 0;     // bytes evicted for the files, not yet collected
+  bool files_over_ ABSL_GUARDED_BY(mu_) = false;        // at the last look (logged when it changes)
+  bool files_near_budget_ ABSL_GUARDED_BY(mu_) = false;  // within a sixteenth of it at the last look
+  bool files_full_ ABSL_GUARDED_BY(mu_) = false;  // the last look saw no room for its put
+  bool wake_ ABSL_GUARDED_BY(mu_) = false;        // the maintainer is wanted now
   // Deletes the block and its size from the database.
   absl::Status Erase(const BlockKey& key);
   // A block eviction took out of the index, and whether to keep room free on the filesystem

@@ -251,8 +251,8 @@ void StoreServer::WatchDisk(absl::Duration grace) {
   if (live) {
     std::fprintf(stderr, "disk writes succeed again, or fail for want of room only: live\n");
   } else {
-    std::fprintf(stderr, "disk writes have failed for %.1f s: not live (health entry \"%s\" NOT_SERVING; a "
-                 "restart reopens RocksDB)\n", absl::ToDoubleSeconds(failure.duration), kLivenessService);
+    std::fprintf(stderr, "disk writes have failed for %.1f s, and reopening RocksDB did not help: not live "
+                 "(health entry \"%s\" NOT_SERVING)\n", absl::ToDoubleSeconds(failure.duration), kLivenessService);
   }
   if (grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService()) {
     health->SetServingStatus(kLivenessService, live);

@@ -42,11 +42,11 @@ struct StoreServerOptions {
   std::shared_ptr<grpc::ServerCredentials> credentials;  // null: plaintext
   // HOST:PORT of a Prometheus /metrics endpoint (plain HTTP, no authentication); empty: none.
   std::string metrics_listen;
-  // Once writes to the disk tier have been failing this long (puts refused, and a write probe
-  // every second still failing), other than for want of room, the health service's "liveness"
-  // entry turns NOT_SERVING, so that a liveness probe restarts the store: RocksDB recovers from some
-  // errors (a log write failing with EIO) only when reopened. A full disk recovers by itself once
-  // it has room, and a restart would only lose the RAM tier. The entry turns SERVING again if
+  // Once writes to the disk tier have been failing this long (puts refused, and the tier's own
+  // probes and reopens of RocksDB failing too: see DiskTier::Maintain), other than for want of
+  // room, the health service's "liveness" entry turns NOT_SERVING, so that a liveness probe
+  // restarts the store (elsewhere, perhaps, on a disk that works). A full disk recovers by itself
+  // once it has room, and a restart would only lose the RAM tier. The entry turns SERVING again if
   // writes succeed first. 0: never. The server's own entry ("") stays SERVING: reads go on.
   int64_t disk_failure_grace_ms = 60'000;
 };

@@ -951,9 +951,9 @@ TEST(DiskTier, DatabaseWithoutSizesIsIndexedFromItsBlocks) {
   EXPECT_EQ((*t)->blocks(), 5u);
 }
 
-// Such a database with a blob file it cannot read is not indexed (what the file hides is spread
-// over every key): it is refused with the reason, and left as it is.
-TEST(DiskTier, DatabaseWithoutSizesAndALostBlobFileIsRefused) {
+// Such a database with a blob file it cannot read cannot be indexed (what the file hides is spread
+// over every key): it is dropped, and the tier opens empty and takes puts.
+TEST(DiskTier, DatabaseWithoutSizesAndALostBlobFileIsDropped) {
   const std::string dir = vc::testing::TempDir("disk_tier_old_lost");
   WriteDatabaseWithoutSizes(dir, 5);
   int blobs = 0;
@@ -962,8 +962,12 @@ TEST(DiskTier, DatabaseWithoutSizesAndALostBlobFileIsRefused) {
   }
   ASSERT_GT(blobs, 0);
   auto t = DiskTier::Open({dir, 1 << 20, false});
-  EXPECT_EQ(t.status().code(), absl::StatusCode::kDataLoss) << t.status();
-  EXPECT_NE(t.status().message().find("move it aside"), absl::string_view::npos) << t.status();
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ((*t)->blocks(), 0u);
+  EXPECT_EQ((*t)->resets(), 1u);
+  EXPECT_EQ((*t)->Get(Key(1)).status().code(), absl::StatusCode::kNotFound);
+  ASSERT_TRUE((*t)->Put(Key(1), Block(1)).ok());
+  EXPECT_EQ(*(*t)->Get(Key(1)), Block(1));
 }
 
 // Damaged blocks of the index of sizes are salvaged around: the tier opens, serves every block the

@@ -133,7 +133,9 @@ const FlagSet& StoreFlags() {
           Flag::Int("ram-bytes", int64_t{1} << 30, 1 << 20, int64_t{1} << 40, "the RAM tier's size in bytes")
               .ShownDefault("1073741824: 1 GiB"),
           Flag::Int("disk-bytes", int64_t{16} << 30, 1 << 20, int64_t{1} << 50,
-                    "the disk tier's size in bytes: the blocks it holds (see --disk-reserve-bytes)")
+                    "the disk tier's budget in bytes: everything it writes under --data-dir (blocks, RocksDB's "
+                    "logs, and the garbage of evicted blocks until it is collected); blocks get what the logs leave, "
+                    "about 95% of 16 GiB, 75% of 32 MiB")
               .ShownDefault("17179869184: 16 GiB"),
           Flag::Str("secret-file", "", "a secret mixed into every tenant's salt, so that stored blocks' names "
                                        "cannot be computed from a guessed prompt without it: the file's bytes, a "
@@ -165,16 +167,14 @@ const FlagSet& StoreFlags() {
           RamSlotBytesFlag(),
           MetricsListenFlag("tier use, hits, misses"),
           Flag::Int("disk-failure-grace-ms", StoreServerOptions{}.disk_failure_grace_ms, 0, int64_t{24} * 3600 * 1000,
-                    "once writes to disk have failed this long (puts refused, a probe every second failing too) "
-                    "other than for want of room, the gRPC health entry \"liveness\" says NOT_SERVING, for a "
-                    "liveness probe to restart the store (RocksDB recovers from some errors only when reopened; "
-                    "from a full disk, by itself once it has room); 0: never. Reads go on meanwhile"),
+                    "once writes to disk have failed this long (puts refused, a probe every second and the "
+                    "store's own reopens of RocksDB failing too) other than for want of room, the gRPC health "
+                    "entry \"liveness\" says NOT_SERVING, for a liveness probe to restart the store; 0: never. "
+                    "Reads go on meanwhile"),
           Flag::Int("disk-reserve-bytes", static_cast<int64_t>(cachestore::StoreOptions{}.disk.reserve_bytes), 0,
                     int64_t{1} << 50,
-                    "room kept free on --data-dir's filesystem: under it, puts evict blocks beyond --disk-bytes. "
-                    "RocksDB's files take more than the blocks (its logs, and the garbage of evicted blocks until "
-                    "it collects it: up to 2.3x --disk-bytes under churn), and a filesystem they fill takes no more "
-                    "puts until cleared by hand. 0: never")
+                    "room kept free on --data-dir's filesystem for others that share it: under it, puts evict "
+                    "blocks beyond what --disk-bytes gives them. 0: never")
               .ShownDefault("268435456: 256 MiB"),
       }};
   return *flags;
