@@ -1,5 +1,9 @@
 #include "cachestore/ucx_transport.h"
 
+#include <ifaddrs.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <ucp/api/ucp.h>
 
 #include <chrono>
@@ -24,10 +28,17 @@ struct WorkerFree {
 using ContextPtr = std::unique_ptr<std::remove_pointer_t<ucp_context_h>, ContextFree>;
 using WorkerPtr = std::unique_ptr<std::remove_pointer_t<ucp_worker_h>, WorkerFree>;
 
-absl::Status MakeContextAndWorker(ContextPtr* ctx, WorkerPtr* worker) {
+absl::Status MakeContextAndWorker(ContextPtr* ctx, WorkerPtr* worker, const std::string& net_devices = "") {
   ucp_config_t* config = nullptr;
   ucs_status_t s = ucp_config_read(nullptr, nullptr, &config);
   if (s != UCS_OK) return UcxError("ucp_config_read", s);
+  if (!net_devices.empty()) {
+    s = ucp_config_modify(config, "NET_DEVICES", net_devices.c_str());
+    if (s != UCS_OK) {
+      ucp_config_release(config);
+      return UcxError(absl::StrCat("UCX_NET_DEVICES=", net_devices), s);
+    }
+  }
   ucp_params_t p{};
   p.field_mask = UCP_PARAM_FIELD_FEATURES;
   p.features = UCP_FEATURE_RMA;
@@ -65,28 +76,71 @@ struct UcxRegionServer::Impl {
   }
 };
 
+absl::StatusOr<std::string> UcxNetDevicesFor(absl::string_view host) {
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  if (host.empty() || host == "0.0.0.0" || host == "::" || host == "*") return std::string();
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  const std::string name(host);
+  if (const int e = getaddrinfo(name.c_str(), nullptr, &hints, &found); e != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("listen host '", name, "': ", gai_strerror(e)));
+  }
+  ifaddrs* interfaces = nullptr;
+  if (getifaddrs(&interfaces) != 0) {
+    freeaddrinfo(found);
+    return absl::UnavailableError("cannot list the network interfaces");
+  }
+  std::string device;
+  for (const addrinfo* a = found; a != nullptr && device.empty(); a = a->ai_next) {
+    for (const ifaddrs* i = interfaces; i != nullptr; i = i->ifa_next) {
+      if (i->ifa_addr == nullptr || i->ifa_addr->sa_family != a->ai_family) continue;
+      const bool same =
+          a->ai_family == AF_INET
+              ? reinterpret_cast<const sockaddr_in*>(a->ai_addr)->sin_addr.s_addr ==
+                    reinterpret_cast<const sockaddr_in*>(i->ifa_addr)->sin_addr.s_addr
+              : a->ai_family == AF_INET6 &&
+                    std::memcmp(&reinterpret_cast<const sockaddr_in6*>(a->ai_addr)->sin6_addr,
+                                &reinterpret_cast<const sockaddr_in6*>(i->ifa_addr)->sin6_addr, 16) == 0;
+      if (same) {
+        device = i->ifa_name;
+        break;
+      }
+    }
+  }
+  freeifaddrs(interfaces);
+  freeaddrinfo(found);
+  if (device.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("no network interface of this host holds '", name, "'"));
+  }
+  return device;
+}
+
 absl::StatusOr<std::unique_ptr<UcxRegionServer>> UcxRegionServer::Create(const char* region, size_t bytes,
-                                                                          UcxErrorMode mode) {
+                                                                          UcxErrorMode mode,
+                                                                          const std::string& net_devices) {
   ucp_mem_map_params_t mp{};
   mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
   mp.address = const_cast<char*>(region);
   mp.length = bytes;
-  return Start(&mp, mode);
+  return Start(&mp, mode, net_devices);
 }
 
-absl::StatusOr<std::unique_ptr<UcxRegionServer>> UcxRegionServer::Allocate(size_t bytes, UcxErrorMode mode) {
+absl::StatusOr<std::unique_ptr<UcxRegionServer>> UcxRegionServer::Allocate(size_t bytes, UcxErrorMode mode,
+                                                                            const std::string& net_devices) {
   ucp_mem_map_params_t mp{};
   mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH | UCP_MEM_MAP_PARAM_FIELD_FLAGS;
   mp.address = nullptr;
   mp.length = bytes;
   mp.flags = UCP_MEM_MAP_ALLOCATE;  // UCX_MEM_ALLOC_METHODS order: System V, POSIX shared memory, then private
-  return Start(&mp, mode);
+  return Start(&mp, mode, net_devices);
 }
 
-absl::StatusOr<std::unique_ptr<UcxRegionServer>> UcxRegionServer::Start(const void* params, UcxErrorMode) {
+absl::StatusOr<std::unique_ptr<UcxRegionServer>> UcxRegionServer::Start(const void* params, UcxErrorMode,
+                                                                         const std::string& net_devices) {
   std::unique_ptr<UcxRegionServer> s(new UcxRegionServer());
   s->impl_ = std::make_unique<Impl>();
-  absl::Status st = MakeContextAndWorker(&s->impl_->ctx, &s->impl_->worker);
+  absl::Status st = MakeContextAndWorker(&s->impl_->ctx, &s->impl_->worker, net_devices);
   if (!st.ok()) return st;
   ucs_status_t us =
       ucp_mem_map(s->impl_->ctx.get(), static_cast<const ucp_mem_map_params_t*>(params), &s->impl_->memh);

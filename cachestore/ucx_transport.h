@@ -30,6 +30,12 @@ enum class UcxErrorMode { kNone, kPeer };
 // absl::InvalidArgumentError for anything but "none" and "peer".
 absl::StatusOr<UcxErrorMode> ParseUcxErrorMode(absl::string_view name);
 
+// The network interfaces UCX may use to serve a process that listens on `host` (an address or a
+// name, as in HOST:PORT): empty for a wildcard ("0.0.0.0", "::", "*", ""), where UCX uses every
+// interface; else the name of the interface that holds the address, so that UCX's TCP transport
+// listens there only (UCX_NET_DEVICES). kInvalidArgument when no interface of this host holds it.
+absl::StatusOr<std::string> UcxNetDevicesFor(absl::string_view host);
+
 // Serves one memory region for remote reads. Thread-safe; a progress thread runs while it lives.
 //
 // Where the region comes from matters. On a host without RDMA, xpmem or knem, UCX (1.13) can
@@ -43,10 +49,14 @@ class UcxRegionServer {
  public:
   // Registers [region, region + bytes), memory the caller owns. The region must outlive the
   // server. kUnavailable when UCX cannot start or register it (the message says why).
-  static absl::StatusOr<std::unique_ptr<UcxRegionServer>> Create(const char* region, size_t bytes, UcxErrorMode mode);
+  // `net_devices` (UcxNetDevicesFor) names the network interfaces UCX listens and reads on; empty:
+  // every one.
+  static absl::StatusOr<std::unique_ptr<UcxRegionServer>> Create(const char* region, size_t bytes, UcxErrorMode mode,
+                                                                 const std::string& net_devices = "");
   // Allocates `bytes` through UCX (shared memory where the host allows) and registers them. The
   // server owns the region, which lives as long as the server. kUnavailable as for Create.
-  static absl::StatusOr<std::unique_ptr<UcxRegionServer>> Allocate(size_t bytes, UcxErrorMode mode);
+  static absl::StatusOr<std::unique_ptr<UcxRegionServer>> Allocate(size_t bytes, UcxErrorMode mode,
+                                                                   const std::string& net_devices = "");
   ~UcxRegionServer();
 
   // The region's first byte and its size.
@@ -63,7 +73,8 @@ class UcxRegionServer {
   struct Impl;
   UcxRegionServer() = default;
   // Maps the memory `params` describe, packs its rkey and starts the progress thread.
-  static absl::StatusOr<std::unique_ptr<UcxRegionServer>> Start(const void* params, UcxErrorMode mode);
+  static absl::StatusOr<std::unique_ptr<UcxRegionServer>> Start(const void* params, UcxErrorMode mode,
+                                                                const std::string& net_devices);
   std::unique_ptr<Impl> impl_;
   std::string address_, rkey_;
   uint64_t base_ = 0;

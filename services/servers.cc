@@ -201,6 +201,17 @@ Ticker::~Ticker() {
   thread_.join();
 }
 
+namespace {
+
+// The host of a listen address (HOST:PORT, [V6]:PORT); a Unix socket's clients are on this host.
+std::string ListenHost(absl::string_view listen) {
+  if (absl::StartsWith(listen, "unix:")) return "127.0.0.1";
+  const size_t colon = listen.rfind(':');
+  return std::string(colon == absl::string_view::npos ? listen : listen.substr(0, colon));
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<StoreServer>> StoreServer::Start(StoreServerOptions options) {
   RateLimitProtobufLog();
   std::unique_ptr<StoreServer> s(new StoreServer());
@@ -217,7 +228,9 @@ absl::StatusOr<std::unique_ptr<StoreServer>> StoreServer::Start(StoreServerOptio
           "if the tenants may read each other's blocks"));
     }
     VC_ASSIGN_OR_RETURN(cachestore::UcxErrorMode mode, cachestore::ParseUcxErrorMode(options.ucx));
-    VC_ASSIGN_OR_RETURN(s->ucx_, cachestore::UcxRegionServer::Allocate(options.store.ram.capacity_bytes, mode));
+    // UCX's TCP transport listens where gRPC does, not on every interface.
+    VC_ASSIGN_OR_RETURN(const std::string devices, cachestore::UcxNetDevicesFor(ListenHost(options.listen)));
+    VC_ASSIGN_OR_RETURN(s->ucx_, cachestore::UcxRegionServer::Allocate(options.store.ram.capacity_bytes, mode, devices));
     options.store.ram.region = s->ucx_->region();
     options.service.ucx = s->ucx_.get();
   }

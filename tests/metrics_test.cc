@@ -13,6 +13,8 @@
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <memory>
 #include <set>
 #include <sstream>
@@ -283,6 +285,67 @@ TEST(ServerMetrics, StoreAndWorkerServeTheirStats) {
   EXPECT_TRUE(absl::StrContains(store_text, "\nvericache_store_ram_capacity_bytes 67108864\n")) << store_text;
   // What the disk tier's files take goes down as well as up: a gauge.
   EXPECT_TRUE(absl::StrContains(store_text, "# TYPE vericache_store_disk_footprint_bytes gauge\n")) << store_text;
+}
+
+// The local addresses of the TCP sockets this process listens on ("127.0.0.1", "::1", ...), from
+// /proc/net/tcp and tcp6, for the sockets among its open files.
+std::multiset<std::string> ListeningAddresses() {
+  std::set<std::string> inodes;
+  for (const auto& fd : std::filesystem::directory_iterator("/proc/self/fd")) {
+    std::error_code ec;
+    const std::string target = std::filesystem::read_symlink(fd.path(), ec).string();
+    if (absl::StartsWith(target, "socket:[")) inodes.insert(target.substr(8, target.size() - 9));
+  }
+  std::multiset<std::string> out;
+  for (const char* table : {"/proc/self/net/tcp", "/proc/self/net/tcp6"}) {
+    std::ifstream in(table);
+    std::string line;
+    std::getline(in, line);  // the header
+    while (std::getline(in, line)) {
+      std::istringstream fields(line);
+      std::string slot, local, remote, state, queues, timer, retransmits, uid, timeout, inode;
+      fields >> slot >> local >> remote >> state >> queues >> timer >> retransmits >> uid >> timeout >> inode;
+      if (state != "0A" || !inodes.contains(inode)) continue;  // 0A: LISTEN
+      const std::string hex = local.substr(0, local.find(':'));
+      unsigned char bytes[16] = {};
+      for (size_t i = 0; i < hex.size() / 2; ++i) bytes[i] = static_cast<unsigned char>(std::stoi(hex.substr(2 * i, 2), nullptr, 16));
+      char text[INET6_ADDRSTRLEN] = {};
+      if (hex.size() == 8) {
+        const unsigned char v4[4] = {bytes[3], bytes[2], bytes[1], bytes[0]};  // a 32-bit word in host order
+        inet_ntop(AF_INET, v4, text, sizeof(text));
+      } else {
+        // tcp6 writes four 32-bit words, each in host order.
+        unsigned char v6[16];
+        for (int w = 0; w < 4; ++w) {
+          for (int b = 0; b < 4; ++b) v6[4 * w + b] = bytes[4 * w + 3 - b];
+        }
+        inet_ntop(AF_INET6, v6, text, sizeof(text));
+      }
+      out.insert(text);
+    }
+  }
+  return out;
+}
+
+// With --listen on one address, UCX's TCP transport (the only one in mode peer on one host)
+// listens on that address's interface alone, as gRPC does; with a wildcard, on every interface.
+TEST(StoreStart, UcxListensWhereGrpcDoes) {
+  testing::TinyStack t = testing::MakeTinyStack("ucx_listen");
+  t.store.ucx = "peer";
+  t.store.listen = "127.0.0.1:0";
+  const std::multiset<std::string> before = ListeningAddresses();
+  auto store = StoreServer::Start(t.store);
+  ASSERT_TRUE(store.ok()) << store.status();
+  std::multiset<std::string> added = ListeningAddresses();
+  for (const std::string& a : before) added.erase(added.find(a));
+  EXPECT_GE(added.size(), 2u);  // gRPC's and UCX's
+  for (const std::string& a : added) {
+    EXPECT_TRUE(a == "127.0.0.1" || a == "::1" || a == "::ffff:127.0.0.1") << "a listener on " << a;
+  }
+  // An address no interface here holds: refused at start, naming it.
+  t.store.listen = "192.0.2.254:0";
+  const absl::Status refused = StoreServer::Start(t.store).status();
+  EXPECT_FALSE(refused.ok());
 }
 
 // A lease's UCX key reaches the whole RAM region: a store of several tenants starts with one-sided

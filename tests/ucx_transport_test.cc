@@ -207,6 +207,16 @@ TEST(UcxMap, CallerMemoryIsNotMapped) {
 INSTANTIATE_TEST_SUITE_P(Modes, UcxTransport, ::testing::Values(UcxErrorMode::kNone, UcxErrorMode::kPeer),
                          [](const auto& info) { return info.param == UcxErrorMode::kNone ? "none" : "peer"; });
 
+// Where UCX may listen for a listen host: every interface for a wildcard, loopback for a loopback
+// address, and an error for an address this host does not hold.
+TEST(UcxNetDevices, FollowTheListenHost) {
+  for (const char* any : {"", "0.0.0.0", "::", "[::]", "*"}) EXPECT_EQ(*UcxNetDevicesFor(any), "") << any;
+  for (const char* loopback : {"127.0.0.1", "[::1]", "::1"}) EXPECT_EQ(*UcxNetDevicesFor(loopback), "lo") << loopback;
+  const absl::StatusOr<std::string> foreign = UcxNetDevicesFor("192.0.2.254");
+  EXPECT_EQ(foreign.status().code(), absl::StatusCode::kInvalidArgument) << foreign.status();
+  EXPECT_FALSE(UcxNetDevicesFor("no such host.invalid").ok());
+}
+
 TEST(UcxErrorModeSetting, Parses) {
   EXPECT_EQ(*ParseUcxErrorMode("peer"), UcxErrorMode::kPeer);
   EXPECT_FALSE(ParseUcxErrorMode("fast").ok());
