@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <set>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -85,8 +86,17 @@ absl::StatusOr<std::unique_ptr<WorkerService>> WorkerService::Create(const Model
   if (options.max_requests < 1) return absl::InvalidArgumentError("max_requests must be at least 1");
   if (options.max_requests_per_tenant < 0) return absl::InvalidArgumentError("max_requests_per_tenant is negative");
   if (options.client_write_timeout_ms < 1) return absl::InvalidArgumentError("client_write_timeout_ms must be at least 1");
+  if (options.max_batch_per_tenant < -1) return absl::InvalidArgumentError("max_batch_per_tenant is below -1");
+  std::set<std::string> tenants;
+  for (const auto& [token, tenant] : options.client_tokens) tenants.insert(tenant);
+  const auto share = [&](int max_batch) {
+    if (options.max_batch_per_tenant >= 0) return options.max_batch_per_tenant;
+    return tenants.size() > 1 ? std::max(1, max_batch - std::max(1, max_batch / 8)) : 0;
+  };
   std::unique_ptr<WorkerService> w(new WorkerService(model, options, prefixes));
-  VC_ASSIGN_OR_RETURN(auto vericache, VeriCacheEngine::Create(model, tier, options.engine, prefixes));
+  EngineOptions eo = options.engine;
+  eo.max_batch_per_tenant = share(eo.max_batch);
+  VC_ASSIGN_OR_RETURN(auto vericache, VeriCacheEngine::Create(model, tier, eo, prefixes));
   w->compressor_ = vericache->compressor_spec();
   w->vericache_ = vericache.get();
   w->tier_ = tier;
@@ -96,6 +106,7 @@ absl::StatusOr<std::unique_ptr<WorkerService>> WorkerService::Create(const Model
     fo.block_size = options.engine.block_size;
     fo.kv_blocks = options.full_kv_blocks;
     fo.max_batch = options.full_max_batch;
+    fo.max_batch_per_tenant = share(fo.max_batch);
     fo.publish_outputs = options.engine.publish_outputs;
     VC_ASSIGN_OR_RETURN(full, FullKvEngine::Create(model, fo, prefixes));
   }

@@ -47,6 +47,10 @@ struct WorkerServiceOptions {
   // The same for each tenant's requests (see client_tokens), so that one tenant cannot take every
   // slot; 0: only max_requests.
   int max_requests_per_tenant = 0;
+  // Sequences of one tenant in each engine's batch, so that one tenant's long requests leave room
+  // for another's; -1: when client_tokens name more than one tenant, the batch less an eighth of
+  // it (at least one sequence), else no cap; 0: no cap.
+  int max_batch_per_tenant = -1;
   // Bearer tokens accepted from clients, each with its tenant: requests of one tenant use and
   // share prefixes (in the store and in the worker) that no other tenant's can find. An empty
   // tenant is the worker's default, whose prefixes are those of a worker without tenants, and

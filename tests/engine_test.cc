@@ -243,6 +243,44 @@ TEST_F(EngineExactness, ALongPromptIsPrefilledAChunkAStepWhileTheBatchStreams) {
   EXPECT_EQ(got['c'], want->tokens);
 }
 
+// One tenant's long requests come first and would fill the batch; with each tenant's share capped
+// below it, another tenant's short request runs at once and ends before any of them. Exact.
+TEST_F(EngineExactness, ATenantsShareOfTheBatchLeavesRoomForAnother) {
+  GenerateOptions o;
+  o.max_tokens = 100;
+  o.stop_at_eos = false;
+  EngineOptions eo;
+  eo.max_batch = 4;
+  eo.max_batch_per_tenant = 3;
+  eo.staging_blocks = 64;
+  HostKvTier tier(model_->kv_layout(eo.block_size), 0);
+  auto engine = VeriCacheEngine::Create(*model_, &tier, eo);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  std::map<int, EngineResult> ended;
+  std::vector<EngineRequest> reqs;
+  for (int i = 0; i < 5; ++i) {
+    reqs.push_back(MakeRequest(RandomPrompt(20, 60 + i), o));
+    reqs.back().tenant = i < 4 ? "a" : "b";
+    if (i == 4) reqs.back().options.max_tokens = 4;
+    (*engine)->Submit(reqs.back(), [&, i](absl::Status st, EngineResult r) {
+      EXPECT_TRUE(st.ok()) << st;
+      ended[i] = std::move(r);
+    });
+  }
+  for (int i = 0; i < 5000 && !ended.contains(4); ++i) {
+    const absl::Status st = (*engine)->Step();
+    ASSERT_TRUE(st.ok()) << st;
+  }
+  ASSERT_TRUE(ended.contains(4));
+  EXPECT_EQ(ended.size(), 1u) << "the short request waited for a long one";
+  while (!(*engine)->Idle()) ASSERT_TRUE((*engine)->Step().ok());
+  for (const int i : {0, 4}) {
+    auto want = GenerateFull(*model_, reqs[i].prompt, reqs[i].options);
+    ASSERT_TRUE(want.ok());
+    EXPECT_EQ(ended[i].tokens, want->tokens) << i;
+  }
+}
+
 // Prompts that must be prefilled wait their turn behind the one being prefilled without holding
 // up a request whose prefix the store holds: it is admitted, and streams, meanwhile.
 TEST_F(EngineExactness, RequestsWaitingForTheirPrefillTurnHoldUpNoStoredPrefix) {

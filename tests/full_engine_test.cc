@@ -160,6 +160,50 @@ TEST_F(FullEngineTest, ManyRequestsInATightPoolMatchGenerateFull) {
   }
 }
 
+// One tenant's long requests fill the batch; another tenant's short request comes after them. With
+// a cap on each tenant's share of the batch it runs at once and ends before any of the long ones;
+// without, it waits for one of them to end. Every output is exact either way.
+TEST_F(FullEngineTest, ATenantsShareOfTheBatchLeavesRoomForAnother) {
+  std::vector<EngineRequest> reqs;
+  for (int i = 0; i < 5; ++i) {
+    const bool is_long = i < 4;
+    reqs.push_back(MakeRequest(RandomPrompt(20, 700 + i), Options(is_long ? 120 : 4, 0.0f, 1)));
+    reqs.back().tenant = is_long ? "a" : "b";
+  }
+  for (const int cap : {3, 0}) {
+    FullEngineOptions eo;
+    eo.kv_blocks = 64;
+    eo.max_batch = 4;
+    eo.max_batch_per_tenant = cap;
+    auto engine = FullKvEngine::Create(*model_, eo, nullptr);
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    Driver d(**engine);
+    for (const EngineRequest& r : reqs) d.Submit(r);
+    int long_done_before_short = -1;
+    while (!(*engine)->Idle()) {
+      d.Step();
+      ASSERT_FALSE(HasFatalFailure());
+      if (d[4].done && long_done_before_short < 0) {
+        long_done_before_short = 0;
+        for (int i = 0; i < 4; ++i) long_done_before_short += d[i].done;
+      }
+    }
+    if (cap > 0) {
+      EXPECT_EQ(long_done_before_short, 0) << "the short request waited for a long one";
+    } else {
+      EXPECT_GT(long_done_before_short, 0);
+    }
+    for (int i = 0; i < 5; ++i) {
+      ASSERT_TRUE(d[i].status.ok()) << i << ": " << d[i].status;
+      EXPECT_EQ(d[i].result.tokens, Reference(*model_, reqs[i])) << "request " << i << ", cap " << cap;
+    }
+  }
+  FullEngineOptions bad;
+  bad.kv_blocks = 8;
+  bad.max_batch_per_tenant = -1;
+  EXPECT_EQ(FullKvEngine::Create(*model_, bad, nullptr).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST_F(FullEngineTest, SmallRequestsPassOneThatMustWaitAFewTimesAtMost) {
   // The pool holds one long request and three short ones. A second long one waits for the first;
   // short ones behind it pass it, 8 of them (several in one step), and then wait behind it.

@@ -83,6 +83,7 @@ absl::Status Run(const Args& a, std::ostream& out) {
   o.service.max_requests = static_cast<int>(max_requests);
   VC_RETURN_IF_ERROR(a.CheckAtMost("max-requests-per-tenant", max_requests));
   o.service.max_requests_per_tenant = static_cast<int>(a.Int("max-requests-per-tenant"));
+  o.service.max_batch_per_tenant = static_cast<int>(a.Int("max-batch-per-tenant"));
   if (a.Has("client-tokens")) {
     VC_ASSIGN_OR_RETURN(o.service.client_tokens, ReadClientTokens(a.Str("client-tokens")));
   }
@@ -173,6 +174,11 @@ const FlagSet& WorkerFlags() {
           Flag::Int("max-requests", 256, 1, 1 << 20, "requests queued or in flight; more are refused"),
           Flag::Int("max-requests-per-tenant", 0, 0, 1 << 20,
                     "the same for one tenant's requests, at most --max-requests; 0: no limit of its own"),
+          Flag::Int("max-batch-per-tenant", -1, -1, 1 << 20,
+                    "sequences of one tenant in the batch, so that one tenant's long requests leave room for "
+                    "another's; -1: the batch less an eighth of it when --client-tokens names several tenants; "
+                    "0: no cap")
+              .ShownDefault("-1: auto"),
           ClientWriteTimeoutFlag(),
           Flag::Str("client-tokens", "", "bearer tokens accepted from clients, lines of 'token [tenant]': a "
                                          "tenant's prefixes are found by its own requests only")

@@ -43,7 +43,7 @@ FullKvEngine::~FullKvEngine() = default;
 
 absl::StatusOr<std::unique_ptr<FullKvEngine>> FullKvEngine::Create(const Model& model, const FullEngineOptions& options,
                                                                    PrefixStore* prefixes) {
-  if (options.block_size < 1 || options.max_batch < 1 || options.kv_blocks < 1) {
+  if (options.block_size < 1 || options.max_batch < 1 || options.kv_blocks < 1 || options.max_batch_per_tenant < 0) {
     return absl::InvalidArgumentError(absl::StrCat("full engine options out of range: block_size ", options.block_size,
                                                    ", max_batch ", options.max_batch, ", kv_blocks ",
                                                    options.kv_blocks, " must all be at least 1"));
@@ -259,7 +259,7 @@ absl::Status FullKvEngine::Step(bool may_wait) {
     if (!LookupDone(s, /*wait=*/may_wait && active.empty())) return Admission::kWait;
     Admit(s);
     return Admission::kAdmitted;
-  });
+  }, static_cast<size_t>(options_.max_batch_per_tenant));
   // Stored prefixes that have arrived join the pass. With nothing else to run, the first still
   // being read is waited for a while (without may_wait, a moment: see VeriCacheEngine::Step).
   const auto reading = [](const auto& sp) { return sp->read.valid(); };

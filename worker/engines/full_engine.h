@@ -44,6 +44,9 @@ struct FullEngineOptions {
   // Required > 0.
   int64_t kv_blocks = 0;
   int max_batch = 16;  // sequences in flight
+  // Sequences of one tenant in flight (EngineRequest::tenant); 0: max_batch. Below max_batch, one
+  // tenant's requests leave the rest of the batch to the others'.
+  int max_batch_per_tenant = 0;
   // With a PrefixStore: read stored prefixes instead of computing them (and publish the blocks
   // the store lacked). False leaves the store alone and recomputes every prompt.
   bool fetch_prefix = true;

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
@@ -219,17 +220,24 @@ class RequestQueue {
   // try_admit(Seq&) -> Admission. One that has to wait does not hold up later ones that fit: they
   // pass it, kMaxPasses of them in all (across calls) at most; then nothing passes it until it is
   // admitted. At most `max_waiting_tried` waiting requests are tried per call. One told kLater is
-  // passed freely and not counted as tried.
+  // passed freely and not counted as tried. With `max_active_per_tenant` (0: none), a request of a
+  // tenant with that many in flight is not tried (as if told kLater), so that one tenant's long
+  // requests leave room in the batch for the others'.
   template <typename TryAdmit>
-  void AdmitInOrder(size_t max_active, int max_waiting_tried, TryAdmit try_admit) {
+  void AdmitInOrder(size_t max_active, int max_waiting_tried, TryAdmit try_admit, size_t max_active_per_tenant = 0) {
     constexpr int kMaxPasses = 8;
     int waiting_tried = 0;
     int budget = kMaxPasses;  // admissions that may still pass the requests waiting before i
-    std::vector<const Seq*> later;  // told kLater in this call
+    std::vector<const Seq*> later;  // told kLater in this call, or over its tenant's share
+    std::map<std::string, size_t> in_flight;  // by tenant, with max_active_per_tenant only
+    if (max_active_per_tenant > 0) {
+      for (const auto& a : active) in_flight[a->request.tenant]++;
+    }
     for (size_t i = 0; i < pending.size() && active.size() < max_active;) {
       if (i > later.size() && budget <= 0) break;
       Seq& s = *pending[i];
-      const Admission a = try_admit(s);
+      const bool over_share = max_active_per_tenant > 0 && in_flight[s.request.tenant] >= max_active_per_tenant;
+      const Admission a = over_share ? Admission::kLater : try_admit(s);
       if (a == Admission::kLater) {
         later.push_back(&s);
         ++i;
@@ -251,6 +259,7 @@ class RequestQueue {
         passed = true;
       }
       if (passed) --budget;
+      if (max_active_per_tenant > 0) in_flight[owned->request.tenant]++;
       active.push_back(std::move(owned));
     }
   }

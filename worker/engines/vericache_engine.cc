@@ -85,7 +85,7 @@ VeriCacheEngine::~VeriCacheEngine() {
 absl::StatusOr<std::unique_ptr<VeriCacheEngine>> VeriCacheEngine::Create(const Model& model, FullKvTier* tier,
                                                                          const EngineOptions& options,
                                                                          PrefixStore* prefixes) {
-  if (options.block_size < 1 || options.max_batch < 1 || options.max_draft_window < 1 ||
+  if (options.block_size < 1 || options.max_batch < 1 || options.max_batch_per_tenant < 0 || options.max_draft_window < 1 ||
       options.draft_window < 0 || options.staging_blocks < 0 || options.prefix_cache_bytes < 0 ||
       options.compressed_bytes < 0) {
     return absl::InvalidArgumentError("engine options out of range");
@@ -796,7 +796,7 @@ absl::Status VeriCacheEngine::Step(bool may_wait) {
     }
     RequestQueue<Sequence>::Tell(s, std::move(st));
     return Admission::kRefused;
-  });
+  }, static_cast<size_t>(options_.max_batch_per_tenant));
 
   // A chunk of the prompt being prefilled (one at a time, see the admission above): a long prompt
   // holds up the batch in flight a chunk a step, not all of its prefill at once. A failed chunk

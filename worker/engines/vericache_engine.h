@@ -64,6 +64,9 @@ struct EngineOptions {
   // sequence of the call at once; Submit needs it set.
   int64_t staging_blocks = 0;
   int max_batch = 16;  // sequences in flight
+  // Sequences of one tenant in flight (EngineRequest::tenant); 0: max_batch. Below max_batch, one
+  // tenant's requests leave the rest of the batch to the others'.
+  int max_batch_per_tenant = 0;
   // Keep a sequence's full KV in staging between windows while no other sequence needs the room
   // (its next verify then needs no fetch). False stages it only from fetch to verify: the worker
   // holds compressed KV alone in between (the long-context scene with offloaded full KV).
