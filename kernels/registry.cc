@@ -1,3 +1,5 @@
+#include <cpuid.h>
+
 #include <cstdlib>
 #include <iostream>
 #include <string>
@@ -17,9 +19,14 @@ const Backend* Avx512vlBackend();
 const Backend* Avx512vlNoVbmiBackend();
 
 namespace {
+// F16C from CPUID leaf 1 (ECX bit 29): clang's __builtin_cpu_supports does not name it.
+bool CpuHasF16c() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  return __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_F16C) != 0;
+}
 bool CpuHasAvx2() {
   __builtin_cpu_init();
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && CpuHasF16c();
 }
 bool CpuHasAvx512vlVnni() {
   return CpuHasAvx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
