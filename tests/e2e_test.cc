@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <fstream>
 #include <future>
 #include <iostream>
@@ -259,6 +260,20 @@ TEST_F(EndToEnd, ConcurrentClientsThroughStoreAndWorkerRestarts) {
   ExpectIdentical(back, "store restarted");
   EXPECT_GT(Sum(back, &v1::GenerateStats::prefix_store_tokens), 0) << "the restarted store served no prefix";
 
+  // The store stops answering mid-run (SIGSTOP: its TCP still accepts, as a hung process's does):
+  // reads time out (--store-timeout-ms) and prefixes are computed, with identical output; once it
+  // runs again it serves them again.
+  auto paused = std::async(std::launch::async, [&] { return RunAll(worker_port, v1::MODE_VERICACHE); });
+  EXPECT_TRUE(WaitInFlight(worker_port));
+  store->Signal(SIGSTOP);
+  ExpectIdentical(paused.get(), "store paused mid-run");
+  store->Signal(SIGCONT);
+  auto client = *cachestore::StoreClient::Create({absl::StrCat("127.0.0.1:", store_port_), "worker-token", 300, ""});
+  EXPECT_TRUE(testing::Eventually([&] { return client->Lookup({}).ok(); }, absl::Seconds(10)));
+  ExpectIdentical(RunAll(worker_port, v1::MODE_VERICACHE), "store resumed");
+  std::printf("store killed, restarted, paused and resumed under load: %zu requests, every output identical\n",
+              5 * prompts_.size());
+
   // The worker dies mid-run: its calls end with a clear status, never with wrong tokens; a new
   // worker (without compressed prefixes) reads the store's blocks and gives identical output.
   auto dying = std::async(std::launch::async, [&] { return RunAll(worker_port, v1::MODE_VERICACHE); });
@@ -277,6 +292,10 @@ TEST_F(EndToEnd, ConcurrentClientsThroughStoreAndWorkerRestarts) {
   std::vector<GenerateReply> again = RunAll(new_port, v1::MODE_VERICACHE);
   ExpectIdentical(again, "worker restarted");
   EXPECT_GT(Sum(again, &v1::GenerateStats::prefix_store_tokens), 0);
+  int finished = 0;
+  for (const auto& r : cut) finished += r.status.ok();
+  std::printf("worker killed under load: %d of %zu calls had finished identical, the rest ended UNAVAILABLE; "
+              "a new worker's %zu outputs identical\n", finished, cut.size(), again.size());
 }
 
 TEST_F(EndToEnd, BadRequestsGetClearStatuses) {
