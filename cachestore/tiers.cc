@@ -522,6 +522,17 @@ uint64_t BlockBudgetOf(const DiskTierOptions& o) {
 
 }  // namespace
 
+namespace {
+
+// An error of OpenDatabase's writes: kDataLoss when RocksDB met a corrupt file (Open then drops the
+// database), else kUnavailable.
+absl::Status OpenWriteError(const rocksdb::Status& s, absl::string_view what) {
+  const std::string message = absl::StrCat(what, ": ", s.ToString());
+  return s.IsCorruption() ? absl::DataLossError(message) : absl::UnavailableError(message);
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<DiskTier>> DiskTier::Open(const DiskTierOptions& options) {
   std::unique_ptr<DiskTier> t(new DiskTier());
   t->options_ = options;
@@ -644,8 +655,7 @@ absl::Status DiskTier::OpenDatabase() {
         rocksdb::WriteOptions sync;
         sync.sync = true;
         if (rocksdb::Status w = db_->Write(sync, &drop); !w.ok()) {
-          return absl::UnavailableError(
-              absl::StrCat("RocksDB at ", options_.path, ": deleting blocks with damaged sizes: ", w.ToString()));
+          return OpenWriteError(w, absl::StrCat("RocksDB at ", options_.path, ": deleting blocks with damaged sizes"));
         }
         std::fprintf(stderr, "RocksDB at %s: %zu blocks had a damaged size entry and were deleted\n",
                      options_.path.c_str(), damaged.size());
@@ -675,8 +685,7 @@ absl::Status DiskTier::OpenDatabase() {
       rocksdb::WriteOptions sync;
       sync.sync = true;
       if (rocksdb::Status w = db_->Write(sync, &batch); !w.ok()) {
-        return absl::UnavailableError(
-            absl::StrCat("RocksDB at ", options_.path, ": writing block sizes: ", w.ToString()));
+        return OpenWriteError(w, absl::StrCat("RocksDB at ", options_.path, ": writing block sizes"));
       }
     }
     if (!scanned.ok()) {
