@@ -151,13 +151,19 @@ TEST(DiskFaults, PutsResumeOnceAFullDiskHasRoom) {
   EXPECT_EQ((*t)->resets(), 0u);
 }
 
-// Writes blocks [0, n) of `size` bytes to a tier in `dir` and closes it.
-void WriteBlocks(const std::string& dir, int n, size_t size) {
+// A 256 MiB tier in `dir` with small memtables and blob files (many files to damage), its
+// maintainer every `maintain_every_ms` (0: none).
+DiskTierOptions ManyFiles(const std::string& dir, int64_t maintain_every_ms) {
   DiskTierOptions o{dir, 256 * kMiB, false};
   o.memtable_bytes = kMiB;
   o.blob_file_bytes = kMiB;
-  o.maintain_every_ms = 0;
-  auto t = DiskTier::Open(o);
+  o.maintain_every_ms = maintain_every_ms;
+  return o;
+}
+
+// Writes blocks [0, n) of `size` bytes to a tier in `dir` and closes it.
+void WriteBlocks(const std::string& dir, int n, size_t size) {
+  auto t = DiskTier::Open(ManyFiles(dir, 0));
   ASSERT_TRUE(t.ok()) << t.status();
   for (int i = 0; i < n; ++i) ASSERT_TRUE((*t)->Put(Key(i), Block(i, size)).ok());
 }
@@ -181,14 +187,10 @@ int Damage(const std::string& dir, const std::string& ext, int bytes) {
 }
 
 // A tier over damaged files, as a store restarted after the damage opens it: takes puts (which
-// start compactions that meet the damage) until 20 in a row succeed, within 60 s and without a
+// start compactions that meet the damage) until 200 in a row succeed, within 60 s and without a
 // restart; every read returns the bytes put or an error.
 void HealsFrom(const std::string& dir, int written, size_t size) {
-  DiskTierOptions o{dir, 256 * kMiB, false};
-  o.memtable_bytes = kMiB;
-  o.blob_file_bytes = kMiB;
-  o.maintain_every_ms = 100;
-  auto t = DiskTier::Open(o);
+  auto t = DiskTier::Open(ManyFiles(dir, 100));
   ASSERT_TRUE(t.ok()) << t.status();
   const int whole_before = ReadBack(**t, written, size);
   int failed = 0;
