@@ -25,8 +25,8 @@ namespace vc::cachestore {
 namespace {
 
 // RocksDB's info log: the LOG file in the data directory, rolled at `roll_bytes` with four old ones
-// kept (LOG.old.1 the newest), as RocksDB's own would be, but written with plain stdio that drops a line
-// it cannot write. RocksDB's own writer asserts on a write after a failed one: on a full disk,
+// kept (LOG.old.1 the newest), as RocksDB's own would be, but written with plain stdio that drops a
+// line it cannot write. RocksDB's own writer asserts on a write after a failed one: on a full disk,
 // Debian's RocksDB (built with assertions) would abort the store at open, at shutdown, or seconds
 // after puts began to fail. Without a LOG (it cannot be created), warnings and worse go to stderr.
 class InfoLog final : public rocksdb::Logger {
@@ -519,10 +519,6 @@ uint64_t BlockBudgetOf(const DiskTierOptions& o) {
   const uint64_t budget = FilesBudgetOf(o);
   return std::min(o.capacity_bytes, files < budget / 2 ? budget - files : budget / 2);
 }
-
-}  // namespace
-
-namespace {
 
 // An error of OpenDatabase's writes: kDataLoss when RocksDB met a corrupt file (Open then drops the
 // database), else kUnavailable.
