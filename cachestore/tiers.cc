@@ -748,7 +748,8 @@ absl::Status DiskTier::Put(const BlockKey& key, absl::string_view block) {
   uint64_t short_of_reserve = ShortOfReserve(block.size());
   {
     absl::MutexLock l(&mu_);
-    if (files_full_) {
+    // (Without a maintainer, as in some tests, nothing would come to wait for.)
+    if (files_full_ && maintainer_.joinable()) {
       wake_ = true;
       const auto room = [this] { return !files_full_; };
       if (!mu_.AwaitWithTimeout(absl::Condition(&room), absl::Seconds(2))) {
@@ -1058,21 +1059,16 @@ void DiskTier::Heal(absl::Duration failing_for, bool no_space, bool corrupt) {
     absl::ReaderMutexLock db(&db_mu_);
     db_open = db_ != nullptr;
   }
-  if (db_open && no_space) {
-    // RocksDB polls for room and resumes by itself; this is for when it does not.
-    if (failing_for < absl::Seconds(5) || FreeBytes() < 2 * MemtableBytes(options_)) return;
+  if (db_open) {
+    // After a full disk RocksDB polls for room and resumes by itself; this is for when it does not.
+    const absl::Duration resume_after = no_space ? absl::Seconds(5) : absl::Seconds(1);
+    if (failing_for < resume_after || (no_space && FreeBytes() < 2 * MemtableBytes(options_))) return;
     {
       absl::ReaderMutexLock db(&db_mu_);
       if (db_ != nullptr) (void)db_->Resume();
     }
-    if (ProbeWrites().ok() || failing_for < absl::Seconds(15) || since_reopen < absl::Seconds(10)) return;
-  } else if (db_open) {
-    if (failing_for < absl::Seconds(1)) return;
-    {
-      absl::ReaderMutexLock db(&db_mu_);
-      if (db_ != nullptr) (void)db_->Resume();
-    }
-    if (ProbeWrites().ok() || since_reopen < absl::Seconds(10)) return;
+    const absl::Duration reopen_after = no_space ? absl::Seconds(15) : absl::ZeroDuration();
+    if (ProbeWrites().ok() || failing_for < reopen_after || since_reopen < absl::Seconds(10)) return;
   } else if (since_reopen < absl::Seconds(1)) {
     return;
   }
