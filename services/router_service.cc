@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/memory.h"
 #include "common/status_macros.h"
+#include "services/call_metadata.h"
 #include "services/inference_client.h"
 #include "services/servers.h"
 
@@ -184,7 +185,9 @@ std::vector<uint64_t> PromptBlockHashes(const GenerateRequest& req, uint64_t see
     block = static_cast<size_t>(std::max(1, ids_block_tokens)) * sizeof(int32_t);
     seed = Mix(seed ^ 1);
   } else {
-    bytes = req.text();
+    // A conversation by its messages' JSON: one that extends another begins with its bytes, but
+    // for the array's closing bracket.
+    bytes = req.has_chat() ? absl::string_view(req.chat().messages_json()) : absl::string_view(req.text());
     block = static_cast<size_t>(std::max(1, text_block_bytes));
     seed = Mix(seed ^ 2);
   }
@@ -569,6 +572,7 @@ grpc::Status RouterService::Generate(grpc::ServerContext* ctx, const GenerateReq
   };
   grpc::Status last(grpc::StatusCode::UNAVAILABLE, "no serving worker takes generated_ids");
   bool after_refusal = false;  // the last worker tried refused the call
+  bool told_admitted = false;  // the client has the initial metadata saying the call was queued
   for (size_t i = 0; i < order.size(); ++i) {
     Upstream& w = *order[i];
     if (!can_take(w, current->generated_ids_size() > 0)) continue;
@@ -579,6 +583,13 @@ grpc::Status RouterService::Generate(grpc::ServerContext* ctx, const GenerateReq
     std::unique_ptr<grpc::ClientContext> call = grpc::ClientContext::FromServerContext(*ctx);
     if (!auth.empty()) call->AddMetadata("authorization", auth);
     std::unique_ptr<grpc::ClientReader<GenerateResponse>> reader = w.stub->Generate(call.get(), *current);
+    // The worker queued the call: so has the router (see the proto), once.
+    reader->WaitForInitialMetadata();
+    if (!told_admitted && call->GetServerInitialMetadata().count(kAdmittedKey) > 0) {
+      told_admitted = true;
+      ctx->AddInitialMetadata(kAdmittedKey, "1");
+      writer->SendInitialMetadata();
+    }
     GenerateResponse r;
     std::vector<int32_t> tokens;  // sent by this worker
     bool sent = false, client_gone = false, ended = false;
@@ -622,7 +633,8 @@ grpc::Status RouterService::Generate(grpc::ServerContext* ctx, const GenerateReq
     // (A worker whose drain time ran out ends its calls with UNAVAILABLE too; one that cancels a
     // call because the router reads too slowly says CANCELLED, and that call ends there.)
     const bool failed = ours && !ended && !tokens.empty() && s.error_code() == grpc::StatusCode::UNAVAILABLE &&
-                        current->generated_ids_size() + tokens.size() < current->max_tokens() &&
+                        (current->max_tokens() == 0 ||
+                         current->generated_ids_size() + tokens.size() < current->max_tokens()) &&
                         std::any_of(order.begin() + static_cast<int64_t>(i) + 1, order.end(),
                                     [&](const auto& next) { return can_take(*next, true); });
     if (!refused && !failed) {

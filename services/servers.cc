@@ -131,6 +131,19 @@ absl::StatusOr<std::unique_ptr<MetricsEndpoint>> StartMetrics(const std::string&
   });
 }
 
+// The OpenAI-compatible HTTP API at `listen`, speaking to `server`'s Inference service in process.
+absl::StatusOr<std::unique_ptr<http::HttpServer>> StartHttp(const std::string& listen, grpc::Server& server,
+                                                           std::function<bool()> healthy) {
+  VC_RETURN_IF_ERROR(CheckAddress("--http-listen address", listen, true));
+  http::HttpServerOptions o;
+  o.listen = listen;
+  o.healthy = std::move(healthy);
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(kMaxInferenceMessageBytes);
+  args.SetMaxSendMessageSize(kMaxInferenceMessageBytes);
+  return http::HttpServer::Start(o, server.InProcessChannel(args));
+}
+
 }  // namespace
 
 std::string HexString(const std::array<uint8_t, 32>& bytes) {
@@ -371,12 +384,25 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(WorkerServerOp
     po.link = w->tier_->link();
     VC_ASSIGN_OR_RETURN(w->prefixes_, StorePrefixes::Create(po, fingerprint, layout));
   }
+  VC_ASSIGN_OR_RETURN(std::optional<ChatFormat> chat, LoadChatFormat(options.model_dir, options.chat_template_file));
+  if (chat.has_value()) options.service.chat = std::make_shared<const ChatFormat>(*std::move(chat));
+  options.service.model_name = options.served_model_name;
+  if (options.service.model_name.empty()) {
+    absl::string_view dir = absl::StripSuffix(options.model_dir, "/");
+    options.service.model_name = std::string(dir.substr(dir.rfind('/') + 1));
+  }
   VC_ASSIGN_OR_RETURN(w->service_, WorkerService::Create(*w->model_, w->tier_.get(), w->prefixes_.get(), options.service));
   w->server_ = Listen(options.listen, options.credentials, {w->service_.get()}, kMaxInferenceMessageBytes,
                       options.keepalive_ms, &w->port_);
   if (w->server_ == nullptr || w->port_ == 0) return CannotListen(options.listen, options.credentials != nullptr);
   VC_ASSIGN_OR_RETURN(w->metrics_, StartMetrics<vericache::v1::WorkerStats>(
                                      options.metrics_listen, w->service_.get(), "vericache_worker"));
+  if (!options.http_listen.empty()) {
+    VC_ASSIGN_OR_RETURN(w->http_, StartHttp(options.http_listen, *w->server_, [p = w.get()] {
+                          std::lock_guard<std::mutex> l(p->health_mu_);
+                          return !p->draining_ && p->live_;
+                        }));
+  }
   if (grpc::HealthCheckServiceInterface* health = w->server_->GetHealthCheckService()) {
     health->SetServingStatus(kLivenessService, true);
   }
@@ -419,6 +445,12 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(RouterServerOp
   r->service_->OnServingCount([p = r.get()](int n) { p->SetHealth(n, false); });
   VC_ASSIGN_OR_RETURN(r->metrics_, StartMetrics<vericache::v1::RouterStats>(
                                      options.metrics_listen, r->service_.get(), "vericache_router"));
+  if (!options.http_listen.empty()) {
+    VC_ASSIGN_OR_RETURN(r->http_, StartHttp(options.http_listen, *r->server_, [p = r.get()] {
+                          std::lock_guard<std::mutex> l(p->health_mu_);
+                          return p->serving_workers_ > 0 && !p->draining_;
+                        }));
+  }
   return r;
 }
 
@@ -437,6 +469,7 @@ void RouterServer::SetHealth(int serving_workers, bool draining) {
 void RouterServer::StopAdmitting() { SetHealth(-1, true); }
 
 RouterServer::~RouterServer() {
+  http_.reset();
   metrics_.reset();
   // No more health updates from the checking thread into a server that is going.
   if (service_ != nullptr) service_->OnServingCount([](int) {});
@@ -458,6 +491,7 @@ void WorkerServer::StopAdmitting() {
 }
 
 WorkerServer::~WorkerServer() {
+  http_.reset();
   stall_watch_.reset();
   metrics_.reset();  // it reads the service
   // Calls still streaming end when the service goes (UNAVAILABLE) or within the grace period.

@@ -19,6 +19,7 @@
 #include "cachestore/store.h"
 #include "cachestore/ucx_transport.h"
 #include "grpcpp/grpcpp.h"
+#include "services/http/http_server.h"
 #include "services/metrics.h"
 #include "services/router_service.h"
 #include "services/store_service.h"
@@ -139,6 +140,12 @@ struct WorkerServerOptions {
   // HOST:PORT of a Prometheus /metrics endpoint (plain HTTP, no authentication: every tenant's
   // counts, as GetStats gives the default tenant's tokens); empty: none.
   std::string metrics_listen;
+  // HOST:PORT of the OpenAI-compatible HTTP API (services/http/http_server.h); empty: none.
+  std::string http_listen;
+  // The chat template (a Jinja file); empty: the checkpoint's (see LoadChatFormat).
+  std::string chat_template_file;
+  // The model's name for clients (OpenAI's `model`); empty: the checkpoint folder's name.
+  std::string served_model_name;
   // Once the scheduler has held requests this long with neither its loop coming round nor a forward
   // pass finishing (an engine step that does not return: a bug, a hung device or read; a long
   // prefill's passes are progress), the health service's "liveness" entry
@@ -172,6 +179,7 @@ class WorkerServer {
   // thread, while the server is otherwise left alone; the destructor's own stop is then a no-op.
   void Shutdown(absl::Time deadline) { server_->Shutdown(absl::ToChronoTime(deadline)); }
   int metrics_port() const { return metrics_ != nullptr ? metrics_->port() : 0; }  // 0: no endpoint
+  int http_port() const { return http_ != nullptr ? http_->port() : 0; }           // 0: no HTTP API
 
  private:
   WorkerServer() = default;
@@ -183,6 +191,7 @@ class WorkerServer {
   std::unique_ptr<WorkerService> service_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<MetricsEndpoint> metrics_;
+  std::unique_ptr<http::HttpServer> http_;  // stopped before the gRPC server
   std::vector<std::string> store_shards_;
   int port_ = 0;
   // The health entries: StopAdmitting and the stall watch set them under health_mu_.
@@ -215,6 +224,8 @@ struct RouterServerOptions {
   std::shared_ptr<grpc::ServerCredentials> credentials;  // null: plaintext
   // HOST:PORT of a Prometheus /metrics endpoint (the RouterStats counts); empty: none.
   std::string metrics_listen;
+  // HOST:PORT of the OpenAI-compatible HTTP API; empty: none.
+  std::string http_listen;
 };
 
 // A router (services/router_service.h) serving Inference and Router on one port.
@@ -229,6 +240,7 @@ class RouterServer {
   std::string target() const { return absl::StrCat("127.0.0.1:", port_); }
   RouterService& service() { return *service_; }
   int metrics_port() const { return metrics_ != nullptr ? metrics_->port() : 0; }
+  int http_port() const { return http_ != nullptr ? http_->port() : 0; }
   // Its health (service "") is SERVING while some worker serves and it is not draining: a router
   // that could only answer UNAVAILABLE is not ready for calls.
   // As WorkerServer's: NOT_SERVING first, then the server's stop with calls in flight let run
@@ -248,6 +260,7 @@ class RouterServer {
   std::unique_ptr<RouterStatsService> stats_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<MetricsEndpoint> metrics_;
+  std::unique_ptr<http::HttpServer> http_;  // stopped before the gRPC server
   int port_ = 0;
 };
 

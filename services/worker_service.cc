@@ -31,6 +31,8 @@ absl::Status NoText(const ModelConfig& c) {
 }
 
 constexpr int kMaxStops = 16;
+// A conversation's JSON (messages and tools): as much as a context of text, and then some.
+constexpr size_t kMaxChatBytes = size_t{16} << 20;
 constexpr size_t kMaxStopBytes = 256;
 
 // Seconds as whole microseconds for the stats messages (the engine times requests on the steady
@@ -138,6 +140,8 @@ absl::StatusOr<EngineRequest> WorkerService::Parse(const v1::GenerateRequest& re
   // A prompt that cannot fit the context is refused before it is copied or encoded (four bytes an
   // id: a large request would cost several times its size first).
   const int64_t ctx = model_.config().max_position_embeddings;
+  // 0: what the prompt leaves of the context (at least one token is checked below).
+  const int64_t max_tokens = req.max_tokens() > 0 ? req.max_tokens() : 1;
   if (req.max_tokens() > static_cast<uint64_t>(ctx)) {
     return absl::InvalidArgumentError(absl::StrCat("max_tokens ", req.max_tokens(), " exceeds the context of ", ctx));
   }
@@ -145,24 +149,52 @@ absl::StatusOr<EngineRequest> WorkerService::Parse(const v1::GenerateRequest& re
     case v1::GenerateRequest::kText:
       if (req.text().empty()) return absl::InvalidArgumentError("the prompt text is empty");
       if (!model_.tokenizer().handles_text()) return NoText(model_.config());
-      VC_RETURN_IF_ERROR(CheckFitsContext(model_, model_.tokenizer().MinTokens(req.text().size()), req.max_tokens(),
+      VC_RETURN_IF_ERROR(CheckFitsContext(model_, model_.tokenizer().MinTokens(req.text().size()), max_tokens,
                                           /*at_least=*/true));
       r.prompt = model_.tokenizer().Encode(req.text());
       break;
+    case v1::GenerateRequest::kChat: {
+      if (options_.chat == nullptr) {
+        // Another worker may have a template (a router moves on).
+        return absl::FailedPreconditionError(
+            "this worker has no chat template (its checkpoint has none; --chat-template FILE gives one)");
+      }
+      if (!model_.tokenizer().handles_text()) return NoText(model_.config());
+      const v1::ChatPrompt& chat = req.chat();
+      if (chat.messages_json().size() + chat.tools_json().size() > kMaxChatBytes) {
+        return absl::InvalidArgumentError(absl::StrCat("the conversation has ", chat.messages_json().size() +
+                                                       chat.tools_json().size(), " bytes; at most ", kMaxChatBytes));
+      }
+      VC_ASSIGN_OR_RETURN(const std::string text, options_.chat->Render(chat.messages_json(), chat.tools_json(),
+                                                                        chat.add_generation_prompt()));
+      if (text.empty()) return absl::InvalidArgumentError("the chat template rendered an empty prompt");
+      VC_RETURN_IF_ERROR(
+          CheckFitsContext(model_, model_.tokenizer().MinTokens(text.size()), max_tokens, /*at_least=*/true));
+      r.prompt = model_.tokenizer().EncodeTemplated(text);
+      if (r.prompt.empty()) return absl::InvalidArgumentError("the chat template rendered no tokens");
+      break;
+    }
     case v1::GenerateRequest::kTokenIds:
       // Checked here, not on the prompt with generated_ids after it, which would pass.
       if (req.token_ids().ids().empty()) return absl::InvalidArgumentError("the prompt's token_ids are empty");
-      VC_RETURN_IF_ERROR(CheckFitsContext(model_, req.token_ids().ids_size(), req.max_tokens()));
+      VC_RETURN_IF_ERROR(CheckFitsContext(model_, req.token_ids().ids_size(), max_tokens));
       r.prompt.assign(req.token_ids().ids().begin(), req.token_ids().ids().end());
       break;
     default:
-      return absl::InvalidArgumentError("the request has no prompt (text or token_ids)");
+      return absl::InvalidArgumentError("the request has no prompt (text, token_ids or chat)");
+  }
+  const int64_t limit = req.max_tokens() > 0
+                            ? static_cast<int64_t>(req.max_tokens())
+                            : ctx - static_cast<int64_t>(r.prompt.size());
+  if (limit < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the prompt's ", r.prompt.size(), " tokens leave nothing of the context of ", ctx));
   }
   // The prompt and max_tokens checked against the context above cover them.
   const int resumed = req.generated_ids_size();
-  if (resumed > 0 && static_cast<uint64_t>(resumed) >= req.max_tokens()) {
+  if (resumed > 0 && resumed >= limit) {
     return absl::InvalidArgumentError(
-        absl::StrCat(resumed, " generated_ids leave nothing of max_tokens ", req.max_tokens(), " to generate"));
+        absl::StrCat(resumed, " generated_ids leave nothing of max_tokens ", limit, " to generate"));
   }
   // Output ends at its first end of sequence: only the last of generated_ids may be one (and the
   // request then has nothing left to generate; Generate answers it so).
@@ -175,7 +207,7 @@ absl::StatusOr<EngineRequest> WorkerService::Parse(const v1::GenerateRequest& re
   }
   r.prompt.insert(r.prompt.end(), req.generated_ids().begin(), req.generated_ids().end());
   r.resumed = resumed;
-  r.options.max_tokens = static_cast<int>(req.max_tokens()) - resumed;
+  r.options.max_tokens = static_cast<int>(limit) - resumed;
   r.options.sampling.temperature = req.sampling().temperature();
   r.options.sampling.top_k = static_cast<int>(std::min<uint32_t>(req.sampling().top_k(), 1u << 30));
   r.options.sampling.top_p = req.sampling().top_p() == 0.0f ? 1.0f : req.sampling().top_p();
@@ -248,6 +280,7 @@ grpc::Status WorkerService::Generate(grpc::ServerContext* ctx, const v1::Generat
     scheduler_->CountEnded(parsed->tenant, none);
     v1::GenerateResponse last;
     FillStats(none, mode, last.mutable_stats());
+    last.mutable_stats()->set_finish_reason(v1::FINISH_REASON_EOS);
     watchdog_->Write(ctx, [&] { return writer->Write(last); });
     return grpc::Status::OK;
   }
@@ -256,10 +289,14 @@ grpc::Status WorkerService::Generate(grpc::ServerContext* ctx, const v1::Generat
   auto stream = std::make_shared<RequestStream>();
   parsed->on_tokens = [stream](absl::Span<const int32_t> t) { stream->Push(t); };
   if (absl::Status q = scheduler_->Enqueue(*std::move(parsed), engine, stream); !q.ok()) return ToGrpcStatus(q);
+  // Taken: the client learns it before the first token (see the proto).
+  ctx->AddInitialMetadata(kAdmittedKey, "1");
+  writer->SendInitialMetadata();
 
   std::vector<int32_t> tokens;
   bool writable = true;
   size_t sent = 0;
+  int32_t last_sent = -1;
   // The prompt (with any generated_ids) as the decoders' context: the output's text is what it adds
   // to the prompt's.
   StopScanner stops(model_.tokenizer(), {req->stop().begin(), req->stop().end()}, context);
@@ -276,7 +313,10 @@ grpc::Status WorkerService::Generate(grpc::ServerContext* ctx, const v1::Generat
       resp.mutable_token_ids()->Add(out.tokens.begin(), out.tokens.end());
       resp.set_text(std::move(out.text));
       writable = watchdog_->Write(ctx, [&] { return writer->Write(resp); });
-      if (writable) sent += out.tokens.size();
+      if (writable) {
+        sent += out.tokens.size();
+        last_sent = out.tokens.back();
+      }
     }
     if (done) break;
     if (ctx->IsCancelled() || !writable) stream->RequestCancel();
@@ -289,6 +329,13 @@ grpc::Status WorkerService::Generate(grpc::ServerContext* ctx, const v1::Generat
   v1::GenerateResponse last;
   FillStats(stream->stats(), mode, last.mutable_stats());
   last.mutable_stats()->set_generated_tokens(static_cast<uint32_t>(sent));
+  if (stops.stopped()) {
+    last.mutable_stats()->set_finish_reason(v1::FINISH_REASON_STOP);
+  } else if (!req->ignore_eos() && last_sent >= 0 && model_.tokenizer().IsEos(last_sent)) {
+    last.mutable_stats()->set_finish_reason(v1::FINISH_REASON_EOS);
+  } else {
+    last.mutable_stats()->set_finish_reason(v1::FINISH_REASON_LENGTH);
+  }
   watchdog_->Write(ctx, [&] { return writer->Write(last); });
   return grpc::Status::OK;
 }
@@ -307,6 +354,8 @@ grpc::Status WorkerService::GetModelInfo(grpc::ServerContext* ctx, const v1::Get
                       : c.tokenizer == "vericache-byte" ? c.tokenizer
                                                         : "tokenizer.json");
   resp->set_fingerprint_hex(options_.fingerprint_hex);
+  resp->set_model_name(options_.model_name);
+  resp->set_has_chat_template(options_.chat != nullptr);
   resp->set_numerics(options_.numerics);
   const KvLayout layout = model_.kv_layout(options_.engine.block_size);
   resp->set_kv_dtype(std::string(DTypeName(layout.dtype)));

@@ -25,6 +25,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
+#include "services/call_metadata.h"
 #include "grpcpp/grpcpp.h"
 #include "services/write_watchdog.h"
 #include "vericache/v1/inference.grpc.pb.h"
@@ -33,6 +34,7 @@
 #include "worker/engines/vericache_engine.h"
 #include "worker/prefixes/full_kv_tier.h"
 #include "worker/prefixes/prefix_store.h"
+#include "worker/chat/chat_format.h"
 #include "worker/runtime/model.h"
 
 namespace vc {
@@ -57,6 +59,9 @@ struct WorkerServiceOptions {
   // whose tokens alone may read GetStats (it counts every tenant's requests). Empty: no
   // authentication (loopback, tests), every request of the default tenant.
   std::map<std::string, std::string> client_tokens;
+  // What ChatPrompt requests are rendered with; null: they are refused (FAILED_PRECONDITION).
+  std::shared_ptr<const ChatFormat> chat;
+  std::string model_name;       // reported by GetModelInfo: the name clients give the model
   std::string fingerprint_hex;  // reported by GetModelInfo
   std::string numerics;         // the kernels' (kernels::Backend::numerics()), reported by GetModelInfo
   // A write to a client that has not returned within this long (the client stopped reading)

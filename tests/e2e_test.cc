@@ -310,7 +310,7 @@ TEST_F(EndToEnd, BadRequestsGetClearStatuses) {
   r.mutable_token_ids()->add_ids(100000);  // outside the vocabulary
   EXPECT_EQ(CallGenerate(*stub, r).status.code(), absl::StatusCode::kInvalidArgument);
   r = Request(0, v1::MODE_VERICACHE);
-  r.set_max_tokens(0);
+  r.set_max_tokens(1u << 30);  // beyond the context (0 would be: up to its end)
   EXPECT_EQ(CallGenerate(*stub, r).status.code(), absl::StatusCode::kInvalidArgument);
   r = Request(0, static_cast<v1::Mode>(7));
   EXPECT_EQ(CallGenerate(*stub, r).status.code(), absl::StatusCode::kInvalidArgument);

@@ -166,6 +166,14 @@ Flag MetricsListenFlag(absl::string_view what) {
       .ShownDefault("none");
 }
 
+Flag HttpListenFlag() {
+  return Flag::Str("http-listen", "",
+                   "serve OpenAI's HTTP API (/v1/completions, /v1/chat/completions, /v1/models, /health) at "
+                   "http://HOST:PORT, bearer tokens as on gRPC")
+      .Value("HOST:PORT")
+      .ShownDefault("none");
+}
+
 Flag DrainSecondsFlag() {
   return Flag::Int("drain-seconds", 30, 0, 86400,
                    "on SIGTERM or SIGINT, report NOT_SERVING, refuse new calls, and let those admitted finish for up "

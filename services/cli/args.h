@@ -131,6 +131,8 @@ Flag TlsCaFlag();
 
 // --metrics-listen of a server whose metrics are `what` ("tier use, hits, misses").
 Flag MetricsListenFlag(absl::string_view what);
+// --http-listen of a worker or a router: the OpenAI-compatible HTTP API.
+Flag HttpListenFlag();
 
 // --drain-seconds of a server, for WaitAndDrain.
 Flag DrainSecondsFlag();

@@ -13,6 +13,7 @@ absl::Status Run(const Args& a, std::ostream& out) {
   RouterServerOptions o;
   o.listen = a.Str("listen");
   o.metrics_listen = a.Str("metrics-listen");
+  o.http_listen = a.Str("http-listen");
   RouterServiceOptions& s = o.service;
   s.workers = a.Str("workers");
   s.policy = a.Str("policy");
@@ -55,6 +56,9 @@ absl::Status Run(const Args& a, std::ostream& out) {
       << (o.credentials != nullptr ? ", clients over TLS" : "") << ")" << std::endl;
   if (r->metrics_port() != 0) {
     out << "metrics at http://" << o.metrics_listen << "/metrics (port " << r->metrics_port() << ")" << std::endl;
+  }
+  if (r->http_port() != 0) {
+    out << "OpenAI API at http://" << o.http_listen << "/v1 (port " << r->http_port() << ")" << std::endl;
   }
   WaitAndDrain(sigs, drain_seconds, out, [&] { r->StopAdmitting(); }, [&](absl::Time t) {
     if (unready_seconds > 0) {
@@ -121,6 +125,7 @@ const FlagSet& RouterFlags() {
           TlsCertFlag(),
           TlsKeyFlag(),
           MetricsListenFlag("GetRouterStats' counts"),
+          HttpListenFlag(),
           DrainSecondsFlag(),
           Flag::Int("unready-seconds", 0, 0, 86400,
                     "of --drain-seconds, the first N go on serving new calls too, with NOT_SERVING reported, so "

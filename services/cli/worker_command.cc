@@ -28,6 +28,9 @@ absl::Status Run(const Args& a, std::ostream& out) {
   VC_ASSIGN_OR_RETURN(o.kv_dtype, KvDType(a));
   o.listen = a.Str("listen");
   o.metrics_listen = a.Str("metrics-listen");
+  o.http_listen = a.Str("http-listen");
+  o.chat_template_file = a.Str("chat-template");
+  o.served_model_name = a.Str("served-model-name");
   o.store_target = a.Str("store");
   bool from_dns = false;  // how many stores there are is known once the worker has looked them up
   if (a.Has("store")) {
@@ -101,6 +104,9 @@ absl::Status Run(const Args& a, std::ostream& out) {
       << (o.credentials != nullptr ? ", clients over TLS" : "") << ")" << std::endl;
   if (w->metrics_port() != 0) {
     out << "metrics at http://" << o.metrics_listen << "/metrics (port " << w->metrics_port() << ")" << std::endl;
+  }
+  if (w->http_port() != 0) {
+    out << "OpenAI API at http://" << o.http_listen << "/v1 (port " << w->http_port() << ")" << std::endl;
   }
   // Whether every request ended by the deadline, watched while Shutdown tells clients to go
   // elsewhere and waits (after it, no request is left either way: the deadline cancels them).
@@ -202,6 +208,14 @@ const FlagSet& WorkerFlags() {
                     "extending it finds them")
               .Value("0|1"),
           MetricsListenFlag("GetStats' counts, every tenant's"),
+          HttpListenFlag(),
+          Flag::Str("chat-template", "",
+                    "the Jinja chat template chat requests are rendered with; default: the checkpoint's "
+                    "chat_template.jinja or tokenizer_config.json's chat_template")
+              .Value("FILE")
+              .ShownDefault("the checkpoint's"),
+          Flag::Str("served-model-name", "", "the model's name for clients (the HTTP API's `model`)")
+              .ShownDefault("the checkpoint folder's name"),
           DrainSecondsFlag(),
           TlsCertFlag(),
           TlsKeyFlag(),

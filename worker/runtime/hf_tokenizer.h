@@ -42,6 +42,7 @@ class HfTokenizer final : public Tokenizer {
   // keeps everything: byte-level ones and byte-fallback ones without a normalizer that changes
   // text); bytes that do not make UTF-8 become U+FFFD.
   std::vector<int32_t> Encode(absl::string_view text) const override { return Encode(text, true); }
+  std::vector<int32_t> EncodeTemplated(absl::string_view text) const override { return Encode(text, false); }
   std::string Decode(absl::Span<const int32_t> ids) const override;
   std::string DecodeBytes(absl::Span<const int32_t> ids) const override;
   int32_t bos() const override;

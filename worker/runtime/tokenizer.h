@@ -23,6 +23,9 @@ class Tokenizer {
   virtual ~Tokenizer() = default;
   // Token ids for `text`, starting with BOS when the tokenizer has one.
   virtual std::vector<int32_t> Encode(absl::string_view text) const = 0;
+  // Token ids for text a chat template wrote, which holds its own special tokens as text: no BOS
+  // is added, except by a tokenizer whose BOS has no text to write (the byte-level one).
+  virtual std::vector<int32_t> EncodeTemplated(absl::string_view text) const { return Encode(text); }
   // The text of `ids`; special tokens are dropped.
   virtual std::string Decode(absl::Span<const int32_t> ids) const = 0;
   // The bytes of `ids` before any repair of invalid UTF-8 (so a character may be cut short at the
