@@ -131,12 +131,16 @@ absl::StatusOr<std::unique_ptr<MetricsEndpoint>> StartMetrics(const std::string&
   });
 }
 
-// The OpenAI-compatible HTTP API at `listen`, speaking to `server`'s Inference service in process.
-absl::StatusOr<std::unique_ptr<http::HttpServer>> StartHttp(const std::string& listen, grpc::Server& server,
+// The OpenAI-compatible HTTP API at `listen` (HTTPS with a certificate and key), speaking to
+// `server`'s Inference service in process.
+absl::StatusOr<std::unique_ptr<http::HttpServer>> StartHttp(const std::string& listen, const std::string& cert_file,
+                                                           const std::string& key_file, grpc::Server& server,
                                                            std::function<bool()> healthy) {
   VC_RETURN_IF_ERROR(CheckAddress("--http-listen address", listen, true));
   http::HttpServerOptions o;
   o.listen = listen;
+  o.tls_cert_file = cert_file;
+  o.tls_key_file = key_file;
   o.healthy = std::move(healthy);
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(kMaxInferenceMessageBytes);
@@ -398,7 +402,8 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(WorkerServerOp
   VC_ASSIGN_OR_RETURN(w->metrics_, StartMetrics<vericache::v1::WorkerStats>(
                                      options.metrics_listen, w->service_.get(), "vericache_worker"));
   if (!options.http_listen.empty()) {
-    VC_ASSIGN_OR_RETURN(w->http_, StartHttp(options.http_listen, *w->server_, [p = w.get()] {
+    VC_ASSIGN_OR_RETURN(w->http_, StartHttp(options.http_listen, options.http_tls_cert_file,
+                                            options.http_tls_key_file, *w->server_, [p = w.get()] {
                           std::lock_guard<std::mutex> l(p->health_mu_);
                           return !p->draining_ && p->live_;
                         }));
@@ -446,7 +451,8 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(RouterServerOp
   VC_ASSIGN_OR_RETURN(r->metrics_, StartMetrics<vericache::v1::RouterStats>(
                                      options.metrics_listen, r->service_.get(), "vericache_router"));
   if (!options.http_listen.empty()) {
-    VC_ASSIGN_OR_RETURN(r->http_, StartHttp(options.http_listen, *r->server_, [p = r.get()] {
+    VC_ASSIGN_OR_RETURN(r->http_, StartHttp(options.http_listen, options.http_tls_cert_file,
+                                            options.http_tls_key_file, *r->server_, [p = r.get()] {
                           std::lock_guard<std::mutex> l(p->health_mu_);
                           return p->serving_workers_ > 0 && !p->draining_;
                         }));

@@ -142,6 +142,8 @@ struct WorkerServerOptions {
   std::string metrics_listen;
   // HOST:PORT of the OpenAI-compatible HTTP API (services/http/http_server.h); empty: none.
   std::string http_listen;
+  // PEM files of its certificate and key: HTTPS; empty: plain HTTP.
+  std::string http_tls_cert_file, http_tls_key_file;
   // The chat template (a Jinja file); empty: the checkpoint's (see LoadChatFormat).
   std::string chat_template_file;
   // The model's name for clients (OpenAI's `model`); empty: the checkpoint folder's name.
@@ -226,6 +228,8 @@ struct RouterServerOptions {
   std::string metrics_listen;
   // HOST:PORT of the OpenAI-compatible HTTP API; empty: none.
   std::string http_listen;
+  // PEM files of its certificate and key: HTTPS; empty: plain HTTP.
+  std::string http_tls_cert_file, http_tls_key_file;
 };
 
 // A router (services/router_service.h) serving Inference and Router on one port.

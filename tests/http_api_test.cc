@@ -1,13 +1,14 @@
 // The OpenAI-compatible HTTP API on a real worker and a real router on loopback: the official
 // openai npm client (tests/http) gets, plain and streamed, the output that gRPC Generate and
 // sequential full-KV decoding give; errors come with OpenAI's shape and the right status; a client
-// that goes away cancels its request; a draining worker answers 503.
+// that goes away cancels its request; a draining worker answers 503; with a certificate, HTTPS.
 #include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
 #include <memory>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -19,6 +20,7 @@
 #include "services/http/openai_api.h"
 #include "services/servers.h"
 #include "tests/testing/servers.h"
+#include "tests/testing/tls.h"
 #include "worker/chat/chat_format.h"
 
 namespace vc {
@@ -216,6 +218,88 @@ TEST_F(HttpApiTest, OpenAiClientGetsTheOutputOfGrpcAndOfFullKvDecoding) {
   })) << Stats().DebugString();
 }
 
+// A prompt sent again finds its blocks in the store or the worker's compressed prefixes: the usage
+// says so.
+TEST_F(HttpApiTest, UsageCountsThePromptTokensReadInsteadOfComputed) {
+  httplib::Client c("127.0.0.1", worker_->http_port());
+  const httplib::Headers auth = {{"Authorization", absl::StrCat("Bearer ", kToken)}};
+  const std::string body =
+      json{{"prompt", std::string(200, 'a') + "def f(x):"}, {"max_tokens", 8}, {"temperature", 0}}.dump();
+  json usage;
+  const auto send = [&] {
+    auto r = c.Post("/v1/completions", auth, body, "application/json");
+    EXPECT_TRUE(r && r->status == 200) << (r ? r->body : httplib::to_string(r.error()));
+    usage = r && r->status == 200 ? json::parse(r->body)["usage"] : json();
+  };
+  send();
+  EXPECT_EQ(usage["prompt_tokens_details"]["cached_tokens"], 0) << usage;
+  EXPECT_EQ(usage["prompt_tokens"], 210) << usage;
+  // 210 prompt tokens: six whole 32-token blocks, published as the first request ends (the store
+  // may take a moment to hold them all).
+  EXPECT_TRUE(testing::Eventually([&] {
+    send();
+    return usage["prompt_tokens_details"]["cached_tokens"] == 192;
+  })) << usage;
+  EXPECT_EQ(usage["prompt_tokens_details"]["cached_tokens"], usage["vericache"]["prefix_store_tokens"]) << usage;
+}
+
+// Junk: mutated request bodies, odd paths and methods. Every answer is a success or a client error
+// in OpenAI's shape (never a 5xx, a hang or a dropped connection), and the server serves after.
+TEST_F(HttpApiTest, JunkGetsClientErrorsAndLeavesTheServerServing) {
+  httplib::Client c("127.0.0.1", worker_->http_port());
+  c.set_read_timeout(30, 0);
+  const httplib::Headers auth = {{"Authorization", absl::StrCat("Bearer ", kToken)}};
+  const std::vector<std::string> seeds = {
+      R"({"prompt": "def f(x):", "max_tokens": 4, "temperature": 0.5, "seed": 3, "stop": ["
+"]})",
+      R"({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "stream": true})",
+      R"({"prompt": [1, 2, 3], "max_tokens": 2, "top_p": 0.5, "top_k": 3, "stream_options": {"include_usage": true}})",
+  };
+  const std::string alphabet = "{}[]\":,0123456789-.eE \\nulltruefalse\x80\xff";
+  std::mt19937 rng(12345);
+  int answered = 0;
+  for (int i = 0; i < 300; ++i) {
+    std::string body = seeds[i % seeds.size()];
+    for (int edits = 1 + static_cast<int>(rng() % 4); edits > 0; --edits) {
+      const size_t at = rng() % (body.size() + 1);
+      switch (rng() % 3) {
+        case 0:
+          body.insert(at, 1, alphabet[rng() % alphabet.size()]);
+          break;
+        case 1:
+          if (at < body.size()) body.erase(at, 1 + rng() % 8);
+          break;
+        default:
+          if (at < body.size()) body[at] = alphabet[rng() % alphabet.size()];
+      }
+    }
+    const char* path = i % 2 == 0 ? "/v1/completions" : "/v1/chat/completions";
+    auto r = c.Post(path, auth, body, "application/json");
+    ASSERT_TRUE(r) << httplib::to_string(r.error()) << " for " << body;
+    EXPECT_TRUE(r->status == 200 || (r->status >= 400 && r->status < 500)) << r->status << " for " << body;
+    if (r->status != 200) {
+      const json e = json::parse(r->body, nullptr, false);
+      EXPECT_TRUE(e.is_object() && e["error"]["message"].is_string()) << r->body;
+    }
+    answered++;
+  }
+  for (const auto& [method, path] : std::vector<std::pair<std::string, std::string>>{
+           {"GET", "/v1/completions"}, {"DELETE", "/v1/models"}, {"PUT", "/health"}, {"GET", "/../../etc/passwd"}}) {
+    httplib::Request req;
+    req.method = method;
+    req.path = path;
+    auto r = c.send(req);
+    ASSERT_TRUE(r) << method << " " << path;
+    EXPECT_GE(r->status, 400) << method << " " << path;
+    EXPECT_LT(r->status, 500) << method << " " << path;
+  }
+  EXPECT_EQ(answered, 300);
+  auto ok = c.Post("/v1/completions", auth, R"({"prompt": "def", "max_tokens": 3})", "application/json");
+  ASSERT_TRUE(ok);
+  EXPECT_EQ(ok->status, 200) << ok->body;
+  EXPECT_TRUE(testing::Eventually([&] { return Stats().requests_in_flight() == 0; }));
+}
+
 // The status and the OpenAI error object of a response.
 void ExpectError(const httplib::Result& r, int status, const std::string& type) {
   ASSERT_TRUE(r) << httplib::to_string(r.error());
@@ -293,6 +377,37 @@ TEST_F(HttpApiTest, AClientThatLeavesAPlainRequestCancelsIt) {
     const v1::WorkerStats s = Stats();
     return s.requests_in_flight() == 0 && s.requests_failed() == failed_before + 1;
   })) << Stats().DebugString();
+}
+
+// With the worker's --tls-cert and --tls-key, the HTTP API is HTTPS: a client that trusts the
+// certificate gets answers, one that speaks plain HTTP to it gets none.
+TEST(HttpApiTls, ServesHttpsWithTheWorkersCertificate) {
+  testing::TinyStack t = testing::MakeTinyStack("http_api_tls");
+  const testing::CertAndKey id = testing::SelfSignedCert("vericache-worker");
+  ASSERT_FALSE(id.cert_pem.empty()) << "OpenSSL could not make a certificate";
+  const std::string cert = t.dir + "/cert.pem", key = t.dir + "/key.pem";
+  std::ofstream(cert) << id.cert_pem;
+  std::ofstream(key) << id.key_pem;
+  WorkerServerOptions o = t.worker;
+  o.http_listen = "127.0.0.1:0";
+  o.http_tls_cert_file = cert;
+  o.http_tls_key_file = key;
+  auto worker = WorkerServer::Start(o);
+  ASSERT_TRUE(worker.ok()) << worker.status();
+  httplib::SSLClient https("127.0.0.1", (*worker)->http_port());
+  https.set_ca_cert_path(cert.c_str());
+  https.enable_server_certificate_verification(true);
+  auto r = https.Post("/v1/completions", R"({"prompt": "def", "max_tokens": 4, "temperature": 0})", "application/json");
+  ASSERT_TRUE(r) << httplib::to_string(r.error());
+  EXPECT_EQ(r->status, 200) << r->body;
+  EXPECT_EQ(json::parse(r->body)["usage"]["completion_tokens"], 4) << r->body;
+  httplib::Client plain("127.0.0.1", (*worker)->http_port());
+  plain.set_read_timeout(2, 0);
+  auto refused = plain.Get("/health");
+  EXPECT_FALSE(refused && refused->status == 200);
+  // A key that is not the certificate's: the worker does not start.
+  o.http_tls_key_file = cert;
+  EXPECT_EQ(WorkerServer::Start(o).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

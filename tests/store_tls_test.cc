@@ -1,13 +1,7 @@
 // The cache store's control plane over TLS on loopback: a certificate made at test time (OpenSSL),
 // the real CacheStore service behind gRPC's TLS server credentials, real clients with and without
 // the right root.
-#include <openssl/evp.h>
-#include <openssl/pem.h>
-#include <openssl/x509.h>
-#include <openssl/x509v3.h>
-
 #include <memory>
-#include <random>
 
 #include "cachestore/block_format.h"
 #include "cachestore/store_client.h"
@@ -19,6 +13,7 @@
 #include "tests/testing/blocks.h"
 #include "tests/testing/servers.h"
 #include "tests/testing/tiny_model.h"
+#include "tests/testing/tls.h"
 
 namespace vc {
 namespace {
@@ -27,60 +22,6 @@ namespace v1 = vericache::v1;
 
 using cachestore::BlockKey;
 using cachestore::StoreClient;
-
-struct PkeyFree {
-  void operator()(EVP_PKEY* p) const { EVP_PKEY_free(p); }
-};
-struct X509Free {
-  void operator()(X509* x) const { X509_free(x); }
-};
-struct BioFree {
-  void operator()(BIO* b) const { BIO_free(b); }
-};
-
-struct CertAndKey {
-  std::string cert_pem, key_pem;
-};
-
-std::string BioString(BIO* bio) {
-  char* data = nullptr;
-  const long n = BIO_get_mem_data(bio, &data);
-  return std::string(data, static_cast<size_t>(n));
-}
-
-// A self-signed P-256 certificate for `common_name`, valid for an hour, naming localhost and
-// 127.0.0.1; it is its own root. Empty strings when OpenSSL fails.
-CertAndKey SelfSignedCert(const std::string& common_name) {
-  std::unique_ptr<EVP_PKEY, PkeyFree> key(EVP_EC_gen("P-256"));
-  std::unique_ptr<X509, X509Free> x(X509_new());
-  if (key == nullptr || x == nullptr) return {};
-  std::random_device rd;
-  bool ok = X509_set_version(x.get(), 2) == 1 &&
-            ASN1_INTEGER_set(X509_get_serialNumber(x.get()), static_cast<long>(rd() & 0x7fffffff)) == 1 &&
-            X509_gmtime_adj(X509_getm_notBefore(x.get()), -60) != nullptr &&
-            X509_gmtime_adj(X509_getm_notAfter(x.get()), 3600) != nullptr &&
-            X509_set_pubkey(x.get(), key.get()) == 1;
-  X509_NAME* name = X509_get_subject_name(x.get());
-  ok = ok &&
-       X509_NAME_add_entry_by_txt(name, "CN", MBSTRING_ASC,
-                                  reinterpret_cast<const unsigned char*>(common_name.c_str()), -1, -1, 0) == 1 &&
-       X509_set_issuer_name(x.get(), name) == 1;
-  X509V3_CTX ctx;
-  X509V3_set_ctx_nodb(&ctx);
-  X509V3_set_ctx(&ctx, x.get(), x.get(), nullptr, nullptr, 0);
-  for (const auto& [nid, value] : {std::pair<int, const char*>{NID_basic_constraints, "critical,CA:TRUE"},
-                                   {NID_subject_alt_name, "DNS:localhost,IP:127.0.0.1"}}) {
-    X509_EXTENSION* ext = X509V3_EXT_conf_nid(nullptr, &ctx, nid, value);
-    ok = ok && ext != nullptr && X509_add_ext(x.get(), ext, -1) == 1;
-    X509_EXTENSION_free(ext);
-  }
-  ok = ok && X509_sign(x.get(), key.get(), EVP_sha256()) > 0;
-  std::unique_ptr<BIO, BioFree> cert_bio(BIO_new(BIO_s_mem())), key_bio(BIO_new(BIO_s_mem()));
-  ok = ok && PEM_write_bio_X509(cert_bio.get(), x.get()) == 1 &&
-       PEM_write_bio_PrivateKey(key_bio.get(), key.get(), nullptr, nullptr, 0, nullptr, nullptr) == 1;
-  if (!ok) return {};
-  return {BioString(cert_bio.get()), BioString(key_bio.get())};
-}
 
 std::string MakeBlock(uint32_t seed) { return testing::RandomBlock(seed, 7); }
 
@@ -93,7 +34,7 @@ std::vector<BlockKey> Chain(int n) {
 // The store as `vericache store --tls-cert --tls-key` runs it, in process, on a loopback port.
 class TlsStoreServer {
  public:
-  TlsStoreServer(const std::string& dir, const CertAndKey& identity) {
+  TlsStoreServer(const std::string& dir, const testing::CertAndKey& identity) {
     cachestore::StoreOptions o;
     o.ram.capacity_bytes = 8 << 20;
     o.disk.path = dir;
@@ -130,13 +71,13 @@ class TlsStoreServer {
 class StoreTls : public ::testing::Test {
  protected:
   void SetUp() override {
-    identity_ = SelfSignedCert("vericache-store");
+    identity_ = testing::SelfSignedCert("vericache-store");
     ASSERT_FALSE(identity_.cert_pem.empty()) << "OpenSSL could not make a certificate";
     server_ = std::make_unique<TlsStoreServer>(testing::TempDir("store_tls"), identity_);
     ASSERT_TRUE(server_->running());
   }
 
-  CertAndKey identity_;
+  testing::CertAndKey identity_;
   std::unique_ptr<TlsStoreServer> server_;
 };
 
@@ -172,7 +113,7 @@ TEST_F(StoreTls, PlaintextClientIsRefused) {
 }
 
 TEST_F(StoreTls, ClientWithAnotherRootIsRefused) {
-  const CertAndKey impostor = SelfSignedCert("vericache-store");  // same name, another key
+  const testing::CertAndKey impostor = testing::SelfSignedCert("vericache-store");  // same name, another key
   ASSERT_FALSE(impostor.cert_pem.empty());
   auto wrong = server_->Client("token-a", impostor.cert_pem);
   const auto keys = Chain(1);
@@ -189,9 +130,10 @@ TEST_F(StoreTls, ClientWithAnotherRootIsRefused) {
 // refused.
 TEST(WorkerTls, ClientsAndStoreOverTls) {
   testing::TinyStack t = testing::MakeTinyStack("worker_tls");
-  const CertAndKey store_id = SelfSignedCert("vericache-store"), worker_id = SelfSignedCert("vericache-worker");
+  const testing::CertAndKey store_id = testing::SelfSignedCert("vericache-store");
+  const testing::CertAndKey worker_id = testing::SelfSignedCert("vericache-worker");
   ASSERT_FALSE(store_id.cert_pem.empty() || worker_id.cert_pem.empty());
-  const auto creds = [](const CertAndKey& id) {
+  const auto creds = [](const testing::CertAndKey& id) {
     grpc::SslServerCredentialsOptions ssl;
     ssl.pem_key_cert_pairs.push_back({id.key_pem, id.cert_pem});
     return grpc::SslServerCredentials(ssl);

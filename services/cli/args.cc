@@ -169,7 +169,7 @@ Flag MetricsListenFlag(absl::string_view what) {
 Flag HttpListenFlag() {
   return Flag::Str("http-listen", "",
                    "serve OpenAI's HTTP API (/v1/completions, /v1/chat/completions, /v1/models, /health) at "
-                   "http://HOST:PORT, bearer tokens as on gRPC")
+                   "http://HOST:PORT (https with --tls-cert), bearer tokens as on gRPC")
       .Value("HOST:PORT")
       .ShownDefault("none");
 }

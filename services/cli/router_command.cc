@@ -14,6 +14,8 @@ absl::Status Run(const Args& a, std::ostream& out) {
   o.listen = a.Str("listen");
   o.metrics_listen = a.Str("metrics-listen");
   o.http_listen = a.Str("http-listen");
+  o.http_tls_cert_file = a.Str("tls-cert");  // HTTPS with the gRPC port's certificate (ServerTls checks both)
+  o.http_tls_key_file = a.Str("tls-key");
   RouterServiceOptions& s = o.service;
   s.workers = a.Str("workers");
   s.policy = a.Str("policy");
@@ -58,7 +60,7 @@ absl::Status Run(const Args& a, std::ostream& out) {
     out << "metrics at http://" << o.metrics_listen << "/metrics (port " << r->metrics_port() << ")" << std::endl;
   }
   if (r->http_port() != 0) {
-    out << "OpenAI API at http://" << o.http_listen << "/v1 (port " << r->http_port() << ")" << std::endl;
+    out << "OpenAI API at " << (o.http_tls_cert_file.empty() ? "http" : "https") << "://" << o.http_listen << "/v1 (port " << r->http_port() << ")" << std::endl;
   }
   WaitAndDrain(sigs, drain_seconds, out, [&] { r->StopAdmitting(); }, [&](absl::Time t) {
     if (unready_seconds > 0) {

@@ -29,6 +29,8 @@ absl::Status Run(const Args& a, std::ostream& out) {
   o.listen = a.Str("listen");
   o.metrics_listen = a.Str("metrics-listen");
   o.http_listen = a.Str("http-listen");
+  o.http_tls_cert_file = a.Str("tls-cert");  // HTTPS with the gRPC port's certificate (ServerTls checks both)
+  o.http_tls_key_file = a.Str("tls-key");
   o.chat_template_file = a.Str("chat-template");
   o.served_model_name = a.Str("served-model-name");
   o.store_target = a.Str("store");
@@ -106,7 +108,7 @@ absl::Status Run(const Args& a, std::ostream& out) {
     out << "metrics at http://" << o.metrics_listen << "/metrics (port " << w->metrics_port() << ")" << std::endl;
   }
   if (w->http_port() != 0) {
-    out << "OpenAI API at http://" << o.http_listen << "/v1 (port " << w->http_port() << ")" << std::endl;
+    out << "OpenAI API at " << (o.http_tls_cert_file.empty() ? "http" : "https") << "://" << o.http_listen << "/v1 (port " << w->http_port() << ")" << std::endl;
   }
   // Whether every request ended by the deadline, watched while Shutdown tells clients to go
   // elsewhere and waits (after it, no request is left either way: the deadline cancels them).

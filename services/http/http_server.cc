@@ -28,6 +28,8 @@ namespace {
 
 // How often a waiting answer checks that its client is still there.
 constexpr auto kAlivePeriod = std::chrono::seconds(1);
+// How long the model's name, as a request checks it, is taken as known.
+constexpr absl::Duration kModelInfoAge = absl::Seconds(5);
 
 // One Generate call, read on a thread of its own so that the HTTP side can wait with a timeout.
 class GenerateCall {
@@ -122,13 +124,15 @@ bool SplitHostPort(const std::string& address, std::string* host, int* port) {
 struct HttpServer::Impl {
   HttpServerOptions options;
   std::unique_ptr<v1::Inference::Stub> stub;
-  httplib::Server server;
+  std::unique_ptr<httplib::Server> server;  // an httplib::SSLServer for HTTPS
   int port = 0;
   std::thread thread;
   std::mutex mu;
   std::mt19937_64 random{std::random_device{}()};  // guarded by mu
   std::set<GenerateCall*> calls;                     // guarded by mu: cancelled by the destructor
   bool stopping = false;                             // guarded by mu
+  v1::ModelInfo recent_info;                         // guarded by mu: RecentModelInfo's
+  absl::Time info_at = absl::InfinitePast();         // guarded by mu: when recent_info was asked
 
   uint64_t RandomU64() {
     std::lock_guard<std::mutex> l(mu);
@@ -141,6 +145,25 @@ struct HttpServer::Impl {
     if (!authorization.empty()) ctx.AddMetadata("authorization", authorization);
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
     return stub->GetModelInfo(&ctx, v1::GetModelInfoRequest(), info);
+  }
+
+  // ModelInfo as a request needs it (the model's name): asked at most every few seconds, since a
+  // router asks a worker each time. The request's own call authenticates it.
+  grpc::Status RecentModelInfo(const std::string& authorization, v1::ModelInfo* info) {
+    {
+      std::lock_guard<std::mutex> l(mu);
+      if (info_at != absl::InfinitePast() && absl::Now() - info_at < kModelInfoAge) {
+        *info = recent_info;
+        return grpc::Status::OK;
+      }
+    }
+    grpc::Status s = ModelInfo(authorization, info);
+    if (s.ok()) {
+      std::lock_guard<std::mutex> l(mu);
+      recent_info = *info;
+      info_at = absl::Now();
+    }
+    return s;
   }
 
   void Models(const httplib::Request& req, httplib::Response& res) {
@@ -170,7 +193,7 @@ void HttpServer::Impl::Generate(Endpoint endpoint, const httplib::Request& req, 
   if (!parsed.ok()) return SendError(res, 400, parsed.status().message());
   const std::string authorization = req.get_header_value("Authorization");
   v1::ModelInfo info;
-  if (grpc::Status s = ModelInfo(authorization, &info); !s.ok()) {
+  if (grpc::Status s = RecentModelInfo(authorization, &info); !s.ok()) {
     return SendError(res, HttpStatusOf(s.error_code()), s.error_message());
   }
   if (!parsed->model.empty() && parsed->model != info.model_name()) {
@@ -274,7 +297,7 @@ HttpServer::~HttpServer() {
     impl_->stopping = true;
     for (GenerateCall* c : impl_->calls) c->Cancel();
   }
-  impl_->server.stop();
+  impl_->server->stop();
   if (impl_->thread.joinable()) impl_->thread.join();
 }
 
@@ -291,7 +314,20 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(HttpServerOptions 
   impl->options = std::move(options);
   impl->stub = v1::Inference::NewStub(std::move(inference));
   Impl* m = impl.get();
-  httplib::Server& s = m->server;
+  if (m->options.tls_cert_file.empty() != m->options.tls_key_file.empty()) {
+    return absl::InvalidArgumentError("HTTPS needs both a certificate and its key");
+  }
+  if (m->options.tls_cert_file.empty()) {
+    m->server = std::make_unique<httplib::Server>();
+  } else {
+    auto tls = std::make_unique<httplib::SSLServer>(m->options.tls_cert_file.c_str(), m->options.tls_key_file.c_str());
+    if (!tls->is_valid()) {
+      return absl::InvalidArgumentError(absl::StrCat("cannot serve HTTPS with the certificate ", m->options.tls_cert_file,
+                                                     " and the key ", m->options.tls_key_file));
+    }
+    m->server = std::move(tls);
+  }
+  httplib::Server& s = *m->server;
   const size_t threads = static_cast<size_t>(std::max(1, m->options.max_connections));
   s.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
   s.set_payload_max_length(m->options.max_body_bytes);
@@ -328,7 +364,7 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(HttpServerOptions 
   if (m->port <= 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen for HTTP on ", m->options.listen));
   }
-  m->thread = std::thread([m] { m->server.listen_after_bind(); });
+  m->thread = std::thread([m] { m->server->listen_after_bind(); });
   return std::unique_ptr<HttpServer>(new HttpServer(std::move(impl)));
 }
 

@@ -6,6 +6,8 @@
 //   GET  /v1/models, GET /v1/models/{id}               the served model
 //   GET  /health                                       200 while serving, 503 otherwise
 //
+// Plain HTTP, or HTTPS with a certificate and key (the worker's and router's --tls-cert and
+// --tls-key, which serve gRPC over TLS too).
 // "Authorization: Bearer <token>" is passed on as the gRPC call's, so tokens map to tenants as
 // they do there. Errors come in OpenAI's shape with the status of the gRPC code (openai_api.h).
 // A client that disconnects cancels its request: while no token is due, a streamed answer sends
@@ -30,13 +32,15 @@ struct HttpServerOptions {
   size_t max_body_bytes = size_t{32} << 20;
   // Whether the process serves now (GET /health); null: always.
   std::function<bool()> healthy;
+  // PEM files of a certificate (chain) and its key: HTTPS. Both empty: plain HTTP.
+  std::string tls_cert_file, tls_key_file;
 };
 
 // Thread-safe.
 class HttpServer {
  public:
   // Serves `inference` (a channel to an Inference service). kInvalidArgument for a malformed
-  // address; kUnavailable when it cannot be bound.
+  // address or a certificate and key that cannot be loaded; kUnavailable when it cannot be bound.
   static absl::StatusOr<std::unique_ptr<HttpServer>> Start(HttpServerOptions options,
                                                           std::shared_ptr<grpc::Channel> inference);
   // Stops listening and cancels the requests in flight; returns once their threads have ended.
