@@ -1,4 +1,5 @@
-// The CPU device (device.h): host memory, and a thread per stream that runs its queue in order.
+// The CPU device (device.h): host memory, and a thread per stream that runs its queue in order;
+// and what both devices share.
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
@@ -71,11 +72,7 @@ class CpuStream final : public Stream {
 
   absl::Status CopyAsync(const Buffer& dst, size_t dst_offset, const Buffer& src, size_t src_offset,
                          size_t bytes) override {
-    if (dst_offset > dst.bytes() || bytes > dst.bytes() - dst_offset || src_offset > src.bytes() ||
-        bytes > src.bytes() - src_offset) {
-      return absl::OutOfRangeError(absl::StrCat("a copy of ", bytes, " bytes from offset ", src_offset, " of ",
-                                                src.bytes(), " to offset ", dst_offset, " of ", dst.bytes()));
-    }
+    VC_RETURN_IF_ERROR(CheckCopyRange(dst, dst_offset, src, src_offset, bytes));
     char* to = static_cast<char*>(dst.data()) + dst_offset;
     const char* from = static_cast<const char*>(src.data()) + src_offset;
     return Queue([to, from, bytes] {
@@ -166,6 +163,15 @@ class CpuDevice final : public Device {
 };
 
 }  // namespace
+
+absl::Status CheckCopyRange(const Buffer& dst, size_t dst_offset, const Buffer& src, size_t src_offset, size_t bytes) {
+  if (dst_offset > dst.bytes() || bytes > dst.bytes() - dst_offset || src_offset > src.bytes() ||
+      bytes > src.bytes() - src_offset) {
+    return absl::OutOfRangeError(absl::StrCat("a copy of ", bytes, " bytes from offset ", src_offset, " of ",
+                                              src.bytes(), " to offset ", dst_offset, " of ", dst.bytes()));
+  }
+  return absl::OkStatus();
+}
 
 std::unique_ptr<Device> NewCpuDevice() { return std::make_unique<CpuDevice>(); }
 

@@ -67,6 +67,9 @@ class Buffer {
   std::function<void(void*)> free_;
 };
 
+// OK when `bytes` from `src` + src_offset fit, and fit `dst` + dst_offset; kOutOfRange otherwise.
+absl::Status CheckCopyRange(const Buffer& dst, size_t dst_offset, const Buffer& src, size_t src_offset, size_t bytes);
+
 class Stream;
 
 // A point in a stream's work. Thread-safe.

@@ -74,11 +74,7 @@ class CudaStream final : public Stream {
 
   absl::Status CopyAsync(const Buffer& dst, size_t dst_offset, const Buffer& src, size_t src_offset,
                          size_t bytes) override {
-    if (dst_offset > dst.bytes() || bytes > dst.bytes() - dst_offset || src_offset > src.bytes() ||
-        bytes > src.bytes() - src_offset) {
-      return absl::OutOfRangeError(absl::StrCat("a copy of ", bytes, " bytes from offset ", src_offset, " of ",
-                                                src.bytes(), " to offset ", dst_offset, " of ", dst.bytes()));
-    }
+    VC_RETURN_IF_ERROR(CheckCopyRange(dst, dst_offset, src, src_offset, bytes));
     OnDevice on(ordinal_);
     VC_RETURN_IF_ERROR(on.status());
     // Unified addressing: the runtime tells device from pinned host memory by the pointers.

@@ -108,6 +108,13 @@ void SendError(httplib::Response& res, int status, absl::string_view message) {
 
 bool Write(httplib::DataSink& sink, const std::string& s) { return sink.write(s.data(), s.size()); }
 
+// The client is gone: its call is cancelled, and the answer ends (false: httplib closes the
+// connection).
+bool CancelCall(GenerateCall& c) {
+  c.Cancel();
+  return false;
+}
+
 std::string Event(const json& j) { return absl::StrCat("data: ", JsonText(j), "\n\n"); }
 
 // HOST:PORT into its parts; [v6]:PORT too.
@@ -232,7 +239,7 @@ void HttpServer::Impl::Generate(Endpoint endpoint, const httplib::Request& req, 
       GenerateCall& c = *registered->call;
       bool first = true;
       if (endpoint == Endpoint::kChatCompletions) {
-        if (!Write(sink, Event(Chunk(endpoint, header, "", true, "")))) return c.Cancel(), false;
+        if (!Write(sink, Event(Chunk(endpoint, header, "", true, "")))) return CancelCall(c);
         first = false;
       }
       v1::GenerateStats stats;
@@ -246,7 +253,7 @@ void HttpServer::Impl::Generate(Endpoint endpoint, const httplib::Request& req, 
           if (r.has_stats()) stats = r.stats();
         }
         if (out.empty() && !ended) out = ": waiting\n\n";  // an SSE comment: is the client still there?
-        if (!out.empty() && !Write(sink, out)) return c.Cancel(), false;
+        if (!out.empty() && !Write(sink, out)) return CancelCall(c);
       }
       const grpc::Status s = c.status();
       std::string out;
@@ -278,7 +285,7 @@ void HttpServer::Impl::Generate(Endpoint endpoint, const httplib::Request& req, 
       }
       // JSON may begin with spaces: one a second tells whether the client is still there.
       if (!ended && std::chrono::steady_clock::now() - checked >= kAlivePeriod) {
-        if (!Write(sink, " ")) return c.Cancel(), false;
+        if (!Write(sink, " ")) return CancelCall(c);
         checked = std::chrono::steady_clock::now();
       }
     }
