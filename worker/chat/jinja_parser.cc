@@ -10,6 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
+#include "common/utf8.h"
 #include "worker/chat/jinja_builtins.h"
 #include "worker/chat/python_str.h"
 
@@ -151,7 +152,7 @@ absl::StatusOr<std::string> Unescape(absl::string_view body) {
         if (c >= 0xd800 && c < 0xe000) {
           return absl::InvalidArgumentError("a surrogate code point in a string literal (not supported)");
         }
-        python::AppendUtf8(c, &out);
+        AppendUtf8(c, &out);
         break;
       }
       case 'N':
@@ -162,7 +163,7 @@ absl::StatusOr<std::string> Unescape(absl::string_view body) {
           for (int k = 0; k < 2 && i < body.size() && body[i] >= '0' && body[i] <= '7'; ++k) {
             c = c * 8 + static_cast<uint32_t>(body[i++] - '0');
           }
-          python::AppendUtf8(c, &out);
+          AppendUtf8(c, &out);
         } else {
           out.push_back('\\');  // an unknown escape stays as written
           out.push_back(d);

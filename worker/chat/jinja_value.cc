@@ -10,6 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
 #include "common/text_checks.h"
+#include "common/utf8.h"
 #include "worker/chat/python_str.h"
 
 namespace vc::jinja {
@@ -278,7 +279,7 @@ void AppendJsonString(absl::string_view s, bool ensure_ascii, std::string* out) 
           const uint32_t v = c - 0x10000;
           absl::StrAppendFormat(out, "\\u%04x\\u%04x", 0xd800 + (v >> 10), 0xdc00 + (v & 0x3ff));
         } else {
-          python::AppendUtf8(c, out);
+          AppendUtf8(c, out);
         }
     }
   }
@@ -947,7 +948,7 @@ absl::StatusOr<std::vector<Value>> Iterate(const Value& value) {
       std::vector<Value> chars;
       for (const char32_t c : python::Decode(value.string())) {
         std::string s;
-        python::AppendUtf8(c, &s);
+        AppendUtf8(c, &s);
         chars.push_back(Value::String(std::move(s)));
       }
       return chars;

@@ -16,7 +16,6 @@ namespace vc::python {
 
 std::u32string Decode(absl::string_view text);
 std::string Encode(std::u32string_view code_points);
-void AppendUtf8(char32_t c, std::string* out);
 // The number of code points (len()).
 int64_t Length(absl::string_view text);
 

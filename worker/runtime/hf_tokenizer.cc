@@ -9,6 +9,7 @@
 #include "absl/strings/str_join.h"
 #include "common/files.h"
 #include "common/status_macros.h"
+#include "common/utf8.h"
 #include "nlohmann/json.hpp"
 #include "worker/runtime/unicode.h"
 
@@ -56,24 +57,6 @@ absl::StatusOr<std::string> TypeOf(const json& obj, absl::string_view where) {
 
 absl::Status Unsupported(absl::string_view where, absl::string_view type, absl::string_view supported) {
   return Bad(absl::StrCat(where, ".type"), absl::StrCat("'", type, "' is not supported (supported: ", supported, ")"));
-}
-
-void AppendUtf8(uint32_t cp, std::string* out) {
-  if (cp < 0x80) {
-    out->push_back(static_cast<char>(cp));
-  } else if (cp < 0x800) {
-    out->push_back(static_cast<char>(0xC0 | (cp >> 6)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else if (cp < 0x10000) {
-    out->push_back(static_cast<char>(0xE0 | (cp >> 12)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else {
-    out->push_back(static_cast<char>(0xF0 | (cp >> 18)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  }
 }
 
 // The length of the UTF-8 character starting with byte `c` (text is valid UTF-8 here).
