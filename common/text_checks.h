@@ -4,6 +4,7 @@
 #define VC_COMMON_TEXT_CHECKS_H_
 
 #include <cstdint>
+#include <string>
 
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
@@ -69,6 +70,15 @@ inline int64_t PortOf(absl::string_view address) {
   int64_t port = 0;
   for (const char c : digits) port = port * 10 + (c - '0');
   return port;
+}
+
+// The host of a "host:port" address, without the brackets of an IPv6 one ("[::1]:80": "::1");
+// empty for ":80".
+inline std::string HostOf(absl::string_view address) {
+  const size_t colon = address.rfind(':');
+  absl::string_view host = colon == absl::string_view::npos ? address : address.substr(0, colon);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  return std::string(host);
 }
 
 // Whether gRPC will take `address` as meant, to listen on (`listen`) or to dial: unix:PATH; to

@@ -177,10 +177,8 @@ absl::StatusOr<std::unique_ptr<MetricsEndpoint>> MetricsEndpoint::Start(const st
   if (absl::StartsWith(address, "unix:")) {
     return absl::InvalidArgumentError(absl::StrCat("metrics address ", address, ": must be HOST:PORT"));
   }
-  const size_t colon = address.rfind(':');
-  std::string host = address.substr(0, colon);
-  const std::string port = address.substr(colon + 1);
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  const std::string host = HostOf(address);
+  const std::string port = std::to_string(PortOf(address));
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;

@@ -136,7 +136,6 @@ absl::StatusOr<std::unique_ptr<MetricsEndpoint>> StartMetrics(const std::string&
 absl::StatusOr<std::unique_ptr<http::HttpServer>> StartHttp(const std::string& listen, const std::string& cert_file,
                                                            const std::string& key_file, grpc::Server& server,
                                                            std::function<bool()> healthy) {
-  VC_RETURN_IF_ERROR(CheckAddress("--http-listen address", listen, true));
   http::HttpServerOptions o;
   o.listen = listen;
   o.tls_cert_file = cert_file;

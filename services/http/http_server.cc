@@ -10,10 +10,12 @@
 #include <utility>
 #include <vector>
 
-#include "absl/strings/numbers.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
+#include "common/status_macros.h"
+#include "common/text_checks.h"
 #include "httplib.h"
 #include "services/call_metadata.h"
 #include "services/http/openai_api.h"
@@ -116,15 +118,6 @@ bool CancelCall(GenerateCall& c) {
 }
 
 std::string Event(const json& j) { return absl::StrCat("data: ", JsonText(j), "\n\n"); }
-
-// HOST:PORT into its parts; [v6]:PORT too.
-bool SplitHostPort(const std::string& address, std::string* host, int* port) {
-  const size_t colon = address.rfind(':');
-  if (colon == std::string::npos || colon == 0) return false;
-  *host = address.substr(0, colon);
-  if (host->size() > 2 && host->front() == '[' && host->back() == ']') *host = host->substr(1, host->size() - 2);
-  return absl::SimpleAtoi(address.substr(colon + 1), port) && *port >= 0 && *port <= 65535;
-}
 
 }  // namespace
 
@@ -312,11 +305,12 @@ int HttpServer::port() const { return impl_->port; }
 
 absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(HttpServerOptions options,
                                                              std::shared_ptr<grpc::Channel> inference) {
-  std::string host;
-  int port = 0;
-  if (!SplitHostPort(options.listen, &host, &port)) {
-    return absl::InvalidArgumentError(absl::StrCat("'", options.listen, "' is not HOST:PORT"));
+  VC_RETURN_IF_ERROR(CheckAddress("HTTP listen address", options.listen, /*listen=*/true));
+  if (absl::StartsWith(options.listen, "unix:")) {
+    return absl::InvalidArgumentError(absl::StrCat("HTTP listen address ", options.listen, ": give HOST:PORT"));
   }
+  const std::string host = HostOf(options.listen);
+  const int port = static_cast<int>(PortOf(options.listen));
   auto impl = std::make_unique<Impl>();
   impl->options = std::move(options);
   impl->stub = v1::Inference::NewStub(std::move(inference));
