@@ -11,7 +11,7 @@
 // token for token against (a); (c)'s agreement with (a) is reported.
 //
 //   engine_bench [--model DIR] [--corpus DIR] [--contexts 1024,4096,16384] [--batches 1,4]
-//                [--tokens 64] [--compressor SPEC] [--draft-window 0|auto|k] [--link-ratios 0,60]
+//                [--tokens 64] [--compressor SPEC] [--draft-window 0|auto|plain|k] [--link-ratios 0,60]
 //                [--modes full,offload,lossy,vericache,resident] [--budget-mib 0] [--rounds 1]
 //                [--kv-dtypes auto|bf16|f16|f32[,...]] [--json FILE]
 // With several --kv-dtypes the whole run repeats for each, one after the other, in one process.
@@ -278,7 +278,8 @@ ModeResult RunVeriCache(const Model& m, const PagedKvCache& master, const std::v
   HostKvTier tier(master.layout(), link_bps);
   EngineOptions eo;
   eo.compressor = spec;
-  eo.draft_window = draft_window;
+  eo.draft_window = std::max(draft_window, 0);
+  if (draft_window < 0) eo.window_pattern = {0};  // plain decoding throughout
   eo.block_size = master.layout().block_size;
   eo.max_batch = static_cast<int>(prompts.size());
   eo.staging_blocks = staging_blocks;
@@ -381,9 +382,10 @@ int main(int argc, char** argv) {
     }
     // Every number is checked before anything runs: a bad one exits naming it.
     const int tokens = static_cast<int>(Int(flags, "tokens", 1, m.config().max_position_embeddings - 2));
-    // 0 or auto: the adaptive window.
-    const int draft_window =
-        flags["draft-window"] == "auto" ? 0 : static_cast<int>(Int(flags, "draft-window", 0, 64));
+    // 0 or auto: the adaptive window; plain (-1): no drafts, decoding from the staged full KV.
+    const int draft_window = flags["draft-window"] == "auto"    ? 0
+                             : flags["draft-window"] == "plain" ? -1
+                                                                : static_cast<int>(Int(flags, "draft-window", 0, 64));
     const int64_t round_count = Int(flags, "rounds", 1, 1000);
     const std::vector<int64_t> contexts = Ints(flags, "contexts", 2, m.config().max_position_embeddings - tokens);
     const std::vector<int64_t> batches = Ints(flags, "batches", 1, 1024);
@@ -401,7 +403,7 @@ int main(int argc, char** argv) {
     }
     const double bw = bench::MeasureMemcpyBandwidth();
     std::cout << absl::StrFormat("memcpy bandwidth %.2f GB/s; compressor %s; draft window %s; %d tokens per sequence\n",
-                                 bw / 1e9, flags["compressor"], draft_window ? std::to_string(draft_window) : "auto",
+                                 bw / 1e9, flags["compressor"], draft_window > 0 ? std::to_string(draft_window) : draft_window < 0 ? "plain" : "auto",
                                  tokens);
     const int64_t max_batch = *std::max_element(batches.begin(), batches.end());
     const int64_t max_context = std::max(*std::max_element(contexts.begin(), contexts.end()), budget > 0 ? budget_context : 0);

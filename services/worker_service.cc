@@ -49,6 +49,7 @@ void FillStats(const EngineStats& s, v1::Mode mode, v1::GenerateStats* out) {
   out->set_drafted_tokens(static_cast<uint32_t>(s.drafted));
   out->set_accepted_drafts(static_cast<uint32_t>(s.accepted_drafts));
   out->set_verify_passes(static_cast<uint32_t>(s.verifies));
+  out->set_plain_verify_passes(static_cast<uint32_t>(s.plain_verifies));
   out->set_queue_micros(Micros(s.queue_seconds));
   out->set_time_to_first_token_micros(Micros(s.first_token_seconds));
   out->set_total_micros(Micros(s.total_seconds));
@@ -386,6 +387,7 @@ void SetRequestCounts(const Totals& t, Proto* p) {
   p->set_drafted_tokens(static_cast<uint64_t>(t.sum.drafted));
   p->set_accepted_drafts(static_cast<uint64_t>(t.sum.accepted_drafts));
   p->set_verify_passes(static_cast<uint64_t>(t.sum.verifies));
+  p->set_plain_verify_passes(static_cast<uint64_t>(t.sum.plain_verifies));
 }
 
 // The counts StoreLinkStats and StoreShardStats share, from a prefix store's or one shard's.

@@ -1,7 +1,9 @@
 // The adaptive draft window: its acceptance estimate and the window its cost model picks.
 #include "worker/engines/draft_window.h"
 
+#include <cmath>
 #include <random>
+#include <vector>
 
 #include "gtest/gtest.h"
 
@@ -51,7 +53,10 @@ TEST(DraftWindow, ChoosesLongWindowsWhenVerifyIsFlatAndNoneWhenDraftsCannotPay) 
     poor.Observe(8, AcceptedOf(8, 0.3, rng));
   }
   EXPECT_GE(good.Choose(flat, 0, 1000), 8);
-  EXPECT_LT(good.Choose(steep, 0, 1000), good.Choose(flat, 0, 1000));
+  const int on_steep = good.Choose(steep, 0, 1000);
+  EXPECT_FALSE(good.drafting());
+  EXPECT_LT(on_steep, good.Choose(flat, 0, 1000));
+  EXPECT_TRUE(good.drafting());
   // On the steep pass a draft step costs as much as the pass's fixed part it saves, so even good
   // drafts do not pay: one row from the full KV (3 ms a token) beats a draft and a two-row pass
   // (6 ms for up to 2 tokens). A fetch the drafts would hide makes them pay.
@@ -70,8 +75,8 @@ TEST(DraftWindow, ChoosesLongWindowsWhenVerifyIsFlatAndNoneWhenDraftsCannotPay) 
   }
   EXPECT_EQ(passes, 16);
   // A model fitted to multi-row passes alone takes a window of 0 to measure one, unless the pass
-  // has a fetch to wait for, which drafts would hide; a sequence probes again only after 16
-  // windows with drafts, however long the model goes without a one-row pass.
+  // has a fetch to wait for, which drafts would hide. Once that one is old, it takes another after
+  // 16 windows, then after 32 (the wait doubles), however long the model goes without one.
   DraftCostModel multi;
   for (int i = 0; i < 20; ++i) {
     multi.ObserveDraftStep(1e-3, /*first=*/false);
@@ -80,11 +85,21 @@ TEST(DraftWindow, ChoosesLongWindowsWhenVerifyIsFlatAndNoneWhenDraftsCannotPay) 
   EXPECT_TRUE(multi.one_row_stale());
   DraftWindow sure(0, 16);
   for (int i = 0; i < 100; ++i) sure.Observe(8, 8);
-  EXPECT_GE(sure.Choose(multi, 1e6, 1000), 8);
-  EXPECT_EQ(sure.Choose(multi, 0, 1000), 0);
-  int probes = 0;
-  for (int i = 0; i < 64; ++i) probes += sure.Choose(multi, 0, 1000) == 0;
-  EXPECT_EQ(probes, 3);
+  EXPECT_GE(sure.Choose(multi, 1e6, 1000), 8);  // a first pass with a fetch starts drafting
+  EXPECT_TRUE(sure.drafting());
+  EXPECT_EQ(sure.Choose(multi, 0, 1000), 0);  // nothing to fetch, no one-row pass ever: at once
+  multi.ObserveVerify(1, 4e-3);
+  EXPECT_FALSE(multi.one_row_stale());
+  for (int i = 0; i < 40; ++i) {
+    for (int rows : {5, 9}) multi.ObserveVerify(rows, 4e-3);
+  }
+  EXPECT_TRUE(multi.one_row_stale());
+  std::vector<int> probes;
+  for (int i = 1; i <= 64; ++i) {
+    if (sure.Choose(multi, 0, 1000) == 0) probes.push_back(i);
+  }
+  EXPECT_EQ(probes, (std::vector<int>{17, 50}));
+  EXPECT_TRUE(sure.drafting());
   multi.ObserveVerify(1, 4e-3);
   EXPECT_FALSE(multi.one_row_stale());
   for (int i = 0; i < 32; ++i) EXPECT_GE(sure.Choose(multi, 0, 1000), 8);
@@ -93,6 +108,102 @@ TEST(DraftWindow, ChoosesLongWindowsWhenVerifyIsFlatAndNoneWhenDraftsCannotPay) 
   EXPECT_EQ(good.Choose(flat, 0, 1), 0);
   EXPECT_EQ(DraftWindow(5, 16).Choose(steep, 0, 1000), 5);
   EXPECT_EQ(DraftWindow(40, 16).Choose(steep, 0, 1000), 16);
+}
+
+// Verified tokens per second of a window of k drafts with nothing to fetch, as Choose weighs it.
+double Rate(const DraftCostModel& c, double a, int k) {
+  return (1 - std::pow(a, k + 1)) / (1 - a) / (c.drafts(k) + c.verify(k + 1));
+}
+
+// Costs where a one-row pass takes `one_row` seconds, each further row 0.5 ms, a draft step 1 ms.
+DraftCostModel Costs(double one_row) {
+  DraftCostModel c;
+  for (int i = 0; i < 20; ++i) {
+    c.ObserveDraftStep(1e-3, /*first=*/false);
+    c.ObserveDraftStep(1e-3, /*first=*/true);
+    for (int rows : {1, 3, 5}) c.ObserveVerify(rows, one_row + 0.5e-3 * (rows - 1));
+  }
+  return c;
+}
+
+// How much faster the best window with drafts is than plain decoding, under Costs(one_row).
+double DraftingGain(double one_row, double a, int max_k) {
+  const DraftCostModel c = Costs(one_row);
+  double best = 0;
+  for (int k = 1; k <= max_k; ++k) best = std::max(best, Rate(c, a, k));
+  return best / Rate(c, a, 0);
+}
+
+// The one-row time at which drafting is `gain` times as fast as plain decoding (bisection: the
+// slower the one-row pass, the more drafting gains).
+double OneRowFor(double gain, double a, int max_k) {
+  double lo = 0.1e-3, hi = 100e-3;
+  for (int i = 0; i < 60; ++i) {
+    const double mid = (lo + hi) / 2;
+    (DraftingGain(mid, a, max_k) < gain ? lo : hi) = mid;
+  }
+  return (lo + hi) / 2;
+}
+
+TEST(DraftWindow, SwitchesModeOnlyWhenTheOtherIsClearlyBetterAndProbesLessAndLess) {
+  DraftWindow w(0, 8);
+  for (int i = 0; i < 100; ++i) w.Observe(4, 2);  // acceptance 2 of 3 trials
+  const double a = w.acceptance();
+  ASSERT_NEAR(a, 2.0 / 3, 0.05);
+  const DraftCostModel plain_wins = Costs(OneRowFor(0.8, a, 8));
+  ASSERT_EQ(w.Choose(plain_wins, 0, 1000), 0);  // with nothing to fetch, it starts plain
+  EXPECT_FALSE(w.drafting());
+  EXPECT_EQ(w.switches(), 0);
+  // Drafting 3% faster does not take over from plain decoding (a switch costs a catch-up, and
+  // rates that close may be noise); 8% faster does.
+  const DraftCostModel slightly = Costs(OneRowFor(1.03, a, 8));
+  for (int i = 0; i < 10; ++i) EXPECT_EQ(w.Choose(slightly, 0, 1000), 0);
+  EXPECT_FALSE(w.drafting());
+  const DraftCostModel clearly = Costs(OneRowFor(1.08, a, 8));
+  EXPECT_GT(w.Choose(clearly, 0, 1000), 0);
+  EXPECT_TRUE(w.drafting());
+  // Drafting stays while plain decoding is no more than 1% faster, and gives way past that.
+  const DraftCostModel tie = Costs(OneRowFor(0.995, a, 8));
+  for (int i = 0; i < 10; ++i) EXPECT_GT(w.Choose(tie, 0, 1000), 0);
+  EXPECT_TRUE(w.drafting());
+  EXPECT_EQ(w.Choose(Costs(OneRowFor(0.98, a, 8)), 0, 1000), 0);
+  EXPECT_FALSE(w.drafting());
+  EXPECT_EQ(w.switches(), 2);
+  // While plain decoding wins, drafting is probed after 16 windows (the one that switched to plain
+  // and 16 more), then after twice as many each time, up to 256: the probes cost less and less. A
+  // probe does not change the mode.
+  std::vector<int> gaps;
+  int since = 0;
+  for (int i = 0; i < 1500; ++i) {
+    ++since;
+    if (w.Choose(plain_wins, 0, 1000) > 0) {
+      gaps.push_back(since);
+      since = 0;
+    }
+    EXPECT_FALSE(w.drafting());
+  }
+  ASSERT_GE(gaps.size(), 6u);
+  EXPECT_EQ(std::vector<int>(gaps.begin(), gaps.begin() + 6), (std::vector<int>{16, 33, 65, 129, 257, 257}));
+  EXPECT_EQ(w.switches(), 2);
+  // A fresh sequence with nothing timed yet decodes plainly until a probe times drafting.
+  DraftWindow fresh(0, 8);
+  DraftCostModel untimed;
+  for (int i = 0; i < 16; ++i) {
+    EXPECT_EQ(fresh.Choose(untimed, 0, 1000), 0);
+    untimed.ObserveVerify(1, 3e-3);
+  }
+  EXPECT_EQ(fresh.Choose(untimed, 0, 1000), 2);  // the probe: a short window
+  EXPECT_FALSE(fresh.drafting());
+}
+
+TEST(DraftWindow, APatternGivesTheWindowsInTurn) {
+  DraftWindow w(0, 8, {0, 3, 20});
+  const DraftCostModel c = Costs(1e-3);
+  EXPECT_EQ(w.Choose(c, 0, 1000), 0);
+  EXPECT_EQ(w.Choose(c, 0, 1000), 3);
+  EXPECT_EQ(w.Choose(c, 0, 1000), 8);  // capped
+  EXPECT_EQ(w.Choose(c, 0, 1000), 0);
+  EXPECT_EQ(w.Choose(c, 0, 3), 2);  // never past the tokens still to generate
 }
 
 TEST(DraftWindow, TheFirstDraftStepAfterAPassIsChargedOncePerWindow) {

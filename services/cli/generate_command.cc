@@ -95,6 +95,8 @@ absl::Status Run(const Args& a, std::ostream& out) {
              {"acceptance_rate", st.acceptance_rate()},
              {"tokens_per_verify", st.tokens_per_verify()},
              {"verifies", st.verifies},
+             {"plain_verifies", st.plain_verifies},
+             {"catch_ups", st.catch_ups},
              {"drafted", st.drafted},
              {"accepted_drafts", st.accepted_drafts},
              {"bytes_fetched", st.bytes_fetched},

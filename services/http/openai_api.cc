@@ -239,6 +239,7 @@ json Usage(const v1::GenerateStats& s) {
   vc["drafted_tokens"] = s.drafted_tokens();
   vc["accepted_drafts"] = s.accepted_drafts();
   vc["verify_passes"] = s.verify_passes();
+  vc["plain_verify_passes"] = s.plain_verify_passes();
   vc["queue_micros"] = s.queue_micros();
   vc["time_to_first_token_micros"] = s.time_to_first_token_micros();
   vc["total_micros"] = s.total_micros();

@@ -23,6 +23,12 @@ void DraftCostModel::ObserveDraftStep(double s, bool first) {
 
 void DraftCostModel::ObserveVerify(int rows, double s) {
   one_row_ = kObservationDecay * one_row_ + (rows == 1 ? 1 : 0);
+  if (rows == 1) {
+    one_row_seconds_ = Blend(one_row_seconds_, s);
+  } else if (rows > 1 && one_row_seconds_ > 0) {
+    const double slope = std::max(0.0, (s - one_row_seconds_) / (rows - 1));
+    row_slope_ = row_slope_ < 0 ? slope : 0.8 * row_slope_ + 0.2 * slope;
+  }
   n_ = kObservationDecay * n_ + 1;
   sx_ = kObservationDecay * sx_ + rows;
   sy_ = kObservationDecay * sy_ + s;
@@ -31,6 +37,7 @@ void DraftCostModel::ObserveVerify(int rows, double s) {
 }
 
 double DraftCostModel::verify(int rows) const {
+  if (one_row_seconds_ > 0 && row_slope_ >= 0) return one_row_seconds_ + row_slope_ * (rows - 1);
   if (n_ == 0) return 4 * draft_step();
   // Prior: a verify row costs a tenth of a draft step beyond the fixed cost.
   const double prior_w = 1.0, prior_slope = 0.1 * draft_step();
@@ -59,19 +66,48 @@ double DraftWindow::acceptance() const { return std::clamp(accepted_ / trials_, 
 
 int DraftWindow::Choose(const DraftCostModel& costs, double fetch_bytes, int remaining) {
   const int cap = std::min(max_k_, remaining - 1);
+  if (!pattern_.empty()) {
+    const int k = pattern_[next_in_pattern_++ % pattern_.size()];
+    return std::clamp(k, 0, std::max(cap, 0));
+  }
   if (cap <= 0) return 0;
   if (fixed_k_ > 0) return std::min(fixed_k_, cap);
-  int k = 0;
-  if (fetch_bytes > 0 || !costs.one_row_stale() || windows_since_none_ < kProbeEvery) {
-    k = Best(costs, fetch_bytes, 0, cap);
-    if (k == 0 && windows_since_drafts_ >= kProbeEvery) k = Best(costs, fetch_bytes, 1, cap);
+  double with = 0, without = 0;
+  const int best = Best(costs, fetch_bytes, 1, cap, &with);
+  Best(costs, fetch_bytes, 0, 0, &without);
+  if (!started_) {
+    // Drafts where they would hide a fetch, else decode as a full-KV decoder would until drafting
+    // is measured to pay.
+    started_ = true;
+    drafting_ = fetch_bytes > 0;
   }
-  windows_since_none_ = k == 0 ? 0 : windows_since_none_ + 1;
-  windows_since_drafts_ = k > 0 ? 0 : windows_since_drafts_ + 1;
-  return k;
+  if (costs.timed() && (drafting_ ? without > with * kToPlain : with > without * kToDrafting)) {
+    drafting_ = !drafting_;
+    ++switches_;
+    probe_every_ = kProbeEvery;
+    since_probe_ = 0;
+  }
+  // Drafting where nothing is fetched (a sequence whose first pass hid a fetch and now keeps its
+  // full KV staged) and no one-row pass was ever timed: time one now.
+  if (drafting_ && fetch_bytes <= 0 && !costs.one_row_timed()) return 0;
+  // The other mode's costs go untimed in this one: probe it now and then. Without drafts, draft
+  // steps and multi-row passes; with drafts and nothing to fetch, the one-row pass (with a fetch,
+  // drafts hide it, and a pass without them would wait for all of it).
+  const bool other_stale = !drafting_ || (fetch_bytes <= 0 && costs.one_row_stale());
+  if (other_stale && ++since_probe_ > probe_every_) {
+    since_probe_ = 0;
+    probe_every_ = std::min(2 * probe_every_, kMaxProbeEvery);
+    // A short window suffices to time draft steps (the first and a later one) and a multi-row
+    // pass, and costs less where drafting loses.
+    return drafting_ ? 0 : std::min(best, kProbeWindow);
+  }
+  // Until drafting is timed, a short window: it hides the start of a first fetch, and costs little
+  // where drafting turns out to lose.
+  if (drafting_ && !costs.timed()) return std::min(best, kProbeWindow);
+  return drafting_ ? best : 0;
 }
 
-int DraftWindow::Best(const DraftCostModel& costs, double fetch_bytes, int lo, int cap) const {
+int DraftWindow::Best(const DraftCostModel& costs, double fetch_bytes, int lo, int cap, double* rate) const {
   const double a = acceptance(), f = costs.fetch(fetch_bytes);
   int best = lo;
   double best_rate = -1;
@@ -83,6 +119,7 @@ int DraftWindow::Best(const DraftCostModel& costs, double fetch_bytes, int lo, i
       best = k;
     }
   }
+  if (rate != nullptr) *rate = best_rate;
   return best;
 }
 

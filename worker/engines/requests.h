@@ -31,6 +31,11 @@ struct EngineStats {
   int64_t drafted = 0;
   int64_t accepted_drafts = 0;  // accepted and emitted (none past the end of the output)
   int64_t verifies = 0;
+  // Verify passes that decoded one token from staged full KV without the upkeep of the tier or
+  // the compressed cache (plain decoding), and the bulk catch-ups of that upkeep.
+  int64_t plain_verifies = 0;
+  int64_t catch_ups = 0;
+  double catch_up_seconds = 0;
   int64_t emitted = 0;
   int64_t bytes_fetched = 0;
   int64_t compressed_bytes = 0;  // held for the sequence at its end

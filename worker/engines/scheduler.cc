@@ -20,6 +20,7 @@ void Add(const EngineStats& s, EngineStats* sum) {
   sum->drafted += s.drafted;
   sum->accepted_drafts += s.accepted_drafts;
   sum->verifies += s.verifies;
+  sum->plain_verifies += s.plain_verifies;
 }
 
 absl::Status ShuttingDown() { return absl::UnavailableError("the worker is shutting down"); }

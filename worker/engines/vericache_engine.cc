@@ -24,6 +24,11 @@ struct VeriCacheEngine::Sequence : QueuedRequest {
   // holds [0, size - 1), approximately beyond full_len until the next verify.
   std::vector<int32_t> tokens;
   int64_t full_len = 0;
+  // Plain decoding (windows of no drafts while resident) skips the upkeep of the tier and the
+  // compressed cache: [lag_from, full_len) is exact in staging alone, and CatchUp brings both up
+  // to date in bulk before drafting resumes or staging is given up. -1: nothing lags.
+  int64_t lag_from = -1;
+  bool lagging() const { return lag_from >= 0; }
   std::vector<PrefixName> names;  // of the prompt's full blocks, with a PrefixStore
   int publish_from = -1;          // blocks [publish_from, names.size()) to share after a verify
   // The compressed variants' names (empty when the compressor has none) and those to share.
@@ -111,7 +116,7 @@ RequestId VeriCacheEngine::Submit(EngineRequest request, DoneCallback on_done) {
   Sequence& s = requests_.Add(std::move(request), std::move(on_done));
   s.key = next_key_++;
   s.tokens = s.request.prompt;
-  s.window = DraftWindow(options_.draft_window, max_k_);
+  s.window = DraftWindow(options_.draft_window, max_k_, options_.window_pattern);
   return s.id;
 }
 
@@ -440,6 +445,37 @@ void VeriCacheEngine::DropStaging(Sequence& s) {
   s.sseq = -1;
 }
 
+absl::Status VeriCacheEngine::CatchUp(Sequence& s) {
+  if (!s.lagging()) return absl::OkStatus();
+  const absl::Duration t0 = SteadyClock()->Now();
+  VC_RETURN_IF_ERROR(tier_->Append(s.key, *staging_, s.sseq, s.lag_from, s.full_len));
+  // A draft step whose logits overflowed left its fed position in the compressed cache.
+  const int64_t held = compressed_->Length(s.cseq);
+  if (held < s.lag_from) {
+    return absl::InternalError(absl::StrCat("the compressed cache holds ", held, " positions, not the ", s.lag_from,
+                                            " its upkeep stopped at"));
+  }
+  if (held > s.lag_from) VC_RETURN_IF_ERROR(compressed_->Truncate(s.cseq, s.lag_from));
+  VC_RETURN_IF_ERROR(AppendExact(s, s.lag_from, s.full_len));
+  s.lag_from = -1;
+  s.result.stats.catch_ups++;
+  s.result.stats.catch_up_seconds += absl::ToDoubleSeconds(SteadyClock()->Now() - t0);
+  return absl::OkStatus();
+}
+
+bool VeriCacheEngine::CatchUpOrEnd(Sequence& s) {
+  absl::Status st = CatchUp(s);
+  if (st.ok()) return true;
+  s.failed = std::move(st);
+  s.done = true;
+  return false;
+}
+
+void VeriCacheEngine::GiveUpStaging(Sequence& s) {
+  CatchUpOrEnd(s);
+  DropStaging(s);
+}
+
 bool VeriCacheEngine::EvictResident(const Sequence* except) {
   Sequence* victim = nullptr;
   for (auto& sp : requests_.active) {
@@ -449,7 +485,7 @@ bool VeriCacheEngine::EvictResident(const Sequence* except) {
     if (static_cast<int>(o->drafts.size()) < o->k) break;  // mid-window: it needs no staging for a while
   }
   if (victim == nullptr) return false;
-  DropStaging(*victim);
+  GiveUpStaging(*victim);
   return true;
 }
 
@@ -482,12 +518,15 @@ absl::Status VeriCacheEngine::StartWindow(Sequence& s, bool staging_for_all) {
     s.k = s.window.Choose(costs_, static_cast<double>(fetch_bytes), remaining);
     s.drafts.clear();
   }
+  // Drafts come from the compressed cache: it must hold every exact position first.
+  if (s.k > 0 && !CatchUpOrEnd(s)) return absl::OkStatus();
   if (s.resident()) {
     // Room for the positions the verify pass appends; without it, give the staging up and fetch
     // again later.
     absl::Status st = ReserveStaging(s.sseq, s.v() + s.k, &s);
     if (st.ok() || !absl::IsResourceExhausted(st)) return st;
-    DropStaging(s);
+    GiveUpStaging(s);
+    if (s.done) return absl::OkStatus();
   }
   if (s.fetch == nullptr) {
     // Staging is held from the fetch to the verify, so the fetch starts just in time: when the
@@ -715,19 +754,29 @@ absl::Status VeriCacheEngine::Verify(std::vector<Sequence*>& ready) {
     // Staging holds exact K/V for [0, v + accepted): the prompt, the tokens verified before and
     // this pass's accepted drafts (the last emitted token has none yet).
     if (s.done && !overflowed[i]) ShareOutput(s, std::min<int64_t>(v + accepted, s.v()), s.sseq);
+    const bool rebuild = s.full_len < v - 1 || s.approximate_prompt || compressed_->Length(s.cseq) < v - 1;
+    // Plain decoding: one token from staged full KV, with no drafts to repair.
+    const bool plain = s.drafts.empty() && options_.keep_staged && (s.lagging() || !rebuild);
+    if (plain) s.result.stats.plain_verifies++;
     if (!s.done) {
       // Positions [full_len, v + accepted) were fed with verified tokens: their K/V is exact.
       const int64_t keep_end = v + accepted;
-      VC_RETURN_IF_ERROR(tier_->Append(s.key, *staging_, s.sseq, s.full_len, keep_end));
-      if (s.full_len < v - 1 || s.approximate_prompt || compressed_->Length(s.cseq) < v - 1) {
-        // The compressed cache ran ahead of the exact K/V by more than a draft window (the rest
-        // of a prompt after a stored prefix; also where the store held all of it), or was never
-        // filled: rebuild it from the exact K/V.
-        VC_RETURN_IF_ERROR(Rebuild(s, keep_end));
-        s.approximate_prompt = false;
+      if (plain) {
+        // The new position stays in staging alone, as in a full-KV decoder; the tier and the
+        // compressed cache catch up in bulk (CatchUp) when they are needed.
+        if (!s.lagging()) s.lag_from = s.full_len;
       } else {
-        VC_RETURN_IF_ERROR(compressed_->Truncate(s.cseq, v - 1));
-        VC_RETURN_IF_ERROR(AppendExact(s, v - 1, keep_end));
+        VC_RETURN_IF_ERROR(tier_->Append(s.key, *staging_, s.sseq, s.full_len, keep_end));
+        if (rebuild) {
+          // The compressed cache ran ahead of the exact K/V by more than a draft window (the rest
+          // of a prompt after a stored prefix; also where the store held all of it), or was never
+          // filled: rebuild it from the exact K/V.
+          VC_RETURN_IF_ERROR(Rebuild(s, keep_end));
+          s.approximate_prompt = false;
+        } else {
+          VC_RETURN_IF_ERROR(compressed_->Truncate(s.cseq, v - 1));
+          VC_RETURN_IF_ERROR(AppendExact(s, v - 1, keep_end));
+        }
       }
       s.full_len = keep_end;
     }
@@ -840,6 +889,7 @@ absl::Status VeriCacheEngine::Step(bool may_wait) {
   bool prompt_pass = false;
   for (Sequence* s : order) {
     if (!status.ok()) break;
+    if (s->done) continue;  // its staging could not be given up cleanly (CatchUp failed)
     if (static_cast<int>(s->drafts.size()) < s->k) {
       drafting.push_back(s);
     } else if (s->resident() || (s->fetch != nullptr && s->fetch->Done())) {

@@ -90,6 +90,9 @@ struct EngineOptions {
   // past its deadline publishes what its exact K/V covers, fetched back from the tier when staging
   // no longer holds it and has the room.
   bool publish_outputs = true;
+  // Tests and benchmarks: every sequence takes these windows in turn (each capped) instead of
+  // choosing; {0} decodes plainly throughout.
+  std::vector<int> window_pattern;
 };
 
 // Not thread-safe: one thread calls Submit, Cancel and Step (or Generate).
@@ -173,6 +176,13 @@ class VeriCacheEngine final : public Engine {
   absl::Status AppendExact(Sequence& s, int64_t from, int64_t to);
   // Frees the staging of `s`, if it holds any.
   void DropStaging(Sequence& s);
+  // Brings the tier and the compressed cache of a lagging `s` (plain decoding skipped their
+  // upkeep) up to full_len, from its exact K/V in staging.
+  absl::Status CatchUp(Sequence& s);
+  // CatchUp; on an error, ends `s` with it and returns false.
+  bool CatchUpOrEnd(Sequence& s);
+  // CatchUpOrEnd, then DropStaging: the tier must hold what staging did before it goes.
+  void GiveUpStaging(Sequence& s);
   // Frees the staging of one resident sequence other than `except` (one mid-window first);
   // false when there is none.
   bool EvictResident(const Sequence* except);
