@@ -62,6 +62,12 @@ void DraftWindow::Observe(int drafted, int accepted) {
   trials_ = keep * trials_ + trials;
 }
 
+void DraftWindow::ObserveWindow(int drafted, int tokens, double seconds) {
+  if (seconds <= 0 || tokens <= 0) return;
+  double& rate = drafted > 0 ? drafting_rate_ : plain_rate_;
+  rate = Blend(rate, tokens / seconds);
+}
+
 double DraftWindow::acceptance() const { return std::clamp(accepted_ / trials_, 0.02, 0.995); }
 
 int DraftWindow::Choose(const DraftCostModel& costs, double fetch_bytes, int remaining) {
@@ -80,6 +86,10 @@ int DraftWindow::Choose(const DraftCostModel& costs, double fetch_bytes, int rem
     // is measured to pay.
     started_ = true;
     drafting_ = fetch_bytes > 0;
+  }
+  if (fetch_bytes <= 0 && plain_rate_ > 0 && drafting_rate_ > 0) {
+    with = drafting_rate_;  // realized rates where both were seen
+    without = plain_rate_;
   }
   if (costs.timed() && (drafting_ ? without > with * kToPlain : with > without * kToDrafting)) {
     drafting_ = !drafting_;

@@ -79,6 +79,11 @@ class DraftWindow {
 
   // After a verification: `accepted` of `drafted` drafts matched.
   void Observe(int drafted, int accepted);
+  // A whole window with the full KV staged throughout (nothing fetched): `tokens` verified in
+  // `seconds` of the sequence's shares of the steps (drafts, catch-up, verify pass). Once both
+  // modes have such windows, their realized rates, not the model's, decide the mode where nothing
+  // is fetched: they include what the model leaves out (the catch-up, the batch's scheduling).
+  void ObserveWindow(int drafted, int tokens, double seconds);
   // The window for the next draft, in [0, max_k] (never more than `remaining` - 1). `fetch_bytes`
   // is what the verify pass must fetch first (0 when the full KV is already in memory). The mode
   // (drafting or not) changes with hysteresis; probes of the other mode as in the header.
@@ -107,12 +112,13 @@ class DraftWindow {
   int fixed_k_, max_k_;
   std::vector<int> pattern_;
   size_t next_in_pattern_ = 0;
-  static constexpr int kProbeWindow = 2;  // drafts in a probe of drafting
+  static constexpr int kProbeWindow = 4;  // drafts in a probe of drafting, at most
   bool started_ = false;
   bool drafting_ = false;
   int switches_ = 0;
   int probe_every_ = kProbeEvery;
   int since_probe_ = 0;  // windows in this mode since it changed or since the last probe
+  double plain_rate_ = 0, drafting_rate_ = 0;  // realized tokens/s (ObserveWindow); 0 until one
   double accepted_ = 0.7 * kPriorTrials, trials_ = kPriorTrials;
 };
 

@@ -40,6 +40,9 @@ struct VeriCacheEngine::Sequence : QueuedRequest {
   bool approximate_prompt = false;
   int generated = 0;
   int k = -1;  // current window; -1 between windows
+  // The sequence's shares of the current window's steps, and whether it fetched for it.
+  double window_seconds = 0;
+  bool window_fetched = false;
   int first_window = -1;  // >= 0: the first window's size, chosen at admission
   std::vector<int32_t> drafts;
   std::shared_ptr<FetchHandle> fetch;
@@ -459,7 +462,9 @@ absl::Status VeriCacheEngine::CatchUp(Sequence& s) {
   VC_RETURN_IF_ERROR(AppendExact(s, s.lag_from, s.full_len));
   s.lag_from = -1;
   s.result.stats.catch_ups++;
-  s.result.stats.catch_up_seconds += absl::ToDoubleSeconds(SteadyClock()->Now() - t0);
+  const double dt = absl::ToDoubleSeconds(SteadyClock()->Now() - t0);
+  s.result.stats.catch_up_seconds += dt;
+  s.window_seconds += dt;
   return absl::OkStatus();
 }
 
@@ -547,6 +552,7 @@ absl::Status VeriCacheEngine::StartWindow(Sequence& s, bool staging_for_all) {
     s.sseq = sseq;
     s.fetch_start = SteadyClock()->Now();
     s.fetch = tier_->Fetch(s.key, 0, s.full_len, staging_.get(), sseq);
+    s.window_fetched = true;
   }
   return absl::OkStatus();
 }
@@ -570,12 +576,16 @@ absl::Status VeriCacheEngine::DraftStep(std::vector<Sequence*>& drafting) {
   const bool first = verified_since_draft_ && std::all_of(drafting.begin(), drafting.end(), [](const Sequence* s) {
                        return s->drafts.empty();
                      });
-  costs_.ObserveDraftStep(dt, first);
+  // Each sequence's share of the batched step: the plain passes it would take instead are shared
+  // too, so shares compare the modes whatever the batch (whole-pass times made a verify pass of
+  // one drafting sequence look cheaper than a plain pass of the whole batch).
+  costs_.ObserveDraftStep(dt / static_cast<double>(drafting.size()), first);
   verified_since_draft_ = false;
   const int vocab = model_.config().vocab_size;
   for (size_t i = 0; i < drafting.size(); ++i) {
     Sequence& s = *drafting[i];
     s.result.stats.draft_seconds += dt / drafting.size();
+    s.window_seconds += dt / drafting.size();
     if (!finite[i]) {
       // Drafts are guesses: one the compressed KV made overflow ends the window, and the verify
       // pass decides from the full KV.
@@ -674,8 +684,8 @@ absl::Status VeriCacheEngine::Verify(std::vector<Sequence*>& ready) {
   const double dt = absl::ToDoubleSeconds(SteadyClock()->Now() - t0);
   int rows_total = 0;
   for (auto& f : feeds) rows_total += static_cast<int>(f.size());
-  // Batched passes: a draft step and a verify pass each cost the whole batch this much time.
-  costs_.ObserveVerify(rows_total / static_cast<int>(ready.size()), dt);
+  // Each sequence's share of the batched pass (as for draft steps).
+  costs_.ObserveVerify(rows_total / static_cast<int>(ready.size()), dt / static_cast<double>(ready.size()));
   verified_since_draft_ = true;
 
   const int vocab = model_.config().vocab_size;
@@ -716,6 +726,12 @@ absl::Status VeriCacheEngine::Verify(std::vector<Sequence*>& ready) {
     st.verify_seconds += dt / ready.size();
     st.verifies++;
     if (k > 0) s.window.Observe(k, accepted);
+    // A window that computed no prompt positions and fetched nothing: its realized rate.
+    if (!s.window_fetched && static_cast<int>(feeds[i].size()) == k + 1) {
+      s.window.ObserveWindow(k, static_cast<int>(emit.size()), s.window_seconds + dt / ready.size());
+    }
+    s.window_seconds = 0;
+    s.window_fetched = false;
     size_t emitted = 0;
     for (int32_t t : emit) {
       s.tokens.push_back(t);
