@@ -48,6 +48,11 @@ double DraftCostModel::verify(int rows) const {
   return std::max(0.0, my + slope * (rows - mx));
 }
 
+void DraftCostModel::ObserveCatchUp(double positions, double s) {
+  if (s <= 0 || positions <= 0) return;
+  catch_up_per_position_ = Blend(catch_up_per_position_, s / positions);
+}
+
 void DraftCostModel::ObserveFetch(double bytes, double s) {
   if (s <= 0 || bytes <= 0) return;
   bytes_per_second_ = Blend(bytes_per_second_, bytes / s);
@@ -70,7 +75,7 @@ void DraftWindow::ObserveWindow(int drafted, int tokens, double seconds) {
 
 double DraftWindow::acceptance() const { return std::clamp(accepted_ / trials_, 0.02, 0.995); }
 
-int DraftWindow::Choose(const DraftCostModel& costs, double fetch_bytes, int remaining) {
+int DraftWindow::Choose(const DraftCostModel& costs, double fetch_bytes, int remaining, double catch_up_positions) {
   const int cap = std::min(max_k_, remaining - 1);
   if (!pattern_.empty()) {
     const int k = pattern_[next_in_pattern_++ % pattern_.size()];
@@ -91,7 +96,9 @@ int DraftWindow::Choose(const DraftCostModel& costs, double fetch_bytes, int rem
     with = drafting_rate_;  // realized rates where both were seen
     without = plain_rate_;
   }
-  if (costs.timed() && (drafting_ ? without > with * kToPlain : with > without * kToDrafting)) {
+  const bool affordable =
+      without <= 0 || costs.catch_up(catch_up_positions) <= kCatchUpShare * remaining / without;
+  if (costs.timed() && (drafting_ ? without > with * kToPlain : with > without * kToDrafting && affordable)) {
     drafting_ = !drafting_;
     ++switches_;
     probe_every_ = kProbeEvery;
@@ -104,7 +111,7 @@ int DraftWindow::Choose(const DraftCostModel& costs, double fetch_bytes, int rem
   // steps and multi-row passes; with drafts and nothing to fetch, the one-row pass (with a fetch,
   // drafts hide it, and a pass without them would wait for all of it).
   const bool other_stale = !drafting_ || (fetch_bytes <= 0 && costs.one_row_stale());
-  if (other_stale && ++since_probe_ > probe_every_) {
+  if (other_stale && ++since_probe_ > probe_every_ && (drafting_ || affordable)) {
     since_probe_ = 0;
     probe_every_ = std::min(2 * probe_every_, kMaxProbeEvery);
     // A short window suffices to time draft steps (the first and a later one) and a multi-row

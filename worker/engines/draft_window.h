@@ -34,6 +34,8 @@ class DraftCostModel {
   void ObserveDraftStep(double seconds, bool first);
   void ObserveVerify(int rows, double seconds);
   void ObserveFetch(double bytes, double seconds);
+  // A catch-up of `positions` (the tier and the compressed cache brought up to date in bulk).
+  void ObserveCatchUp(double positions, double seconds);
 
   // A draft step after the first of a window; 1 ms until one is timed.
   double draft_step() const;
@@ -53,11 +55,14 @@ class DraftCostModel {
   // Whether both modes' costs rest on measurements: a draft step and a verify pass were timed.
   bool timed() const { return (draft_step_ > 0 || first_step_ > 0) && n_ > 0; }
   double fetch(double bytes) const { return bytes_per_second_ > 0 ? bytes / bytes_per_second_ : 0.0; }
+  // The time of a catch-up of `positions`; 2 us a position until one is timed.
+  double catch_up(double positions) const { return positions * (catch_up_per_position_ > 0 ? catch_up_per_position_ : 2e-6); }
 
  private:
   double draft_step_ = 0;        // 0 until a draft step after the first is timed
   double first_step_ = 0;        // 0 until a first draft step is timed
   double bytes_per_second_ = 0;  // 0 until the first fetch
+  double catch_up_per_position_ = 0;  // 0 until the first catch-up
   // Least squares of verify time on rows, with a weak prior so one k alone still gives a slope,
   // each observation's weight decayed by kObservationDecay per later one.
   static constexpr double kObservationDecay = 0.95;
@@ -80,14 +85,18 @@ class DraftWindow {
   // After a verification: `accepted` of `drafted` drafts matched.
   void Observe(int drafted, int accepted);
   // A whole window with the full KV staged throughout (nothing fetched): `tokens` verified in
-  // `seconds` of the sequence's shares of the steps (drafts, catch-up, verify pass). Once both
+  // `seconds` of the sequence's shares of the steps (drafts, verify pass). Once both
   // modes have such windows, their realized rates, not the model's, decide the mode where nothing
-  // is fetched: they include what the model leaves out (the catch-up, the batch's scheduling).
+  // is fetched: they include what the model leaves out (the batch's scheduling).
   void ObserveWindow(int drafted, int tokens, double seconds);
   // The window for the next draft, in [0, max_k] (never more than `remaining` - 1). `fetch_bytes`
-  // is what the verify pass must fetch first (0 when the full KV is already in memory). The mode
-  // (drafting or not) changes with hysteresis; probes of the other mode as in the header.
-  int Choose(const DraftCostModel& costs, double fetch_bytes, int remaining);
+  // is what the verify pass must fetch first (0 when the full KV is already in memory);
+  // `catch_up_positions`, what drafting must first bring up to date (plain decoding deferred it).
+  // The mode (drafting or not) changes with hysteresis; probes of the other mode as in the header.
+  // Plain decoding turns to drafting, or probes it, only when the catch-up costs at most
+  // kCatchUpShare of the time plain decoding needs for the tokens still to generate: a sequence
+  // near its end does not pay to build a compressed cache it would barely use.
+  int Choose(const DraftCostModel& costs, double fetch_bytes, int remaining, double catch_up_positions = 0);
   double acceptance() const;
   // The sequence's mode: drafting, or decoding one token a pass. (Probes do not change it.)
   bool drafting() const { return drafting_; }
@@ -109,6 +118,7 @@ class DraftWindow {
   // of the compressed cache); plain decoding takes over when it looks 1% faster.
   static constexpr double kToDrafting = 1.05;
   static constexpr double kToPlain = 1.01;
+  static constexpr double kCatchUpShare = 0.05;
   int fixed_k_, max_k_;
   std::vector<int> pattern_;
   size_t next_in_pattern_ = 0;

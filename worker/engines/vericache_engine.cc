@@ -66,6 +66,7 @@ struct VeriCacheEngine::Sequence : QueuedRequest {
     result.stats = EngineStats{};
     result.stats.prompt_tokens = request.prompt_tokens();
     full_len = 0;
+    lag_from = -1;
     publish_from = -1;
     cpublish_from = -1;
     // names, cnames and their lookup stay: asked again once the answer is stale
@@ -382,8 +383,24 @@ absl::Status VeriCacheEngine::Admit(Sequence& s) {
       return absl::FailedPreconditionError(absl::StrCat(
           spec_, " needs prompt queries: hand them in with the prefilled KV, or prefill the prompt instead"));
     }
-    VC_RETURN_IF_ERROR(tier_->Append(s.key, *pre.cache, pre.seq, 0, n));
     s.cseq = compressed_->NewSequence();
+    if (DefersUpkeep()) {
+      // Staged at once where staging has free room (no other sequence's taken for it): the first
+      // windows decode plainly from it, and the tier and the compressed cache are written only
+      // once they are needed (CatchUp from 0).
+      const SeqId seq = staging_->NewSequence();
+      if (staging_->Reserve(seq, n + 1).ok()) {
+        pre.cache->CopyTo(pre.seq, 0, n, *staging_, seq);
+        staging_->Commit(seq, n);
+        s.sseq = seq;
+        s.full_len = n;
+        s.lag_from = 0;
+        st.prefill_seconds = absl::ToDoubleSeconds(SteadyClock()->Now() - t0);
+        return absl::OkStatus();
+      }
+      staging_->FreeSequence(seq);
+    }
+    VC_RETURN_IF_ERROR(tier_->Append(s.key, *pre.cache, pre.seq, 0, n));
     VC_RETURN_IF_ERROR(compressed_->BuildFrom(s.cseq, *pre.cache, pre.seq, n, pre.queries));
     s.full_len = n;
     st.prefill_seconds = absl::ToDoubleSeconds(SteadyClock()->Now() - t0);
@@ -424,7 +441,15 @@ absl::Status VeriCacheEngine::PrefillChunk(Sequence& s) {
     s.prefilled = end;
   }
   absl::Status status;
-  if (end == n) {
+  if (end == n && s.recorder == nullptr && DefersUpkeep()) {
+    // The prompt's K/V stays staged for the first windows, which decode plainly from it; the tier
+    // and the compressed cache are written only once they are needed (CatchUp from 0).
+    if (prefixes_ != nullptr) SharePrefix(s, 0, s.pseq);
+    s.sseq = s.pseq;
+    s.pseq = -1;
+    s.full_len = n;
+    s.lag_from = 0;
+  } else if (end == n) {
     PromptQueries queries;
     if (s.recorder != nullptr) {
       absl::StatusOr<PromptQueries> taken = s.recorder->Take();
@@ -458,13 +483,17 @@ absl::Status VeriCacheEngine::CatchUp(Sequence& s) {
     return absl::InternalError(absl::StrCat("the compressed cache holds ", held, " positions, not the ", s.lag_from,
                                             " its upkeep stopped at"));
   }
-  if (held > s.lag_from) VC_RETURN_IF_ERROR(compressed_->Truncate(s.cseq, s.lag_from));
-  VC_RETURN_IF_ERROR(AppendExact(s, s.lag_from, s.full_len));
+  if (s.lag_from == 0) {
+    VC_RETURN_IF_ERROR(compressed_->BuildFrom(s.cseq, *staging_, s.sseq, s.full_len, nullptr));
+  } else {
+    if (held > s.lag_from) VC_RETURN_IF_ERROR(compressed_->Truncate(s.cseq, s.lag_from));
+    VC_RETURN_IF_ERROR(AppendExact(s, s.lag_from, s.full_len));
+  }
+  const double dt = absl::ToDoubleSeconds(SteadyClock()->Now() - t0);
+  costs_.ObserveCatchUp(static_cast<double>(s.full_len - s.lag_from), dt);
   s.lag_from = -1;
   s.result.stats.catch_ups++;
-  const double dt = absl::ToDoubleSeconds(SteadyClock()->Now() - t0);
   s.result.stats.catch_up_seconds += dt;
-  s.window_seconds += dt;
   return absl::OkStatus();
 }
 
@@ -520,7 +549,8 @@ absl::Status VeriCacheEngine::StartWindow(Sequence& s, bool staging_for_all) {
   } else if (s.k < 0) {
     const int remaining = s.request.options.max_tokens - s.generated;
     const int64_t fetch_bytes = s.resident() && staging_for_all ? 0 : (s.v() - 1) * bytes_per_token_;
-    s.k = s.window.Choose(costs_, static_cast<double>(fetch_bytes), remaining);
+    s.k = s.window.Choose(costs_, static_cast<double>(fetch_bytes), remaining,
+                          s.lagging() ? static_cast<double>(s.full_len - s.lag_from) : 0.0);
     s.drafts.clear();
   }
   // Drafts come from the compressed cache: it must hold every exact position first.

@@ -183,6 +183,11 @@ class VeriCacheEngine final : public Engine {
   bool CatchUpOrEnd(Sequence& s);
   // CatchUpOrEnd, then DropStaging: the tier must hold what staging did before it goes.
   void GiveUpStaging(Sequence& s);
+  // Whether a prompt's K/V may stay staged after admission with the upkeep deferred (lag_from 0):
+  // staging is kept between windows, and the compressor builds its cache without prompt queries.
+  bool DefersUpkeep() const {
+    return options_.keep_staged && compressed_->needs() != CompressorNeeds::kPromptQueries;
+  }
   // Frees the staging of one resident sequence other than `except` (one mid-window first);
   // false when there is none.
   bool EvictResident(const Sequence* except);
