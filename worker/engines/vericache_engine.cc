@@ -273,9 +273,16 @@ absl::Status VeriCacheEngine::AdmitWithPrefix(Sequence& s, bool* admitted) {
   s.publish_from = hit;
   int local = static_cast<int>(s.names.size());
   while (local > 0 && !prefix_index_.contains(s.names[local - 1])) --local;
+  if (costs_.fetch(1.0) <= 0) {
+    // No fetch timed here yet: the store's reads so far (other requests', other engines') stand
+    // for the link.
+    const StorePrefixStats store = prefixes_->stats();
+    costs_.ObserveFetch(static_cast<double>(store.timed_read_bytes), store.read_seconds);
+  }
   const double fetch_seconds = costs_.fetch(static_cast<double>(p * bytes_per_token_));
   // Drafting first pays when the full prefix takes longer to arrive than bringing a compressed
-  // copy of `have` positions up to date and drafting once.
+  // copy of `have` positions up to date and drafting once (assumed, until a fetch or a store read
+  // is timed).
   auto worth_drafting = [&](int64_t have) {
     return !(fetch_seconds > 0 && fetch_seconds < static_cast<double>(n - have + 1) * costs_.draft_step());
   };

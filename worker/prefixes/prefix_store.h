@@ -54,6 +54,9 @@ struct StorePrefixStats {
   int64_t lookups_skipped = 0;  // answered "no prefix" at once while backing off after a failure
   int64_t blocks_read = 0, read_failures = 0, bytes_read = 0;
   int64_t blocks_published = 0, publish_failures = 0, publish_dropped = 0;
+  // Full-block reads that succeeded: their bytes and their time (the link's rate as reads see it).
+  int64_t timed_read_bytes = 0;
+  double read_seconds = 0;
   std::vector<StoreShardStats> shards;
 };
 

@@ -562,7 +562,8 @@ absl::Status StorePrefixes::Read(absl::Span<const PrefixName> names, const Paged
                                                    DTypeName(dest.dtype()), " cache"));
   }
   // Each block has its own place in dest, so the shards' blocks may come in any order.
-  return ReadBlocks(names, FullLayout(), /*in_order=*/false,
+  const auto t0 = std::chrono::steady_clock::now();
+  absl::Status read = ReadBlocks(names, FullLayout(), /*in_order=*/false,
                     [&](size_t b, absl::string_view block, const cachestore::BlockHeader& h) {
     for (int l = 0; l < layout_.num_layers; ++l) {
       const absl::string_view payload = cachestore::BlockLayerPayload(block, h, l);
@@ -577,6 +578,13 @@ absl::Status StorePrefixes::Read(absl::Span<const PrefixName> names, const Paged
     }
     return absl::OkStatus();
   });
+  if (read.ok()) {
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    absl::MutexLock l(&mu_);
+    stats_.timed_read_bytes += static_cast<int64_t>(names.size()) * bt * layout_.bytes_per_token();
+    stats_.read_seconds += seconds;
+  }
+  return read;
 }
 
 std::vector<PrefixName> StorePrefixes::CompressedNames(absl::string_view tenant, absl::Span<const int32_t> tokens,
