@@ -30,6 +30,16 @@ std::vector<int32_t> RandomPrompt(int n, uint32_t seed) {
   return t;
 }
 
+// `max_tokens` tokens, greedy (temp 0) or sampled with top-k 50 and top-p 0.95, past any end of
+// sequence.
+GenerateOptions GreedyOrSampled(float temp, int max_tokens, uint64_t seed) {
+  GenerateOptions o;
+  o.max_tokens = max_tokens;
+  o.stop_at_eos = false;
+  o.sampling = {temp, temp > 0 ? 50 : 0, temp > 0 ? 0.95f : 1.0f, seed};
+  return o;
+}
+
 // Greedy, 16 tokens, 4-bit KIVI drafts, staging for three sequences of `prompt_len` tokens.
 void TierTestOptions(int64_t prompt_len, GenerateOptions* o, EngineOptions* eo) {
   o->max_tokens = 16;
@@ -145,10 +155,7 @@ TEST_F(EngineExactness, EveryCompressorWindowAndSampling) {
     for (int k : {0, 1, 2, 3, 5, 8, 16}) {
       EngineStats total;
       for (float temp : {0.0f, 0.9f}) {
-        GenerateOptions o;
-        o.max_tokens = 24;
-        o.stop_at_eos = false;
-        o.sampling = {temp, temp > 0 ? 50 : 0, temp > 0 ? 0.95f : 1.0f, 77};
+        const GenerateOptions o = GreedyOrSampled(temp, 24, 77);
         EngineOptions eo;
         eo.compressor = spec;
         eo.draft_window = k;
@@ -890,10 +897,7 @@ TEST_F(EngineExactness, PlainDecodingCatchesUpAtEveryTransition) {
                            "h2o:heavy=16,recent=8,rollback=8", "quest:page=8,budget=32"}) {
     for (float temp : {0.0f, 0.9f}) {
       SCOPED_TRACE(absl::StrCat(spec, " temp ", temp));
-      GenerateOptions o;
-      o.max_tokens = 48;
-      o.stop_at_eos = false;
-      o.sampling = {temp, temp > 0 ? 50 : 0, temp > 0 ? 0.95f : 1.0f, 78};
+      const GenerateOptions o = GreedyOrSampled(temp, 48, 78);
       EngineOptions eo;
       eo.compressor = spec;
       // Runs of plain steps between windows of drafts; a window of 3 that follows plain steps

@@ -98,7 +98,7 @@ int DraftWindow::Choose(const DraftCostModel& costs, double fetch_bytes, int rem
   }
   const bool affordable =
       without <= 0 || costs.catch_up(catch_up_positions) <= kCatchUpShare * remaining / without;
-  if (costs.timed() && (drafting_ ? without > with * kToPlain : with > without * kToDrafting && affordable)) {
+  if (costs.timed() && (drafting_ ? without > with * kToPlain : (with > without * kToDrafting && affordable))) {
     drafting_ = !drafting_;
     ++switches_;
     probe_every_ = kProbeEvery;
