@@ -2,7 +2,7 @@
 """The regime benchmark: VeriCache against the best baseline a user would run instead, in each regime.
 
   /usr/bin/python3 benchmarks/regimes.py [--rounds 5] [--only resident,offload,budget,prefix,demo]
-                                         [--contexts 4096,16384,32768] [--batches 1,8] [--tokens 64]
+                                         [--contexts 4096,16384,32000] [--batches 1,8] [--tokens 64]
                                          [--out benchmarks/results/regimes]
 
 Regimes and their baselines (each ratio is VeriCache's verified tokens/s over the best baseline's,
@@ -168,7 +168,7 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--only", default="resident,offload,budget,prefix,demo")
-    p.add_argument("--contexts", default="4096,16384,32768")
+    p.add_argument("--contexts", default="4096,16384,32000")
     p.add_argument("--batches", default="1,8")
     p.add_argument("--tokens", type=int, default=64)
     p.add_argument("--out", default="benchmarks/results/regimes")
