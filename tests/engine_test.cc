@@ -85,7 +85,9 @@ class EngineExactness : public ::testing::Test {
       // rollbacks included, and not by far once it generated all it could.
       const EngineStats& st = got[i].stats;
       // (One that never drafted may never have built its compressed cache.)
-      if (st.drafted > 0) EXPECT_GT(st.compressed_peak_bytes, 0) << eo.compressor << " prompt " << i;
+      if (st.drafted > 0) {
+        EXPECT_GT(st.compressed_peak_bytes, 0) << eo.compressor << " prompt " << i;
+      }
       EXPECT_LE(st.compressed_peak_bytes, st.compressed_reserved_bytes) << eo.compressor << " prompt " << i;
       // (One that decoded plainly for most of its passes never grew its compressed cache over its
       // output: the cache catches up only when drafting resumes.)
