@@ -1,7 +1,8 @@
 // Chooses the draft window k of a sequence: an online estimate of its per-token acceptance rate
 // a and a cost model measured at run time (the first draft step after a verify pass c_1, each
-// later one c_d, verify pass of r rows c_v(r) = v0 + v1 * r, fetch time f, which overlaps the
-// drafting), maximizing expected verified tokens per second:
+// later one c_d, verify pass of r rows c_v(r) = c_v(1) + slope * (r - 1), fetch time f, which
+// overlaps the drafting; each a sequence's share of a batched pass), maximizing expected verified
+// tokens per second:
 //   E[tokens](k) = (1 - a^(k+1)) / (1 - a),   T(k) = max(c_1 + (k - 1) * c_d, f) + c_v(k + 1).
 // The first step is timed apart: a verify pass streams the full KV through the caches, and the step
 // after it reads the weights and the compressed KV back from memory (on a 2-core CPU at 16K,
@@ -23,6 +24,7 @@
 #define VC_WORKER_ENGINES_DRAFT_WINDOW_H_
 
 #include <cstddef>
+#include <utility>
 #include <vector>
 
 namespace vc {
@@ -55,6 +57,7 @@ class DraftCostModel {
   // Whether both modes' costs rest on measurements: a draft step and a verify pass were timed.
   bool timed() const { return (draft_step_ > 0 || first_step_ > 0) && n_ > 0; }
   double fetch(double bytes) const { return bytes_per_second_ > 0 ? bytes / bytes_per_second_ : 0.0; }
+  bool fetch_timed() const { return bytes_per_second_ > 0; }
   // The time of a catch-up of `positions`; 2 us a position until one is timed.
   double catch_up(double positions) const { return positions * (catch_up_per_position_ > 0 ? catch_up_per_position_ : 2e-6); }
 

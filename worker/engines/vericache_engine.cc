@@ -273,7 +273,7 @@ absl::Status VeriCacheEngine::AdmitWithPrefix(Sequence& s, bool* admitted) {
   s.publish_from = hit;
   int local = static_cast<int>(s.names.size());
   while (local > 0 && !prefix_index_.contains(s.names[local - 1])) --local;
-  if (costs_.fetch(1.0) <= 0) {
+  if (!costs_.fetch_timed()) {
     // No fetch timed here yet: the store's reads so far (other requests', other engines') stand
     // for the link.
     const StorePrefixStats store = prefixes_->stats();
