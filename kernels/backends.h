@@ -15,6 +15,10 @@ const Backend* Avx2BackendIfSupported();
 // one-instruction integer dot products, 512-bit vectors where a lane's result does not depend on the
 // width; bitwise equal to Avx2's results.
 const Backend* Avx512vlBackendIfSupported();
+// The avx512vl kernels with bf16 products for bf16 weights (AVX512-BF16): the input rounded to bf16
+// once per product. Its own numerics ("avx512bf16"); everything but those products is bitwise
+// avx512vl's.
+const Backend* Avx512Bf16BackendIfSupported();
 // The same without VBMI ("avx512vl-novbmi", for CPUs that lack it): the draft kernels' 4-bit codes
 // are laid out with 256-bit shuffles. Bitwise equal to Avx2's results too.
 const Backend* Avx512vlNoVbmiBackendIfSupported();

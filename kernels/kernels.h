@@ -107,11 +107,12 @@ class Backend {
  public:
   virtual ~Backend() = default;
 
-  // A short name: "reference", "avx2", "cuda".
+  // A short name: "reference", "avx2", "avx512bf16", "cuda".
   virtual absl::string_view name() const = 0;
 
   // What fixes the bits of this backend's results: backends that return the same string compute
-  // bitwise the same results for the same inputs (the avx512vl builds return "avx2"). Exact output
+  // bitwise the same results for the same inputs (the avx512vl builds return "avx2"; the avx512bf16
+  // build, whose products of bf16 weights take bf16 products, "avx512bf16"). Exact output
   // holds only for KV computed under this backend's numerics: KV of other numerics (from a cache
   // store shared with other workers) is near but not bitwise the same.
   virtual std::string numerics() const { return std::string(name()); }

@@ -17,6 +17,7 @@ const Backend* Avx2Backend();
 const Backend* Avx2VariableSplitBackend();
 const Backend* Avx512vlBackend();
 const Backend* Avx512vlNoVbmiBackend();
+const Backend* Avx512Bf16Backend();
 
 namespace {
 // F16C from CPUID leaf 1 (ECX bit 29): clang's __builtin_cpu_supports does not name it.
@@ -38,6 +39,11 @@ bool CpuHasAvx512vlVnni() {
 const Backend* Avx512vlBackendIfSupported() {
   return CpuHasAvx512vlVnni() && __builtin_cpu_supports("avx512vbmi") ? Avx512vlBackend() : nullptr;
 }
+const Backend* Avx512Bf16BackendIfSupported() {
+  return CpuHasAvx512vlVnni() && __builtin_cpu_supports("avx512vbmi") && __builtin_cpu_supports("avx512bf16")
+             ? Avx512Bf16Backend()
+             : nullptr;
+}
 const Backend* Avx512vlNoVbmiBackendIfSupported() {
   return CpuHasAvx512vlVnni() ? Avx512vlNoVbmiBackend() : nullptr;
 }
@@ -49,8 +55,8 @@ const Backend* Avx2VariableSplitBackendIfSupported() {
 
 std::vector<const Backend*> AvailableBackends() {
   std::vector<const Backend*> out;
-  for (const Backend* b : {CudaBackendIfAvailable(), Avx512vlBackendIfSupported(), Avx512vlNoVbmiBackendIfSupported(),
-                           Avx2BackendIfSupported()}) {
+  for (const Backend* b : {CudaBackendIfAvailable(), Avx512Bf16BackendIfSupported(), Avx512vlBackendIfSupported(),
+                           Avx512vlNoVbmiBackendIfSupported(), Avx2BackendIfSupported()}) {
     if (b != nullptr) out.push_back(b);
   }
   out.push_back(&ReferenceBackend());
@@ -58,8 +64,9 @@ std::vector<const Backend*> AvailableBackends() {
 }
 
 const Backend* BackendByName(absl::string_view name) {
-  for (const Backend* b : {CudaBackendIfAvailable(), Avx512vlBackendIfSupported(), Avx512vlNoVbmiBackendIfSupported(),
-                           Avx2BackendIfSupported(), Avx2VariableSplitBackendIfSupported(), &ReferenceBackend()}) {
+  for (const Backend* b : {CudaBackendIfAvailable(), Avx512Bf16BackendIfSupported(), Avx512vlBackendIfSupported(),
+                           Avx512vlNoVbmiBackendIfSupported(), Avx2BackendIfSupported(),
+                           Avx2VariableSplitBackendIfSupported(), &ReferenceBackend()}) {
     if (b != nullptr && b->name() == name) return b;
   }
   return nullptr;
@@ -82,7 +89,8 @@ const Backend& DefaultBackend() {
       std::cerr << "VC_KERNELS=" << want << " is not available here; using the default backend\n";
     }
     // The model runs on the host: the fastest CPU backend. (CUDA is chosen explicitly.)
-    for (const Backend* b : {Avx512vlBackendIfSupported(), Avx512vlNoVbmiBackendIfSupported(), Avx2BackendIfSupported()}) {
+    for (const Backend* b : {Avx512Bf16BackendIfSupported(), Avx512vlBackendIfSupported(),
+                             Avx512vlNoVbmiBackendIfSupported(), Avx2BackendIfSupported()}) {
       if (b != nullptr) return b;
     }
     return &ReferenceBackend();

@@ -101,6 +101,18 @@ def round_kv(x):
     return x if KV_ROUND is None else x.to(KV_ROUND).float()
 
 
+# The dtype the input of every linear layer is rounded to (None: kept in float32), as kernels with
+# bf16 products (the engine's avx512bf16 backend) round it.
+LINEAR_INPUT_ROUND = None
+
+
+class Linear(nn.Linear):
+    def forward(self, x):
+        if LINEAR_INPUT_ROUND is not None:
+            x = x.to(LINEAR_INPUT_ROUND).float()
+        return super().forward(x)
+
+
 class Block(nn.Module):
     def __init__(self, cfg):
         super().__init__()
@@ -108,14 +120,14 @@ class Block(nn.Module):
         self.h, self.kv, self.hd = h, kv, hd
         self.input_layernorm = RMSNorm(d, cfg["rms_norm_eps"])
         self.post_attention_layernorm = RMSNorm(d, cfg["rms_norm_eps"])
-        self.q_proj = nn.Linear(d, h * hd, bias=False)
-        self.k_proj = nn.Linear(d, kv * hd, bias=False)
-        self.v_proj = nn.Linear(d, kv * hd, bias=False)
-        self.o_proj = nn.Linear(h * hd, d, bias=False)
+        self.q_proj = Linear(d, h * hd, bias=False)
+        self.k_proj = Linear(d, kv * hd, bias=False)
+        self.v_proj = Linear(d, kv * hd, bias=False)
+        self.o_proj = Linear(h * hd, d, bias=False)
         f = cfg["intermediate_size"]
-        self.gate_proj = nn.Linear(d, f, bias=False)
-        self.up_proj = nn.Linear(d, f, bias=False)
-        self.down_proj = nn.Linear(f, d, bias=False)
+        self.gate_proj = Linear(d, f, bias=False)
+        self.up_proj = Linear(d, f, bias=False)
+        self.down_proj = Linear(f, d, bias=False)
 
     def forward(self, x, cos, sin):
         B, T, _ = x.shape
@@ -144,7 +156,7 @@ class Model(nn.Module):
         self.embed_tokens = nn.Embedding(cfg["vocab_size"], cfg["hidden_size"])
         self.layers = nn.ModuleList([Block(cfg) for _ in range(cfg["num_hidden_layers"])])
         self.norm = RMSNorm(cfg["hidden_size"], cfg["rms_norm_eps"])
-        self.lm_head = nn.Linear(cfg["hidden_size"], cfg["vocab_size"], bias=False)
+        self.lm_head = Linear(cfg["hidden_size"], cfg["vocab_size"], bias=False)
         for n, p in self.named_parameters():
             if p.dim() == 2:
                 nn.init.normal_(p, std=0.02)
@@ -448,8 +460,9 @@ def read_safetensors(path):
 
 
 def kv_reference(args):
-    """References for K and V kept in bf16, from the shipped checkpoint (no training state)."""
-    global KV_ROUND
+    """References for K and V kept in bf16, and for linear inputs rounded to bf16 with K and V in
+    float32 and in bf16, from the shipped checkpoint (no training state)."""
+    global KV_ROUND, LINEAR_INPUT_ROUND
     torch.set_num_threads(args.threads)
     with open(os.path.join(args.out, "config.json")) as f:
         cfg = json.load(f)
@@ -459,30 +472,35 @@ def kv_reference(args):
     for name, p in state.items():
         p.data.copy_(weights[name])
     model.eval()
-    KV_ROUND = torch.bfloat16
     refdir = os.path.join(args.out, "reference")
     with open(os.path.join(refdir, "logits.json")) as f:
         base = json.load(f)
-    with torch.no_grad():
-        logits = model(torch.tensor([base["input_ids"]]))[0]
-    logit_refs = dict(base)
-    logit_refs["kv_dtype"] = "bf16"
-    logit_refs["logits"] = [[float(v) for v in logits[p].tolist()] for p in base["positions"]]
     with open(os.path.join(refdir, "greedy.json")) as f:
         gbase = json.load(f)
-    cases = []
-    for c in gbase["cases"]:
-        out = greedy(model, c["prompt_ids"], gbase["steps"])
-        cont = out[len(c["prompt_ids"]):]
-        cases.append({"prompt_ids": c["prompt_ids"], "continuation_ids": cont,
-                      "text": bytes(t for t in cont if t < 256).decode("utf-8", "replace")})
-    with open(os.path.join(refdir, "logits_kv_bf16.json"), "w") as f:
-        json.dump(logit_refs, f)
-    with open(os.path.join(refdir, "greedy_kv_bf16.json"), "w") as f:
-        json.dump({"steps": gbase["steps"], "kv_dtype": "bf16", "cases": cases}, f, indent=1)
-    same = sum(a["continuation_ids"] == b["continuation_ids"] for a, b in zip(cases, gbase["cases"]))
-    print(f"wrote {refdir}/logits_kv_bf16.json and greedy_kv_bf16.json; "
-          f"{same} of {len(cases)} greedy continuations equal the float32-KV ones")
+    for kv, linear_input, suffix in ((torch.bfloat16, None, "_kv_bf16"),
+                                     (None, torch.bfloat16, "_bf16_products"),
+                                     (torch.bfloat16, torch.bfloat16, "_kv_bf16_bf16_products")):
+        KV_ROUND, LINEAR_INPUT_ROUND = kv, linear_input
+        with torch.no_grad():
+            logits = model(torch.tensor([base["input_ids"]]))[0]
+        logit_refs = dict(base)
+        logit_refs["kv_dtype"] = "bf16" if kv is not None else "f32"
+        logit_refs["linear_input"] = "bf16" if linear_input is not None else "f32"
+        logit_refs["logits"] = [[float(v) for v in logits[p].tolist()] for p in base["positions"]]
+        cases = []
+        for c in gbase["cases"]:
+            out = greedy(model, c["prompt_ids"], gbase["steps"])
+            cont = out[len(c["prompt_ids"]):]
+            cases.append({"prompt_ids": c["prompt_ids"], "continuation_ids": cont,
+                          "text": bytes(t for t in cont if t < 256).decode("utf-8", "replace")})
+        with open(os.path.join(refdir, f"logits{suffix}.json"), "w") as f:
+            json.dump(logit_refs, f)
+        with open(os.path.join(refdir, f"greedy{suffix}.json"), "w") as f:
+            json.dump({"steps": gbase["steps"], "kv_dtype": logit_refs["kv_dtype"],
+                       "linear_input": logit_refs["linear_input"], "cases": cases}, f, indent=1)
+        same = sum(a["continuation_ids"] == b["continuation_ids"] for a, b in zip(cases, gbase["cases"]))
+        print(f"wrote {refdir}/logits{suffix}.json and greedy{suffix}.json; "
+              f"{same} of {len(cases)} greedy continuations equal the float32 ones")
 
 
 def main():

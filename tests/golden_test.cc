@@ -29,12 +29,22 @@ nlohmann::json ReadJson(const std::string& path) {
 // element in 2,000), each moving by a bf16 step, so a few positions are allowed more; most must
 // match as float32 KV does. (Against the float32-KV reference the bf16 engine is off by about 2e-3
 // at most positions: this reference is the one that rounds where the engine does.)
+//
+// Kernels with bf16 products (avx512bf16) round the input of every linear layer to bf16, and are held
+// to PyTorch rounding at the same points (reference/*_bf16_products.json). That rounding makes the
+// logits sensitive to float32 noise: in PyTorch, perturbing the embeddings by a relative 1e-6 moves
+// the logits of these positions by 1.2e-3 (median) and 2.1e-3 (worst) of their scale, where float32
+// inputs move them by 1e-6. No float32 summation order matches such a reference closer than that, so
+// the bound is 4e-3 at any position and 2e-3 at the median.
 struct GoldenCase {
   DType kv_dtype;
   std::string suffix;  // of the reference files
   double max_error;    // at any position
   double median_error;  // over the positions
 };
+
+constexpr double kBf16ProductsMaxError = 4e-3;
+constexpr double kBf16ProductsMedianError = 2e-3;
 
 class GoldenTest : public ::testing::TestWithParam<GoldenCase> {
  protected:
@@ -46,9 +56,14 @@ class GoldenTest : public ::testing::TestWithParam<GoldenCase> {
     model_ = std::move(*m);
     ASSERT_EQ(model_->kv_dtype(), GetParam().kv_dtype);
   }
+  // The reference for the model's kernels: a backend with bf16 products rounds every linear
+  // layer's input to bf16, and so does the PyTorch reference it is held to.
+  bool Bf16Products() const { return model_->backend().numerics() == "avx512bf16"; }
   std::string Reference(const std::string& name) const {
-    return kModelDir + "/reference/" + name + GetParam().suffix + ".json";
+    return kModelDir + "/reference/" + name + GetParam().suffix + (Bf16Products() ? "_bf16_products" : "") + ".json";
   }
+  double MaxError() const { return Bf16Products() ? kBf16ProductsMaxError : GetParam().max_error; }
+  double MedianError() const { return Bf16Products() ? kBf16ProductsMedianError : GetParam().median_error; }
   std::unique_ptr<Model> model_;
 };
 
@@ -73,11 +88,12 @@ TEST_P(GoldenTest, LogitsMatchPyTorch) {
     }
     worst = std::max(worst, err / scale);
     errors.push_back(err / scale);
-    EXPECT_LE(err / scale, GetParam().max_error) << "position " << positions[i];
+    EXPECT_LE(err / scale, MaxError()) << "position " << positions[i];
   }
   std::sort(errors.begin(), errors.end());
-  EXPECT_LE(errors[errors.size() / 2], GetParam().median_error);
-  std::cout << "worst relative logits error (" << DTypeName(GetParam().kv_dtype) << " KV): " << worst << " over "
+  EXPECT_LE(errors[errors.size() / 2], MedianError());
+  std::cout << "worst relative logits error (" << DTypeName(GetParam().kv_dtype) << " KV, "
+            << model_->backend().numerics() << "): " << worst << ", median " << errors[errors.size() / 2] << " over "
             << positions.size() << " positions\n";
 }
 

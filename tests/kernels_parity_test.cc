@@ -18,6 +18,13 @@ namespace {
 // (sum of |x_i * w_i| for products; max |v| for attention). Float32 with a different summation
 // order differs by a few ulps of that scale.
 constexpr double kMatMulTol = 1e-5;
+// bf16 products (the avx512bf16 backend, bf16 weights) round each input to bf16 first. A bf16 keeps
+// 8 significant bits, so rounding to nearest moves x_i by up to 2^-8 of |x_i|: up to 2^-8 of the
+// scale in all.
+constexpr double kBf16ProductsTol = 1.0 / 256 + 1e-5;
+
+// Whether the backend takes bf16 products for bf16 weights.
+bool TakesBf16Products(const Backend& b) { return b.numerics() == "avx512bf16"; }
 constexpr double kElementwiseTol = 2e-6;
 constexpr double kAttentionTol = 1e-5;
 // Quantized keys: the fast kernel folds the scales into the query (q.k = q.min + (q*scale).code)
@@ -67,8 +74,8 @@ std::string BackendParamName(const ::testing::TestParamInfo<const char*>& info) 
   return name;
 }
 
-// Every test runs for each fast backend ("avx2", "avx512vl", "avx512vl-novbmi"), skipped where the
-// CPU lacks it.
+// Every test runs for each fast backend ("avx2", "avx512vl", "avx512vl-novbmi", "avx512bf16"),
+// skipped where the CPU lacks it.
 class FastBackendTest : public ::testing::TestWithParam<const char*> {
  protected:
   void SetUp() override {
@@ -81,7 +88,8 @@ class FastBackendTest : public ::testing::TestWithParam<const char*> {
 
 TEST_P(FastBackendTest, MatMulMatchesReferenceAndIsRowCountInvariant) {
   for (DType t : {DType::kF32, DType::kBF16, DType::kF16}) {
-    for (int64_t cols : {8, 40, 256, 688}) {
+    const double tol = t == DType::kBF16 && TakesBf16Products(*fast_) ? kBf16ProductsTol : kMatMulTol;
+    for (int64_t cols : {8, 40, 256, 688, 896}) {
       const int64_t rows = 300, n = 17;
       Weights w = MakeWeights(t, rows, cols, 7);
       const auto x = Random(static_cast<size_t>(n * cols), 9);
@@ -92,14 +100,18 @@ TEST_P(FastBackendTest, MatMulMatchesReferenceAndIsRowCountInvariant) {
         for (int64_t o = 0; o < rows; ++o) {
           double scale = 0;
           for (int64_t c = 0; c < cols; ++c) scale += std::fabs(x[r * cols + c] * w.f32[o * cols + c]);
-          EXPECT_LE(std::fabs(ref[r * rows + o] - fast[r * rows + o]), kMatMulTol * scale + 1e-30);
+          EXPECT_LE(std::fabs(ref[r * rows + o] - fast[r * rows + o]), tol * scale + 1e-30);
         }
       }
-      // Row r computed alone, or with any number of other rows, is bitwise the same.
-      for (int64_t k = 1; k <= n; ++k) {
-        std::vector<float> part(k * rows);
-        fast_->MatMul(x.data(), k, w.view, part.data());
-        ASSERT_EQ(0, std::memcmp(part.data(), fast.data(), part.size() * 4)) << "rows " << k;
+      // Row r computed alone, or with any number of other rows (below and above the row count from
+      // which the AVX-512 builds block the product), on one thread or two, is bitwise the same.
+      for (int threads : {1, 2}) {
+        SetKernelThreadCount(threads);
+        for (int64_t k = 1; k <= n; ++k) {
+          std::vector<float> part(k * rows);
+          fast_->MatMul(x.data(), k, w.view, part.data());
+          ASSERT_EQ(0, std::memcmp(part.data(), fast.data(), part.size() * 4)) << "rows " << k << ", threads " << threads;
+        }
       }
     }
   }
@@ -408,13 +420,39 @@ TEST(GroupTables, TheReferenceReadsTheGroupsATableNames) { ExpectGroupTableReads
 
 TEST_P(FastBackendTest, AGroupTableReadsTheGroupsItNames) { ExpectGroupTableReadsItsGroups(*fast_); }
 
-INSTANTIATE_TEST_SUITE_P(Backends, FastBackendTest, ::testing::Values("avx2", "avx512vl", "avx512vl-novbmi"),
-                         BackendParamName);
+// A bf16 product is the sum of the exact products of the input rounded to bf16 (to nearest, ties to
+// even) and the weights: within float32 summation error of that sum computed in double, for rows
+// alone and in blocks, with a tail of 8, 16 and 24 columns past a multiple of 32.
+TEST_P(FastBackendTest, Bf16ProductsRoundTheInputOnce) {
+  if (!TakesBf16Products(*fast_)) GTEST_SKIP() << GetParam() << " multiplies bf16 weights in float32";
+  for (int64_t cols : {32, 40, 48, 56, 896}) {
+    const int64_t rows = 37, n = 11;
+    Weights w = MakeWeights(DType::kBF16, rows, cols, 31);
+    const auto x = Random(static_cast<size_t>(n * cols), 32);
+    std::vector<float> y(n * rows);
+    fast_->MatMul(x.data(), n, w.view, y.data());
+    for (int64_t r = 0; r < n; ++r) {
+      for (int64_t o = 0; o < rows; ++o) {
+        double want = 0, scale = 0;
+        for (int64_t c = 0; c < cols; ++c) {
+          const double p = static_cast<double>(BF16ToF32(F32ToBF16(x[r * cols + c]))) * w.f32[o * cols + c];
+          want += p;
+          scale += std::fabs(p);
+        }
+        EXPECT_LE(std::fabs(want - y[r * rows + o]), 1e-6 * scale) << "cols " << cols << " row " << r << " output " << o;
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, FastBackendTest,
+                         ::testing::Values("avx2", "avx512vl", "avx512vl-novbmi", "avx512bf16"), BackendParamName);
 
 // The avx512vl builds (with and without VBMI) run avx2's arithmetic with more registers, one VNNI
 // instruction where avx2 takes three for the same exact integer sums, and 512-bit vectors where each
 // lane's result is the same: their results are the same bits, so workers on CPUs with and without
-// AVX-512 produce the same KV, the same drafts and the same tokens.
+// AVX-512 produce the same KV, the same drafts and the same tokens. The avx512bf16 build is the same
+// but for its products of bf16 weights.
 class WideBackendTest : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(WideBackendTest, EqualsAvx2Bitwise) {
@@ -425,13 +463,16 @@ TEST_P(WideBackendTest, EqualsAvx2Bitwise) {
     return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
   };
   for (DType t : {DType::kF32, DType::kBF16, DType::kF16}) {
-    const int64_t rows = 300, cols = 688, n = 5;
-    Weights w = MakeWeights(t, rows, cols, 7);
-    const auto x = Random(static_cast<size_t>(n * cols), 9);
-    std::vector<float> a(n * rows), b(n * rows);
-    avx2->MatMul(x.data(), n, w.view, a.data());
-    wide->MatMul(x.data(), n, w.view, b.data());
-    EXPECT_TRUE(same(a, b)) << "MatMul " << static_cast<int>(t);
+    if (t == DType::kBF16 && TakesBf16Products(*wide)) continue;
+    for (int64_t n : {1, 5, 8, 13}) {  // the AVX-512 builds block products from 8 rows
+      const int64_t rows = 300, cols = 688;
+      Weights w = MakeWeights(t, rows, cols, 7);
+      const auto x = Random(static_cast<size_t>(n * cols), 9);
+      std::vector<float> a(n * rows), b(n * rows);
+      avx2->MatMul(x.data(), n, w.view, a.data());
+      wide->MatMul(x.data(), n, w.view, b.data());
+      EXPECT_TRUE(same(a, b)) << "MatMul " << static_cast<int>(t) << ", rows " << n;
+    }
   }
   for (int heads : {8, 6}) {
     const int kv_heads = 2, d = 32;
@@ -473,7 +514,7 @@ TEST_P(WideBackendTest, EqualsAvx2Bitwise) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, WideBackendTest, ::testing::Values("avx512vl", "avx512vl-novbmi"),
+INSTANTIATE_TEST_SUITE_P(Backends, WideBackendTest, ::testing::Values("avx512vl", "avx512vl-novbmi", "avx512bf16"),
                          BackendParamName);
 
 }  // namespace

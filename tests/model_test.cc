@@ -210,7 +210,7 @@ testing::TinyModelSpec TiedF32() {
 
 std::vector<ModelCase> Cases() {
   std::vector<ModelCase> out;
-  for (const char* backend : {"reference", "avx2", "avx512vl", "avx512vl-novbmi"}) {
+  for (const char* backend : {"reference", "avx2", "avx512vl", "avx512vl-novbmi", "avx512bf16"}) {
     for (const auto& spec : {testing::TinyModelSpec{}, HeadDim32(), Qwen(), TiedF32()}) out.push_back({spec, backend, std::nullopt});
     out.push_back({HeadDim32(), backend, DType::kF16});
     out.push_back({HeadDim32(), backend, DType::kF32});
